@@ -1,0 +1,55 @@
+"""The ``spec-samplers`` command."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+
+
+def _format_default(value: object) -> str:
+    return "required" if value is inspect.Parameter.empty else repr(value)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from spec_samplers.registry import available_samplers
+
+    for name, info in available_samplers().items():
+        try:
+            options = info.options()
+        except Exception as exc:  # a broken third-party entry point must not hide the others
+            print(f"{name}  ({info.target}, package {info.package}): failed to load: {exc}")
+            continue
+        opts = ", ".join(f"{k}={_format_default(v)}" for k, v in options.items())
+        print(f"{name}  ({info.target}, package {info.package})")
+        print(f"    options: {opts or '(none)'}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from spec_samplers.demo import print_demo, run_demo
+
+    rows = run_demo(trials=args.trials, k=args.k)
+    print_demo(rows, args.trials, args.k)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spec-samplers", description="Speculative-decoding verification samplers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="list every registered sampler with its options and source package")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("demo", help="acceptance demo on synthetic distributions (measured vs 1 - TV)")
+    p.add_argument("--trials", type=int, default=4000)
+    p.add_argument("--k", type=int, default=4)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Engine adapters; each imports its engine lazily."""

@@ -1,0 +1,1 @@
+"""Triton kernels and their launchers (no engine imports)."""

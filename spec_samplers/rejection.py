@@ -1,0 +1,56 @@
+"""Lossless rejection sampling (Leviathan et al. 2023; Chen et al. 2023)."""
+
+from __future__ import annotations
+
+import torch
+
+from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.reference import rejection_sample_reference
+from spec_samplers.seeding import row_seeds
+from spec_samplers.validation import check_row_mask, check_seed_tensor
+
+
+class RejectionSampler(SpecDecodeStochasticBaseSampler):
+    """Accept draft x_i with probability min(1, q_i(x_i) / p_i(x_i)); at the first rejection emit
+    a sample of (q - p)+; after k accepted drafts emit the bonus token. The emitted tokens have
+    exactly the target distribution.
+
+    Args:
+        strict_mode: check token-id bounds and probability values too (synchronises with the host).
+
+    Example::
+
+        >>> import torch
+        >>> from spec_samplers import RejectionSampler
+        >>> B, k, V = 2, 3, 8
+        >>> target = torch.softmax(torch.randn(B, k + 1, V), -1)   # [B, k+1, V]
+        >>> draft = torch.softmax(torch.randn(B, k, V), -1)        # [B, k, V]
+        >>> draft_ids = torch.multinomial(draft.view(-1, V), 1).view(B, k)
+        >>> bonus = torch.multinomial(target[:, -1], 1)             # [B, 1]
+        >>> out = RejectionSampler()(target, bonus, draft, draft_ids)  # [B, k+1] int64, -1 padded
+    """
+
+    def forward(
+        self,
+        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [B, k, V] fp32/fp16/bf16, or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64, per-row seeds kept on device
+        offsets: torch.Tensor | None = None,  # [B] int64, per-row counter offsets (default 0)
+        is_greedy: torch.Tensor | None = None,  # [B] bool, rows sampled at temperature 0
+    ) -> torch.Tensor:
+        """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
+        shapes = self._validate(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        device = target_with_bonus_probs.device
+        check_seed_tensor("offsets", offsets, shapes.batch_size, device)
+        check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
+        seeds = row_seeds(shapes.batch_size, device, seeded_seqs, seeds)
+        out = rejection_sample_reference(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            seeds, None if offsets is None else offsets.to(torch.int64), is_greedy,
+        )
+        self._update_counters(out)
+        return out
