@@ -1,0 +1,89 @@
+"""Which backend runs a call, and how the vocabulary is split across program instances."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def check_backend(backend: object) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    return backend  # type: ignore[return-value]
+
+
+def use_triton(backend: str, device: torch.device) -> bool:
+    """Resolve a sampler's ``backend`` option for tensors on ``device``.
+
+    "auto": the kernels on CUDA when triton imports, else the PyTorch path. "torch": always
+    the PyTorch path. "triton": always the kernels; CPU tensors only under TRITON_INTERPRET=1.
+    """
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return device.type == "cuda" and triton_importable()
+    if not triton_importable():
+        raise RuntimeError("backend='triton': triton is not importable; use backend='torch' or 'auto'")
+    if device.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            f"backend='triton': tensors are on {device}, and Triton kernels run on CUDA only; set "
+            "TRITON_INTERPRET=1 before importing triton to run them on CPU (slow, for tests), or use "
+            "backend='torch' or 'auto'"
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class VocabSplit:
+    block_v: int  # elements per vector step (power of two)
+    chunk: int  # vocab entries per program instance (multiple of block_v)
+    num_blocks: int  # NB = ceil(V / chunk), every block non-empty
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def vocab_split(vocab_size: int, num_requests: int, device: torch.device,
+                block_v: int | None = None, num_blocks: int | None = None) -> VocabSplit:
+    """Split V across NB program instances per request so that B * NB fills the GPU (about
+    four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes."""
+    if block_v is None:
+        block_v = 1024 if device.type == "cuda" else 512
+    block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
+    if num_blocks is None:
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            target = 4 * _num_sms(index)
+        else:
+            target = 2  # the interpreter runs programs one by one: few blocks, but more than one
+        num_blocks = -(-target // max(num_requests, 1))
+    max_blocks = -(-vocab_size // block_v)
+    num_blocks = max(1, min(num_blocks, max_blocks))
+    chunk = -(-(-(-vocab_size // num_blocks)) // block_v) * block_v
+    return VocabSplit(block_v, chunk, -(-vocab_size // chunk))
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

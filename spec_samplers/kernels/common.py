@@ -1,0 +1,65 @@
+"""Triton helpers shared by the kernels: probability cleaning, layout addressing, partial
+reductions. Both layouts are addressed by (request b, position i):
+
+* padded (RAGGED=False): row (b, i) starts at ``b * stride_b + i * stride_k``; every request has
+  K drafts and a bonus row at i = K;
+* ragged (RAGGED=True): row (b, i) is flat row ``start_b + i`` (``start_b`` from the inclusive
+  cumulative draft counts), present only for i < k_b; there are no bonus rows.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def clean(x):
+    """fp32 copy with NaN, Inf and negative entries set to 0 (as reference.clean_probs)."""
+    x = x.to(tl.float32)
+    ok = (x == x) & (x > 0.0) & (x < float("inf"))
+    return tl.where(ok, x, 0.0)
+
+
+@triton.jit
+def request_span(cu_ptr, b, K, RAGGED: tl.constexpr):
+    """(first flat row, k_b) of request b; k_b is clamped into [0, K] so a malformed
+    cumulative count can never address rows past the request."""
+    if RAGGED:
+        end = tl.load(cu_ptr + b).to(tl.int64)
+        start = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
+        n = tl.minimum(tl.maximum(end - start, 0), K)
+    else:
+        start = (b * 0).to(tl.int64)
+        n = (b * 0 + K).to(tl.int64)
+    return start, n
+
+
+@triton.jit
+def row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED: tl.constexpr):
+    """(element offset of row (b, i), row exists). ``i`` may be a scalar or a vector.
+
+    Padded: every i in [0, K] exists (the caller masks i < k for draft rows). Ragged: i < k_b
+    and the flat row inside [0, num_rows): out-of-range rows are never addressed."""
+    i = i.to(tl.int64)
+    if RAGGED:
+        row = start + i
+        ok = (i < n) & (row >= 0) & (row < num_rows)
+        off = tl.where(ok, row, 0) * stride_b
+    else:
+        ok = i >= 0
+        off = b.to(tl.int64) * stride_b + i * stride_k
+    return off, ok
+
+
+@triton.jit
+def combine_argmax(vals, idxs, lanes, axis: tl.constexpr):
+    """Combine block partial (max, argmax) pairs laid out in block order along ``axis``
+    (``lanes`` = tl.arange over that axis): the largest value wins, ties go to the lowest block,
+    hence to the lowest vocab index, as torch.argmax."""
+    best = tl.argmax(vals, axis=axis, tie_break_left=True)
+    if axis == 0:
+        sel = lanes == best
+    else:
+        sel = lanes[None, :] == best[:, None]
+    return tl.sum(tl.where(sel, idxs, 0), axis=axis)

@@ -1,0 +1,251 @@
+"""Triton kernels of lossless rejection sampling (SPEC section 3), both layouts.
+
+Three launches with fixed grids (CUDA-graph friendly, no host synchronisation):
+
+1. ``argmax_partials_kernel`` grid (B, K+1, NB), only when greedy rows may exist: per vocab block,
+   (max, argmax) of q_i for every position of greedy requests (random requests exit at once).
+2. ``residual_partials_kernel`` grid (B, NB): each program finds its request's first rejected
+   position j from gathered scalars, then races its vocab block of the residual (q_j - p_j)+
+   (and of q_j, for the zero-mass fallback). Requests that accept everything (with a valid bonus
+   id), and greedy requests, exit without reading the vocabulary.
+3. ``finalize_kernel`` grid (B,): recomputes j, combines the NB block partials in block order
+   (ties to the lowest vocab index, as torch.argmax) and writes the output row.
+
+NB vocab blocks per request keep the GPU busy at B = 1; the combination is a second kernel, not
+atomics, so results do not depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from spec_samplers.kernels.common import clean, combine_argmax, request_span, row_offset
+from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
+from spec_samplers.reference import RESIDUAL_MASS_EPS
+
+_MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
+_STREAM_ACCEPT = tl.constexpr(0)
+_STREAM_RECOVER = tl.constexpr(1)
+
+
+@triton.jit
+def load_probs(ptr, offs, mask):
+    """Cleaned fp32 probabilities (any float dtype read as stored)."""
+    return clean(tl.load(ptr + offs, mask=mask, other=0.0))
+
+
+@triton.jit
+def random_accepts(
+    b, pos, start, n, K, V, num_rows,
+    target_ptr, stride_tb, stride_tk,
+    draft_ptr, stride_db, stride_dk,
+    ids_ptr, stride_ib, stride_ik,
+    seed, offset,
+    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr,
+):
+    """Accept test of the random rule at positions ``pos`` from gathered scalars only.
+
+    Returns (accepted, draft ids as given (int64), id in [0, V) and inside the request)."""
+    in_req = pos < n
+    id_off, _ = row_offset(b, pos, start, n, num_rows, stride_ib, stride_ik, RAGGED)
+    ids = tl.load(ids_ptr + id_off, mask=in_req, other=-1).to(tl.int64)
+    valid = in_req & (ids >= 0) & (ids < V)
+    safe = tl.where(valid, ids, 0)
+    t_off, t_ok = row_offset(b, pos, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+    q_x = load_probs(target_ptr, t_off + safe, valid & t_ok)
+    if HAS_DRAFT:
+        d_off, d_ok = row_offset(b, pos, start, n, num_rows, stride_db, stride_dk, RAGGED)
+        p_x = load_probs(draft_ptr, d_off + safe, valid & d_ok)
+    else:
+        p_x = tl.full(q_x.shape, 1.0, tl.float32)
+    u = bits_to_uniform(element_bits(row_key(seed, offset, pos, _STREAM_ACCEPT), pos * 0))
+    accepted = valid & (p_x > 0.0) & (u * p_x < q_x)
+    return accepted, ids, valid
+
+
+@triton.jit
+def first_rejection(accepted, pos, n, BLOCK_K: tl.constexpr):
+    """Length of the accepted prefix (<= k_b)."""
+    j = tl.min(tl.where(accepted, BLOCK_K, pos), axis=0)
+    return tl.minimum(j.to(tl.int64), n)
+
+
+@triton.jit
+def hi_of_block(blk, chunk, V):
+    return tl.minimum(blk * chunk + chunk, V)
+
+
+@triton.jit
+def bonus_info(bonus_ptr, stride_bonus, b, V):
+    bonus = tl.load(bonus_ptr + b * stride_bonus).to(tl.int64)
+    return bonus, (bonus >= 0) & (bonus < V)
+
+
+@triton.jit
+def argmax_partials_kernel(
+    target_ptr, stride_tb, stride_tk,  # target rows, vocab stride 1
+    cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
+    greedy_ptr,  # [B] bool
+    part_val_ptr, part_idx_ptr,  # [B, K+1, NB] fp32 / int32
+    K, V, num_rows, chunk, NB,
+    RAGGED: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    blk = tl.program_id(2)
+    start, n = request_span(cu_ptr, b, K, RAGGED)
+    off, ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+    greedy = tl.load(greedy_ptr + b) != 0
+    if greedy & ok:
+        lo = blk * chunk
+        hi = tl.minimum(lo + chunk, V)
+        best = -1.0
+        best_idx = 0
+        for s in range(lo, hi, BLOCK_V):
+            offs = s + tl.arange(0, BLOCK_V)
+            m = offs < hi
+            vals = tl.where(m, load_probs(target_ptr, off + offs, m), -1.0)
+            bmax = tl.max(vals, axis=0)
+            barg = tl.argmax(vals, axis=0, tie_break_left=True) + s
+            take = bmax > best
+            best = tl.where(take, bmax, best)
+            best_idx = tl.where(take, barg, best_idx)
+        slot = (b * (K + 1) + i) * NB + blk
+        tl.store(part_val_ptr + slot, best)
+        tl.store(part_idx_ptr + slot, best_idx.to(tl.int32))
+
+
+@triton.jit
+def residual_partials_kernel(
+    target_ptr, stride_tb, stride_tk,
+    draft_ptr, stride_db, stride_dk,  # target_ptr again when HAS_DRAFT is False
+    ids_ptr, stride_ib, stride_ik,
+    bonus_ptr, stride_bonus,
+    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
+    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
+    K, V, num_rows, chunk, NB,
+    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    start, n = request_span(cu_ptr, b, K, RAGGED)
+    seed = tl.load(seed_ptr + b).to(tl.int64)
+    if HAS_OFFSETS:
+        offset = tl.load(offset_ptr + b).to(tl.int64)
+    else:
+        offset = seed * 0
+    pos = tl.arange(0, BLOCK_K)
+    accepted, ids, valid = random_accepts(
+        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
+        ids_ptr, stride_ib, stride_ik, seed, offset, RAGGED, HAS_DRAFT,
+    )
+    j = first_rejection(accepted, pos, n, BLOCK_K)
+    has_draft = j < n
+    _, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
+    q_off, has_row = row_offset(b, j, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+    need = has_row & (has_draft | (~bonus_valid))
+    if HAS_GREEDY:
+        need = need & (tl.load(greedy_ptr + b) == 0)
+    if need:
+        if HAS_DRAFT:
+            p_off, p_ok = row_offset(b, j, start, n, num_rows, stride_db, stride_dk, RAGGED)
+            # (scalar & vector masks trip the interpreter: fold the row test into the bound)
+            p_hi = tl.where(p_ok & has_draft, hi_of_block(blk, chunk, V), 0)
+        x_j = tl.sum(tl.where(pos == j, ids, 0), axis=0)
+        remove = has_draft & (tl.sum(tl.where(pos == j, valid.to(tl.int32), 0), axis=0) != 0)
+        x_removed = tl.where(remove, x_j, -1)  # point-mass draft: q_j without x_j
+        key = row_key(seed, offset, j, _STREAM_RECOVER)
+        lo = blk * chunk
+        hi = tl.minimum(lo + chunk, V)
+        mass = 0.0
+        best_r = -1.0
+        best_r_idx = 0
+        best_q = -1.0
+        best_q_idx = 0
+        for s in range(lo, hi, BLOCK_V):
+            offs = s + tl.arange(0, BLOCK_V)
+            m = offs < hi
+            q = load_probs(target_ptr, q_off + offs, m)
+            if HAS_DRAFT:
+                p = load_probs(draft_ptr, p_off + offs, offs < p_hi)
+                r = tl.maximum(q - p, 0.0)
+            else:
+                r = tl.where(offs == x_removed, 0.0, q)
+            mass += tl.sum(r, axis=0)
+            e = bits_to_exponential(element_bits(key, offs), PRECISE)
+            rk = tl.where(m, tl.math.div_rn(r, e), -1.0)
+            qk = tl.where(m, tl.math.div_rn(q, e), -1.0)
+            rmax = tl.max(rk, axis=0)
+            rarg = tl.argmax(rk, axis=0, tie_break_left=True) + s
+            qmax = tl.max(qk, axis=0)
+            qarg = tl.argmax(qk, axis=0, tie_break_left=True) + s
+            take_r = rmax > best_r
+            best_r = tl.where(take_r, rmax, best_r)
+            best_r_idx = tl.where(take_r, rarg, best_r_idx)
+            take_q = qmax > best_q
+            best_q = tl.where(take_q, qmax, best_q)
+            best_q_idx = tl.where(take_q, qarg, best_q_idx)
+        slot = b * NB + blk
+        tl.store(part_mass_ptr + slot, mass)
+        tl.store(part_rkey_ptr + slot, best_r)
+        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))
+        tl.store(part_qkey_ptr + slot, best_q)
+        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
+
+
+@triton.jit
+def finalize_kernel(
+    target_ptr, stride_tb, stride_tk,
+    draft_ptr, stride_db, stride_dk,
+    ids_ptr, stride_ib, stride_ik,
+    bonus_ptr, stride_bonus,
+    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
+    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
+    amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] (greedy only)
+    out_ptr,  # [B, K+1] int64
+    K, V, num_rows, NB,
+    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+):
+    b = tl.program_id(0)
+    start, n = request_span(cu_ptr, b, K, RAGGED)
+    seed = tl.load(seed_ptr + b).to(tl.int64)
+    if HAS_OFFSETS:
+        offset = tl.load(offset_ptr + b).to(tl.int64)
+    else:
+        offset = seed * 0
+    pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
+    accepted, ids, valid = random_accepts(
+        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
+        ids_ptr, stride_ib, stride_ik, seed, offset, RAGGED, HAS_DRAFT,
+    )
+    blocks = tl.arange(0, BLOCK_NB)
+    if HAS_GREEDY:
+        greedy = tl.load(greedy_ptr + b) != 0
+        slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
+        pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
+        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
+        vals = tl.where(vals == vals, vals, -2.0)  # never-written slots of absent rows
+        idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
+        target_argmax = combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
+        accepted = tl.where(greedy, valid & (ids == target_argmax), accepted)
+    j = first_rejection(accepted, pos, n, BLOCK_K)
+    has_draft = j < n
+    bonus, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
+    _, has_row = row_offset(b, j, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+
+    bmask = blocks < NB
+    mass = tl.sum(tl.load(part_mass_ptr + b * NB + blocks, mask=bmask, other=0.0), axis=0)
+    rkey = tl.load(part_rkey_ptr + b * NB + blocks, mask=bmask, other=-2.0)
+    ridx = tl.load(part_ridx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
+    qkey = tl.load(part_qkey_ptr + b * NB + blocks, mask=bmask, other=-2.0)
+    qidx = tl.load(part_qidx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
+    recovered = tl.where(mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0))
+    if HAS_GREEDY:
+        recovered = tl.where(greedy, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), recovered)
+    fallback = tl.where(has_row, recovered, -1)
+    final = tl.where(has_draft, recovered, tl.where(bonus_valid, bonus, fallback))
+    out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))
+    tl.store(out_ptr + b * (K + 1) + pos, out, mask=pos <= K)
