@@ -218,6 +218,72 @@ def rejection_sample_ragged_reference(
 
 
 # ---------------------------------------------------------------------------------------------
+# Logits inputs (the kernels fuse this softmax; here it is spelled out).
+
+
+def probs_from_logits(
+    logits: torch.Tensor,  # [N, V] fp32/fp16/bf16
+    temperature: torch.Tensor,  # [N] float, 0 = greedy
+) -> torch.Tensor:
+    """[N, V] fp32: softmax(logits / T) per row; a row with T == 0 becomes the one-hot of its
+    argmax (the greedy token, ties to the lowest index). NaN logits count as -inf; T that is not
+    > 0 (other than the greedy 0) is treated as 1."""
+    x = logits.to(torch.float32)
+    x = torch.where(torch.isnan(x), torch.full((), float("-inf"), device=x.device), x)
+    t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))
+    probs = torch.softmax(x / t[:, None], dim=-1)
+    onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
+    return torch.where((temperature == 0)[:, None], onehot, probs)
+
+
+def _request_of_row(cu_num_draft_tokens: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[T] request index of each ragged row (no host synchronisation)."""
+    rows = torch.arange(num_rows, device=cu_num_draft_tokens.device, dtype=torch.int64)
+    return torch.searchsorted(cu_num_draft_tokens.to(torch.int64), rows, right=True)
+
+
+def rejection_sample_from_logits_reference(
+    target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+    draft_logits: torch.Tensor | None,  # [B, k, V] or None (point-mass drafts)
+    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+    temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor | None = None,  # [B] int64
+) -> torch.Tensor:
+    """Rejection sampling from logits: q = softmax(target_logits / T), p = softmax(draft_logits / T)
+    (the request's T for both), requests with T == 0 greedy on argmax of the target logits.
+    Returns [B, k+1] int64, the tokens :func:`rejection_sample_reference` gives on those probs."""
+    B, kp1, V = target_logits.shape
+    t_rows = temperature.repeat_interleave(kp1) if B else temperature
+    target = probs_from_logits(target_logits.reshape(B * kp1, V), t_rows).view(B, kp1, V)
+    draft = None
+    if draft_logits is not None:
+        draft = probs_from_logits(draft_logits.reshape(-1, V), temperature.repeat_interleave(kp1 - 1)).view(B, kp1 - 1, V)
+    return rejection_sample_reference(target, bonus_token_ids, draft, draft_token_ids, seeds, offsets, temperature == 0)
+
+
+def rejection_sample_ragged_from_logits_reference(
+    target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B] int32/int64
+    draft_logits: torch.Tensor | None,  # [T, V] or None
+    draft_token_ids: torch.Tensor,  # [T] int32/int64
+    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
+    max_spec_len: int,  # K
+    temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor | None = None,  # [B] int64
+) -> torch.Tensor:
+    """Ragged twin of :func:`rejection_sample_from_logits_reference`. Returns [B, K+1] int64."""
+    row_t = temperature[_request_of_row(cu_num_draft_tokens, target_logits.shape[0]).clamp(max=max(temperature.shape[0] - 1, 0))]
+    target = probs_from_logits(target_logits, row_t)
+    draft = None if draft_logits is None else probs_from_logits(draft_logits, row_t)
+    return rejection_sample_ragged_reference(
+        target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, seeds, offsets, temperature == 0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Typical acceptance.
 
 

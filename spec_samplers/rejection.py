@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.reference import rejection_sample_ragged_reference, rejection_sample_reference
 from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import check_row_mask, check_seed_tensor
@@ -17,6 +18,9 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
 
     Args:
         strict_mode: check token-id bounds and probability values too (synchronises with the host).
+        backend: "auto" (Triton kernels for CUDA tensors when triton imports, else PyTorch),
+            "torch" (always the PyTorch path) or "triton" (always the kernels; CPU tensors only
+            under TRITON_INTERPRET=1). Both give the same tokens on the same inputs and seeds.
 
     Example::
 
@@ -29,6 +33,10 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         >>> bonus = torch.multinomial(target[:, -1], 1)             # [B, 1]
         >>> out = RejectionSampler()(target, bonus, draft, draft_ids)  # [B, k+1] int64, -1 padded
     """
+
+    def __init__(self, strict_mode: bool = False, backend: str = "auto"):
+        super().__init__(strict_mode=strict_mode)
+        self.backend = check_backend(backend)
 
     def forward(
         self,
@@ -48,7 +56,11 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         check_seed_tensor("offsets", offsets, shapes.batch_size, device)
         check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
         seeds = row_seeds(shapes.batch_size, device, seeded_seqs, seeds)
-        out = rejection_sample_reference(
+        if use_triton(self.backend, device):
+            from spec_samplers.kernels.rejection_launch import rejection_sample_triton as sample
+        else:
+            sample = rejection_sample_reference
+        out = sample(
             target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
             seeds, None if offsets is None else offsets.to(torch.int64), is_greedy,
         )
@@ -79,7 +91,11 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         check_seed_tensor("offsets", offsets, shapes.batch_size, device)
         check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
         seeds = row_seeds(shapes.batch_size, device, seeded_seqs, seeds)
-        out = rejection_sample_ragged_reference(
+        if use_triton(self.backend, device):
+            from spec_samplers.kernels.rejection_launch import rejection_sample_ragged_triton as sample
+        else:
+            sample = rejection_sample_ragged_reference
+        out = sample(
             target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len,
             seeds, None if offsets is None else offsets.to(torch.int64), is_greedy,
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from spec_samplers.kernels.rng import precise_exp
+
 
 @triton.jit
 def clean(x):
@@ -63,3 +65,19 @@ def combine_argmax(vals, idxs, lanes, axis: tl.constexpr):
     else:
         sel = lanes[None, :] == best[:, None]
     return tl.sum(tl.where(sel, idxs, 0), axis=axis)
+
+
+@triton.jit
+def load_q(ptr, offs, mask, temp, row_max, row_sum, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+    """Cleaned fp32 probabilities at ``offs`` (any float dtype, read as stored).
+
+    LOGITS: the entries are logits and q = exp(x / temp - row_max) / row_sum, the softmax fused
+    (row_max, row_sum from :mod:`spec_samplers.kernels.softmax_kernels`), so no probability
+    tensor is ever written. Otherwise temp, row_max, row_sum are unused."""
+    if LOGITS:
+        x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        e = precise_exp(tl.math.div_rn(x, temp) - row_max, PRECISE)
+        return tl.where(mask, clean(tl.math.div_rn(e, row_sum)), 0.0)
+    else:
+        return clean(tl.load(ptr + offs, mask=mask, other=0.0))

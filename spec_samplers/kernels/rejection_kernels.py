@@ -20,8 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import clean, combine_argmax, request_span, row_offset
+from spec_samplers.kernels.common import clean, combine_argmax, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
+from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.reference import RESIDUAL_MASS_EPS
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
@@ -42,7 +43,8 @@ def random_accepts(
     draft_ptr, stride_db, stride_dk,
     ids_ptr, stride_ib, stride_ik,
     seed, offset,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr,
+    temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: T and [B, K+1] row statistics
+    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """Accept test of the random rule at positions ``pos`` from gathered scalars only.
 
@@ -52,11 +54,19 @@ def random_accepts(
     ids = tl.load(ids_ptr + id_off, mask=in_req, other=-1).to(tl.int64)
     valid = in_req & (ids >= 0) & (ids < V)
     safe = tl.where(valid, ids, 0)
+    stat = b * (K + 1) + pos
+    t_max, t_sum, d_max, d_sum = 0.0, 1.0, 0.0, 1.0
+    if LOGITS:
+        t_max = tl.load(t_max_ptr + stat, mask=in_req, other=0.0)
+        t_sum = tl.load(t_sum_ptr + stat, mask=in_req, other=1.0)
+        if HAS_DRAFT:
+            d_max = tl.load(d_max_ptr + stat, mask=in_req, other=0.0)
+            d_sum = tl.load(d_sum_ptr + stat, mask=in_req, other=1.0)
     t_off, t_ok = row_offset(b, pos, start, n, num_rows, stride_tb, stride_tk, RAGGED)
-    q_x = load_probs(target_ptr, t_off + safe, valid & t_ok)
+    q_x = load_q(target_ptr, t_off + safe, valid & t_ok, temp, t_max, t_sum, LOGITS, PRECISE)
     if HAS_DRAFT:
         d_off, d_ok = row_offset(b, pos, start, n, num_rows, stride_db, stride_dk, RAGGED)
-        p_x = load_probs(draft_ptr, d_off + safe, valid & d_ok)
+        p_x = load_q(draft_ptr, d_off + safe, valid & d_ok, temp, d_max, d_sum, LOGITS, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
     u = bits_to_uniform(element_bits(row_key(seed, offset, pos, _STREAM_ACCEPT), pos * 0))
@@ -101,7 +111,7 @@ def argmax_partials_kernel(
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
         best = -1.0
-        best_idx = 0
+        best_idx = lo
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
@@ -124,9 +134,10 @@ def residual_partials_kernel(
     bonus_ptr, stride_bonus,
     cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
     part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
+    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
     K, V, num_rows, chunk, NB,
     RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
@@ -137,9 +148,13 @@ def residual_partials_kernel(
     else:
         offset = seed * 0
     pos = tl.arange(0, BLOCK_K)
+    temp = 1.0
+    if LOGITS:
+        temp = effective_temperature(temp_ptr, b)
     accepted, ids, valid = random_accepts(
         b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, seed, offset, RAGGED, HAS_DRAFT,
+        ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
+        RAGGED, HAS_DRAFT, LOGITS, PRECISE,
     )
     j = first_rejection(accepted, pos, n, BLOCK_K)
     has_draft = j < n
@@ -149,6 +164,14 @@ def residual_partials_kernel(
     if HAS_GREEDY:
         need = need & (tl.load(greedy_ptr + b) == 0)
     if need:
+        stat = b * (K + 1) + j
+        q_max, q_sum, p_max, p_sum = 0.0, 1.0, 0.0, 1.0
+        if LOGITS:
+            q_max = tl.load(t_max_ptr + stat)
+            q_sum = tl.load(t_sum_ptr + stat)
+            if HAS_DRAFT:
+                p_max = tl.load(d_max_ptr + stat)
+                p_sum = tl.load(d_sum_ptr + stat)
         if HAS_DRAFT:
             p_off, p_ok = row_offset(b, j, start, n, num_rows, stride_db, stride_dk, RAGGED)
             # (scalar & vector masks trip the interpreter: fold the row test into the bound)
@@ -167,9 +190,9 @@ def residual_partials_kernel(
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            q = load_probs(target_ptr, q_off + offs, m)
+            q = load_q(target_ptr, q_off + offs, m, temp, q_max, q_sum, LOGITS, PRECISE)
             if HAS_DRAFT:
-                p = load_probs(draft_ptr, p_off + offs, offs < p_hi)
+                p = load_q(draft_ptr, p_off + offs, offs < p_hi, temp, p_max, p_sum, LOGITS, PRECISE)
                 r = tl.maximum(q - p, 0.0)
             else:
                 r = tl.where(offs == x_removed, 0.0, q)
@@ -203,11 +226,12 @@ def finalize_kernel(
     bonus_ptr, stride_bonus,
     cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
     part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
+    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
     amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
     K, V, num_rows, NB,
     RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     start, n = request_span(cu_ptr, b, K, RAGGED)
@@ -217,9 +241,13 @@ def finalize_kernel(
     else:
         offset = seed * 0
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
+    temp = 1.0
+    if LOGITS:
+        temp = effective_temperature(temp_ptr, b)
     accepted, ids, valid = random_accepts(
         b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, seed, offset, RAGGED, HAS_DRAFT,
+        ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
+        RAGGED, HAS_DRAFT, LOGITS, PRECISE,
     )
     blocks = tl.arange(0, BLOCK_NB)
     if HAS_GREEDY:
@@ -227,7 +255,7 @@ def finalize_kernel(
         slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
         pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
         vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
-        vals = tl.where(vals == vals, vals, -2.0)  # never-written slots of absent rows
+        vals = tl.where(vals == vals, vals, -2.0)  # stale slots of absent rows (never used)
         idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
         target_argmax = combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
         accepted = tl.where(greedy, valid & (ids == target_argmax), accepted)
@@ -236,11 +264,16 @@ def finalize_kernel(
     bonus, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
     _, has_row = row_offset(b, j, start, n, num_rows, stride_tb, stride_tk, RAGGED)
 
+    # Partials exist only for requests that needed a vocabulary pass; other slots hold stale
+    # memory, read (harmlessly) but never used: NaN is masked so no reduction sees it.
     bmask = blocks < NB
-    mass = tl.sum(tl.load(part_mass_ptr + b * NB + blocks, mask=bmask, other=0.0), axis=0)
+    mass = tl.load(part_mass_ptr + b * NB + blocks, mask=bmask, other=0.0)
+    mass = tl.sum(tl.where(mass == mass, mass, 0.0), axis=0)
     rkey = tl.load(part_rkey_ptr + b * NB + blocks, mask=bmask, other=-2.0)
+    rkey = tl.where(rkey == rkey, rkey, -2.0)
     ridx = tl.load(part_ridx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
     qkey = tl.load(part_qkey_ptr + b * NB + blocks, mask=bmask, other=-2.0)
+    qkey = tl.where(qkey == qkey, qkey, -2.0)
     qidx = tl.load(part_qidx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
     recovered = tl.where(mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0))
     if HAS_GREEDY:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from spec_samplers.kernels import rejection_kernels as rk
+from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, interpreting, triton_next_pow2, vocab_split
 
 
@@ -43,6 +44,7 @@ def launch_rejection(
     offsets: torch.Tensor | None,  # [B] int64
     is_greedy: torch.Tensor | None,  # [B] bool
     split: VocabSplit | None = None,
+    temperature: torch.Tensor | None = None,  # [B]: target/draft hold logits (0 = greedy request)
 ) -> torch.Tensor:
     """Returns [B, K+1] int64 in the standard output layout."""
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
@@ -60,6 +62,9 @@ def launch_rejection(
     d_strides = (d.stride(0), d.stride(1) if not layout.ragged else 0)
     i_strides = (ids.stride(0), ids.stride(1) if not layout.ragged else 0)
     stride_bonus = bonus.stride(0)
+    logits = temperature is not None
+    if logits:
+        is_greedy = temperature == 0
     has_greedy = is_greedy is not None
     precise = not interpreting()
 
@@ -70,7 +75,9 @@ def launch_rejection(
     part_ridx = torch.empty((B, NB), **i32)
     part_qkey = torch.empty((B, NB), **f32)
     part_qidx = torch.empty((B, NB), **i32)
-    if has_greedy:
+    if logits:
+        amax_val, amax_idx, stats = launch_softmax_stats(layout, target, draft, temperature, split)
+    elif has_greedy:
         amax_val = torch.empty((B, K + 1, NB), **f32)
         amax_idx = torch.empty((B, K + 1, NB), **i32)
         rk.argmax_partials_kernel[(B, K + 1, NB)](
@@ -80,22 +87,61 @@ def launch_rejection(
         )
     else:
         amax_val, amax_idx = part_rkey, part_ridx  # unused
+    if not logits:
+        temperature = seeds  # unused when LOGITS is False
+        stats = (part_mass,) * 4
     greedy_arg = is_greedy if has_greedy else seeds  # unused when HAS_GREEDY is False
     offsets_arg = offsets if offsets is not None else seeds  # unused when HAS_OFFSETS is False
     common = (
         target, *t_strides, d, *d_strides, ids, *i_strides, bonus, stride_bonus,
         layout.cu, seeds, offsets_arg, greedy_arg, part_mass, part_rkey, part_ridx, part_qkey, part_qidx,
+        temperature, *stats,
     )
-    flags = dict(RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=offsets is not None, HAS_GREEDY=has_greedy)
+    flags = dict(
+        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=offsets is not None, HAS_GREEDY=has_greedy,
+        LOGITS=logits, PRECISE=precise,
+    )
     rk.residual_partials_kernel[(B, NB)](
         *common, K, V, layout.num_rows, split.chunk, NB,
-        **flags, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v, PRECISE=precise,
+        **flags, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v,
     )
     rk.finalize_kernel[(B,)](
         *common, amax_val, amax_idx, out, K, V, layout.num_rows, NB,
         **flags, BLOCK_K=triton_next_pow2(K + 1), BLOCK_NB=triton_next_pow2(NB), num_warps=1,
     )
     return out
+
+
+def launch_softmax_stats(
+    layout: RowLayout,
+    target: torch.Tensor,  # logits, [B, K+1, V] padded or [T, V] ragged
+    draft: torch.Tensor | None,  # logits, [B, K, V] padded or [T, V] ragged
+    temperature: torch.Tensor,  # [B]
+    split: VocabSplit,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Fused-softmax row statistics. Returns (argmax partials [B, K+1, NB] fp32 and int32,
+    (target max, target sum, draft max, draft sum), each [B, K+1] fp32)."""
+    B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
+    device = target.device
+    f32 = dict(dtype=torch.float32, device=device)
+    parts = [torch.empty((B, K + 1, NB), **f32) for _ in range(5)]
+    amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
+    stats = tuple(torch.empty((B, K + 1), **f32) for _ in range(4))
+    d = target if draft is None else draft
+    t_strides = (target.stride(0), target.stride(1) if not layout.ragged else 0)
+    d_strides = (d.stride(0), d.stride(1) if not layout.ragged else 0)
+    precise = not interpreting()
+    sk.softmax_partials_kernel[(B, K + 1, NB)](
+        target, *t_strides, d, *d_strides, layout.cu, temperature, *parts, amax_idx,
+        K, layout.vocab_size, layout.num_rows, split.chunk, NB,
+        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_V=split.block_v, PRECISE=precise,
+    )
+    sk.softmax_combine_kernel[(B,)](
+        layout.cu, *parts[:4], *stats, K, layout.num_rows, NB,
+        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_K=triton_next_pow2(K + 1),
+        BLOCK_NB=triton_next_pow2(NB), PRECISE=precise, num_warps=1,
+    )
+    return parts[4], amax_idx, stats
 
 
 def rejection_sample_triton(
@@ -138,4 +184,50 @@ def rejection_sample_ragged_triton(
     layout = RowLayout(True, B, max_spec_len, V, T, cu_num_draft_tokens)
     return launch_rejection(
         layout, target_probs, draft_probs, draft_token_ids, bonus_token_ids.reshape(B), seeds, offsets, is_greedy, split,
+    )
+
+
+def rejection_sample_from_logits_triton(
+    target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+    draft_logits: torch.Tensor | None,  # [B, k, V] or None (point-mass drafts)
+    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+    temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor | None = None,  # [B] int64
+    *,
+    split: VocabSplit | None = None,
+) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.reference.rejection_sample_from_logits_reference`:
+    q = softmax(target_logits / T), p = softmax(draft_logits / T), fused (no probability tensor
+    is written). Returns [B, k+1] int64."""
+    B, kp1, V = target_logits.shape
+    layout = RowLayout(False, B, kp1 - 1, V, B * kp1, seeds)
+    return launch_rejection(
+        layout, _vocab_contiguous(target_logits), None if draft_logits is None else _vocab_contiguous(draft_logits),
+        draft_token_ids, bonus_token_ids, seeds, offsets, None, split, temperature,
+    )
+
+
+def rejection_sample_ragged_from_logits_triton(
+    target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
+    draft_logits: torch.Tensor | None,  # [T, V] or None
+    draft_token_ids: torch.Tensor,  # [T]
+    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
+    max_spec_len: int,  # K
+    temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor | None = None,  # [B] int64
+    *,
+    split: VocabSplit | None = None,
+) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.reference.rejection_sample_ragged_from_logits_reference`.
+    Returns [B, K+1] int64, -1 padded."""
+    T, V = target_logits.shape
+    B = cu_num_draft_tokens.shape[0]
+    layout = RowLayout(True, B, max_spec_len, V, T, cu_num_draft_tokens)
+    return launch_rejection(
+        layout, _vocab_contiguous(target_logits), None if draft_logits is None else _vocab_contiguous(draft_logits),
+        draft_token_ids, bonus_token_ids.reshape(B), seeds, offsets, None, split, temperature,
     )

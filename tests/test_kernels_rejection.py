@@ -1,0 +1,151 @@
+"""Rejection-sampling kernels vs the PyTorch reference, token for token (torch.equal).
+
+On CPU the kernels run through TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay small.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_cases import make_case, ragged_view  # noqa: E402
+
+from spec_samplers.kernels.backend import vocab_split  # noqa: E402
+from spec_samplers.kernels.rejection_launch import rejection_sample_ragged_triton, rejection_sample_triton  # noqa: E402
+from spec_samplers.reference import rejection_sample_ragged_reference, rejection_sample_reference  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _split(V, B, block_v=64, num_blocks=3):
+    """Small blocks so that every test crosses vocab-block and vector-step boundaries."""
+    return vocab_split(V, B, DEVICE, block_v=block_v, num_blocks=num_blocks)
+
+
+def _dev(*ts):
+    return [None if t is None else t.to(DEVICE) for t in ts]
+
+
+def _check_padded(case, *, use_draft=True, greedy=True, offsets=True, split=None):
+    B, K = case.draft_ids.shape
+    V = case.target.shape[-1]
+    target, draft, ids, bonus, seeds, offs, g = _dev(
+        case.target, case.draft if use_draft else None, case.draft_ids, case.bonus, case.seeds,
+        case.offsets if offsets else None, case.is_greedy if greedy else None,
+    )
+    ref = rejection_sample_reference(target, bonus, draft, ids, seeds, offs, g)
+    out = rejection_sample_triton(target, bonus, draft, ids, seeds, offs, g, split=split or _split(V, B))
+    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    return ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("greedy", ["none", "mixed", "all"])
+def test_padded_dtypes_and_row_kinds(dtype, greedy):
+    seed = 100 + 10 * ["none", "mixed", "all"].index(greedy) + str(dtype).__len__()
+    case = make_case(6, 3, 300, seed=seed, dtype=dtype, greedy=greedy, closeness=0.3)
+    ref = _check_padded(case, greedy=greedy != "none")
+    assert (ref[:, 1:] != -1).any(), "the case should accept some drafts"
+
+
+@pytest.mark.parametrize("k", [1, 8])
+@pytest.mark.parametrize("use_draft", [True, False])
+def test_padded_k_and_point_mass_drafts(k, use_draft):
+    case = make_case(5, k, 257, seed=10 + k, closeness=0.2)
+    _check_padded(case, use_draft=use_draft)
+
+
+def test_batch_of_one_and_many_blocks():
+    case = make_case(1, 4, 1000, seed=3, closeness=0.3)
+    _check_padded(case, split=_split(1000, 1, block_v=32, num_blocks=7))
+    _check_padded(case, split=vocab_split(1000, 1, DEVICE))  # launcher defaults
+
+
+def test_zero_k_padded():
+    case = make_case(3, 0, 100, seed=4)
+    _check_padded(case)
+
+
+def test_zero_mass_residual_falls_back_to_target():
+    case = make_case(8, 3, 200, seed=5, greedy="none", zero_mass=True)
+    ref = _check_padded(case)
+    # Even rows have draft == target, so every rejection there has a zero-mass residual and
+    # recovers from q, where token 0 (the planted draft) has probability 0.
+    assert (ref[0::2] != 0).all()
+
+
+@pytest.mark.parametrize("use_draft", [True, False])
+def test_out_of_range_ids_are_rejected_never_read(use_draft):
+    case = make_case(12, 3, 150, seed=6, bad_ids=True, closeness=0.1)
+    ref = _check_padded(case, use_draft=use_draft)
+    assert ((ref >= -1) & (ref < 150)).all()
+
+
+@pytest.mark.parametrize("use_draft", [True, False])
+@pytest.mark.parametrize("greedy", ["none", "mixed"])
+def test_ragged_matches_reference_and_padded(use_draft, greedy):
+    B, K, V = 7, 4, 300
+    case = make_case(B, K, V, seed=20, greedy=greedy, closeness=0.2)
+    k_b = torch.tensor([4, 0, 2, 4, 1, 0, 3])
+    target, draft, ids, cu = ragged_view(case.target, case.draft, case.draft_ids, k_b)
+    target, draft, ids, cu, bonus, seeds, offs, g = _dev(
+        target, draft if use_draft else None, ids, cu, case.bonus[:, 0], case.seeds, case.offsets,
+        case.is_greedy if greedy != "none" else None,
+    )
+    ref = rejection_sample_ragged_reference(target, bonus, draft, ids, cu, K, seeds, offs, g)
+    out = rejection_sample_ragged_triton(target, bonus, draft, ids, cu, K, seeds, offs, g, split=_split(V, B))
+    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    # Requests with k_b = K see the same rows as in the padded layout: same tokens.
+    full = (k_b == K).to(DEVICE)
+    padded_draft = _dev(case.draft)[0] if use_draft else None
+    padded = rejection_sample_triton(*_dev(case.target, case.bonus), padded_draft,
+                                     *_dev(case.draft_ids, case.seeds, case.offsets), g, split=_split(V, B))
+    assert torch.equal(out[full], padded[full])
+
+
+def test_ragged_bad_bonus_and_empty():
+    B, K, V = 6, 3, 120
+    case = make_case(B, K, V, seed=21, bad_ids=True, greedy="mixed", closeness=0.1)
+    k_b = torch.tensor([3, 0, 0, 1, 3, 2])
+    target, draft, ids, cu = ragged_view(case.target, case.draft, case.draft_ids, k_b)
+    args = _dev(target, case.bonus, draft, ids, cu)
+    rest = _dev(case.seeds, case.offsets, case.is_greedy)
+    ref = rejection_sample_ragged_reference(*args, K, *rest)
+    out = rejection_sample_ragged_triton(*args, K, *rest, split=_split(V, B))
+    assert torch.equal(out, ref)
+    assert (out[1] == -1).all()  # k_b = 0 with bonus id V: no bonus row to resample, -1
+    # No drafts at all (T = 0).
+    cu0 = torch.zeros(B, dtype=torch.int64, device=DEVICE)
+    empty = torch.zeros(0, V, device=DEVICE)
+    ids0 = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    ref = rejection_sample_ragged_reference(empty, args[1], empty, ids0, cu0, 0, *rest)
+    out = rejection_sample_ragged_triton(empty, args[1], empty, ids0, cu0, 0, *rest)
+    assert torch.equal(out, ref)
+
+
+def test_empty_batch():
+    out = rejection_sample_triton(
+        torch.zeros(0, 3, 10, device=DEVICE), torch.zeros(0, 1, dtype=torch.int64, device=DEVICE), None,
+        torch.zeros(0, 2, dtype=torch.int64, device=DEVICE), torch.zeros(0, dtype=torch.int64, device=DEVICE),
+    )
+    assert out.shape == (0, 3)
+
+
+def test_nan_inf_negative_probabilities_count_as_zero():
+    case = make_case(6, 3, 128, seed=7, closeness=0.2)
+    case.target[0, :, :10] = float("nan")
+    case.target[1, :, 5:20] = float("inf")
+    case.draft[2, :, :30] = -1.0
+    case.target[3] = float("nan")  # a whole request without mass
+    _check_padded(case)
+
+
+def test_strided_inputs():
+    case = make_case(4, 3, 200, seed=8, closeness=0.2)
+    target = case.target.transpose(0, 1).contiguous().transpose(0, 1)  # non-standard batch stride
+    ids = case.draft_ids.t().contiguous().t()
+    args = _dev(target, case.bonus, case.draft, ids, case.seeds)
+    ref = rejection_sample_reference(*args)
+    assert torch.equal(rejection_sample_triton(*args, split=_split(200, 4)), ref)
