@@ -363,3 +363,37 @@ def typical_accept_ragged_reference(
         target_probs, target_rows, num_draft, _ragged_ids(draft_token_ids, draft_rows),
         bonus_token_ids.reshape(-1), posterior_threshold, posterior_alpha,
     )
+
+
+def typical_accept_from_logits_reference(
+    target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B, 1]
+    draft_token_ids: torch.Tensor,  # [B, k]
+    temperature: torch.Tensor,  # [B] float, 0 = greedy request (q one-hot at the argmax)
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> torch.Tensor:
+    """Typical acceptance on q = softmax(target_logits / T) (:func:`probs_from_logits`).
+    Returns [B, k+1] int64."""
+    B, kp1, V = target_logits.shape
+    t_rows = temperature.repeat_interleave(kp1) if B else temperature
+    target = probs_from_logits(target_logits.reshape(B * kp1, V), t_rows).view(B, kp1, V)
+    return typical_accept_reference(target, bonus_token_ids, draft_token_ids, posterior_threshold, posterior_alpha)
+
+
+def typical_accept_ragged_from_logits_reference(
+    target_logits: torch.Tensor,  # [T, V]
+    bonus_token_ids: torch.Tensor,  # [B]
+    draft_token_ids: torch.Tensor,  # [T]
+    cu_num_draft_tokens: torch.Tensor,  # [B]
+    max_spec_len: int,  # K
+    temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> torch.Tensor:
+    """Ragged twin of :func:`typical_accept_from_logits_reference`. Returns [B, K+1] int64."""
+    row_t = temperature[_request_of_row(cu_num_draft_tokens, target_logits.shape[0]).clamp(max=max(temperature.shape[0] - 1, 0))]
+    return typical_accept_ragged_reference(
+        probs_from_logits(target_logits, row_t), bonus_token_ids, draft_token_ids, cu_num_draft_tokens, max_spec_len,
+        posterior_threshold, posterior_alpha,
+    )

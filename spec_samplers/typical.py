@@ -7,6 +7,7 @@ import math
 import torch
 
 from spec_samplers.base import SpecDecodeDeterministicBaseSampler
+from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.reference import typical_accept_ragged_reference, typical_accept_reference
 
 
@@ -27,6 +28,9 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
         posterior_threshold: upper bound of the acceptance threshold (vLLM V0 default 0.09).
         posterior_alpha: scale of the entropy-dependent threshold (vLLM V0 default 0.3).
         strict_mode: check token-id bounds and probability values too (synchronises with the host).
+        backend: "auto" (Triton kernels for CUDA tensors when triton imports, else PyTorch),
+            "torch" (always the PyTorch path) or "triton" (always the kernels; CPU tensors only
+            under TRITON_INTERPRET=1).
 
     Example::
 
@@ -38,8 +42,11 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
         >>> out = TypicalAcceptanceSampler()(target, bonus, None, draft_ids)  # [B, k+1] int64
     """
 
-    def __init__(self, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3, strict_mode: bool = False):
+    def __init__(
+        self, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3, strict_mode: bool = False, backend: str = "auto"
+    ):
         super().__init__(strict_mode=strict_mode)
+        self.backend = check_backend(backend)
         self.posterior_threshold = _check_option("posterior_threshold", posterior_threshold)
         self.posterior_alpha = _check_option("posterior_alpha", posterior_alpha)
 
@@ -52,7 +59,11 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
     ) -> torch.Tensor:
         """Returns [B, k+1] int64: accepted drafts, argmax or bonus token, then -1."""
         self._validate(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        out = typical_accept_reference(
+        if use_triton(self.backend, target_with_bonus_probs.device):
+            from spec_samplers.kernels.typical_launch import typical_accept_triton as accept
+        else:
+            accept = typical_accept_reference
+        out = accept(
             target_with_bonus_probs, bonus_token_ids, draft_token_ids, self.posterior_threshold, self.posterior_alpha
         )
         self._update_counters(out)
@@ -69,7 +80,11 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
     ) -> torch.Tensor:
         """The ragged layout (vLLM V1). Returns [B, K+1] int64, -1 padded."""
         self._validate_ragged(target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len)
-        out = typical_accept_ragged_reference(
+        if use_triton(self.backend, target_probs.device):
+            from spec_samplers.kernels.typical_launch import typical_accept_ragged_triton as accept
+        else:
+            accept = typical_accept_ragged_reference
+        out = accept(
             target_probs, bonus_token_ids, draft_token_ids, cu_num_draft_tokens, max_spec_len,
             self.posterior_threshold, self.posterior_alpha,
         )

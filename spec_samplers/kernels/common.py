@@ -81,3 +81,13 @@ def load_q(ptr, offs, mask, temp, row_max, row_sum, LOGITS: tl.constexpr, PRECIS
         return tl.where(mask, clean(tl.math.div_rn(e, row_sum)), 0.0)
     else:
         return clean(tl.load(ptr + offs, mask=mask, other=0.0))
+
+
+@triton.jit
+def draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED: tl.constexpr):
+    """(draft ids as given (int64), id in [0, V) and inside the request) at positions ``pos``;
+    ids outside [0, V) are never used to address memory."""
+    in_req = pos < n
+    id_off, _ = row_offset(b, pos, start, n, num_rows, stride_ib, stride_ik, RAGGED)
+    ids = tl.load(ids_ptr + id_off, mask=in_req, other=-1).to(tl.int64)
+    return ids, in_req & (ids >= 0) & (ids < V)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import clean, combine_argmax, load_q, request_span, row_offset
+from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.reference import RESIDUAL_MASS_EPS
@@ -50,9 +50,7 @@ def random_accepts(
 
     Returns (accepted, draft ids as given (int64), id in [0, V) and inside the request)."""
     in_req = pos < n
-    id_off, _ = row_offset(b, pos, start, n, num_rows, stride_ib, stride_ik, RAGGED)
-    ids = tl.load(ids_ptr + id_off, mask=in_req, other=-1).to(tl.int64)
-    valid = in_req & (ids >= 0) & (ids < V)
+    ids, valid = draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, ids, 0)
     stat = b * (K + 1) + pos
     t_max, t_sum, d_max, d_sum = 0.0, 1.0, 0.0, 1.0

@@ -7,31 +7,11 @@ the launch grids depend on shapes only, so a CUDA graph can capture a call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from spec_samplers.kernels import rejection_kernels as rk
-from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, interpreting, triton_next_pow2, vocab_split
-
-
-def _vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """Kernels step through the vocabulary with unit stride; other layouts are copied once."""
-    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
-
-
-@dataclass(frozen=True)
-class RowLayout:
-    """How kernels address rows (b, i): padded ``b * stride_b + i * stride_k``, ragged
-    ``(start_b + i) * stride_b`` (stride_k unused)."""
-
-    ragged: bool
-    batch_size: int
-    max_drafts: int  # K
-    vocab_size: int
-    num_rows: int  # flat rows of the ragged tensors (unused when padded)
-    cu: torch.Tensor  # [B] inclusive cumsum of k_b (ragged), any [B] tensor otherwise
+from spec_samplers.kernels.launch_common import RowLayout, launch_softmax_stats, vocab_contiguous
 
 
 def launch_rejection(
@@ -55,8 +35,8 @@ def launch_rejection(
     if split is None:
         split = vocab_split(V, B, device)
     NB = split.num_blocks
-    target = _vocab_contiguous(target)
-    draft = None if draft is None else _vocab_contiguous(draft)
+    target = vocab_contiguous(target)
+    draft = None if draft is None else vocab_contiguous(draft)
     t_strides = (target.stride(0), target.stride(1) if not layout.ragged else 0)
     d = target if draft is None else draft
     d_strides = (d.stride(0), d.stride(1) if not layout.ragged else 0)
@@ -110,38 +90,6 @@ def launch_rejection(
         **flags, BLOCK_K=triton_next_pow2(K + 1), BLOCK_NB=triton_next_pow2(NB), num_warps=1,
     )
     return out
-
-
-def launch_softmax_stats(
-    layout: RowLayout,
-    target: torch.Tensor,  # logits, [B, K+1, V] padded or [T, V] ragged
-    draft: torch.Tensor | None,  # logits, [B, K, V] padded or [T, V] ragged
-    temperature: torch.Tensor,  # [B]
-    split: VocabSplit,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Fused-softmax row statistics. Returns (argmax partials [B, K+1, NB] fp32 and int32,
-    (target max, target sum, draft max, draft sum), each [B, K+1] fp32)."""
-    B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
-    device = target.device
-    f32 = dict(dtype=torch.float32, device=device)
-    parts = [torch.empty((B, K + 1, NB), **f32) for _ in range(5)]
-    amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
-    stats = tuple(torch.empty((B, K + 1), **f32) for _ in range(4))
-    d = target if draft is None else draft
-    t_strides = (target.stride(0), target.stride(1) if not layout.ragged else 0)
-    d_strides = (d.stride(0), d.stride(1) if not layout.ragged else 0)
-    precise = not interpreting()
-    sk.softmax_partials_kernel[(B, K + 1, NB)](
-        target, *t_strides, d, *d_strides, layout.cu, temperature, *parts, amax_idx,
-        K, layout.vocab_size, layout.num_rows, split.chunk, NB,
-        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_V=split.block_v, PRECISE=precise,
-    )
-    sk.softmax_combine_kernel[(B,)](
-        layout.cu, *parts[:4], *stats, K, layout.num_rows, NB,
-        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_K=triton_next_pow2(K + 1),
-        BLOCK_NB=triton_next_pow2(NB), PRECISE=precise, num_warps=1,
-    )
-    return parts[4], amax_idx, stats
 
 
 def rejection_sample_triton(
@@ -204,7 +152,7 @@ def rejection_sample_from_logits_triton(
     B, kp1, V = target_logits.shape
     layout = RowLayout(False, B, kp1 - 1, V, B * kp1, seeds)
     return launch_rejection(
-        layout, _vocab_contiguous(target_logits), None if draft_logits is None else _vocab_contiguous(draft_logits),
+        layout, vocab_contiguous(target_logits), None if draft_logits is None else vocab_contiguous(draft_logits),
         draft_token_ids, bonus_token_ids, seeds, offsets, None, split, temperature,
     )
 
@@ -228,6 +176,6 @@ def rejection_sample_ragged_from_logits_triton(
     B = cu_num_draft_tokens.shape[0]
     layout = RowLayout(True, B, max_spec_len, V, T, cu_num_draft_tokens)
     return launch_rejection(
-        layout, _vocab_contiguous(target_logits), None if draft_logits is None else _vocab_contiguous(draft_logits),
+        layout, vocab_contiguous(target_logits), None if draft_logits is None else vocab_contiguous(draft_logits),
         draft_token_ids, bonus_token_ids.reshape(B), seeds, offsets, None, split, temperature,
     )

@@ -1,0 +1,129 @@
+"""Triton kernels of typical acceptance (Medusa section 3.3.1, vLLM V0 semantics), both layouts.
+
+``typical_partials_kernel`` grid (B, K+1, NB): ONE pass over each target row's vocab block gives
+the partial entropy sum q log(q + eps) and the partial (max, argmax). ``typical_finalize_kernel``
+grid (B,): combines the NB partials per position, applies the threshold test to the gathered
+q_i(x_i), finds the first rejection and writes the output row.
+
+The vocabulary is split across program instances as in the rejection kernels rather than looped
+over by one program per row: with B * (K+1) rows a row loop would leave most of a large GPU idle
+at small B (B = 1, K = 4 is 5 programs), while the split costs one tiny combine per position.
+Every position is read (no laziness): a position's threshold needs its entropy, and reading the
+K + 1 rows in parallel is faster than a dependent chain.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from spec_samplers.kernels.common import combine_argmax, draft_ids_at, load_q, request_span, row_offset
+from spec_samplers.kernels.rng import precise_exp, precise_log
+from spec_samplers.kernels.softmax_kernels import effective_temperature
+from spec_samplers.reference import ENTROPY_EPS
+
+_ENTROPY_EPS = tl.constexpr(ENTROPY_EPS)
+
+
+@triton.jit
+def typical_partials_kernel(
+    target_ptr, stride_tb, stride_tk,  # probabilities, or logits when LOGITS
+    cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
+    ent_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB]
+    K, V, num_rows, chunk, NB,
+    RAGGED: tl.constexpr, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    blk = tl.program_id(2)
+    start, n = request_span(cu_ptr, b, K, RAGGED)
+    off, ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+    temp, row_max, row_sum = 1.0, 0.0, 1.0
+    if LOGITS:
+        ok = ok & (tl.load(temp_ptr + b) != 0)  # greedy requests: one-hot q, done in finalize
+        temp = effective_temperature(temp_ptr, b)
+        row_max = tl.load(t_max_ptr + b * (K + 1) + i)
+        row_sum = tl.load(t_sum_ptr + b * (K + 1) + i)
+    if ok:
+        lo = blk * chunk
+        hi = tl.minimum(lo + chunk, V)
+        ent = 0.0
+        best = -1.0
+        best_idx = lo
+        for s in range(lo, hi, BLOCK_V):
+            offs = s + tl.arange(0, BLOCK_V)
+            m = offs < hi
+            q = load_q(target_ptr, off + offs, m, temp, row_max, row_sum, LOGITS, PRECISE)
+            # Fast log: the entropy is a sum whose order differs from torch's anyway.
+            ent += tl.sum(q * tl.log(q + _ENTROPY_EPS), axis=0)
+            vals = tl.where(m, q, -1.0)
+            bmax = tl.max(vals, axis=0)
+            barg = tl.argmax(vals, axis=0, tie_break_left=True) + s
+            take = bmax > best
+            best = tl.where(take, bmax, best)
+            best_idx = tl.where(take, barg, best_idx)
+        slot = (b * (K + 1) + i) * NB + blk
+        tl.store(ent_ptr + slot, ent)
+        tl.store(amax_val_ptr + slot, best)
+        tl.store(amax_idx_ptr + slot, best_idx.to(tl.int32))
+
+
+@triton.jit
+def typical_finalize_kernel(
+    target_ptr, stride_tb, stride_tk,
+    ids_ptr, stride_ib, stride_ik,
+    bonus_ptr, stride_bonus,
+    cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,
+    ent_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] from typical_partials_kernel
+    lamax_val_ptr, lamax_idx_ptr,  # [B, K+1, NB] logits argmax (greedy requests; LOGITS only)
+    out_ptr,  # [B, K+1] int64
+    posterior_threshold, posterior_alpha,
+    K, V, num_rows, NB,
+    RAGGED: tl.constexpr, LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    start, n = request_span(cu_ptr, b, K, RAGGED)
+    pos = tl.arange(0, BLOCK_K)  # positions 0..K
+    blocks = tl.arange(0, BLOCK_NB)
+    ids, valid = draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
+    safe = tl.where(valid, ids, 0)
+    t_off, t_ok = row_offset(b, pos, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+    t_ok = t_ok & (pos <= K)
+    slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
+    temp, row_max, row_sum = 1.0, 0.0, 1.0
+    greedy = b < 0
+    if LOGITS:
+        greedy = tl.load(temp_ptr + b) == 0
+        temp = effective_temperature(temp_ptr, b)
+        row_max = tl.load(t_max_ptr + b * (K + 1) + pos, mask=t_ok, other=0.0)
+        row_sum = tl.load(t_sum_ptr + b * (K + 1) + pos, mask=t_ok, other=1.0)
+    pmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, 0, NB))
+    ent = tl.load(ent_ptr + slots, mask=pmask, other=0.0)
+    entropy = -tl.sum(ent, axis=1)  # [BLOCK_K]
+    vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
+    idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
+    target_argmax = combine_argmax(vals, idxs, blocks, 1)
+    candidate = load_q(target_ptr, t_off + safe, valid & t_ok, temp, row_max, row_sum, LOGITS, PRECISE)
+    if LOGITS:
+        # Greedy requests: q is the one-hot of the logits' argmax (reference.probs_from_logits).
+        gmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, NB, 0))
+        lvals = tl.load(lamax_val_ptr + slots, mask=gmask, other=float("-inf"))
+        lidxs = tl.load(lamax_idx_ptr + slots, mask=gmask, other=0).to(tl.int64)
+        logit_argmax = combine_argmax(lvals, lidxs, blocks, 1)
+        one = tl.full(entropy.shape, 1.0, tl.float32)
+        entropy = tl.where(greedy, -(one * precise_log(one + _ENTROPY_EPS, PRECISE)), entropy)
+        target_argmax = tl.where(greedy, logit_argmax, target_argmax)
+        candidate = tl.where(greedy, tl.where(ids == logit_argmax, 1.0, 0.0), candidate)
+    threshold = tl.minimum(posterior_alpha * precise_exp(-entropy, PRECISE), posterior_threshold)
+    accepted = valid & (candidate > threshold)
+    j = tl.min(tl.where(accepted, BLOCK_K, pos), axis=0)
+    j = tl.minimum(j.to(tl.int64), n)
+    recovered = tl.sum(tl.where(pos == j, target_argmax, 0), axis=0)
+    bonus = tl.load(bonus_ptr + b * stride_bonus).to(tl.int64)
+    bonus_valid = (bonus >= 0) & (bonus < V)
+    has_row = tl.sum(tl.where(pos == j, t_ok.to(tl.int32), 0), axis=0) != 0
+    fallback = tl.where(has_row, recovered, -1)
+    final = tl.where(j < n, recovered, tl.where(bonus_valid, bonus, fallback))
+    out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))
+    tl.store(out_ptr + b * (K + 1) + pos, out, mask=pos <= K)
