@@ -149,3 +149,57 @@ def test_strided_inputs():
     args = _dev(target, case.bonus, case.draft, ids, case.seeds)
     ref = rejection_sample_reference(*args)
     assert torch.equal(rejection_sample_triton(*args, split=_split(200, 4)), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits inputs: softmax(logits / T) fused in the kernels, temperature 0 = greedy request.
+
+from spec_samplers.kernels.rejection_launch import (  # noqa: E402
+    rejection_sample_from_logits_triton,
+    rejection_sample_ragged_from_logits_triton,
+)
+from spec_samplers.reference import (  # noqa: E402
+    rejection_sample_from_logits_reference,
+    rejection_sample_ragged_from_logits_reference,
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("greedy", ["none", "mixed"])
+@pytest.mark.parametrize("use_draft", [True, False])
+def test_logits_padded_and_ragged(dtype, greedy, use_draft):
+    B, K, V = 6, 3, 300
+    case = make_case(B, K, V, seed=40 + use_draft, greedy=greedy, closeness=0.3)
+    tlog, dlog = case.target_logits.to(dtype), case.draft_logits.to(dtype)
+    tlog, dlog, bonus, ids, temp, seeds, offs = _dev(tlog, dlog if use_draft else None, case.bonus, case.draft_ids,
+                                                     case.temperature, case.seeds, case.offsets)
+    ref = rejection_sample_from_logits_reference(tlog, bonus, dlog, ids, temp, seeds, offs)
+    out = rejection_sample_from_logits_triton(tlog, bonus, dlog, ids, temp, seeds, offs, split=_split(V, B))
+    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    if use_draft:
+        assert (ref[:, 1:] != -1).any()
+    k_b = torch.tensor([3, 0, 1, 3, 2, 0])
+    rt, rd, rids, cu = ragged_view(case.target_logits.to(dtype), case.draft_logits.to(dtype), case.draft_ids, k_b)
+    rt, rd, rids, cu = _dev(rt, rd if use_draft else None, rids, cu)
+    ref = rejection_sample_ragged_from_logits_reference(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs)
+    out = rejection_sample_ragged_from_logits_triton(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs, split=_split(V, B))
+    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+
+
+def test_logits_k8_batch_of_one_and_zero_mass():
+    B, K, V = 1, 8, 500
+    case = make_case(B, K, V, seed=42, greedy="none", closeness=0.1)
+    args = _dev(case.target_logits, case.bonus, case.draft_logits, case.draft_ids, case.temperature, case.seeds)
+    ref = rejection_sample_from_logits_reference(*args)
+    assert torch.equal(rejection_sample_from_logits_triton(*args, split=_split(V, B, 64, 4)), ref)
+    # Draft logits equal to the target's, a -inf token drafted: zero-mass residual -> sample q.
+    B, K, V = 4, 3, 200
+    case = make_case(B, K, V, seed=43, greedy="none")
+    tlog = case.target_logits.clone()
+    tlog[:, :, 7] = float("-inf")
+    ids = case.draft_ids.clone()
+    ids[:, 1] = 7
+    args = _dev(tlog, case.bonus, tlog[:, :K].clone(), ids, case.temperature, case.seeds, case.offsets)
+    ref = rejection_sample_from_logits_reference(*args)
+    assert torch.equal(rejection_sample_from_logits_triton(*args, split=_split(V, B)), ref)
+    assert (ref[:, 1] != -1).all() and (ref[:, 1] != 7).all() and (ref[:, 2] == -1).all()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from spec_samplers import counter_rng
 
@@ -58,7 +59,7 @@ def precise_log(x, PRECISE: tl.constexpr):
     """fp32 log: CUDA's logf (libdevice, what torch.log runs on CUDA) when compiled, numpy's in
     the interpreter (which has no libdevice)."""
     if PRECISE:
-        return tl.extra.cuda.libdevice.log(x)
+        return libdevice.log(x)
     else:
         return tl.log(x)
 
@@ -67,7 +68,7 @@ def precise_log(x, PRECISE: tl.constexpr):
 def precise_exp(x, PRECISE: tl.constexpr):
     """fp32 exp: CUDA's expf (libdevice) when compiled, numpy's in the interpreter."""
     if PRECISE:
-        return tl.extra.cuda.libdevice.exp(x)
+        return libdevice.exp(x)
     else:
         return tl.exp(x)
 

@@ -87,8 +87,8 @@ def _combine(m_ptr, s_ptr, slots, mask, PRECISE: tl.constexpr):
     m = tl.load(m_ptr + slots, mask=mask, other=float("-inf"))
     s = tl.load(s_ptr + slots, mask=mask, other=0.0)
     row_max = tl.max(m, axis=1)
-    live = (m > float("-inf")) & mask
-    w = tl.where(live, s * precise_exp(m - row_max[:, None], PRECISE), 0.0)
+    ref = tl.where(row_max > float("-inf"), row_max, 0.0)  # all -inf: no mass, no NaN
+    w = tl.where(m > float("-inf"), s * precise_exp(m - ref[:, None], PRECISE), 0.0)
     return row_max, tl.sum(w, axis=1)
 
 
