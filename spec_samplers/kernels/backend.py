@@ -65,13 +65,16 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+#: at most this many vocab blocks per request: keeps the combine kernels' [K+1, NB] tiles small
+MAX_VOCAB_BLOCKS = 256
+
+
 def vocab_split(vocab_size: int, num_requests: int, device: torch.device,
                 block_v: int | None = None, num_blocks: int | None = None) -> VocabSplit:
     """Split V across NB program instances per request so that B * NB fills the GPU (about
-    four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes."""
-    if block_v is None:
-        block_v = 1024 if device.type == "cuda" else 512
-    block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
+    four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes.
+
+    ``block_v`` / ``num_blocks`` override the choice (tests use them to cross block boundaries)."""
     if num_blocks is None:
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
@@ -79,10 +82,23 @@ def vocab_split(vocab_size: int, num_requests: int, device: torch.device,
         else:
             target = 2  # the interpreter runs programs one by one: few blocks, but more than one
         num_blocks = -(-target // max(num_requests, 1))
-    max_blocks = -(-vocab_size // block_v)
+    if block_v is None:
+        # Wide vector steps (1024) when each program has a long chunk, narrower ones (down to
+        # 256) when the vocabulary must be cut finely to fill the GPU at small B.
+        per_block = -(-vocab_size // max(1, min(num_blocks, MAX_VOCAB_BLOCKS)))
+        block_v = 1024 if device.type == "cuda" else 512
+        while block_v > 256 and block_v > per_block:
+            block_v //= 2
+    block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
+    max_blocks = min(-(-vocab_size // block_v), MAX_VOCAB_BLOCKS)
     num_blocks = max(1, min(num_blocks, max_blocks))
     chunk = -(-(-(-vocab_size // num_blocks)) // block_v) * block_v
     return VocabSplit(block_v, chunk, -(-vocab_size // chunk))
+
+
+def combine_warps(block_k: int, block_nb: int) -> int:
+    """Warps of the per-request combine kernels, whose tiles are [BLOCK_K, BLOCK_NB]."""
+    return 1 if block_k * block_nb <= 1024 else 4
 
 
 def triton_next_pow2(n: int) -> int:

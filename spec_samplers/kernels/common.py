@@ -87,7 +87,7 @@ def load_q(ptr, offs, mask, temp, row_max, row_sum, LOGITS: tl.constexpr, PRECIS
 def draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED: tl.constexpr):
     """(draft ids as given (int64), id in [0, V) and inside the request) at positions ``pos``;
     ids outside [0, V) are never used to address memory."""
-    in_req = pos < n
-    id_off, _ = row_offset(b, pos, start, n, num_rows, stride_ib, stride_ik, RAGGED)
+    id_off, row_ok = row_offset(b, pos, start, n, num_rows, stride_ib, stride_ik, RAGGED)
+    in_req = (pos < n) & row_ok
     ids = tl.load(ids_ptr + id_off, mask=in_req, other=-1).to(tl.int64)
     return ids, in_req & (ids >= 0) & (ids < V)

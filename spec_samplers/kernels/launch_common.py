@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from spec_samplers.kernels import softmax_kernels as sk
-from spec_samplers.kernels.backend import VocabSplit, interpreting, triton_next_pow2
+from spec_samplers.kernels.backend import VocabSplit, combine_warps, interpreting, triton_next_pow2
 
 
 def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -56,6 +56,7 @@ def launch_softmax_stats(
     sk.softmax_combine_kernel[(B,)](
         layout.cu, *parts[:4], *stats, K, layout.num_rows, NB,
         RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_K=triton_next_pow2(K + 1),
-        BLOCK_NB=triton_next_pow2(NB), PRECISE=precise, num_warps=1,
+        BLOCK_NB=triton_next_pow2(NB), PRECISE=precise,
+        num_warps=combine_warps(triton_next_pow2(K + 1), triton_next_pow2(NB)),
     )
     return parts[4], amax_idx, stats

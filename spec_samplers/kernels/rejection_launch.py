@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.kernels import rejection_kernels as rk
-from spec_samplers.kernels.backend import VocabSplit, interpreting, triton_next_pow2, vocab_split
+from spec_samplers.kernels.backend import VocabSplit, combine_warps, interpreting, triton_next_pow2, vocab_split
 from spec_samplers.kernels.launch_common import RowLayout, launch_softmax_stats, vocab_contiguous
 
 
@@ -87,7 +87,8 @@ def launch_rejection(
     )
     rk.finalize_kernel[(B,)](
         *common, amax_val, amax_idx, out, K, V, layout.num_rows, NB,
-        **flags, BLOCK_K=triton_next_pow2(K + 1), BLOCK_NB=triton_next_pow2(NB), num_warps=1,
+        **flags, BLOCK_K=triton_next_pow2(K + 1), BLOCK_NB=triton_next_pow2(NB),
+        num_warps=combine_warps(triton_next_pow2(K + 1), triton_next_pow2(NB)),
     )
     return out
 

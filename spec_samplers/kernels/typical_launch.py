@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.kernels import typical_kernels as tk
-from spec_samplers.kernels.backend import VocabSplit, interpreting, triton_next_pow2, vocab_split
+from spec_samplers.kernels.backend import VocabSplit, combine_warps, interpreting, triton_next_pow2, vocab_split
 from spec_samplers.kernels.launch_common import RowLayout, launch_softmax_stats, vocab_contiguous
 
 
@@ -56,7 +56,7 @@ def launch_typical(
         layout.cu, temperature, t_max, t_sum, parts[0], parts[1], amax_idx, lamax_val, lamax_idx, out,
         float(posterior_threshold), float(posterior_alpha), K, V, layout.num_rows, NB,
         RAGGED=layout.ragged, LOGITS=logits, BLOCK_K=triton_next_pow2(K + 1), BLOCK_NB=triton_next_pow2(NB),
-        PRECISE=precise, num_warps=1,
+        PRECISE=precise, num_warps=combine_warps(triton_next_pow2(K + 1), triton_next_pow2(NB)),
     )
     return out
 
