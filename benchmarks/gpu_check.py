@@ -56,6 +56,8 @@ VOCABS = (32000, 128256, 152064)
 BATCHES = (1, 8, 64, 256)
 KS = (1, 4, 8)
 DTYPES = (torch.float32, torch.bfloat16)
+#: where inputs live; the CPU test of this script swaps in "cpu" (kernels through TRITON_INTERPRET=1)
+DEVICE = "cuda"
 
 
 def _require_cuda() -> None:
@@ -95,8 +97,8 @@ class Inputs:
 def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_case: bool = False) -> Inputs:
     """Drafts close to the target (long accepted prefixes, realistic), or with ``worst_case`` a
     zero-probability draft at position 0 of every request (every request reads its rows)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev = "cuda"
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    dev = DEVICE
     temperature = torch.rand(B, generator=g, device=dev) + 0.5
     tl = torch.randn(B, k + 1, V, generator=g, device=dev) * 3.0
     dl = tl[:, :k] + 0.3 * torch.randn(B, k, V, generator=g, device=dev)
@@ -120,7 +122,7 @@ def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_
 def ragged(inp: Inputs, k_b: torch.Tensor):
     """(target [T, V], draft [T, V], ids [T], cu [B]) keeping the first k_b positions of each request."""
     k = inp.ids.shape[1]
-    keep = torch.arange(k, device="cuda")[None, :] < k_b[:, None]
+    keep = torch.arange(k, device=DEVICE)[None, :] < k_b[:, None]
     return inp.target[:, :k][keep], inp.draft[keep], inp.ids[keep], torch.cumsum(k_b, 0)
 
 
@@ -128,18 +130,24 @@ def ragged(inp: Inputs, k_b: torch.Tensor):
 # Equality
 
 
-def check_equality(quick: bool) -> list[dict]:
+def _fits(B: int, k: int, V: int) -> bool:
+    """Inputs plus the reference's temporaries stay well inside device memory."""
+    if DEVICE != "cuda":
+        return True
+    return B * (k + 1) * V * 4 * 6 < 0.6 * torch.cuda.get_device_properties(0).total_memory
+
+
+def check_equality(vocabs=VOCABS, batches=BATCHES, ks=KS) -> list[dict]:
     from spec_samplers import reference as R
     from spec_samplers.kernels import rejection_launch as RL
     from spec_samplers.kernels import typical_launch as TL
 
     rows = []
-    vocabs, batches, ks = (VOCABS[:1], (1, 64), (4,)) if quick else (VOCABS, BATCHES, KS)
     for V in vocabs:
         for B in batches:
             for k in ks:
                 for dtype in DTYPES:
-                    if B * (k + 1) * V * 4 * 6 > 0.6 * torch.cuda.get_device_properties(0).total_memory:
+                    if not _fits(B, k, V):
                         continue
                     inp = make_inputs(B, k, V, dtype, seed=V + B + k)
                     res = {"V": V, "B": B, "k": k, "dtype": str(dtype).replace("torch.", "")}
@@ -147,7 +155,7 @@ def check_equality(quick: bool) -> list[dict]:
                     res["rejection"] = torch.equal(RL.rejection_sample_triton(*a), R.rejection_sample_reference(*a))
                     a0 = (inp.target, inp.bonus, None, inp.ids, inp.seeds, inp.offsets, inp.is_greedy)
                     res["rejection_point_mass"] = torch.equal(RL.rejection_sample_triton(*a0), R.rejection_sample_reference(*a0))
-                    k_b = torch.randint(0, k + 1, (B,), device="cuda")
+                    k_b = torch.randint(0, k + 1, (B,), device=DEVICE)
                     t, d, ids, cu = ragged(inp, k_b)
                     ar = (t, inp.bonus[:, 0], d, ids, cu, k, inp.seeds, inp.offsets, inp.is_greedy)
                     res["rejection_ragged"] = torch.equal(
@@ -167,7 +175,8 @@ def check_equality(quick: bool) -> list[dict]:
                     rows.append(res)
                     print("equality", res, flush=True)
                     del inp
-                    torch.cuda.empty_cache()
+                    if DEVICE == "cuda":
+                        torch.cuda.empty_cache()
     return rows
 
 
@@ -296,10 +305,10 @@ def _vllm_fn(inp: Inputs):
         return None, f"vllm not importable: {exc}"
     B, k, V = inp.ids.shape[0], inp.ids.shape[1], inp.target.shape[-1]
     values = {
-        "temperature": torch.ones(B, device="cuda"), "all_greedy": False, "all_random": True, "top_p": None,
+        "temperature": torch.ones(B, device=DEVICE), "all_greedy": False, "all_random": True, "top_p": None,
         "top_k": None, "generators": {}, "max_num_logprobs": None, "no_penalties": True, "prompt_token_ids": None,
-        "frequency_penalties": torch.zeros(B, device="cuda"), "presence_penalties": torch.zeros(B, device="cuda"),
-        "repetition_penalties": torch.ones(B, device="cuda"), "output_token_ids": [[] for _ in range(B)],
+        "frequency_penalties": torch.zeros(B, device=DEVICE), "presence_penalties": torch.zeros(B, device=DEVICE),
+        "repetition_penalties": torch.ones(B, device=DEVICE), "output_token_ids": [[] for _ in range(B)],
         "allowed_token_ids_mask": None, "bad_words_token_ids": {}, "logitsprocs": None,
     }
     try:
@@ -310,7 +319,7 @@ def _vllm_fn(inp: Inputs):
     target_logits = torch.log(inp.target[:, :k].float().clamp_min(1e-30)).reshape(B * k, V).contiguous()
     draft_probs = inp.draft.float().reshape(B * k, V).contiguous()
     ids = inp.ids.reshape(-1).int().contiguous()
-    cu = torch.arange(1, B + 1, device="cuda", dtype=torch.int32) * k
+    cu = torch.arange(1, B + 1, device=DEVICE, dtype=torch.int32) * k
     bonus = inp.bonus.int().contiguous()
     num = [k] * B
 
@@ -325,18 +334,17 @@ def _vllm_fn(inp: Inputs):
     return call, None
 
 
-def run_timings(bw: float, quick: bool) -> tuple[list[dict], list[str]]:
+def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: int = 100,
+                cold_iters: int = 30) -> tuple[list[dict], list[str]]:
     from spec_samplers.kernels import rejection_launch as RL
     from spec_samplers.kernels import typical_launch as TL
 
     rows, notes = [], []
-    vocabs, batches, ks = (VOCABS[:1], (1, 64), (4,)) if quick else (VOCABS, BATCHES, KS)
-    warm_iters, cold_iters = (20, 10) if quick else (100, 30)
     for V in vocabs:
         for B in batches:
             for k in ks:
                 for dtype in DTYPES:
-                    if B * (k + 1) * V * 4 * 6 > 0.6 * torch.cuda.get_device_properties(0).total_memory:
+                    if not _fits(B, k, V):
                         continue
                     inp = make_inputs(B, k, V, dtype, seed=7, worst_case=True)
                     b = inp.target.element_size()
@@ -415,9 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth()
     meta["copy_bandwidth_GBps"] = bw / 1e9
     print("meta", meta, flush=True)
-    equality = check_equality(args.quick)
+    shapes = dict(vocabs=VOCABS[:1], batches=(1, 64), ks=(4,)) if args.quick else {}
+    equality = check_equality(**shapes)
     graphs = check_graphs()
-    timings, notes = ([], ["timings skipped (--skip-timing)"]) if args.skip_timing else run_timings(bw, args.quick)
+    if args.skip_timing:
+        timings, notes = [], ["timings skipped (--skip-timing)"]
+    else:
+        iters = dict(warm_iters=20, cold_iters=10) if args.quick else {}
+        timings, notes = run_timings(bw, **shapes, **iters)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"gpu_check_{meta['gpu'].replace(' ', '_')}_{meta['date'][:10]}"
