@@ -185,6 +185,7 @@ def check_equality(vocabs=VOCABS, batches=BATCHES, ks=KS) -> list[dict]:
 
 
 def check_graphs() -> list[dict]:
+    from spec_samplers import RejectionSampler
     from spec_samplers import reference as R
     from spec_samplers.kernels import rejection_launch as RL
     from spec_samplers.kernels import typical_launch as TL
@@ -199,7 +200,12 @@ def check_graphs() -> list[dict]:
                 "rejection_logits": lambda s: RL.rejection_sample_from_logits_triton(
                     s.target_logits, s.bonus, s.draft_logits, s.ids, s.temperature, s.seeds, s.offsets),
             }
+            sampler = RejectionSampler()  # backend "auto": the kernels on CUDA
+            fns["sampler_forward"] = lambda s: sampler(s.target, s.bonus, s.draft, s.ids, seeds=s.seeds, offsets=s.offsets,
+                                                       is_greedy=s.is_greedy)
             refs = {
+                "sampler_forward": lambda s: R.rejection_sample_reference(
+                    s.target, s.bonus, s.draft, s.ids, s.seeds, s.offsets, s.is_greedy),
                 "rejection": lambda s: R.rejection_sample_reference(s.target, s.bonus, s.draft, s.ids, s.seeds, s.offsets, s.is_greedy),
                 "typical": lambda s: R.typical_accept_reference(s.target, s.bonus, s.ids, 0.09, 0.3),
                 "rejection_logits": lambda s: R.rejection_sample_from_logits_reference(
@@ -214,18 +220,19 @@ def check_graphs() -> list[dict]:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     out = fn(static)
-                ok = True
+                differing = 0
                 for trial in range(3):
                     new = make_inputs(B, k, V, dtype, seed=100 + trial)
                     for f in dataclasses.fields(Inputs):
                         getattr(static, f.name).copy_(getattr(new, f.name))
                     graph.replay()
                     torch.cuda.synchronize()
-                    equal = torch.equal(out, refs[name](static))
-                    ok = ok and (equal or name == "rejection_logits")
+                    differing += int((out != refs[name](static)).any(dim=1).sum())
                 replay_us = _time_graph(graph)
+                # Logits: ulp-level softmax differences may flip a near-tie (reported, not failed).
+                ok = differing == 0 or name == "rejection_logits"
                 rows.append({"kernel": name, "B": B, "k": k, "V": V, "dtype": str(dtype).replace("torch.", ""),
-                             "replays_equal": ok, "replay_us": replay_us})
+                             "replays_equal": ok, "rows_differing": differing, "replay_us": replay_us})
                 print("graph", rows[-1], flush=True)
     return rows
 
@@ -394,8 +401,9 @@ def _markdown(meta: dict, equality: list[dict], graphs: list[dict], timings: lis
               f"Logits paths, rows differing from the reference (ulp-level softmax differences): "
               f"{sum(r['logits_rows_differing'] for r in equality)} rejection, "
               f"{sum(r['typical_logits_rows_differing'] for r in equality)} typical.", ""]
-    lines += ["| kernel | B | k | V | dtype | graph replays equal | replay us |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {g['kernel']} | {g['B']} | {g['k']} | {g['V']} | {g['dtype']} | {g['replays_equal']} | {g['replay_us']:.1f} |" for g in graphs]
+    lines += ["| graph-captured call | B | k | V | dtype | replays equal | rows differing | replay us |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {g['kernel']} | {g['B']} | {g['k']} | {g['V']} | {g['dtype']} | {g['replays_equal']} | {g.get('rows_differing', 0)} | "
+              f"{g['replay_us']:.1f} |" for g in graphs]
     lines += ["", "Timings (median us, CUDA events; cold = L2 flushed before each call; floor = bytes that must be read / copy bandwidth):", "",
               "| impl | kernel | V | B | k | dtype | warm us | cold us | floor us | cold / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {t['impl']} | {t['kernel']} | {t['V']} | {t['B']} | {t['k']} | {t['dtype']} | {t['warm_us']:.1f} | {t['cold_us']:.1f} | "
@@ -422,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     bw = copy_bandwidth()
     meta["copy_bandwidth_GBps"] = bw / 1e9
+    from spec_samplers.kernels.backend import use_triton
+
+    meta["auto_backend_uses_kernels_on_cuda"] = use_triton("auto", torch.device("cuda"))
     print("meta", meta, flush=True)
     shapes = dict(vocabs=VOCABS[:1], batches=(1, 64), ks=(4,)) if args.quick else {}
     equality = check_equality(**shapes)

@@ -23,11 +23,12 @@ import triton.language as tl
 from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
 from spec_samplers.kernels.softmax_kernels import effective_temperature
+from spec_samplers.counter_rng import STREAM_ACCEPT, STREAM_RECOVER
 from spec_samplers.reference import RESIDUAL_MASS_EPS
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
-_STREAM_ACCEPT = tl.constexpr(0)
-_STREAM_RECOVER = tl.constexpr(1)
+_STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+_STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
 
 
 @triton.jit
