@@ -18,6 +18,10 @@ def _pyplot():
     return plt
 
 
+def _short(option: str) -> str:
+    return option[len("posterior_"):] if option.startswith("posterior_") else option
+
+
 def _group(entries: Sequence[dict[str, object]], key: str) -> dict[str, list[dict[str, object]]]:
     groups: dict[str, list[dict[str, object]]] = {}
     for e in entries:
@@ -59,14 +63,25 @@ def write_plot(path: str, document: dict[str, object]) -> None:
 
     if swept:
         ax = axes["sweep"]
+        # one line per value of the first swept option, through the values of the others
+        series: dict[str, list[tuple[float, float, str]]] = {}
         for label, group in _group(swept, "sampler").items():
+            keys = next(s["swept"] for s in document["samplers"] if s["label"] == label)
             n = len(group)
             tv = sum(e["tv_output"]["excess"] for e in group) / n
             acc = sum(e["acceptance"] for e in group) / n
-            ax.scatter([tv], [acc], color="tab:orange")
-            short = ", ".join(f"{key[len('posterior_'):] if key.startswith('posterior_') else key}={group[0]['options'][key]:g}"
-                              for key in next(s["swept"] for s in document["samplers"] if s["label"] == label))
-            ax.annotate(short, (tv, acc), fontsize=6, xytext=(3, 2), textcoords="offset points")
+            opts = group[0]["options"]
+            head = f"{group[0]['name']} {_short(keys[0])}={opts[keys[0]]:g}" if keys else group[0]["name"]
+            rest = ", ".join(f"{_short(key)}={opts[key]:g}" for key in keys[1:])
+            series.setdefault(head, []).append((tv, acc, rest))
+        seen: set[tuple[float, float]] = set()
+        for m, (head, points) in zip(markers * 9, series.items()):
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=m, label=head, alpha=0.8)
+            for tv, acc, rest in points:
+                spot = (round(tv, 3), round(acc, 3))
+                if rest and spot not in seen:
+                    seen.add(spot)
+                    ax.annotate(rest, (tv, acc), fontsize=6, xytext=(3, 2), textcoords="offset points")
         for label, group in _group(plain, "sampler").items():
             lossless = any(s["label"] == label and s["lossless"] for s in document["samplers"])
             if lossless:
