@@ -107,4 +107,6 @@ def test_verification(benchmark, impl, point):
     benchmark.extra_info.update(info)
     if lossless:
         z = info["z_acceptance"]
-        assert abs(z) < quality.Z_BOUND, f"{name}: acceptance {info['acceptance']:.4f} vs theory {info['theory_acceptance']:.4f} (z={z:.1f})"
+        assert abs(z) < quality.Z_BOUND, (
+            f"{name}: acceptance {info['acceptance']:.4f} vs theory {info['theory_acceptance']:.4f} (z={z:.1f})"
+        )

@@ -9,6 +9,7 @@ Modules:
     report     terminal tables, the JSON file (its schema is documented there), machine info
     plot       the PNG (matplotlib, Agg backend)
     cli        the ``bench`` subcommand's arguments
+    suite      grid and device of the pytest-benchmark suite in ``benchmarks/``
 
 Nothing here is imported by ``import spec_samplers``; matplotlib and tqdm are optional
 (``pip install spec-samplers[bench]``) and only needed for ``--plot`` and the progress bar.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 import torch
@@ -60,10 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=_positive_int, help="rows per context in the quality runs (default 1024, quick 128)")
     p.add_argument("--batch-sizes", type=_int_list, help="timed batch sizes (default 1,4,16,64 on CPU; 1,8,32,128,512 on CUDA)")
     p.add_argument("--vocab", type=_positive_int, help="vocabulary size of the timed calls (default 32000, quick 2048)")
-    p.add_argument("--dtype", type=_dtype_list, default=(torch.float32,), help="probability dtypes of the timed calls, e.g. float32,bfloat16")
+    p.add_argument("--dtype", type=_dtype_list, default=(torch.float32,),
+                   help="probability dtypes of the timed calls, e.g. float32,bfloat16")
     p.add_argument("--min-time", type=float, help="seconds of repeats per timed point (default 0.2, quick 0.02)")
     p.add_argument("--no-timing", action="store_true", help="skip the timing")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=_positive_int,
+                   help="torch CPU threads (default: torch's); 1 gives stable CPU timings on a busy machine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--from-file", metavar="PATH", help="benchmark on saved target/draft probabilities (layout above)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (schema: spec_samplers/bench/report.py)")
@@ -95,6 +99,8 @@ def build_config(args: argparse.Namespace):
         settings, loaded = [setting], {setting.name: (target, draft)}
     else:
         settings = workloads.default_settings(quick=args.quick)
+    if args.rows is not None and args.rows < 2:
+        raise ValueError(f"--rows: expected an integer >= 2, got {args.rows}")
     cuda = device.type == "cuda"
     batch_sizes = args.batch_sizes or ((1, 4) if args.quick else (1, 8, 32, 128, 512) if cuda else (1, 4, 16, 64))
     vocab = args.vocab or (settings[0].vocab_size if args.from_file else 2048 if args.quick else 32000)
@@ -102,13 +108,16 @@ def build_config(args: argparse.Namespace):
         specs=specs, settings=settings, k=args.k, rows=args.rows or (128 if args.quick else 1024), seed=args.seed,
         device=device, batch_sizes=() if args.no_timing else batch_sizes, timing_vocab=vocab, dtypes=args.dtype,
         min_time_s=args.min_time if args.min_time is not None else (0.02 if args.quick else 0.2),
-        progress=args.progress or sys.stderr.isatty(), loaded_pairs=loaded, quick=args.quick,
+        progress=args.progress or (sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None),
+        loaded_pairs=loaded, quick=args.quick,
     )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from spec_samplers.bench import report, runner
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         config = build_config(args)
         if args.plot:
@@ -125,7 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "k": config.k, "rows": config.rows, "seed": config.seed, "quick": config.quick,
             "batch_sizes": list(config.batch_sizes), "timing_vocab": config.timing_vocab,
             "dtypes": [str(d).replace("torch.", "") for d in config.dtypes], "min_time_s": config.min_time_s,
-            "from_file": args.from_file,
+            "from_file": args.from_file, "threads": torch.get_num_threads(),
         },
         **runner.run(config),
     }

@@ -51,14 +51,17 @@ def write_plot(path: str, document: dict[str, object]) -> None:
         ax = axes["acceptance"]
         ax.plot(xs, [1 - x for x in xs], "k--", lw=1, label="lossless theory 1 - TV")
         for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
-            ax.scatter([e["tv_draft_target"] for e in group], [e["per_position"][0] for e in group], marker=m, label=label, alpha=0.8)
-        ax.set(xlabel="TV(draft, target)", ylabel="acceptance at position 1", title="Acceptance vs divergence", xlim=(0, 1), ylim=(0, 1.02))
+            ax.scatter([e["tv_draft_target"] for e in group], [e["per_position"][0] for e in group],
+                       marker=m, label=label, alpha=0.8)
+        ax.set(xlabel="TV(draft, target)", ylabel="acceptance at position 1", title="Acceptance vs divergence",
+               xlim=(0, 1), ylim=(0, 1.02))
         ax.legend(fontsize=7)
         ax = axes["emitted"]
         ax.plot(xs, [sum((1 - x) ** i for i in range(k + 1)) for x in xs], "k--", lw=1, label=f"(1-a^{k + 1})/(1-a), a = 1 - TV")
         for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
             ax.scatter([e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8)
-        ax.set(xlabel="TV(draft, target)", ylabel="tokens emitted per step", title=f"Emitted tokens (k={k})", xlim=(0, 1), ylim=(0, k + 1.1))
+        ax.set(xlabel="TV(draft, target)", ylabel="tokens emitted per step", title=f"Emitted tokens (k={k})",
+               xlim=(0, 1), ylim=(0, k + 1.1))
         ax.legend(fontsize=7)
 
     if swept:
@@ -105,7 +108,8 @@ def write_plot(path: str, document: dict[str, object]) -> None:
         ax.legend(fontsize=7)
 
     machine = document["machine"]
-    fig.suptitle(f"spec-samplers bench - {machine['device_name']} - torch {machine['torch']} - {machine['date'][:10]}", fontsize=9)
+    title = f"spec-samplers bench - {machine['device_name']} - torch {machine['torch']} - {machine['date'][:10]}"
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -99,7 +99,7 @@ def measure(
         drf = None
         if not point_mass_drafts:
             drf = draft[ctx].to(device=device, dtype=dtype)[:, None, :].expand(-1, k, -1).contiguous()  # [M, k, V]
-        out = sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu()  # [M, k+1]
+        out = sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu().long()  # [M, k+1]
         first = out[:, 0]
         if out.shape != (stop - start, k + 1) or bool(((first < 0) | (first >= V)).any()):
             raise RuntimeError(

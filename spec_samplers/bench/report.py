@@ -6,10 +6,11 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
       "schema": "spec-samplers-bench/1",
       "machine": {"date": ISO-8601 UTC, "platform": str, "python": str, "torch": str,
                   "spec_samplers": str, "cpu": str, "cpu_count": int,
-                  "device": "cpu" | "cuda:N", "device_name": str, "cuda": str | null},
+                  "device": "cpu" | "cuda:N", "device_name": str, "cuda": str | null,
+                  "load_average": [1, 5, 15 min] | null},
       "config": {"k": int, "rows": int (rows per context), "seed": int, "quick": bool,
                  "batch_sizes": [int], "timing_vocab": int, "dtypes": [str], "min_time_s": float,
-                 "from_file": str | null},
+                 "from_file": str | null, "threads": int (torch CPU threads)},
       "samplers": [{"name": str, "options": {str: value}, "label": str,
                     "lossless": bool | null, "swept": [str]}],
       "settings": [{"name": str, "kind": "softmax" | "sparse" | "point" | "file",
@@ -78,6 +79,7 @@ def machine_info(device: torch.device) -> dict[str, object]:
         "device": str(device),
         "device_name": _cpu_name(),
         "cuda": torch.version.cuda,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,  # other work on the machine
     }
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
@@ -158,7 +160,7 @@ def render(document: dict[str, object]) -> str:
     machine, config = document["machine"], document["config"]
     parts = [
         f"spec-samplers bench: {machine['device']} ({machine['device_name']}), torch {machine['torch']}, "
-        f"k={config['k']}, {config['rows']} rows per context",
+        f"threads={config['threads']}, k={config['k']}, {config['rows']} rows per context",
     ]
     swept = [e for e in document["acceptance"] if _is_swept(document, e)]
     plain = [e for e in document["acceptance"] if not _is_swept(document, e)]

@@ -124,10 +124,14 @@ def load_pairs(path: str) -> tuple[Setting, torch.Tensor, torch.Tensor]:
     else:
         data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict):
-        raise ValueError(f"--from-file {path!r}: expected a dict with keys target_probs and draft_probs, got {type(data).__name__}")
+        raise ValueError(
+            f"--from-file {path!r}: expected a dict with keys target_probs and draft_probs, got {type(data).__name__}"
+        )
     missing = [key for key in ("target_probs", "draft_probs") if key not in data]
     if missing:
-        raise ValueError(f"--from-file {path!r}: expected keys target_probs and draft_probs, missing {missing}; found {sorted(data)}")
+        raise ValueError(
+            f"--from-file {path!r}: expected keys target_probs and draft_probs, missing {missing}; found {sorted(data)}"
+        )
     target = _checked_rows("target_probs", data["target_probs"])
     draft = _checked_rows("draft_probs", data["draft_probs"])
     if target.shape != draft.shape:
@@ -149,7 +153,8 @@ def _checked_rows(key: str, t: object) -> torch.Tensor:
         raise ValueError(f"--from-file: {key}: expected finite, non-negative probabilities")
     sums = t.sum(dim=1, keepdim=True)
     if bool((sums <= 0).any()):
-        raise ValueError(f"--from-file: {key}: expected every row to have positive mass, row {int((sums <= 0).nonzero()[0, 0])} has none")
+        row = int((sums <= 0).nonzero()[0, 0])
+        raise ValueError(f"--from-file: {key}: expected every row to have positive mass, row {row} has none")
     return t / sums
 
 
