@@ -26,22 +26,17 @@ import inspect
 import torch
 
 from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.reference import ragged_layout
 
 
 def ragged_positions(
     cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumulative sum of k_b
     max_spec_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(index [B, K] int64 into the T flat rows (clamped, valid where ``valid``), valid [B, K] bool,
+    """(index [B, K] int64 into the T flat rows, 0 where not ``valid``; valid [B, K] bool;
     num_draft_tokens [B] int64)."""
-    cu = cu_num_draft_tokens.to(torch.int64)
-    num_draft = torch.diff(cu, prepend=cu.new_zeros(1))  # [B]
-    starts = cu - num_draft  # [B]
-    pos = torch.arange(max_spec_len, device=cu.device, dtype=torch.int64)  # [K]
-    valid = pos[None, :] < num_draft[:, None]  # [B, K]
-    total = cu[-1:] if cu.numel() else cu.new_zeros(1)  # [1], T on the device
-    index = torch.minimum(starts[:, None] + pos[None, :], (total - 1).clamp_min(0))  # [B, K]
-    return index, valid, num_draft
+    _, draft_rows, num_draft = ragged_layout(cu_num_draft_tokens, max_spec_len)
+    return draft_rows.clamp(min=0), draft_rows >= 0, num_draft
 
 
 def pad_ragged(
