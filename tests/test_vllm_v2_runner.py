@@ -132,6 +132,22 @@ def test_random_requests_are_lossless(restore_seams):
     assert abs(accepted - rate) < binomial_bound(rate, R)
 
 
+def test_placeholder_draft_is_resampled_from_target(restore_seams):
+    """A -1 draft (vLLM's placeholder) is rejected and the token there has the target
+    distribution q, not the residual (q - p)+ (chi-square, CHI2_ALPHA)."""
+    module = install(V2_MODULE, REJECTION)
+    V, R = 5, 3000
+    gen = torch.Generator().manual_seed(51)
+    q = torch.softmax(torch.randn(V, generator=gen), -1)
+    draft_row = torch.randn(V, generator=gen) * 2
+    requests = [dict(state=r, pos=7, drafts=[-1, 2], seed=r) for r in range(R)]
+    inputs = v2_inputs(requests, V, 2)
+    target_logits = q.log().repeat(3 * R, 1)
+    sampled, num_sampled = call_v2(module, target_logits, draft_row.expand(R, 2, V).contiguous(), inputs)
+    assert (num_sampled == 1).all()
+    assert chi2_pvalue(sampled[:, 0], q) > CHI2_ALPHA
+
+
 def test_seed_and_position_reproduce(restore_seams):
     module = install(V2_MODULE, REJECTION)
     V, K = 64, 3

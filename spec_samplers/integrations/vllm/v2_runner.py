@@ -13,7 +13,8 @@ drafts, the last row is the bonus position; the draft scored by row i is ``draft
 request state and step. In this runner the bonus token is drawn inside the verification step, so
 we draw it too, from the same processed logits.
 
-Semantics kept from vLLM: greedy requests (temperature 0) are verified against the target argmax
+Semantics kept from vLLM: a -1 placeholder draft is rejected and replaced by a sample of the
+target row; greedy requests (temperature 0) are verified against the target argmax
 and their bonus token is the argmax; every draw is a function of the request's seed (vLLM's
 per-request seed, user-given or random) and the sequence position, so a seeded request
 reproduces; vocabularies of different size are cut to the smaller one, as vLLM does.
@@ -135,6 +136,10 @@ def verify(
         rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
         row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
         draft_probs = (draft_logits[rows_state, rows_step, :vocab].to(torch.float32) / row_temp[:, None]).softmax(dim=-1)
+        # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
+        # from p: vLLM resamples it from q. p = q there leaves no residual mass, so the samplers
+        # recover from q too.
+        draft_probs = torch.where((draft_ids < 0)[:, None], target_probs, draft_probs)
     out = verifier(
         target_probs, bonus, draft_probs, draft_ids, cu_draft, num_speculative_steps,
         seeds=seeds, offsets=offsets, is_greedy=is_greedy,
