@@ -212,3 +212,34 @@ def test_unsupported_version_changes_nothing(monkeypatch):
     assert [r.getMessage() for r in records] == [
         "spec_samplers: vLLM 0.40.1 is not supported (supported: vllm>=0.32,<0.33); vLLM's own rejection sampler stays"
     ]
+
+
+FRESH_PROCESS = """
+import sys
+import vllm.plugins
+vllm.plugins.load_general_plugins()  # what every vLLM process does first
+from spec_samplers.integrations.vllm import plugin
+assert plugin.is_registered()
+seams = ("vllm.v1.sample.rejection_sampler", "vllm.v1.worker.gpu.spec_decode.rejection_sampler")
+assert not any(name in sys.modules for name in seams), "register() must not import vLLM's sampler modules"
+import importlib
+for name in seams:
+    module = importlib.import_module(name)  # what the worker's model runner does later
+    assert module.RejectionSampler.__init__.__spec_samplers_observer__
+    assert module.rejection_sample.__module__.startswith("vllm."), "replaced without being asked"
+print("fresh-process-ok")
+"""
+
+
+def test_fresh_process_register_then_vllm_imports_its_runners():
+    """In a new process (as in a vLLM worker): the loader runs register(), which imports nothing
+    of vLLM's sampler code; when the runner modules are imported later the observer is in place
+    and nothing is replaced."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fresh-process-ok" in result.stdout

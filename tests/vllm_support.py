@@ -21,7 +21,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import spec_samplers.integrations.vllm as plugin  # noqa: E402
-from spec_samplers.integrations.vllm import plugin as plugin_impl  # noqa: E402
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
 V2_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"

@@ -111,20 +111,32 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
         self.hooks: dict[str, Callable[[ModuleType], None]] = {}
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        hook = self.hooks.get(fullname)
+        hook = self.hooks.pop(fullname, None)
         if hook is None:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        exec_module = spec.loader.exec_module
+        spec = None
+        for finder in sys.meta_path:  # whoever would have found it (path, editable installs, ...)
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
 
         def exec_then_hook(module: ModuleType) -> None:
+            vars(loader).pop("exec_module", None)  # one-shot: a shared loader is left as it was
             exec_module(module)
-            self.hooks.pop(fullname, None)
-            hook(module)
+            if module.__name__ == fullname:
+                hook(module)
 
-        spec.loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        try:
+            loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        except (AttributeError, TypeError):  # a loader without instance attributes: stay out of the way
+            logger.warning("spec_samplers: cannot observe %s (loader %r); the plugin stays inactive", fullname, loader)
         return spec
 
 
