@@ -76,11 +76,29 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     ) -> Shapes:
         shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
         if self._strict_mode:
-            validation.check_values(shapes, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+            validation.check_values(shapes.vocab_size, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
         return shapes
 
-    def _update_counters(self, output_token_ids: torch.Tensor) -> None:
-        """output_token_ids: [B, k+1] in the standard layout."""
+    def _validate_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V]
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
+        draft_probs: torch.Tensor | None,  # [T, V] or None
+        draft_token_ids: torch.Tensor,  # [T]
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> Shapes:
+        shapes = validation.check_ragged_metadata(
+            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len
+        )
+        if self._strict_mode:
+            validation.check_ragged_values(cu_num_draft_tokens, target_probs.shape[0], max_spec_len)
+            validation.check_values(shapes.vocab_size, target_probs, bonus_token_ids, draft_probs, draft_token_ids, "target_probs")
+        return shapes
+
+    def _update_counters(self, output_token_ids: torch.Tensor, num_draft_tokens: int | None = None) -> None:
+        """output_token_ids: [B, k+1] in the standard layout; num_draft_tokens defaults to B * k
+        (pass T for the ragged layout)."""
         if self.num_accepted_tokens is None:
             self.init_tensors(output_token_ids.device)
         B, kp1 = output_token_ids.shape
@@ -95,7 +113,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_accepted_per_position[:k] += per_position
         self.num_accepted_tokens += per_position.sum()
         self.num_emitted_tokens += (output_token_ids != PLACEHOLDER_TOKEN_ID).sum()
-        self.num_draft_tokens += B * k
+        self.num_draft_tokens += B * k if num_draft_tokens is None else num_draft_tokens
 
 
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
-from spec_samplers.reference import rejection_sample_reference
+from spec_samplers.reference import rejection_sample_ragged_reference, rejection_sample_reference
 from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import check_row_mask, check_seed_tensor
 
@@ -53,4 +53,35 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
             seeds, None if offsets is None else offsets.to(torch.int64), is_greedy,
         )
         self._update_counters(out)
+        return out
+
+    def forward_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [T, V] or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
+        max_spec_len: int,  # K >= every k_b: fixes the output width
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        is_greedy: torch.Tensor | None = None,  # [B] bool
+    ) -> torch.Tensor:
+        """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded.
+
+        Same tokens as :meth:`forward` on the same data and seeds. There are no bonus rows, so a
+        bonus id outside [0, V) becomes -1 rather than a resample.
+        """
+        shapes = self._validate_ragged(target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len)
+        device = target_probs.device
+        check_seed_tensor("offsets", offsets, shapes.batch_size, device)
+        check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
+        seeds = row_seeds(shapes.batch_size, device, seeded_seqs, seeds)
+        out = rejection_sample_ragged_reference(
+            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len,
+            seeds, None if offsets is None else offsets.to(torch.int64), is_greedy,
+        )
+        self._update_counters(out, num_draft_tokens=target_probs.shape[0])
         return out

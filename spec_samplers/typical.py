@@ -7,7 +7,7 @@ import math
 import torch
 
 from spec_samplers.base import SpecDecodeDeterministicBaseSampler
-from spec_samplers.reference import typical_accept_reference
+from spec_samplers.reference import typical_accept_ragged_reference, typical_accept_reference
 
 
 def _check_option(name: str, value: object) -> float:
@@ -56,4 +56,22 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
             target_with_bonus_probs, bonus_token_ids, draft_token_ids, self.posterior_threshold, self.posterior_alpha
         )
         self._update_counters(out)
+        return out
+
+    def forward_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [T, V] or None: ignored beyond its shape check
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
+        max_spec_len: int,  # K
+    ) -> torch.Tensor:
+        """The ragged layout (vLLM V1). Returns [B, K+1] int64, -1 padded."""
+        self._validate_ragged(target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len)
+        out = typical_accept_ragged_reference(
+            target_probs, bonus_token_ids, draft_token_ids, cu_num_draft_tokens, max_spec_len,
+            self.posterior_threshold, self.posterior_alpha,
+        )
+        self._update_counters(out, num_draft_tokens=target_probs.shape[0])
         return out

@@ -111,16 +111,17 @@ def check_probs_values(name: str, probs: torch.Tensor) -> None:
 
 
 def check_values(
-    shapes: Shapes,
-    target_with_bonus_probs: torch.Tensor,
+    vocab_size: int,
+    target_probs: torch.Tensor,  # [B, k+1, V] or [T, V]
     bonus_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
+    target_name: str = "target_with_bonus_probs",
 ) -> None:
-    """All strict-mode value checks."""
-    check_ids_in_range("draft_token_ids", draft_token_ids, shapes.vocab_size)
-    check_ids_in_range("bonus_token_ids", bonus_token_ids, shapes.vocab_size)
-    check_probs_values("target_with_bonus_probs", target_with_bonus_probs)
+    """All strict-mode value checks (either layout)."""
+    check_ids_in_range("draft_token_ids", draft_token_ids, vocab_size)
+    check_ids_in_range("bonus_token_ids", bonus_token_ids, vocab_size)
+    check_probs_values(target_name, target_probs)
     if draft_probs is not None:
         check_probs_values("draft_probs", draft_probs)
 
@@ -134,3 +135,58 @@ def check_row_mask(name: str, t: torch.Tensor | None, batch_size: int, device: t
         raise input_error(name, f"shape ({batch_size},)", f"shape {tuple(t.shape)}")
     if t.device != device:
         raise input_error(name, f"device {device}", f"device {t.device}")
+
+
+def check_ragged_metadata(
+    target_probs: torch.Tensor,  # [T, V]
+    bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
+    draft_probs: torch.Tensor | None,  # [T, V] or None
+    draft_token_ids: torch.Tensor,  # [T]
+    cu_num_draft_tokens: torch.Tensor,  # [B]
+    max_spec_len: int,
+) -> Shapes:
+    """Ragged-layout metadata checks. Returns (B, K = max_spec_len, V)."""
+    _check_tensor("target_probs", target_probs, 2, PROBS_DTYPES)
+    _check_tensor("draft_token_ids", draft_token_ids, 1, ID_DTYPES)
+    _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, ID_DTYPES)
+    if not isinstance(bonus_token_ids, torch.Tensor) or bonus_token_ids.dim() not in (1, 2):
+        raise input_error("bonus_token_ids", "a [B] or [B, 1] tensor", getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__))
+    _check_tensor("bonus_token_ids", bonus_token_ids, bonus_token_ids.dim(), ID_DTYPES)
+    T, V = target_probs.shape
+    B = cu_num_draft_tokens.shape[0]
+    if V < 1:
+        raise input_error("target_probs", "vocabulary size V >= 1", V)
+    if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or max_spec_len < 0:
+        raise input_error("max_spec_len", "an int >= 0", repr(max_spec_len))
+    if draft_token_ids.shape[0] != T:
+        raise input_error("draft_token_ids", f"shape ({T},) (one per target_probs row)", f"shape {tuple(draft_token_ids.shape)}")
+    if bonus_token_ids.shape[0] != B or (bonus_token_ids.dim() == 2 and bonus_token_ids.shape[1] != 1):
+        raise input_error("bonus_token_ids", f"shape ({B},) or ({B}, 1)", f"shape {tuple(bonus_token_ids.shape)}")
+    device = target_probs.device
+    tensors = [("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids), ("cu_num_draft_tokens", cu_num_draft_tokens)]
+    if draft_probs is not None:
+        _check_tensor("draft_probs", draft_probs, 2, PROBS_DTYPES)
+        if tuple(draft_probs.shape) != (T, V):
+            raise input_error("draft_probs", f"shape ({T}, {V}) (that of target_probs)", f"shape {tuple(draft_probs.shape)}")
+        tensors.append(("draft_probs", draft_probs))
+    for name, t in tensors:
+        if t.device != device:
+            raise input_error(name, f"device {device} (that of target_probs)", f"device {t.device}")
+    return Shapes(B, max_spec_len, V)
+
+
+def check_ragged_values(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_spec_len: int) -> None:
+    """Strict mode: cu_num_draft_tokens non-decreasing, each k_b <= max_spec_len, last == T."""
+    if cu_num_draft_tokens.numel() == 0:
+        if num_tokens != 0:
+            raise input_error("cu_num_draft_tokens", f"a last entry equal to T = {num_tokens}", "an empty tensor")
+        return
+    cu = cu_num_draft_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.int64, device=cu.device))
+    lo, hi, last = int(counts.min()), int(counts.max()), int(cu[-1])
+    if lo < 0:
+        raise input_error("cu_num_draft_tokens", "a non-decreasing cumulative sum", f"a negative count {lo}")
+    if hi > max_spec_len:
+        raise input_error("cu_num_draft_tokens", f"counts <= max_spec_len = {max_spec_len}", f"a count of {hi}")
+    if last != num_tokens:
+        raise input_error("cu_num_draft_tokens", f"a last entry equal to T = {num_tokens}", last)
