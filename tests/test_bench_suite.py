@@ -10,7 +10,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_benchmark_suite_runs_in_quick_mode():
-    env = {**os.environ, "PYTHONPATH": REPO, "SPEC_SAMPLERS_BENCH_QUICK": "1"}
+    # TRITON_INTERPRET=1: the Triton kernel path (when the samplers have one) runs on the CPU too
+    env = {**os.environ, "PYTHONPATH": REPO, "SPEC_SAMPLERS_BENCH_QUICK": "1", "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "benchmarks", "--benchmark-disable", "-v", "-p", "no:cacheprovider", "-rs"],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
