@@ -76,7 +76,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     ) -> Shapes:
         shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
         if self._strict_mode:
-            validation.check_values(shapes, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+            validation.check_values(shapes.vocab_size, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
         return shapes
 
     def _validate_ragged(
@@ -93,11 +93,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         )
         if self._strict_mode:
             validation.check_ragged_values(cu_num_draft_tokens, target_probs.shape[0], max_spec_len)
-            validation.check_ids_in_range("draft_token_ids", draft_token_ids, shapes.vocab_size)
-            validation.check_ids_in_range("bonus_token_ids", bonus_token_ids, shapes.vocab_size)
-            validation.check_probs_values("target_probs", target_probs)
-            if draft_probs is not None:
-                validation.check_probs_values("draft_probs", draft_probs)
+            validation.check_values(shapes.vocab_size, target_probs, bonus_token_ids, draft_probs, draft_token_ids, "target_probs")
         return shapes
 
     def _update_counters(self, output_token_ids: torch.Tensor, num_draft_tokens: int | None = None) -> None:

@@ -6,6 +6,8 @@ import argparse
 import inspect
 import sys
 
+from spec_samplers.bench.cli import add_arguments as add_bench_arguments
+
 
 def _format_default(value: object) -> str:
     return "required" if value is inspect.Parameter.empty else repr(value)
@@ -34,6 +36,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from spec_samplers.bench.cli import cmd_bench as run_bench
+
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spec-samplers", description="Speculative-decoding verification samplers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=4000)
     p.add_argument("--k", type=int, default=4)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("bench", help="acceptance microbenchmarks: acceptance, theory, output TV, time per call")
+    add_bench_arguments(p)
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

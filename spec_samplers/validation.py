@@ -111,16 +111,17 @@ def check_probs_values(name: str, probs: torch.Tensor) -> None:
 
 
 def check_values(
-    shapes: Shapes,
-    target_with_bonus_probs: torch.Tensor,
+    vocab_size: int,
+    target_probs: torch.Tensor,  # [B, k+1, V] or [T, V]
     bonus_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
+    target_name: str = "target_with_bonus_probs",
 ) -> None:
-    """All strict-mode value checks."""
-    check_ids_in_range("draft_token_ids", draft_token_ids, shapes.vocab_size)
-    check_ids_in_range("bonus_token_ids", bonus_token_ids, shapes.vocab_size)
-    check_probs_values("target_with_bonus_probs", target_with_bonus_probs)
+    """All strict-mode value checks (either layout)."""
+    check_ids_in_range("draft_token_ids", draft_token_ids, vocab_size)
+    check_ids_in_range("bonus_token_ids", bonus_token_ids, vocab_size)
+    check_probs_values(target_name, target_probs)
     if draft_probs is not None:
         check_probs_values("draft_probs", draft_probs)
 

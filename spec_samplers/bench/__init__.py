@@ -1,0 +1,16 @@
+"""Acceptance microbenchmarks: ``spec-samplers bench`` and the helpers of ``benchmarks/``.
+
+Modules:
+    workloads  synthetic and loaded draft/target distribution pairs, the default grids
+    quality    acceptance per position, mean emitted tokens, lossless theory, output TV
+    timing     device-synchronised time per call, bytes moved and GB/s
+    baselines  vLLM V0's algorithm in plain PyTorch; vLLM V1 and FlashInfer adapters
+    runner     sampler selection, option parsing, sweeps, the whole run -> a result dict
+    report     terminal tables, the JSON file (its schema is documented there), machine info
+    plot       the PNG (matplotlib, Agg backend)
+    cli        the ``bench`` subcommand's arguments
+    suite      grid and device of the pytest-benchmark suite in ``benchmarks/``
+
+Nothing here is imported by ``import spec_samplers``; matplotlib and tqdm are optional
+(``pip install spec-samplers[bench]``) and only needed for ``--plot`` and the progress bar.
+"""

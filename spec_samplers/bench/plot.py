@@ -1,0 +1,116 @@
+"""The ``--plot`` PNG: acceptance and emitted tokens vs divergence per sampler, time vs batch
+size, and (when a sweep ran) acceptance vs the output's TV from the target."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or spec-samplers[bench])") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _short(option: str) -> str:
+    return option[len("posterior_"):] if option.startswith("posterior_") else option
+
+
+def _group(entries: Sequence[dict[str, object]], key: str) -> dict[str, list[dict[str, object]]]:
+    groups: dict[str, list[dict[str, object]]] = {}
+    for e in entries:
+        groups.setdefault(e[key], []).append(e)
+    return groups
+
+
+def write_plot(path: str, document: dict[str, object]) -> None:
+    plt = _pyplot()
+    swept_labels = {s["label"] for s in document["samplers"] if s["swept"]}
+    plain = [e for e in document["acceptance"] if e["sampler"] not in swept_labels]
+    swept = [e for e in document["acceptance"] if e["sampler"] in swept_labels]
+    k = document["config"]["k"]
+    panels = []
+    if plain:
+        panels += ["acceptance", "emitted"]
+    if swept:
+        panels.append("sweep")
+    if document["timing"]:
+        panels.append("timing")
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 4.4), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    markers = "osD^v<>"
+
+    if plain:
+        xs = [i / 100 for i in range(101)]
+        ax = axes["acceptance"]
+        ax.plot(xs, [1 - x for x in xs], "k--", lw=1, label="lossless theory 1 - TV")
+        for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
+            ax.scatter([e["tv_draft_target"] for e in group], [e["per_position"][0] for e in group],
+                       marker=m, label=label, alpha=0.8)
+        ax.set(xlabel="TV(draft, target)", ylabel="acceptance at position 1", title="Acceptance vs divergence",
+               xlim=(0, 1), ylim=(0, 1.02))
+        ax.legend(fontsize=7)
+        ax = axes["emitted"]
+        ax.plot(xs, [sum((1 - x) ** i for i in range(k + 1)) for x in xs], "k--", lw=1, label=f"(1-a^{k + 1})/(1-a), a = 1 - TV")
+        for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
+            ax.scatter([e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8)
+        ax.set(xlabel="TV(draft, target)", ylabel="tokens emitted per step", title=f"Emitted tokens (k={k})",
+               xlim=(0, 1), ylim=(0, k + 1.1))
+        ax.legend(fontsize=7)
+
+    if swept:
+        ax = axes["sweep"]
+        # one line per value of the first swept option, through the values of the others
+        series: dict[str, list[tuple[float, float, str]]] = {}
+        for label, group in _group(swept, "sampler").items():
+            keys = next(s["swept"] for s in document["samplers"] if s["label"] == label)
+            n = len(group)
+            tv = sum(e["tv_output"]["excess"] for e in group) / n
+            acc = sum(e["acceptance"] for e in group) / n
+            opts = group[0]["options"]
+            head = f"{group[0]['name']} {_short(keys[0])}={opts[keys[0]]:g}" if keys else group[0]["name"]
+            rest = ", ".join(f"{_short(key)}={opts[key]:g}" for key in keys[1:])
+            series.setdefault(head, []).append((tv, acc, rest))
+        seen: set[tuple[float, float]] = set()
+        for m, (head, points) in zip(markers * 9, series.items()):
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=m, label=head, alpha=0.8)
+            for tv, acc, rest in points:
+                spot = (round(tv, 3), round(acc, 3))
+                if rest and spot not in seen:
+                    seen.add(spot)
+                    ax.annotate(rest, (tv, acc), fontsize=6, xytext=(3, 2), textcoords="offset points")
+        for label, group in _group(plain, "sampler").items():
+            lossless = any(s["label"] == label and s["lossless"] for s in document["samplers"])
+            if lossless:
+                n = len(group)
+                ax.scatter([sum(e["tv_output"]["excess"] for e in group) / n], [sum(e["acceptance"] for e in group) / n],
+                           marker="*", s=120, color="k", label=f"{label} (lossless)")
+        ax.set(xlabel="TV(output, target) excess over noise floor (mean over settings)", ylabel="acceptance (mean over settings)",
+               title="Speed/quality trade-off")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+
+    if document["timing"]:
+        ax = axes["timing"]
+        for m, (label, group) in zip(markers * 9, _group(document["timing"], "sampler").items()):
+            for dtype, rows in _group(group, "dtype").items():
+                rows = sorted(rows, key=lambda e: e["batch_size"])
+                ax.plot([e["batch_size"] for e in rows], [e["time_s"] * 1e3 for e in rows], marker=m, label=f"{label} {dtype}")
+        first = document["timing"][0]
+        ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="ms per call",
+               title=f"Time per call ({first['device']}, k={first['k']}, V={first['vocab_size']})")
+        ax.legend(fontsize=7)
+
+    machine = document["machine"]
+    title = f"spec-samplers bench - {machine['device_name']} - torch {machine['torch']} - {machine['date'][:10]}"
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

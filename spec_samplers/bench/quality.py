@@ -1,0 +1,146 @@
+"""What a sampler buys and what it costs: acceptance, emitted tokens, theory, output TV.
+
+Each context c (a pair q_c, p_c over V tokens, see ``workloads``) is repeated over ``rows`` rows;
+every row proposes k drafts, each drawn from p_c, and a bonus token drawn from q_c, and all k
+positions use the same pair. Measured, over all rows:
+
+    per_position[i]  fraction of rows whose draft at position i was accepted (unconditional, as
+                     vLLM's per-position acceptance counters: accepted at i / rows)
+    acceptance       accepted drafts / proposed drafts (= mean of per_position)
+    emitted          mean tokens emitted per step (accepted drafts + 1)
+
+Theory for lossless samplers, with a_c = sum_x min(p_c(x), q_c(x)) = 1 - TV(p_c, q_c):
+    per_position[i] = mean_c a_c^(i+1);  acceptance = mean_c (a_c + ... + a_c^k) / k;
+    emitted = mean_c (1 - a_c^(k+1)) / (1 - a_c) = mean_c (1 + a_c + ... + a_c^k).
+Rows are independent, so measured - theory is asymptotically normal with the reported standard
+error (sample std of the per-row count / sqrt(rows)); ``z`` is that difference in standard errors.
+|z| < 4.5 fails with probability 7e-6 for an exact sampler (two-sided normal tail).
+
+Output quality: the total variation between the distribution of the first emitted token and the
+target, estimated per context from the empirical token frequencies over its rows and averaged
+over contexts. The estimate is biased upwards by sampling noise, so the same estimator is
+applied to ``rows`` exact draws from q_c: that is ``noise_floor``, what an exact (lossless)
+sampler scores. ``excess`` = estimate - noise_floor; a lossless sampler's excess is ~0 (either
+sign), typical acceptance's is its quality cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+#: a chunk's [rows, k+1, V] + [rows, k, V] inputs hold at most this many elements
+CHUNK_ELEMENTS = 2**24
+#: |z| bound used by the tests and flagged in the report (false-failure rate 7e-6 per check)
+Z_BOUND = 4.5
+
+SamplerFn = Callable[..., torch.Tensor]
+
+
+def lossless_theory(target: torch.Tensor, draft: torch.Tensor, k: int) -> dict[str, object]:
+    """target, draft: [C, V]. Theory of a lossless sampler that repeats each pair at k positions."""
+    a = torch.minimum(target.double(), draft.double()).sum(dim=1).clamp(max=1.0)  # [C]
+    per_position = [float((a ** (i + 1)).mean()) for i in range(k)]
+    return {
+        "alpha": float(a.mean()),
+        "per_position": per_position,
+        "acceptance": sum(per_position) / k if k else 1.0,
+        "emitted": 1.0 + sum(per_position),
+    }
+
+
+def tv_draft_target(target: torch.Tensor, draft: torch.Tensor) -> float:
+    """Mean over contexts of TV(p_c, q_c); target, draft: [C, V]."""
+    return float(0.5 * (target.double() - draft.double()).abs().sum(dim=1).mean())
+
+
+def _empirical_tv(counts: torch.Tensor, target: torch.Tensor, rows: int) -> torch.Tensor:
+    """counts: [C, V] token counts over ``rows`` draws per context; target: [C, V]. Returns [C]."""
+    return 0.5 * (counts.double() / rows - target.double()).abs().sum(dim=1)
+
+
+def measure(
+    sampler: SamplerFn,
+    target: torch.Tensor,  # [C, V] fp32, CPU
+    draft: torch.Tensor,  # [C, V] fp32, CPU (one-hot rows when point_mass_drafts)
+    k: int,
+    rows: int,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    point_mass_drafts: bool = False,
+    lossless: bool | None = None,
+) -> dict[str, object]:
+    """Run ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
+    every context repeated ``rows`` times and return the measured numbers (module docstring),
+    with the theory and z-scores when ``lossless``."""
+    if rows < 2:
+        raise ValueError(f"rows: expected >= 2, got {rows}")
+    if k < 1:
+        raise ValueError(f"k: expected >= 1, got {k}")
+    C, V = target.shape
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # unseeded stochastic samplers draw their row seeds from here
+    draft_ids = torch.multinomial(draft, rows * k, replacement=True, generator=gen).view(C * rows, k)
+    bonus_ids = torch.multinomial(target, rows, replacement=True, generator=gen).view(C * rows, 1)
+    reference_ids = torch.multinomial(target, rows, replacement=True, generator=gen)  # [C, rows] exact draws
+
+    chunk = max(1, CHUNK_ELEMENTS // ((2 * k + 1) * V))
+    counts = torch.zeros(C, V, dtype=torch.float32)
+    accepted_counts, emitted_counts = [], []
+    per_position = torch.zeros(k, dtype=torch.float64)
+    for start in range(0, C * rows, chunk):
+        stop = min(start + chunk, C * rows)
+        ctx = torch.arange(start, stop) // rows  # [M] context of each row
+        q_rows = target[ctx].to(device=device, dtype=dtype)  # [M, V]
+        tgt = q_rows[:, None, :].expand(-1, k + 1, -1).contiguous()  # [M, k+1, V]
+        drf = None
+        if not point_mass_drafts:
+            drf = draft[ctx].to(device=device, dtype=dtype)[:, None, :].expand(-1, k, -1).contiguous()  # [M, k, V]
+        out = sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu().long()  # [M, k+1]
+        first = out[:, 0]
+        if out.shape != (stop - start, k + 1) or bool(((first < 0) | (first >= V)).any()):
+            raise RuntimeError(
+                f"sampler output: expected shape ({stop - start}, {k + 1}) with a token in [0, {V}) in slot 0, "
+                f"got shape {tuple(out.shape)}"
+            )
+        accepted = out[:, 1:] != -1  # [M, k]: position i accepted iff slot i+1 holds a token
+        per_position += accepted.sum(dim=0).double()
+        accepted_counts.append(accepted.sum(dim=1))
+        emitted_counts.append((out != -1).sum(dim=1))
+        counts.index_put_((ctx, first), torch.ones(stop - start), accumulate=True)
+
+    n = C * rows
+    acc = torch.cat(accepted_counts).double() / k  # per-row acceptance rate
+    emi = torch.cat(emitted_counts).double()
+    ref_counts = torch.zeros(C, V).scatter_add_(1, reference_ids, torch.ones(C, rows))
+    tv_est = float(_empirical_tv(counts, target, rows).mean())
+    tv_floor = float(_empirical_tv(ref_counts, target, rows).mean())
+    result: dict[str, object] = {
+        "rows": n,
+        "per_position": (per_position / n).tolist(),
+        "acceptance": float(acc.mean()),
+        "acceptance_stderr": float(acc.std() / n**0.5),
+        "emitted": float(emi.mean()),
+        "emitted_stderr": float(emi.std() / n**0.5),
+        "tv_draft_target": tv_draft_target(target, draft),
+        "tv_output": {"estimate": tv_est, "noise_floor": tv_floor, "excess": tv_est - tv_floor},
+        "theory": None,
+        "z": None,
+    }
+    if lossless:
+        theory = lossless_theory(target, draft, k)
+        result["theory"] = theory
+        result["z"] = {
+            "acceptance": _z(result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n),
+            "emitted": _z(result["emitted"], theory["emitted"], result["emitted_stderr"], n),
+        }
+    return result
+
+
+def _z(measured: float, expected: float, stderr: float, rows: int) -> float:
+    # When every row came out the same (e.g. all drafts accepted) the sample std is 0; one row's
+    # worth (1 / rows) is then the resolution of the measurement.
+    return (measured - expected) / max(stderr, 1.0 / rows)

@@ -1,0 +1,183 @@
+"""Terminal tables and the JSON file of ``spec-samplers bench``.
+
+JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
+
+    {
+      "schema": "spec-samplers-bench/1",
+      "machine": {"date": ISO-8601 UTC, "platform": str, "python": str, "torch": str,
+                  "spec_samplers": str, "cpu": str, "cpu_count": int,
+                  "device": "cpu" | "cuda:N", "device_name": str, "cuda": str | null,
+                  "load_average": [1, 5, 15 min] | null},
+      "config": {"k": int, "rows": int (rows per context), "seed": int, "quick": bool,
+                 "batch_sizes": [int], "timing_vocab": int, "dtypes": [str], "min_time_s": float,
+                 "from_file": str | null, "threads": int (torch CPU threads)},
+      "samplers": [{"name": str, "options": {str: value}, "label": str,
+                    "lossless": bool | null, "swept": [str]}],
+      "settings": [{"name": str, "kind": "softmax" | "sparse" | "point" | "file",
+                    "vocab_size": int, "contexts": int, "sigma": float, "temperature": float,
+                    "top_k": int, "source": str}],
+      "acceptance": [{                       # one per (sampler variant, setting)
+          "sampler": label, "name": str, "options": {...}, "setting": {as above}, "k": int,
+          "rows": int (contexts * rows per context),
+          "per_position": [k floats]          # fraction of rows accepting position i
+          "acceptance": float, "acceptance_stderr": float,   # accepted / proposed drafts
+          "emitted": float, "emitted_stderr": float,         # tokens emitted per step
+          "tv_draft_target": float,           # mean TV(p, q): the setting's divergence
+          "tv_output": {"estimate": float, "noise_floor": float, "excess": float},
+                                              # first emitted token vs target (see quality)
+          "theory": null | {"alpha": float, "per_position": [k floats],
+                            "acceptance": float, "emitted": float},   # lossless samplers only
+          "z": null | {"acceptance": float, "emitted": float}         # (measured - theory) / stderr
+      }],
+      "timing": [{                           # one per (timed sampler, dtype, batch size)
+          "sampler": label, "name": str, "options": {...},
+          "batch_size": int, "k": int, "vocab_size": int, "dtype": str, "device": str,
+          "time_s": float (median), "time_min_s": float, "repeats": int,
+          "timer": "cuda_events" | "perf_counter",
+          "bytes": int, "floor_bytes": int, "gbps": float, "acceptance": float
+      }]
+    }
+
+Field meanings: ``quality`` (acceptance, theory, TV) and ``timing`` (bytes, GB/s) docstrings.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Sequence
+
+import torch
+
+import spec_samplers
+
+SCHEMA = "spec-samplers-bench/1"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: torch.device) -> dict[str, object]:
+    info: dict[str, object] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "spec_samplers": spec_samplers.__version__,
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "device": str(device),
+        "device_name": _cpu_name(),
+        "cuda": torch.version.cuda,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,  # other work on the machine
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def write_json(path: str, document: dict[str, object]) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(document, f, indent=1, allow_nan=True)
+        f.write("\n")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+ACCEPTANCE_HEADERS = ("sampler", "setting", "TV(p,q)", "accept", "theory", "z", "per position",
+                      "emitted", "theory", "TV out", "floor")
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def acceptance_table(entries: Sequence[dict[str, object]]) -> str:
+    rows = []
+    for e in entries:
+        theory, z, tv = e["theory"], e["z"], e["tv_output"]
+        rows.append([
+            e["sampler"], e["setting"]["name"], _f(e["tv_draft_target"]), _f(e["acceptance"]),
+            _f(theory and theory["acceptance"]), "-" if z is None else f"{z['acceptance']:+.1f}",
+            "/".join(f"{x:.2f}" for x in e["per_position"]), _f(e["emitted"], 2),
+            _f(theory and theory["emitted"], 2), _f(tv["estimate"]), _f(tv["noise_floor"]),
+        ])
+    return _table(ACCEPTANCE_HEADERS, rows, [False, False] + [True] * 4 + [False] + [True] * 4)
+
+
+SWEEP_HEADERS = ("sampler", "settings", "accept", "emitted", "TV out", "floor", "TV excess")
+
+
+def sweep_table(entries: Sequence[dict[str, object]]) -> str:
+    """Means over settings, one row per sampler variant."""
+    by_label: dict[str, list[dict[str, object]]] = {}
+    for e in entries:
+        by_label.setdefault(e["sampler"], []).append(e)
+    rows = []
+    for label, group in by_label.items():
+        n = len(group)
+        mean = lambda f: sum(f(e) for e in group) / n  # noqa: E731
+        rows.append([
+            label, str(n), _f(mean(lambda e: e["acceptance"])), _f(mean(lambda e: e["emitted"]), 2),
+            _f(mean(lambda e: e["tv_output"]["estimate"])), _f(mean(lambda e: e["tv_output"]["noise_floor"])),
+            _f(mean(lambda e: e["tv_output"]["excess"])),
+        ])
+    return _table(SWEEP_HEADERS, rows, [False] + [True] * 6)
+
+
+TIMING_HEADERS = ("sampler", "device", "dtype", "B", "k", "V", "ms/call", "MB", "GB/s", "floor MB")
+
+
+def timing_table(entries: Sequence[dict[str, object]]) -> str:
+    rows = [[
+        e["sampler"], e["device"], e["dtype"], str(e["batch_size"]), str(e["k"]), str(e["vocab_size"]),
+        f"{e['time_s'] * 1e3:.3f}", f"{e['bytes'] / 1e6:.1f}", f"{e['gbps']:.2f}", f"{e['floor_bytes'] / 1e6:.1f}",
+    ] for e in entries]
+    return _table(TIMING_HEADERS, rows, [False] * 3 + [True] * 7)
+
+
+def render(document: dict[str, object]) -> str:
+    """The terminal report: acceptance (or the sweep summary), then timing."""
+    machine, config = document["machine"], document["config"]
+    parts = [
+        f"spec-samplers bench: {machine['device']} ({machine['device_name']}), torch {machine['torch']}, "
+        f"threads={config['threads']}, k={config['k']}, {config['rows']} rows per context",
+    ]
+    swept = [e for e in document["acceptance"] if _is_swept(document, e)]
+    plain = [e for e in document["acceptance"] if not _is_swept(document, e)]
+    if plain:
+        parts += ["", "Acceptance (accept: accepted/proposed drafts; theory and z for lossless samplers; "
+                      "TV out: first emitted token vs target, floor: same estimate for exact samples)",
+                  acceptance_table(plain)]
+    if swept:
+        parts += ["", "Sweep (means over settings; per-setting rows in --json)", sweep_table(swept)]
+    if document["timing"]:
+        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, SPEC section 6)",
+                  timing_table(document["timing"])]
+    return "\n".join(parts)
+
+
+def _is_swept(document: dict[str, object], entry: dict[str, object]) -> bool:
+    for s in document["samplers"]:
+        if s["label"] == entry["sampler"]:
+            return bool(s["swept"])
+    return False

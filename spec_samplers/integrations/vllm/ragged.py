@@ -1,0 +1,156 @@
+"""Ragged verification: B requests with k_b drafts each, flattened to T = sum_b k_b rows.
+
+vLLM's layout (both runners): draft rows of all requests back to back, ``cu_num_draft_tokens``
+the inclusive cumulative sum of k_b, output [B, K+1] (K = max k_b) with -1 after each row's
+emitted tokens.
+
+Strategy for calling a sampler:
+
+- a sampler with ``forward_ragged(target_probs, bonus_token_ids, draft_probs, draft_token_ids,
+  cu_num_draft_tokens, max_spec_len, *, seeds=, offsets=, is_greedy=)`` gets the ragged inputs
+  as they are (the keywords it does not declare are left out);
+- any other sampler (vLLM V0's padded ``forward``, e.g. a third-party one) gets the inputs padded
+  to [B, K+1, V] / [B, K, V] / [B, K]. Position k_b of a short row is made a certain rejection
+  whose recovery is the bonus token: target row one-hot at the bonus token, draft token another
+  id, draft row uniform (so p(x) > 0 = q(x), and the residual (q - p)+ is proportional to the
+  one-hot). Positions after k_b are filled the same way and never reached. All padding is valid
+  ids and valid distributions, so strict-mode samplers accept it.
+
+Everything is vectorised over the batch: no host synchronisation, no loop over rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.reference import ragged_layout
+
+
+def ragged_positions(
+    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumulative sum of k_b
+    max_spec_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(index [B, K] int64 into the T flat rows, 0 where not ``valid``; valid [B, K] bool;
+    num_draft_tokens [B] int64)."""
+    _, draft_rows, num_draft = ragged_layout(cu_num_draft_tokens, max_spec_len)
+    return draft_rows.clamp(min=0), draft_rows >= 0, num_draft
+
+
+def pad_ragged(
+    x: torch.Tensor,  # [T, ...]
+    index: torch.Tensor,  # [B, K] int64
+    valid: torch.Tensor,  # [B, K] bool
+    fill: torch.Tensor | float | int,  # broadcastable to [B, K, ...]
+) -> torch.Tensor:
+    """[B, K, ...]: x's rows where ``valid``, ``fill`` elsewhere."""
+    B, K = index.shape
+    if x.shape[0] == 0:
+        out = torch.empty((B, K, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        out[...] = fill
+        return out
+    gathered = x[index.reshape(-1)].reshape(B, K, *x.shape[1:])
+    mask = valid.reshape(B, K, *([1] * (x.dim() - 1)))
+    fill_t = torch.as_tensor(fill, dtype=x.dtype, device=x.device)
+    return torch.where(mask, gathered, fill_t)
+
+
+def greedy_verify_ragged(
+    target_argmax: torch.Tensor,  # [T] int: argmax of the target at each draft row
+    draft_token_ids: torch.Tensor,  # [T] int32/int64
+    bonus_token_ids: torch.Tensor,  # [B] int32/int64
+    cu_num_draft_tokens: torch.Tensor,  # [B]
+    max_spec_len: int,
+) -> torch.Tensor:
+    """vLLM's greedy verification: accept x_i iff x_i == argmax q_i; emit argmax q_j at the first
+    rejection, the bonus token after k_b acceptances. Returns [B, K+1] int64, -1 padded."""
+    index, valid, num_draft = ragged_positions(cu_num_draft_tokens, max_spec_len)
+    drafts = pad_ragged(draft_token_ids.to(torch.int64), index, valid, -1)  # [B, K]
+    argmax = pad_ragged(target_argmax.to(torch.int64), index, valid, 0)  # [B, K]
+    accepted = valid & (drafts == argmax)
+    n = num_leading_accepted(accepted)  # [B]
+    bonus = bonus_token_ids.to(torch.int64)
+    if max_spec_len == 0:
+        return build_output(drafts, n, bonus)
+    recovered = argmax.gather(1, n.clamp(max=max_spec_len - 1)[:, None]).squeeze(1)  # [B]
+    final = torch.where(n < num_draft, recovered, bonus)
+    return build_output(drafts, n, final)
+
+
+def _accepted_keywords(fn: object) -> set[str]:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return {"seeds", "offsets", "is_greedy", "seeded_seqs"}
+    return {p.name for p in params}
+
+
+class RaggedVerifier:
+    """Calls one sampler on ragged inputs, by its ragged method or through padding."""
+
+    def __init__(self, sampler: torch.nn.Module):
+        self.sampler = sampler
+        ragged = getattr(sampler, "forward_ragged", None)
+        self.uses_ragged_method = callable(ragged)
+        self._keywords = _accepted_keywords(ragged if self.uses_ragged_method else sampler.forward)
+
+    def accepts(self, keyword: str) -> bool:
+        """Whether the sampler's entry point takes ``keyword`` (seeds, offsets, is_greedy, seeded_seqs)."""
+        return keyword in self._keywords
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
+        bonus_token_ids: torch.Tensor,  # [B] int32/int64
+        draft_probs: torch.Tensor | None,  # [T, V], or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumulative sum of k_b
+        max_spec_len: int,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        is_greedy: torch.Tensor | None = None,  # [B] bool
+        seeded_seqs: dict[int, torch.Generator] | None = None,  # row -> generator (V0 samplers)
+    ) -> torch.Tensor:
+        """Returns [B, K+1] int64, -1 padded."""
+        extra = {"seeds": seeds, "offsets": offsets, "is_greedy": is_greedy}
+        if seeds is None:  # seeds already drawn from the generators must not be drawn twice
+            extra["seeded_seqs"] = seeded_seqs
+        kwargs = {k: v for k, v in extra.items() if v is not None and k in self._keywords}
+        if self.uses_ragged_method:
+            return self.sampler.forward_ragged(
+                target_probs, bonus_token_ids, draft_probs, draft_token_ids,
+                cu_num_draft_tokens, max_spec_len, **kwargs,
+            )
+        return self._padded_forward(
+            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, kwargs
+        )
+
+    def _padded_forward(
+        self,
+        target_probs: torch.Tensor,  # [T, V]
+        bonus_token_ids: torch.Tensor,  # [B]
+        draft_probs: torch.Tensor | None,  # [T, V] or None
+        draft_token_ids: torch.Tensor,  # [T]
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+        kwargs: dict[str, object],
+    ) -> torch.Tensor:
+        V = target_probs.shape[1]
+        K = max_spec_len
+        index, valid, _ = ragged_positions(cu_num_draft_tokens, K)
+        bonus = bonus_token_ids.to(torch.int64).clamp(0, V - 1)  # [B]
+        one_hot = torch.nn.functional.one_hot(bonus, V).to(target_probs.dtype)  # [B, V]
+        valid_ext = torch.nn.functional.pad(valid, (0, 1), value=False)  # [B, K+1]: row K is the bonus row
+        index_ext = torch.nn.functional.pad(index, (0, 1), value=0)
+        target = pad_ragged(target_probs, index_ext, valid_ext, 0)  # [B, K+1, V]
+        target = torch.where(valid_ext[:, :, None], target, one_hot[:, None, :])
+        # A certain rejection at the padding: any id but the bonus token.
+        reject_id = (bonus + 1) % V if V > 1 else bonus
+        drafts = torch.where(valid, pad_ragged(draft_token_ids.to(torch.int64), index, valid, 0), reject_id[:, None])
+        drafts = drafts.to(draft_token_ids.dtype)  # [B, K]
+        padded_draft_probs = None
+        if draft_probs is not None:
+            padded_draft_probs = pad_ragged(draft_probs, index, valid, 1.0 / V)  # [B, K, V]
+        return self.sampler(target, bonus_token_ids.reshape(-1, 1), padded_draft_probs, drafts, **kwargs)

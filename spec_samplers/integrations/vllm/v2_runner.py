@@ -1,0 +1,149 @@
+"""Seam in vLLM's Model Runner V2 (the default in 0.32): the name ``rejection_sample`` in
+``vllm.v1.worker.gpu.spec_decode.rejection_sampler`` (imported there from
+``rejection_sampler_utils``).
+
+``RejectionSampler._verify`` applies the logits processors, penalties, temperature, min-p, top-k
+and top-p (``Sampler.apply_sampling_params``), calls this function, and the caller computes
+logprobs from the processed logits, the accepted/rejected counts, the metrics and the async
+output. Replacing only this function keeps all of that vLLM's.
+
+Layout (one request r = logits rows [cu[r], cu[r+1])): rows cu[r] .. cu[r+1]-2 score the n_r
+drafts, the last row is the bonus position; the draft scored by row i is ``draft_sampled[i + 1]``;
+``draft_logits`` [max_num_reqs, S, V'] holds the drafter's logits before temperature, indexed by
+request state and step. In this runner the bonus token is drawn inside the verification step, so
+we draw it too, from the same processed logits.
+
+Semantics kept from vLLM: a -1 placeholder draft is rejected and replaced by a sample of the
+target row; greedy requests (temperature 0) are verified against the target argmax
+and their bonus token is the argmax; every draw is a function of the request's seed (vLLM's
+per-request seed, user-given or random) and the sequence position, so a seeded request
+reproduces; vocabularies of different size are cut to the smaller one, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from spec_samplers import counter_rng
+from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
+from spec_samplers.output import PLACEHOLDER_TOKEN_ID
+from spec_samplers.reference import race
+
+
+def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
+    """A drop-in for Model Runner V2's ``rejection_sample`` that verifies with ``sampler``.
+
+    vLLM's synthetic mode, block verification and watermarking are vLLM's own verification
+    schemes, so calls that use them go to vLLM's function.
+    """
+    verifier = RaggedVerifier(sampler)
+
+    def rejection_sample(
+        target_logits: torch.Tensor,  # [num_logits, V], processed
+        draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] before temperature, or None
+        draft_sampled: torch.Tensor,  # [num_logits]
+        cu_num_logits: torch.Tensor,  # [R+1]
+        pos: torch.Tensor,  # [num_logits]
+        idx_mapping: torch.Tensor,  # [R]
+        expanded_idx_mapping: torch.Tensor,  # [num_logits]
+        expanded_local_pos: torch.Tensor,  # [num_logits]
+        temperature: torch.Tensor,  # [max_num_reqs]
+        seed: torch.Tensor,  # [max_num_reqs] int64
+        num_speculative_steps: int,
+        synthetic_conditional_rates: torch.Tensor | None = None,
+        use_fp64: bool = False,
+        use_block_verification: bool = False,
+        contexts: torch.Tensor | None = None,
+        watermarking: torch.Tensor | None = None,
+        watermarking_skip_mask: torch.Tensor | None = None,
+        watermark_key: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (sampled [R, S+1] int64, -1 padded; num_sampled [R] int32)."""
+        if synthetic_conditional_rates is not None or use_block_verification or contexts is not None:
+            return vllm_rejection_sample(
+                target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
+                expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
+                synthetic_conditional_rates, use_fp64=use_fp64, use_block_verification=use_block_verification,
+                contexts=contexts, watermarking=watermarking, watermarking_skip_mask=watermarking_skip_mask,
+                watermark_key=watermark_key,
+            )
+        return verify(
+            verifier, target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
+            expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
+        )
+
+    rejection_sample.__spec_samplers_sampler__ = sampler
+    return rejection_sample
+
+
+def sample_rows(
+    probs: torch.Tensor,  # [R, V] fp32
+    seeds: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor,  # [R] int64
+    positions: torch.Tensor,  # [R] int64
+) -> torch.Tensor:
+    """[R] int64: one sample per row by an exponential race on the counter-based generator's
+    recovery stream at ``positions`` (what the samplers draw for a bonus row, SPEC section 4)."""
+    return race(probs, counter_rng.recover_exponentials(seeds, offsets, positions, probs.shape[1]))
+
+
+def verify(
+    verifier: RaggedVerifier,
+    target_logits: torch.Tensor,  # [L, V]
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
+    draft_sampled: torch.Tensor,  # [L]
+    cu_num_logits: torch.Tensor,  # [R+1]
+    pos: torch.Tensor,  # [L]
+    idx_mapping: torch.Tensor,  # [R]
+    expanded_idx_mapping: torch.Tensor,  # [L]
+    expanded_local_pos: torch.Tensor,  # [L]
+    temperature: torch.Tensor,  # [max_num_reqs]
+    seed: torch.Tensor,  # [max_num_reqs]
+    num_speculative_steps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_logits = target_logits.shape[0]
+    num_reqs = cu_num_logits.shape[0] - 1
+    num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
+    device = target_logits.device
+    cu = cu_num_logits.to(torch.int64)
+    num_draft = cu[1:] - cu[:-1] - 1  # [R]
+    cu_draft = torch.cumsum(num_draft, dim=0)  # [R], inclusive
+    flat = torch.arange(num_draft_rows, device=device, dtype=torch.int64)  # [T]
+    req_of_row = torch.searchsorted(cu_draft, flat, right=True)  # [T]
+    draft_rows = flat + req_of_row  # [T]: request r's rows are shifted by its r earlier bonus rows
+    bonus_rows = cu[1:] - 1  # [R]
+    draft_ids = draft_sampled[draft_rows + 1]  # [T]
+
+    vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
+    logits = target_logits[:, :vocab]
+    req_state = idx_mapping.to(torch.int64)  # [R]
+    temp = temperature[req_state].to(torch.float32)  # [R]
+    is_greedy = temp == 0  # [R]
+    seeds = seed[req_state].to(torch.int64)  # [R]
+    offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
+
+    argmax = logits.argmax(dim=-1)  # [L]
+    bonus_probs = logits[bonus_rows].softmax(dim=-1, dtype=torch.float32)  # [R, V]
+    bonus = torch.where(is_greedy, argmax[bonus_rows], sample_rows(bonus_probs, seeds, offsets, num_draft))  # [R]
+    greedy = greedy_verify_ragged(argmax[draft_rows], draft_ids, bonus, cu_draft, num_speculative_steps)
+
+    target_probs = logits[draft_rows].softmax(dim=-1, dtype=torch.float32)  # [T, V]
+    draft_probs = None
+    if draft_logits is not None:
+        rows_state = expanded_idx_mapping[draft_rows].to(torch.int64)  # [T]
+        rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
+        row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
+        draft_probs = (draft_logits[rows_state, rows_step, :vocab].to(torch.float32) / row_temp[:, None]).softmax(dim=-1)
+        # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
+        # from p: vLLM resamples it from q. p = q there leaves no residual mass, so the samplers
+        # recover from q too.
+        draft_probs = torch.where((draft_ids < 0)[:, None], target_probs, draft_probs)
+    out = verifier(
+        target_probs, bonus, draft_probs, draft_ids, cu_draft, num_speculative_steps,
+        seeds=seeds, offsets=offsets, is_greedy=is_greedy,
+    )
+    out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
+    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1).to(torch.int32)  # [R]
+    return out, num_sampled

@@ -1,0 +1,169 @@
+"""Bad input: what each gets.
+
+* rank, shape, dtype, device or V mismatches: SpecSamplerInputError (a ValueError and an
+  AssertionError) naming the argument, expected and actual value, with or without strict mode;
+* token ids outside [0, V), NaN/Inf/negative probabilities, rows not summing to 1: the same error
+  in strict mode; without it, out-of-range draft ids are rejected (never indexed), an out-of-range
+  bonus id is replaced by a sample of the bonus row, bad probabilities count as 0, unnormalised
+  rows are used as given. Never a NaN-derived or out-of-range token.
+"""
+
+import pytest
+import torch
+
+from spec_samplers import RejectionSampler, SpecSamplerInputError, TypicalAcceptanceSampler
+
+B, K, V = 4, 3, 10
+SAMPLERS = [RejectionSampler, TypicalAcceptanceSampler]
+
+
+def good():
+    gen = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(B, K + 1, V, generator=gen), -1)
+    draft = torch.softmax(torch.randn(B, K, V, generator=gen), -1)
+    ids = torch.randint(0, V, (B, K), generator=gen)
+    bonus = torch.randint(0, V, (B, 1), generator=gen)
+    return target, bonus, draft, ids
+
+
+def assert_valid_output(out: torch.Tensor) -> None:
+    assert out.dtype == torch.int64
+    emitted = out[out != -1]
+    assert bool(((emitted >= 0) & (emitted < V)).all())
+    # layout: tokens then -1 only
+    n = (out != -1).sum(1)
+    assert bool((n >= 1).all())
+    pos = torch.arange(out.shape[1])[None, :]
+    assert torch.equal(out != -1, pos < n[:, None])
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize(
+    "mutate,argument,fragment",
+    [
+        (lambda t, b, d, i: (t[0], b, d, i), "target_with_bonus_probs", "3-d tensor"),
+        (lambda t, b, d, i: (t, b, d, i[:, :, None]), "draft_token_ids", "2-d tensor"),
+        (lambda t, b, d, i: (t[:, :K], b, d, i), "target_with_bonus_probs", f"shape ({B}, {K + 1}, V)"),
+        (lambda t, b, d, i: (t, b[:2], d, i), "bonus_token_ids", f"shape ({B}, 1)"),
+        (lambda t, b, d, i: (t, b, d[..., :-1], i), "draft_probs", f"shape ({B}, {K}, {V})"),
+        (lambda t, b, d, i: (t.double(), b, d, i), "target_with_bonus_probs", "dtype in"),
+        (lambda t, b, d, i: (t, b, d, i.float()), "draft_token_ids", "dtype in"),
+        (lambda t, b, d, i: (t, b.to(torch.int16), d, i), "bonus_token_ids", "dtype in"),
+        (lambda t, b, d, i: (t, b, d.to(torch.int64), i), "draft_probs", "dtype in"),
+        (lambda t, b, d, i: (t, b, d, i.to("meta")), "draft_token_ids", "device"),
+        (lambda t, b, d, i: (t, b, d.to("meta"), i), "draft_probs", "device"),
+        (lambda t, b, d, i: (t, b, d, i.tolist()), "draft_token_ids", "torch.Tensor"),
+    ],
+)
+def test_metadata_errors(cls, strict, mutate, argument, fragment):
+    args = mutate(*good())
+    with pytest.raises(SpecSamplerInputError, match=argument) as info:
+        cls(strict_mode=strict)(*args)
+    assert fragment in str(info.value)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AssertionError)
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize("bad_id", [-1, V, 10**6])
+def test_out_of_range_draft_ids(cls, bad_id):
+    target, bonus, draft, ids = good()
+    ids[1, 0] = bad_id
+    with pytest.raises(SpecSamplerInputError, match=rf"draft_token_ids: expected token ids in \[0, {V}\), got id {bad_id}"):
+        cls(strict_mode=True)(target, bonus, draft, ids)
+    out = cls()(target, bonus, draft, ids)  # non-strict: rejected at that position
+    assert_valid_output(out)
+    assert int(out[1, 1]) == -1 and int(out[1, 0]) != bad_id
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+def test_out_of_range_bonus_id(cls):
+    target, bonus, draft, ids = good()
+    target[:, :K] = torch.nn.functional.one_hot(ids, V).float()  # every draft accepted
+    draft = target[:, :K].clone()
+    bonus[2, 0] = V + 3
+    with pytest.raises(SpecSamplerInputError, match="bonus_token_ids"):
+        cls(strict_mode=True)(target, bonus, draft, ids)
+    out = cls()(target, bonus, draft, ids)
+    assert_valid_output(out)
+    assert torch.equal(out[:, :K], ids)
+    assert 0 <= int(out[2, K]) < V and target[2, K, int(out[2, K])] > 0  # drawn from the bonus row
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5])
+@pytest.mark.parametrize("where", ["target", "draft"])
+def test_bad_probability_values(cls, value, where):
+    target, bonus, draft, ids = good()
+    if where == "target":
+        target[0, 0, :3] = value
+        name = "target_with_bonus_probs"
+    else:
+        draft[0, 0, :3] = value
+        name = "draft_probs"
+    expected = "finite probabilities" if value != -0.5 else "non-negative probabilities"
+    with pytest.raises(SpecSamplerInputError, match=f"{name}: expected {expected}"):
+        cls(strict_mode=True)(target, bonus, draft, ids)
+    for _ in range(5):
+        assert_valid_output(cls()(target, bonus, draft, ids))
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+def test_all_nan_rows_still_give_valid_tokens(cls):
+    target, bonus, draft, ids = good()
+    target[:] = float("nan")
+    draft[:] = float("nan")
+    out = cls()(target, bonus, draft, ids)
+    assert_valid_output(out)
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+def test_rows_not_summing_to_one(cls):
+    target, bonus, draft, ids = good()
+    target[1, 2] *= 1.5
+    with pytest.raises(SpecSamplerInputError, match="target_with_bonus_probs: expected rows summing to 1"):
+        cls(strict_mode=True)(target, bonus, draft, ids)
+    assert_valid_output(cls()(target, bonus, draft, ids))
+
+
+def test_bf16_rounding_passes_strict_mode():
+    target, bonus, draft, ids = good()
+    out = RejectionSampler(strict_mode=True)(target.bfloat16(), bonus, draft.bfloat16(), ids.int())
+    assert_valid_output(out)
+
+
+def test_rejection_keyword_argument_errors():
+    target, bonus, draft, ids = good()
+    s = RejectionSampler()
+    with pytest.raises(SpecSamplerInputError, match=r"seeds: expected shape \(4,\)"):
+        s(target, bonus, draft, ids, seeds=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(SpecSamplerInputError, match="offsets: expected dtype"):
+        s(target, bonus, draft, ids, offsets=torch.zeros(B))
+    with pytest.raises(SpecSamplerInputError, match="is_greedy: expected dtype"):
+        s(target, bonus, draft, ids, is_greedy=torch.zeros(B, dtype=torch.int64))
+    with pytest.raises(SpecSamplerInputError, match=r"seeded_seqs: expected row indices in \[0, 4\), got 7"):
+        s(target, bonus, draft, ids, seeded_seqs={7: torch.Generator()})
+    with pytest.raises(SpecSamplerInputError, match=r"seeded_seqs\[1\]: expected a torch.Generator"):
+        s(target, bonus, draft, ids, seeded_seqs={1: 5})
+    with pytest.raises(TypeError, match="strict_mode"):
+        RejectionSampler(strict_mode="yes")
+
+
+def test_ragged_errors():
+    target, bonus, draft, ids = good()
+    flat_t, flat_d, flat_i = target[:, :K].reshape(-1, V), draft.reshape(-1, V), ids.reshape(-1)
+    cu = torch.arange(1, B + 1) * K
+    s = RejectionSampler(strict_mode=True)
+    with pytest.raises(SpecSamplerInputError, match="max_spec_len: expected counts|cu_num_draft_tokens: expected counts <= max_spec_len"):
+        s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu, K - 1)
+    with pytest.raises(SpecSamplerInputError, match=f"cu_num_draft_tokens: expected a last entry equal to T = {B * K}"):
+        s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu - 1, K)
+    with pytest.raises(SpecSamplerInputError, match="draft_token_ids: expected shape"):
+        s.forward_ragged(flat_t, bonus, flat_d, flat_i[:-1], cu, K)
+    with pytest.raises(SpecSamplerInputError, match="max_spec_len: expected an int >= 0"):
+        s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu, -1)
+    # non-strict, invalid bonus id in the ragged layout (no bonus row): a missing token, never a wrong one
+    flat_t = torch.nn.functional.one_hot(flat_i, V).float()
+    bonus[0, 0] = -5
+    out = RejectionSampler().forward_ragged(flat_t, bonus, flat_t, flat_i, cu, K)
+    assert out[0].tolist() == ids[0].tolist() + [-1]
