@@ -3,7 +3,9 @@
 
 Usage::
 
-    python benchmarks/gpu_check.py [--out benchmarks/results] [--quick]
+    python benchmarks/gpu_check.py [--out benchmarks/results] [--quick] [--vocabs 32000 ...]
+
+(--vocabs/--batches/--ks split the full sweep into shorter runs, one result file per V set.)
 
 On a CUDA machine this one script
 
@@ -418,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
     parser.add_argument("--quick", action="store_true", help="a few shapes only (smoke run)")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS), help="subset of V (to split long runs)")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     args = parser.parse_args(argv)
     _require_cuda()
     import triton
@@ -434,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
 
     meta["auto_backend_uses_kernels_on_cuda"] = use_triton("auto", torch.device("cuda"))
     print("meta", meta, flush=True)
-    shapes = dict(vocabs=VOCABS[:1], batches=(1, 64), ks=(4,)) if args.quick else {}
+    shapes = dict(vocabs=args.vocabs, batches=args.batches, ks=args.ks)
+    if args.quick:
+        shapes = dict(vocabs=args.vocabs[:1], batches=(1, 64), ks=(4,))
     equality = check_equality(**shapes)
     graphs = check_graphs()
     if args.skip_timing:
@@ -444,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         timings, notes = run_timings(bw, **shapes, **iters)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"gpu_check_{meta['gpu'].replace(' ', '_')}_{meta['date'][:10]}"
+    tag = "" if shapes["vocabs"] == list(VOCABS) else "_V" + "-".join(map(str, shapes["vocabs"]))
+    stem = f"gpu_check_{meta['gpu'].replace(' ', '_')}_{meta['date'][:10]}{tag}"
     (out / f"{stem}.json").write_text(json.dumps(
         {"meta": meta, "equality": equality, "graphs": graphs, "timings": timings, "notes": notes}, indent=1))
     (out / f"{stem}.md").write_text(_markdown(meta, equality, graphs, timings, notes))
