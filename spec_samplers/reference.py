@@ -144,8 +144,9 @@ def _rejection_core(
         residual = q_j.clone()
         residual[rows, x_j] = torch.where(remove, torch.zeros_like(q_j[:, 0]), q_j[rows, x_j])
     else:
-        p_j = _gather_rows(draft_flat, torch.where(has_draft, draft_rows[rows, jd], -1))
-        residual = (q_j - p_j).clamp_min(0)
+        # An out-of-range draft was never a sample of p: recover from q, not (q - p)+.
+        p_row = torch.where(has_draft & draft_valid[rows, jd], draft_rows[rows, jd], -1)
+        residual = (q_j - _gather_rows(draft_flat, p_row)).clamp_min(0)
     no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
     residual = torch.where(no_mass[:, None], q_j, residual)
     exps = counter_rng.recover_exponentials(seeds, offsets, j, V)
@@ -174,7 +175,7 @@ def rejection_sample_reference(
 
     Accept x_i iff x_i in [0, V), p_i(x_i) > 0 and u_i * p_i(x_i) < q_i(x_i). At the first
     rejected position j, recover z ~ (q_j - p_j)+ by an exponential race (q_j when the residual
-    has no mass); when all k drafts are accepted, emit the bonus token (or, if it is outside
+    has no mass or x_j is out of range); when all k drafts are accepted, emit the bonus token (or, if it is outside
     [0, V), a sample of q_k). Greedy rows accept x_i iff x_i == argmax q_i and recover argmax q_j.
     """
     B, kp1, V = target_with_bonus_probs.shape

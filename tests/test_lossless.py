@@ -184,3 +184,21 @@ def test_zero_mass_residual_recovers_from_target():
     )
     assert bool((out[:, 0] != 0).all()) and bool((out[:, 1] == -1).all())
     assert chi2_pvalue(out[:, 0], q) > CHI2_ALPHA
+
+
+@pytest.mark.parametrize("bad_id", [-1, V])
+def test_out_of_range_draft_recovers_from_target(bad_id):
+    """A draft id outside [0, V) (e.g. vLLM's -1 placeholder) was never a sample of p: the token
+    emitted in its place follows q, not (q - p)+ (which differs strongly from q here)."""
+    gen = torch.Generator().manual_seed(21)
+    q = torch.softmax(torch.randn(V, generator=gen), -1)
+    p = torch.softmax(torch.randn(V, generator=gen) * 3, -1)
+    residual = (q - p).clamp_min(0)
+    n = 20000
+    out = RejectionSampler()(
+        q.expand(n, 2, V), torch.zeros(n, 1, dtype=torch.long), p.expand(n, 1, V),
+        torch.full((n, 1), bad_id), seeds=torch.arange(n),
+    )
+    assert bool((out[:, 1] == -1).all())
+    assert chi2_pvalue(out[:, 0], q) > CHI2_ALPHA
+    assert chi2_pvalue(out[:, 0], residual) < CHI2_ALPHA  # the test can tell the two apart

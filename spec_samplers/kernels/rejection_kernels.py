@@ -171,12 +171,13 @@ def residual_partials_kernel(
             if HAS_DRAFT:
                 p_max = tl.load(d_max_ptr + stat)
                 p_sum = tl.load(d_sum_ptr + stat)
-        if HAS_DRAFT:
-            p_off, p_ok = row_offset(b, j, start, n, num_rows, stride_db, stride_dk, RAGGED)
-            # (scalar & vector masks trip the interpreter: fold the row test into the bound)
-            p_hi = tl.where(p_ok & has_draft, hi_of_block(blk, chunk, V), 0)
         x_j = tl.sum(tl.where(pos == j, ids, 0), axis=0)
         remove = has_draft & (tl.sum(tl.where(pos == j, valid.to(tl.int32), 0), axis=0) != 0)
+        if HAS_DRAFT:
+            p_off, p_ok = row_offset(b, j, start, n, num_rows, stride_db, stride_dk, RAGGED)
+            # An out-of-range draft was never a sample of p: recover from q (p row treated as 0).
+            # (scalar & vector masks trip the interpreter: fold the row test into the bound)
+            p_hi = tl.where(p_ok & remove, hi_of_block(blk, chunk, V), 0)
         x_removed = tl.where(remove, x_j, -1)  # point-mass draft: q_j without x_j
         key = row_key(seed, offset, j, _STREAM_RECOVER)
         lo = blk * chunk

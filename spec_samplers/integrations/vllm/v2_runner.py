@@ -137,9 +137,7 @@ def verify(
         row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
         draft_probs = (draft_logits[rows_state, rows_step, :vocab].to(torch.float32) / row_temp[:, None]).softmax(dim=-1)
         # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
-        # from p: vLLM resamples it from q. p = q there leaves no residual mass, so the samplers
-        # recover from q too.
-        draft_probs = torch.where((draft_ids < 0)[:, None], target_probs, draft_probs)
+        # from p: vLLM resamples it from q, and so do our samplers for any out-of-range draft id.
     out = verifier(
         target_probs, bonus, draft_probs, draft_ids, cu_draft, num_speculative_steps,
         seeds=seeds, offsets=offsets, is_greedy=is_greedy,
