@@ -73,10 +73,14 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         bonus_token_ids: torch.Tensor,  # [B, 1]
         draft_probs: torch.Tensor | None,  # [B, k, V] or None
         draft_token_ids: torch.Tensor,  # [B, k]
+        logits: bool = False,  # the float tensors are target_logits / draft_logits
     ) -> Shapes:
-        shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        names = ("target_logits", "draft_logits") if logits else ("target_with_bonus_probs", "draft_probs")
+        shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names)
         if self._strict_mode:
-            validation.check_values(shapes.vocab_size, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+            validation.check_values(
+                shapes.vocab_size, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names, logits
+            )
         return shapes
 
     def _validate_ragged(
@@ -87,14 +91,21 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         draft_token_ids: torch.Tensor,  # [T]
         cu_num_draft_tokens: torch.Tensor,  # [B]
         max_spec_len: int,
+        logits: bool = False,  # the float tensors are target_logits / draft_logits
     ) -> Shapes:
+        names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
         shapes = validation.check_ragged_metadata(
-            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len
+            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
         )
         if self._strict_mode:
             validation.check_ragged_values(cu_num_draft_tokens, target_probs.shape[0], max_spec_len)
-            validation.check_values(shapes.vocab_size, target_probs, bonus_token_ids, draft_probs, draft_token_ids, "target_probs")
+            validation.check_values(
+                shapes.vocab_size, target_probs, bonus_token_ids, draft_probs, draft_token_ids, *names, logits
+            )
         return shapes
+
+    def _validate_temperature(self, temperature: torch.Tensor, shapes: Shapes, device: torch.device) -> None:
+        validation.check_temperature(temperature, shapes.batch_size, device, self._strict_mode)
 
     def _update_counters(self, output_token_ids: torch.Tensor, num_draft_tokens: int | None = None) -> None:
         """output_token_ids: [B, k+1] in the standard layout; num_draft_tokens defaults to B * k

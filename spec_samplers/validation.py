@@ -43,35 +43,38 @@ def check_metadata(
     bonus_token_ids: torch.Tensor,  # [B, 1]
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
     draft_token_ids: torch.Tensor,  # [B, k]
+    target_name: str = "target_with_bonus_probs",
+    draft_name: str = "draft_probs",
 ) -> Shapes:
-    """Rank, shape, dtype and device checks. Returns (B, k, V)."""
-    _check_tensor("target_with_bonus_probs", target_with_bonus_probs, 3, PROBS_DTYPES)
+    """Rank, shape, dtype and device checks. Returns (B, k, V). The names are the arguments'
+    (``target_logits`` / ``draft_logits`` for logits inputs)."""
+    _check_tensor(target_name, target_with_bonus_probs, 3, PROBS_DTYPES)
     _check_tensor("draft_token_ids", draft_token_ids, 2, ID_DTYPES)
     _check_tensor("bonus_token_ids", bonus_token_ids, 2, ID_DTYPES)
     B, k = draft_token_ids.shape
     V = target_with_bonus_probs.shape[2]
     if target_with_bonus_probs.shape[:2] != (B, k + 1):
         raise input_error(
-            "target_with_bonus_probs", f"shape ({B}, {k + 1}, V) from draft_token_ids {(B, k)}",
+            target_name, f"shape ({B}, {k + 1}, V) from draft_token_ids {(B, k)}",
             f"shape {tuple(target_with_bonus_probs.shape)}",
         )
     if V < 1:
-        raise input_error("target_with_bonus_probs", "vocabulary size V >= 1", V)
+        raise input_error(target_name, "vocabulary size V >= 1", V)
     if tuple(bonus_token_ids.shape) != (B, 1):
         raise input_error("bonus_token_ids", f"shape ({B}, 1)", f"shape {tuple(bonus_token_ids.shape)}")
     device = target_with_bonus_probs.device
     tensors = [("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids)]
     if draft_probs is not None:
-        _check_tensor("draft_probs", draft_probs, 3, PROBS_DTYPES)
+        _check_tensor(draft_name, draft_probs, 3, PROBS_DTYPES)
         if tuple(draft_probs.shape) != (B, k, V):
             raise input_error(
-                "draft_probs", f"shape ({B}, {k}, {V}) (V from target_with_bonus_probs)",
+                draft_name, f"shape ({B}, {k}, {V}) (V from {target_name})",
                 f"shape {tuple(draft_probs.shape)}",
             )
-        tensors.append(("draft_probs", draft_probs))
+        tensors.append((draft_name, draft_probs))
     for name, t in tensors:
         if t.device != device:
-            raise input_error(name, f"device {device} (that of target_with_bonus_probs)", f"device {t.device}")
+            raise input_error(name, f"device {device} (that of {target_name})", f"device {t.device}")
     return Shapes(B, k, V)
 
 
@@ -110,6 +113,26 @@ def check_probs_values(name: str, probs: torch.Tensor) -> None:
         raise input_error(name, f"rows summing to 1 (tolerance {tol})", f"a row summing to {1 + err:.6g} or {1 - err:.6g}")
 
 
+def check_logits_values(name: str, logits: torch.Tensor) -> None:
+    """Strict mode: no NaN and no +Inf (-Inf, a masked-out token, is fine)."""
+    if logits.numel() == 0:
+        return
+    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
+        raise input_error(name, "logits without NaN or +Inf", "NaN or +Inf entries")
+
+
+def check_temperature(temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
+    """[B] float tensor on ``device``; in strict mode also finite and >= 0 (0 = greedy request)."""
+    _check_tensor("temperature", temperature, 1, PROBS_DTYPES)
+    if temperature.shape[0] != batch_size:
+        raise input_error("temperature", f"shape ({batch_size},)", f"shape {tuple(temperature.shape)}")
+    if temperature.device != device:
+        raise input_error("temperature", f"device {device}", f"device {temperature.device}")
+    if strict and batch_size and not bool((torch.isfinite(temperature) & (temperature >= 0)).all()):
+        bad = temperature[~(torch.isfinite(temperature) & (temperature >= 0))][0]
+        raise input_error("temperature", "finite values >= 0 (0 = greedy)", float(bad))
+
+
 def check_values(
     vocab_size: int,
     target_probs: torch.Tensor,  # [B, k+1, V] or [T, V]
@@ -117,13 +140,16 @@ def check_values(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
     target_name: str = "target_with_bonus_probs",
+    draft_name: str = "draft_probs",
+    logits: bool = False,
 ) -> None:
-    """All strict-mode value checks (either layout)."""
+    """All strict-mode value checks (either layout; probabilities, or logits when ``logits``)."""
     check_ids_in_range("draft_token_ids", draft_token_ids, vocab_size)
     check_ids_in_range("bonus_token_ids", bonus_token_ids, vocab_size)
-    check_probs_values(target_name, target_probs)
+    check_floats = check_logits_values if logits else check_probs_values
+    check_floats(target_name, target_probs)
     if draft_probs is not None:
-        check_probs_values("draft_probs", draft_probs)
+        check_floats(draft_name, draft_probs)
 
 
 def check_row_mask(name: str, t: torch.Tensor | None, batch_size: int, device: torch.device) -> None:
@@ -144,9 +170,11 @@ def check_ragged_metadata(
     draft_token_ids: torch.Tensor,  # [T]
     cu_num_draft_tokens: torch.Tensor,  # [B]
     max_spec_len: int,
+    target_name: str = "target_probs",
+    draft_name: str = "draft_probs",
 ) -> Shapes:
     """Ragged-layout metadata checks. Returns (B, K = max_spec_len, V)."""
-    _check_tensor("target_probs", target_probs, 2, PROBS_DTYPES)
+    _check_tensor(target_name, target_probs, 2, PROBS_DTYPES)
     _check_tensor("draft_token_ids", draft_token_ids, 1, ID_DTYPES)
     _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, ID_DTYPES)
     if not isinstance(bonus_token_ids, torch.Tensor) or bonus_token_ids.dim() not in (1, 2):
@@ -155,23 +183,23 @@ def check_ragged_metadata(
     T, V = target_probs.shape
     B = cu_num_draft_tokens.shape[0]
     if V < 1:
-        raise input_error("target_probs", "vocabulary size V >= 1", V)
+        raise input_error(target_name, "vocabulary size V >= 1", V)
     if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or max_spec_len < 0:
         raise input_error("max_spec_len", "an int >= 0", repr(max_spec_len))
     if draft_token_ids.shape[0] != T:
-        raise input_error("draft_token_ids", f"shape ({T},) (one per target_probs row)", f"shape {tuple(draft_token_ids.shape)}")
+        raise input_error("draft_token_ids", f"shape ({T},) (one per {target_name} row)", f"shape {tuple(draft_token_ids.shape)}")
     if bonus_token_ids.shape[0] != B or (bonus_token_ids.dim() == 2 and bonus_token_ids.shape[1] != 1):
         raise input_error("bonus_token_ids", f"shape ({B},) or ({B}, 1)", f"shape {tuple(bonus_token_ids.shape)}")
     device = target_probs.device
     tensors = [("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids), ("cu_num_draft_tokens", cu_num_draft_tokens)]
     if draft_probs is not None:
-        _check_tensor("draft_probs", draft_probs, 2, PROBS_DTYPES)
+        _check_tensor(draft_name, draft_probs, 2, PROBS_DTYPES)
         if tuple(draft_probs.shape) != (T, V):
-            raise input_error("draft_probs", f"shape ({T}, {V}) (that of target_probs)", f"shape {tuple(draft_probs.shape)}")
-        tensors.append(("draft_probs", draft_probs))
+            raise input_error(draft_name, f"shape ({T}, {V}) (that of {target_name})", f"shape {tuple(draft_probs.shape)}")
+        tensors.append((draft_name, draft_probs))
     for name, t in tensors:
         if t.device != device:
-            raise input_error(name, f"device {device} (that of target_probs)", f"device {t.device}")
+            raise input_error(name, f"device {device} (that of {target_name})", f"device {t.device}")
     return Shapes(B, max_spec_len, V)
 
 
