@@ -55,6 +55,16 @@ def row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED: tl.constexp
 
 
 @triton.jit
+def fold_argmax(vals, base, best, best_idx):
+    """Fold one vector step (``vals`` at vocab indices base + 0..) into a running (max, argmax).
+    A strict > keeps the earlier index on ties, so the result is torch.argmax's."""
+    step_max = tl.max(vals, axis=0)
+    step_arg = tl.argmax(vals, axis=0, tie_break_left=True) + base
+    take = step_max > best
+    return tl.where(take, step_max, best), tl.where(take, step_arg, best_idx)
+
+
+@triton.jit
 def combine_argmax(vals, idxs, lanes, axis: tl.constexpr):
     """Combine block partial (max, argmax) pairs laid out in block order along ``axis``
     (``lanes`` = tl.arange over that axis): the largest value wins, ties go to the lowest block,

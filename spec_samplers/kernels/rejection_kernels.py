@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, load_q, request_span, row_offset
+from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.counter_rng import STREAM_ACCEPT, STREAM_RECOVER
@@ -115,11 +115,7 @@ def argmax_partials_kernel(
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
             vals = tl.where(m, load_probs(target_ptr, off + offs, m), -1.0)
-            bmax = tl.max(vals, axis=0)
-            barg = tl.argmax(vals, axis=0, tie_break_left=True) + s
-            take = bmax > best
-            best = tl.where(take, bmax, best)
-            best_idx = tl.where(take, barg, best_idx)
+            best, best_idx = fold_argmax(vals, s, best, best_idx)
         slot = (b * (K + 1) + i) * NB + blk
         tl.store(part_val_ptr + slot, best)
         tl.store(part_idx_ptr + slot, best_idx.to(tl.int32))
@@ -200,16 +196,8 @@ def residual_partials_kernel(
             e = bits_to_exponential(element_bits(key, offs), PRECISE)
             rk = tl.where(m, tl.math.div_rn(r, e), -1.0)
             qk = tl.where(m, tl.math.div_rn(q, e), -1.0)
-            rmax = tl.max(rk, axis=0)
-            rarg = tl.argmax(rk, axis=0, tie_break_left=True) + s
-            qmax = tl.max(qk, axis=0)
-            qarg = tl.argmax(qk, axis=0, tie_break_left=True) + s
-            take_r = rmax > best_r
-            best_r = tl.where(take_r, rmax, best_r)
-            best_r_idx = tl.where(take_r, rarg, best_r_idx)
-            take_q = qmax > best_q
-            best_q = tl.where(take_q, qmax, best_q)
-            best_q_idx = tl.where(take_q, qarg, best_q_idx)
+            best_r, best_r_idx = fold_argmax(rk, s, best_r, best_r_idx)
+            best_q, best_q_idx = fold_argmax(qk, s, best_q, best_q_idx)
         slot = b * NB + blk
         tl.store(part_mass_ptr + slot, mass)
         tl.store(part_rkey_ptr + slot, best_r)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import request_span, row_offset
+from spec_samplers.kernels.common import fold_argmax, request_span, row_offset
 from spec_samplers.kernels.rng import precise_exp
 
 
@@ -42,11 +42,7 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
         e = tl.where(mask, precise_exp(xs - m_ref, PRECISE), 0.0)
         s = s * scale + tl.sum(e, axis=0)
         m = m_new
-        bmax = tl.max(x, axis=0)
-        barg = tl.argmax(x, axis=0, tie_break_left=True) + start
-        take = bmax > best
-        best = tl.where(take, bmax, best)
-        best_idx = tl.where(take, barg, best_idx)
+        best, best_idx = fold_argmax(x, start, best, best_idx)
     return m, s, best, best_idx
 
 

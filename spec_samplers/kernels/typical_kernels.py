@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import combine_argmax, draft_ids_at, load_q, request_span, row_offset
+from spec_samplers.kernels.common import combine_argmax, fold_argmax, draft_ids_at, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import precise_exp, precise_log
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.reference import ENTROPY_EPS
@@ -57,11 +57,7 @@ def typical_partials_kernel(
             # Fast log: the entropy is a sum whose order differs from torch's anyway.
             ent += tl.sum(q * tl.log(q + _ENTROPY_EPS), axis=0)
             vals = tl.where(m, q, -1.0)
-            bmax = tl.max(vals, axis=0)
-            barg = tl.argmax(vals, axis=0, tie_break_left=True) + s
-            take = bmax > best
-            best = tl.where(take, bmax, best)
-            best_idx = tl.where(take, barg, best_idx)
+            best, best_idx = fold_argmax(vals, s, best, best_idx)
         slot = (b * (K + 1) + i) * NB + blk
         tl.store(ent_ptr + slot, ent)
         tl.store(amax_val_ptr + slot, best)
