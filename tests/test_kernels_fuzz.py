@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-pytest.importorskip("triton")
 
 from kernel_cases import make_case, ragged_view  # noqa: E402
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton")
 
 from kernel_cases import make_case, ragged_view  # noqa: E402
 
