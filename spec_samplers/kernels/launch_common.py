@@ -28,6 +28,10 @@ class RowLayout:
     num_rows: int  # flat rows of the ragged tensors (unused when padded)
     cu: torch.Tensor  # [B] inclusive cumsum of k_b (ragged), any [B] tensor otherwise
 
+    def row_strides(self, t: torch.Tensor) -> tuple[int, int]:
+        """(stride_b, stride_k) of a padded [B, K(+1), ...] or ragged [T, ...] tensor."""
+        return t.stride(0), 0 if self.ragged else t.stride(1)
+
 
 def launch_softmax_stats(
     layout: RowLayout,
@@ -45,8 +49,8 @@ def launch_softmax_stats(
     amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
     stats = tuple(torch.empty((B, K + 1), **f32) for _ in range(4))
     d = target if draft is None else draft
-    t_strides = (target.stride(0), target.stride(1) if not layout.ragged else 0)
-    d_strides = (d.stride(0), d.stride(1) if not layout.ragged else 0)
+    t_strides = layout.row_strides(target)
+    d_strides = layout.row_strides(d)
     precise = not interpreting()
     sk.softmax_partials_kernel[(B, K + 1, NB)](
         target, *t_strides, d, *d_strides, layout.cu, temperature, *parts, amax_idx,

@@ -74,6 +74,20 @@ def random_accepts(
 
 
 @triton.jit
+def request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS: tl.constexpr, LOGITS: tl.constexpr):
+    """Request b's (seed, counter offset, temperature); offset 0 and T = 1 when not given."""
+    seed = tl.load(seed_ptr + b).to(tl.int64)
+    if HAS_OFFSETS:
+        offset = tl.load(offset_ptr + b).to(tl.int64)
+    else:
+        offset = seed * 0
+    temp = 1.0
+    if LOGITS:
+        temp = effective_temperature(temp_ptr, b)
+    return seed, offset, temp
+
+
+@triton.jit
 def first_rejection(accepted, pos, n, BLOCK_K: tl.constexpr):
     """Length of the accepted prefix (<= k_b)."""
     j = tl.min(tl.where(accepted, BLOCK_K, pos), axis=0)
@@ -137,15 +151,8 @@ def residual_partials_kernel(
     b = tl.program_id(0)
     blk = tl.program_id(1)
     start, n = request_span(cu_ptr, b, K, RAGGED)
-    seed = tl.load(seed_ptr + b).to(tl.int64)
-    if HAS_OFFSETS:
-        offset = tl.load(offset_ptr + b).to(tl.int64)
-    else:
-        offset = seed * 0
+    seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)
-    temp = 1.0
-    if LOGITS:
-        temp = effective_temperature(temp_ptr, b)
     accepted, ids, valid = random_accepts(
         b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
         ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
@@ -223,15 +230,8 @@ def finalize_kernel(
 ):
     b = tl.program_id(0)
     start, n = request_span(cu_ptr, b, K, RAGGED)
-    seed = tl.load(seed_ptr + b).to(tl.int64)
-    if HAS_OFFSETS:
-        offset = tl.load(offset_ptr + b).to(tl.int64)
-    else:
-        offset = seed * 0
+    seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
-    temp = 1.0
-    if LOGITS:
-        temp = effective_temperature(temp_ptr, b)
     accepted, ids, valid = random_accepts(
         b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
         ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,

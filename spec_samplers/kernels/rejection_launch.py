@@ -37,10 +37,10 @@ def launch_rejection(
     NB = split.num_blocks
     target = vocab_contiguous(target)
     draft = None if draft is None else vocab_contiguous(draft)
-    t_strides = (target.stride(0), target.stride(1) if not layout.ragged else 0)
+    t_strides = layout.row_strides(target)
     d = target if draft is None else draft
-    d_strides = (d.stride(0), d.stride(1) if not layout.ragged else 0)
-    i_strides = (ids.stride(0), ids.stride(1) if not layout.ragged else 0)
+    d_strides = layout.row_strides(d)
+    i_strides = layout.row_strides(ids)
     stride_bonus = bonus.stride(0)
     logits = temperature is not None
     if logits:

@@ -34,8 +34,8 @@ def launch_typical(
         split = vocab_split(V, B, device)
     NB = split.num_blocks
     target = vocab_contiguous(target)
-    t_strides = (target.stride(0), target.stride(1) if not layout.ragged else 0)
-    i_strides = (ids.stride(0), ids.stride(1) if not layout.ragged else 0)
+    t_strides = layout.row_strides(target)
+    i_strides = layout.row_strides(ids)
     precise = not interpreting()
     logits = temperature is not None
     parts = [torch.empty((B, K + 1, NB), dtype=torch.float32, device=device) for _ in range(2)]
