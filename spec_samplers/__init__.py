@@ -1,5 +1,6 @@
 """spec-samplers: the verification step of speculative decoding as a swappable part."""
 
+from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.base import (
     SpecDecodeBaseSampler,
     SpecDecodeDeterministicBaseSampler,
@@ -14,6 +15,7 @@ from spec_samplers.typical import TypicalAcceptanceSampler
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockVerificationSampler",
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
     "SpecDecodeBaseSampler",
