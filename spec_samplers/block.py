@@ -54,6 +54,8 @@ class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
     """
 
     lossless = True
+    #: the bench's lossless theory for this sampler (spec_samplers.bench.quality.block_theory)
+    acceptance_law = "block"
 
     def __init__(self, strict_mode: bool = False, backend: str = "auto"):
         super().__init__(strict_mode=strict_mode)
