@@ -3,7 +3,11 @@
 vLLM cannot run a model without a GPU, so the tests call the replaced seams directly, with inputs
 made by vLLM's own helpers where they run on CPU (SpecDecodeMetadata.make_dummy, SamplingMetadata,
 EngineArgs/VllmConfig) and, for Model Runner V2 whose input helpers are Triton kernels, with
-tensors laid out exactly as those kernels lay them out.
+tensors laid out exactly as those kernels lay them out; Model Runner V2's own
+``RejectionSampler._verify_in_chunks`` runs around the seam with a stand-in for its Sampler.
+
+The tests run against vLLM 0.33.x (what CI installs) and 0.32.x (.ci/check_vllm_032); calls
+pass exactly the keywords the installed version's callers pass (``VLLM_033``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,17 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import spec_samplers.integrations.vllm as plugin  # noqa: E402
+
+
+def _vllm_minor() -> tuple[int, int]:
+    from importlib.metadata import version
+
+    major, minor = version("vllm").split(".")[:2]
+    return int(major), int(minor)
+
+
+#: the installed vLLM is 0.33.x (FLy keywords in both runners' calls, V1 RejectionSampler(sampler, spec_config, device))
+VLLM_033 = _vllm_minor() >= (0, 33)
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
 V2_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
@@ -112,7 +127,9 @@ def spec_metadata(draft_token_ids: list[list[int]]):
 
 
 def call_v1(module, metadata, draft_probs, target_logits, bonus_token_ids, sampling_md):
-    """The seam called exactly as vLLM's RejectionSampler.forward calls it."""
+    """The seam called exactly as vLLM's RejectionSampler.forward calls it (without synthetic mode
+    and FLy, which the plugin's config refuses)."""
+    fly = dict(fly_window_size=None, fly_entropy_threshold=None, fly_entropy_top_k=3) if VLLM_033 else {}
     return module.rejection_sample(
         metadata.draft_token_ids,
         metadata.num_draft_tokens,
@@ -122,6 +139,10 @@ def call_v1(module, metadata, draft_probs, target_logits, bonus_token_ids, sampl
         target_logits,
         bonus_token_ids,
         sampling_md,
+        synthetic_mode=False,
+        synthetic_conditional_rates=None,
+        use_fp64_gumbel=False,
+        **fly,
     )
 
 
@@ -196,7 +217,9 @@ def v2_inputs(requests: list[dict], vocab_size: int, num_speculative_steps: int,
 
 
 def call_v2(module, target_logits, draft_logits, inputs: dict):
-    """The seam called exactly as Model Runner V2's RejectionSampler._verify calls it."""
+    """The seam called exactly as Model Runner V2's RejectionSampler._verify calls it (standard
+    method, no watermark)."""
+    fly = dict(fly_window_size=0, fly_entropy_threshold=0.3, fly_entropy_top_k=3) if VLLM_033 else {}
     return module.rejection_sample(
         target_logits,
         draft_logits,
@@ -212,5 +235,75 @@ def call_v2(module, target_logits, draft_logits, inputs: dict):
         None,
         use_fp64=False,
         use_block_verification=False,
+        **fly,
     )
+
+
+# --- Model Runner V2's RejectionSampler around the seam ---------------------------------------
+
+
+class V2SamplerStandIn:
+    """What Model Runner V2's RejectionSampler reads from its Sampler on the verification path.
+    vLLM's real Sampler applies penalties, temperature, top-k/top-p with Triton kernels (GPU);
+    here the logits arrive already processed, so ``apply_sampling_params`` returns them."""
+
+    logprobs_mode = "raw_logprobs"
+    return_sampling_mask = False
+    use_fp64_gumbel = False
+    compute_nans = False
+
+    def __init__(self, temperature: torch.Tensor, seed: torch.Tensor):
+        from types import SimpleNamespace
+
+        self.sampling_states = SimpleNamespace(
+            temperature=SimpleNamespace(gpu=temperature), seeds=SimpleNamespace(gpu=seed),
+        )
+        self.calls = 0
+
+    def apply_sampling_params(self, logits, *args, **kwargs):
+        self.calls += 1
+        return logits
+
+
+def v2_input_batch(inputs: dict):
+    """The InputBatch fields RejectionSampler._verify_in_chunks reads, from v2_inputs(...)."""
+    from types import SimpleNamespace
+
+    cu = inputs["cu_num_logits"]
+    num_reqs = cu.shape[0] - 1
+    return SimpleNamespace(
+        num_reqs=num_reqs,
+        cu_num_logits=cu,
+        cu_num_logits_np=cu.numpy(),
+        idx_mapping=inputs["idx_mapping"],
+        idx_mapping_np=inputs["idx_mapping"].numpy(),
+        expanded_idx_mapping=inputs["expanded_idx_mapping"],
+        expanded_local_pos=inputs["expanded_local_pos"],
+        seq_lens_cpu_upper_bound=torch.zeros(num_reqs, dtype=torch.int32),
+    )
+
+
+def v2_rejection_sampler(vllm_config, inputs: dict):
+    """Model Runner V2's RejectionSampler built as its model runner builds it, inside
+    set_current_vllm_config (so the plugin's observer configures the seam from ``vllm_config``)."""
+    from vllm.config import set_current_vllm_config
+
+    module = seam_module(V2_MODULE)
+    with set_current_vllm_config(vllm_config):
+        return module.RejectionSampler(
+            V2SamplerStandIn(inputs["temperature"], inputs["seed"]), vllm_config.speculative_config, torch.device("cpu")
+        )
+
+
+def verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs: dict, max_chunk_logits: int):
+    """RejectionSampler._verify_in_chunks as RejectionSampler.__call__ calls it (no logprobs).
+    Returns (sampled [R, S+1], num_sampled [R])."""
+    from vllm.v1.worker.gpu.sample.states import NO_LOGPROBS
+
+    sampled, num_sampled, logprobs, _ = rejection_sampler._verify_in_chunks(
+        target_logits, v2_input_batch(inputs), draft_logits, inputs["draft_sampled"], inputs["pos"],
+        max_chunk_logits, NO_LOGPROBS,
+    )
+    assert logprobs is None
+    return sampled, num_sampled
 
