@@ -15,6 +15,7 @@ from vllm_support import (
     V1_MODULE,
     V2_MODULE,
     VLLM_033,
+    engine_config,
     is_vllm_function,
     make_model_dir,
     ngram_spec,
@@ -32,20 +33,6 @@ from spec_samplers.typical import TypicalAcceptanceSampler
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def engine_config(model_dir: str, additional_config: dict | None, **spec_overrides):
-    """A real VllmConfig, built by vLLM's EngineArgs as `LLM(...)` builds it."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    args = EngineArgs(
-        model=model_dir,
-        skip_tokenizer_init=True,
-        max_model_len=128,
-        speculative_config={**ngram_spec(), **spec_overrides},
-        additional_config=additional_config or {},
-    )
-    return args.create_engine_config()
 
 
 def cli_engine_config(model_dir: str, additional_config_json: str):

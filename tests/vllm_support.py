@@ -59,6 +59,20 @@ def ngram_spec(k: int = 3) -> dict:
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
+def engine_config(model_dir: str, additional_config: dict | None, **spec_overrides):
+    """A real VllmConfig, built by vLLM's EngineArgs as `LLM(...)` builds it (n-gram drafting)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=128,
+        speculative_config={**ngram_spec(), **spec_overrides},
+        additional_config=additional_config or {},
+    )
+    return args.create_engine_config()
+
+
 def seam_module(name: str):
     import importlib
 
@@ -307,3 +321,28 @@ def verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs: dic
     assert logprobs is None
     return sampled, num_sampled
 
+
+
+# --- whole-block losslessness (block verification) --------------------------------------------
+
+
+def completed_block_pvalue(out: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> float:
+    """Chi-square p-value of the completed blocks against the product of the targets.
+
+    out: [N, k+1] emitted tokens, -1 padded; q: [k+1, V] per-position targets that do not depend
+    on the prefix. Slots after the emitted tokens are filled with fresh target samples, so a
+    lossless verifier's completed rows have the law q_0 x ... x q_k over all V^(k+1) cells."""
+    from stats_helpers import chi2_pvalue
+
+    N, kp1 = out.shape
+    V = q.shape[1]
+    seq = out.to(torch.int64).clone()
+    for i in range(kp1):
+        missing = seq[:, i] == -1
+        if bool(missing.any()):
+            seq[missing, i] = torch.multinomial(q[i], int(missing.sum()), replacement=True, generator=gen)
+    cells = (seq * (V ** torch.arange(kp1 - 1, -1, -1))).sum(dim=1)
+    joint = q[0]
+    for i in range(1, kp1):
+        joint = (joint[:, None] * q[i][None, :]).reshape(-1)
+    return chi2_pvalue(cells, joint)
