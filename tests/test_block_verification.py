@@ -21,21 +21,21 @@ import torch
 from kernel_cases import make_case, ragged_view
 from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
 
+from op_entries import (
+    block_verify_from_logits_reference,
+    block_verify_from_logits_triton,
+    block_verify_ragged_from_logits_reference,
+    block_verify_ragged_from_logits_triton,
+    block_verify_ragged_reference,
+    block_verify_ragged_triton,
+    block_verify_reference,
+    block_verify_triton,
+    rejection_sample_reference,
+)
+
 from spec_samplers import RejectionSampler, SpecSamplerInputError, get_sampler
 from spec_samplers.block import BlockVerificationSampler
-from spec_samplers.block_reference import (
-    block_verify_from_logits_reference,
-    block_verify_ragged_from_logits_reference,
-    block_verify_ragged_reference,
-    block_verify_reference,
-)
 from spec_samplers.kernels.backend import vocab_split
-from spec_samplers.kernels.block_launch import (
-    block_verify_from_logits_triton,
-    block_verify_ragged_from_logits_triton,
-    block_verify_ragged_triton,
-    block_verify_triton,
-)
 from spec_samplers.registry import BUILTIN_SAMPLERS, available_samplers
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -221,8 +221,6 @@ def test_k1_is_token_wise_rejection():
     and, with the same random numbers, the same tokens."""
     case = make_case(4, 1, 40, seed=3, greedy="mixed", closeness=0.5)
     args = (case.target, case.bonus, case.draft, case.draft_ids, case.seeds, case.offsets, case.is_greedy)
-    from spec_samplers.reference import rejection_sample_reference
-
     assert torch.equal(block_verify_reference(*args), rejection_sample_reference(*args))
 
 

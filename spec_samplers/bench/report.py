@@ -53,7 +53,7 @@ from collections.abc import Sequence
 
 import torch
 
-import spec_samplers
+from spec_samplers._version import __version__
 
 SCHEMA = "spec-samplers-bench/1"
 
@@ -75,7 +75,7 @@ def machine_info(device: torch.device) -> dict[str, object]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "spec_samplers": spec_samplers.__version__,
+        "spec_samplers": __version__,
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "device": str(device),
@@ -209,7 +209,7 @@ def render(document: dict[str, object]) -> str:
     if swept:
         parts += ["", "Sweep (means over settings; per-setting rows in --json)", sweep_table(swept)]
     if document["timing"]:
-        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, SPEC section 6)",
+        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, docs/design.md section 6)",
                   timing_table(document["timing"])]
     return "\n".join(parts)
 

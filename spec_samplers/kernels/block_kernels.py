@@ -1,5 +1,5 @@
-"""Triton kernels of block verification (Sun et al. 2024; :mod:`spec_samplers.block_reference`
-is the definition), both layouts, probabilities or logits.
+"""Triton kernels of block verification (Sun et al. 2024; ``block_reference`` in
+:mod:`spec_samplers.reference` is the definition), both layouts, probabilities or logits.
 
 Launches with fixed grids (CUDA-graph friendly, no host synchronisation):
 
@@ -22,7 +22,7 @@ of every random request (k_b times the traffic of a rejected request, plus the k
 races), because the threshold at every position needs that position's residual mass. With
 point-mass drafts both read one q row.
 
-``enable_fp_fusion=False`` at launch: rho * q - p must round like the reference's separate
+``enable_fp_fusion=False`` at launch (``KernelLaunch.options``): rho * q - p must round like the reference's separate
 multiply and subtract (an FMA would change the last bit and, rarely, a token).
 """
 
@@ -31,11 +31,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from spec_samplers.constants import RESIDUAL_MASS_EPS
 from spec_samplers.counter_rng import STREAM_ACCEPT, STREAM_RECOVER
 from spec_samplers.kernels.common import combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
-from spec_samplers.kernels.rejection_kernels import _MASS_EPS, bonus_info, first_rejection, request_stream
+from spec_samplers.kernels.rejection_kernels import bonus_info, first_rejection, request_stream
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
 
+_MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 _STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
 
@@ -53,7 +55,7 @@ def block_scalars(
     """Per-position scalars of request b at ``pos`` (0 .. BLOCK_K-1, BLOCK_K >= K + 1).
 
     Returns (draft ids (int64), id valid and inside the request, q_m(x_m), rho_m): rho as
-    :func:`spec_samplers.block_reference.running_ratios`, same operations, same order."""
+    :func:`spec_samplers.reference.running_ratios`, same operations, same order."""
     in_req = pos < n
     ids, valid = draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, ids, 0)
@@ -95,7 +97,8 @@ def block_tau(pos, n, valid, rho_vec, mass, seed, offset):
     return tl.max(tl.where(stop, pos, 0), axis=0).to(tl.int64)
 
 
-# num_rows (T) and the vocab split change from step to step: no recompilation for their values.
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def block_partials_kernel(
     target_ptr, stride_tb, stride_tk,  # target rows, vocab stride 1
