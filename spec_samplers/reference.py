@@ -319,7 +319,10 @@ def _block_core(
     u = counter_rng.accept_uniforms(seeds, offsets, K)  # [B, K]: entry m-1 tests h_m
     m_idx = torch.arange(1, K + 1, device=device)[None, :]
     stop = (u < h) & (m_idx <= num_draft[:, None])
-    tau = torch.where(stop, m_idx, torch.zeros_like(m_idx)).amax(dim=1) if K else torch.zeros(B, dtype=torch.int64, device=device)
+    if K:
+        tau = torch.where(stop, m_idx, torch.zeros_like(m_idx)).amax(dim=1)
+    else:
+        tau = torch.zeros(B, dtype=torch.int64, device=device)
     if is_greedy is not None and K > 0:
         target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
         greedy_len = num_leading_accepted(draft_valid & (drafts == target_argmax))

@@ -77,9 +77,15 @@ def _entries(rej_op, typ_op):
 ) = _entries(rejection_triton, typical_triton)
 
 # Block verification has rejection sampling's entries (seeds, offsets, greedy rows, logits).
-block_verify_reference, block_verify_ragged_reference, block_verify_from_logits_reference, block_verify_ragged_from_logits_reference = (
-    _entries(block_reference, typical_reference)[:4]
-)
-block_verify_triton, block_verify_ragged_triton, block_verify_from_logits_triton, block_verify_ragged_from_logits_triton = (
-    _entries(block_triton, typical_triton)[:4]
-)
+(
+    block_verify_reference,
+    block_verify_ragged_reference,
+    block_verify_from_logits_reference,
+    block_verify_ragged_from_logits_reference,
+) = _entries(block_reference, typical_reference)[:4]
+(
+    block_verify_triton,
+    block_verify_ragged_triton,
+    block_verify_from_logits_triton,
+    block_verify_ragged_from_logits_triton,
+) = _entries(block_triton, typical_triton)[:4]

@@ -19,8 +19,6 @@ import math
 import pytest
 import torch
 from kernel_cases import make_case, ragged_view
-from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
-
 from op_entries import (
     block_verify_from_logits_reference,
     block_verify_from_logits_triton,
@@ -32,6 +30,7 @@ from op_entries import (
     block_verify_triton,
     rejection_sample_reference,
 )
+from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
 
 from spec_samplers import RejectionSampler, SpecSamplerInputError, get_sampler
 from spec_samplers.block import BlockVerificationSampler
@@ -193,7 +192,9 @@ def test_exact_expected_length_never_below_token_wise(trial):
     """The paper's optimality (Theorem 2), exactly, on random toy models with and without
     prefix dependence, dense and sparse supports (float64; tolerance 1e-12)."""
     V, k = (3, 3) if trial % 3 == 0 else (4, 2)
-    model = ToyModel(V, k, seed=500 + trial, prefix_dependent=trial % 2 == 1, kind="sparse" if trial % 4 == 2 else "dense")
+    model = ToyModel(
+        V, k, seed=500 + trial, prefix_dependent=trial % 2 == 1, kind="sparse" if trial % 4 == 2 else "dense"
+    )
     e_block, e_token = _exact_lengths(model)
     assert e_block >= e_token - 1e-12, (e_block, e_token)
 
@@ -230,7 +231,9 @@ def test_k1_is_token_wise_rejection():
 
 def test_greedy_rows_follow_the_argmax_rule():
     case = make_case(4, 3, 40, seed=11, greedy="all", closeness=0.3)
-    out = BlockVerificationSampler(backend="torch")(case.target, case.bonus, case.draft, case.draft_ids, is_greedy=case.is_greedy)
+    out = BlockVerificationSampler(backend="torch")(
+        case.target, case.bonus, case.draft, case.draft_ids, is_greedy=case.is_greedy
+    )
     argmax = case.target.argmax(-1)  # [B, k+1]
     for b in range(4):
         n = 0
@@ -240,7 +243,8 @@ def test_greedy_rows_follow_the_argmax_rule():
         assert out[b, : n + 1].tolist() == expected and (out[b, n + 1 :] == -1).all()
     # temperature 0 in the logits entry is the same rule
     logits_out = BlockVerificationSampler(backend="torch").forward_from_logits(
-        case.target_logits, case.bonus, case.draft_logits, case.draft_ids, case.temperature)
+        case.target_logits, case.bonus, case.draft_logits, case.draft_ids, case.temperature
+    )
     assert torch.equal(logits_out, out)
 
 
@@ -256,8 +260,14 @@ def test_seeds_reproduce_and_layouts_agree():
     d = sampler(case.target, case.bonus, case.draft, case.draft_ids, seeded_seqs=gens)
     assert torch.equal(c[1], d[1])
     # different offsets: a different draw for some row (fixed seeds)
-    outs = {tuple(sampler(case.target, case.bonus, case.draft, case.draft_ids, seeds=case.seeds,
-                          offsets=case.offsets + s).flatten().tolist()) for s in range(8)}
+    outs = {
+        tuple(
+            sampler(case.target, case.bonus, case.draft, case.draft_ids, seeds=case.seeds, offsets=case.offsets + s)
+            .flatten()
+            .tolist()
+        )
+        for s in range(8)
+    }
     assert len(outs) > 1
     # ragged with k_b = K everywhere: the padded tokens
     k_b = torch.full((4,), 3)
@@ -307,8 +317,9 @@ def test_bad_inputs_name_the_argument(strict):
     with pytest.raises(SpecSamplerInputError, match="offsets"):
         sampler(case.target, case.bonus, case.draft, case.draft_ids, offsets=torch.zeros(2, dtype=torch.int64))
     with pytest.raises(SpecSamplerInputError, match="cu_num_draft_tokens"):
-        sampler.forward_ragged(case.target[:, 0], case.bonus[:, 0], None, case.draft_ids[:, 0],
-                               torch.tensor([1.0, 2.0, 3.0, 4.0]), 1)
+        sampler.forward_ragged(
+            case.target[:, 0], case.bonus[:, 0], None, case.draft_ids[:, 0], torch.tensor([1.0, 2.0, 3.0, 4.0]), 1
+        )
     with pytest.raises(ValueError, match="backend"):
         BlockVerificationSampler(backend="cuda")
 
@@ -345,9 +356,15 @@ def _dev(*ts):
 def test_kernel_padded_and_ragged(use_draft, greedy, dtype):
     B, K, V = 4, 3, 48
     case = make_case(B, K, V, seed=30 + use_draft + 2 * (greedy == "mixed"), dtype=dtype, greedy=greedy, closeness=0.4)
-    target, draft, ids, bonus, seeds, offs, g = _dev(case.target, case.draft if use_draft else None, case.draft_ids,
-                                                     case.bonus, case.seeds, case.offsets,
-                                                     case.is_greedy if greedy != "none" else None)
+    target, draft, ids, bonus, seeds, offs, g = _dev(
+        case.target,
+        case.draft if use_draft else None,
+        case.draft_ids,
+        case.bonus,
+        case.seeds,
+        case.offsets,
+        case.is_greedy if greedy != "none" else None,
+    )
     ref = block_verify_reference(target, bonus, draft, ids, seeds, offs, g)
     out = block_verify_triton(target, bonus, draft, ids, seeds, offs, g, split=_split(V, B))
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
@@ -363,8 +380,15 @@ def test_kernel_padded_and_ragged(use_draft, greedy, dtype):
 def test_kernel_logits(use_draft):
     B, K, V = 4, 3, 40
     case = make_case(B, K, V, seed=40 + use_draft, greedy="mixed", closeness=0.3)
-    tl_, dl, bonus, ids, temp, seeds, offs = _dev(case.target_logits, case.draft_logits if use_draft else None,
-                                                  case.bonus, case.draft_ids, case.temperature, case.seeds, case.offsets)
+    tl_, dl, bonus, ids, temp, seeds, offs = _dev(
+        case.target_logits,
+        case.draft_logits if use_draft else None,
+        case.bonus,
+        case.draft_ids,
+        case.temperature,
+        case.seeds,
+        case.offsets,
+    )
     ref = block_verify_from_logits_reference(tl_, bonus, dl, ids, temp, seeds, offs)
     out = block_verify_from_logits_triton(tl_, bonus, dl, ids, temp, seeds, offs, split=_split(V, B))
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
@@ -372,7 +396,9 @@ def test_kernel_logits(use_draft):
     rt, rd, rids, cu = _dev(*ragged_view(case.target_logits, case.draft_logits, case.draft_ids, k_b))
     rd = rd if use_draft else None
     ref = block_verify_ragged_from_logits_reference(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs)
-    out = block_verify_ragged_from_logits_triton(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs, split=_split(V, B))
+    out = block_verify_ragged_from_logits_triton(
+        rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs, split=_split(V, B)
+    )
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
 
 
@@ -381,8 +407,15 @@ def test_kernel_bad_ids_zero_mass_and_nan(use_draft):
     B, K, V = 4, 3, 33
     case = make_case(B, K, V, seed=50 + use_draft, greedy="mixed", closeness=0.1, bad_ids=True, zero_mass=True)
     case.target[2, :, :4] = float("nan")
-    args = _dev(case.target, case.bonus, case.draft if use_draft else None, case.draft_ids, case.seeds, case.offsets,
-                case.is_greedy)
+    args = _dev(
+        case.target,
+        case.bonus,
+        case.draft if use_draft else None,
+        case.draft_ids,
+        case.seeds,
+        case.offsets,
+        case.is_greedy,
+    )
     ref = block_verify_reference(*args)
     out = block_verify_triton(*args, split=_split(V, B, block_v=16, num_blocks=2))
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
@@ -394,8 +427,11 @@ def test_kernel_k0_k1_empty_batch_and_long_block():
         case = make_case(B, K, V, seed=seed, greedy="mixed", closeness=0.2)
         args = _dev(case.target, case.bonus, case.draft, case.draft_ids, case.seeds, case.offsets, case.is_greedy)
         assert torch.equal(block_verify_triton(*args, split=_split(V, B)), block_verify_reference(*args))
-    out = block_verify_triton(*_dev(torch.zeros(0, 3, 10), torch.zeros(0, 1, dtype=torch.int64)), None,
-                              *_dev(torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)))
+    out = block_verify_triton(
+        *_dev(torch.zeros(0, 3, 10), torch.zeros(0, 1, dtype=torch.int64)),
+        None,
+        *_dev(torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)),
+    )
     assert out.shape == (0, 3)
 
 

@@ -75,7 +75,8 @@ def block_theory(
     the keys of :func:`lossless_theory` plus ``method`` ("closed form" or "monte carlo") and
     ``stderr`` {"acceptance", "emitted"} of the estimate (0 for the closed form)."""
     if point_mass_drafts:
-        return {**lossless_theory(target, draft, k), "method": "closed form", "stderr": {"acceptance": 0.0, "emitted": 0.0}}
+        exact = {"method": "closed form", "stderr": {"acceptance": 0.0, "emitted": 0.0}}
+        return {**lossless_theory(target, draft, k), **exact}
     C = target.shape[0]
     q, p = target.double(), draft.double()
     gen = torch.Generator().manual_seed(seed)

@@ -44,12 +44,31 @@ _STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
 
 @triton.jit
 def block_scalars(
-    b, pos, start, n, K, V, num_rows,
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    ids_ptr, stride_ib, stride_ik,
-    temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, PRECISE: tl.constexpr,
+    b,
+    pos,
+    start,
+    n,
+    K,
+    V,
+    num_rows,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    temp,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    LOGITS: tl.constexpr,
+    PRECISE: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """Per-position scalars of request b at ``pos`` (0 .. BLOCK_K-1, BLOCK_K >= K + 1).
@@ -101,16 +120,44 @@ def block_tau(pos, n, valid, rho_vec, mass, seed, offset):
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def block_partials_kernel(
-    target_ptr, stride_tb, stride_tk,  # target rows, vocab stride 1
-    draft_ptr, stride_db, stride_dk,  # target_ptr again when HAS_DRAFT is False
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, K+1, NB]
-    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,  # target rows, vocab stride 1
+    draft_ptr,
+    stride_db,
+    stride_dk,  # target_ptr again when HAS_DRAFT is False
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    seed_ptr,
+    offset_ptr,
+    greedy_ptr,
+    part_mass_ptr,
+    part_rkey_ptr,
+    part_ridx_ptr,
+    part_qkey_ptr,
+    part_qidx_ptr,  # [B, K+1, NB]
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
@@ -119,9 +166,32 @@ def block_partials_kernel(
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)
     ids, valid, q_x, rho_vec = block_scalars(
-        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-        RAGGED, HAS_DRAFT, LOGITS, PRECISE, BLOCK_K,
+        b,
+        pos,
+        start,
+        n,
+        K,
+        V,
+        num_rows,
+        target_ptr,
+        stride_tb,
+        stride_tk,
+        draft_ptr,
+        stride_db,
+        stride_dk,
+        ids_ptr,
+        stride_ib,
+        stride_ik,
+        temp,
+        t_max_ptr,
+        t_sum_ptr,
+        d_max_ptr,
+        d_sum_ptr,
+        RAGGED,
+        HAS_DRAFT,
+        LOGITS,
+        PRECISE,
+        BLOCK_K,
     )
     _, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
     q_off, has_row = row_offset(b, m, start, n, num_rows, stride_tb, stride_tk, RAGGED)
@@ -187,27 +257,78 @@ def block_partials_kernel(
 
 @triton.jit(do_not_specialize=["num_rows", "NB"])  # as block_partials_kernel
 def block_finalize_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, K+1, NB]
-    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
-    amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] (greedy only)
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    seed_ptr,
+    offset_ptr,
+    greedy_ptr,
+    part_mass_ptr,
+    part_rkey_ptr,
+    part_ridx_ptr,
+    part_qkey_ptr,
+    part_qidx_ptr,  # [B, K+1, NB]
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
-    K, V, num_rows, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr,
+    K,
+    V,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     start, n = request_span(cu_ptr, b, K, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     ids, valid, q_x, rho_vec = block_scalars(
-        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-        RAGGED, HAS_DRAFT, LOGITS, PRECISE, BLOCK_K,
+        b,
+        pos,
+        start,
+        n,
+        K,
+        V,
+        num_rows,
+        target_ptr,
+        stride_tb,
+        stride_tk,
+        draft_ptr,
+        stride_db,
+        stride_dk,
+        ids_ptr,
+        stride_ib,
+        stride_ik,
+        temp,
+        t_max_ptr,
+        t_sum_ptr,
+        d_max_ptr,
+        d_sum_ptr,
+        RAGGED,
+        HAS_DRAFT,
+        LOGITS,
+        PRECISE,
+        BLOCK_K,
     )
     blocks = tl.arange(0, BLOCK_NB)
     greedy = b < 0  # a false scalar tensor
@@ -245,7 +366,9 @@ def block_finalize_kernel(
     ridx = tl.load(part_ridx_ptr + jslot, mask=bmask, other=0).to(tl.int64)
     qkey = tl.load(part_qkey_ptr + jslot, mask=bmask, other=-2.0)
     qidx = tl.load(part_qidx_ptr + jslot, mask=bmask, other=0).to(tl.int64)
-    recovered = tl.where(rmass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0))
+    recovered = tl.where(
+        rmass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0)
+    )
     if HAS_GREEDY:
         recovered = tl.where(greedy, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), recovered)
     fallback = tl.where(has_row, recovered, -1)
