@@ -11,23 +11,16 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.kernels import block_kernels as bk
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import (
-    KernelLaunch,
-    plan_softmax_stats,
-    precise_math,
-    row_strides,
-    run_all,
-    vocab_contiguous,
-)
 from spec_samplers.layout import VerifyBatch
 
 #: rho * q - p must round as in the reference's separate multiply and subtract: no FMA contraction
 _NO_FMA = {"enable_fp_fusion": False}
 
 
-def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[list[KernelLaunch], torch.Tensor]:
+def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
     """The launches of one call and the [B, K+1] int64 output they fill."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
@@ -39,13 +32,13 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
     if split is None:
         split = vocab_split(V, B, device)
     NB = split.num_blocks
-    target = vocab_contiguous(batch.target)
-    draft = None if batch.draft is None else vocab_contiguous(batch.draft)
+    target = lc.vocab_contiguous(batch.target)
+    draft = None if batch.draft is None else lc.vocab_contiguous(batch.draft)
     is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
-    stride_tb, stride_tk = row_strides(layout, target)
-    stride_db, stride_dk = row_strides(layout, draft)
-    stride_ib, stride_ik = row_strides(layout, batch.draft_token_ids)
-    launches: list[KernelLaunch] = []
+    stride_tb, stride_tk = lc.row_strides(layout, target)
+    stride_db, stride_dk = lc.row_strides(layout, draft)
+    stride_ib, stride_ik = lc.row_strides(layout, batch.draft_token_ids)
+    launches: list[lc.KernelLaunch] = []
 
     def f32(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.float32, device=device)
@@ -57,12 +50,12 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
     amax_val: torch.Tensor | None = None
     amax_idx: torch.Tensor | None = None
     if batch.temperature is not None:
-        softmax, amax_val, amax_idx, stats = plan_softmax_stats(layout, target, draft, batch.temperature, split)
+        softmax, amax_val, amax_idx, stats = lc.plan_softmax_stats(layout, target, draft, batch.temperature, split)
         launches += softmax
     elif is_greedy is not None:
         amax_val, amax_idx = f32((B, K + 1, NB)), i32((B, K + 1, NB))
         launches.append(
-            KernelLaunch(
+            lc.KernelLaunch(
                 rk.argmax_partials_kernel,
                 (B, K + 1, NB),
                 dict(
@@ -117,10 +110,10 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
         HAS_OFFSETS=batch.offsets is not None,
         HAS_GREEDY=is_greedy is not None,
         LOGITS=batch.temperature is not None,
-        PRECISE=precise_math(),
+        PRECISE=lc.precise_math(),
     )
     launches.append(
-        KernelLaunch(
+        lc.KernelLaunch(
             bk.block_partials_kernel,
             (B, K + 1, NB),
             dict(common, chunk=split.chunk, BLOCK_K=triton_next_pow2(K + 1), BLOCK_V=split.block_v),
@@ -130,7 +123,7 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
     )
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
     launches.append(
-        KernelLaunch(
+        lc.KernelLaunch(
             bk.block_finalize_kernel,
             (B,),
             dict(common, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb),
@@ -147,5 +140,5 @@ def block_triton(batch: VerifyBatch, *, split: VocabSplit | None = None) -> torc
 
     ``split`` overrides the vocabulary split (tests use it to cross block boundaries)."""
     launches, out = plan_block(batch, split)
-    run_all(launches)
+    lc.run_all(launches)
     return out
