@@ -204,7 +204,8 @@ def render(document: dict[str, object]) -> str:
     block_table = block_vs_token_table(plain)
     if block_table is not None:
         parts += ["", "Block verification vs token-wise rejection (mean accepted drafts per step, same drafts and "
-                      "seeds; theory: token-wise closed form, block E[rho_1 + ... + rho_k] by Monte Carlo)",
+                      "seeds; theory: token-wise closed form, block E[rho_1 + ... + rho_k] by Monte Carlo, closed form for "
+                      "point-mass drafts)",
                   block_table]
     if swept:
         parts += ["", "Sweep (means over settings; per-setting rows in --json)", sweep_table(swept)]
