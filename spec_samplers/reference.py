@@ -99,6 +99,25 @@ def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -
 # Rejection sampling.
 
 
+def _random_accepts(
+    target_flat: torch.Tensor,  # [R, V]
+    target_rows: torch.Tensor,  # [B, K+1] int64, -1 = none
+    draft_flat: torch.Tensor | None,  # [R', V] or None (point-mass drafts)
+    draft_rows: torch.Tensor,  # [B, K] int64
+    draft_valid: torch.Tensor,  # [B, K] bool: id in [0, V) and inside the request
+    drafts: torch.Tensor,  # [B, K] int64 ids clamped into [0, V)
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+) -> torch.Tensor:
+    """[B, K] bool: the random rule's accept test at every position, each tested on its own
+    (gathered scalars only)."""
+    K = drafts.shape[1]
+    q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
+    p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
+    u = counter_rng.accept_uniforms(seeds, offsets, K)  # [B, K]
+    return draft_valid & (p_x > 0) & (u * p_x < q_x)
+
+
 def _rejection_core(
     target_flat: torch.Tensor,  # [R, V] fp32/fp16/bf16
     target_rows: torch.Tensor,  # [B, K+1] int64 row of (request, position), -1 = none
@@ -121,11 +140,7 @@ def _rejection_core(
     draft_valid, drafts = _valid_ids(draft_ids, V)
     draft_valid = draft_valid & in_request
 
-    # Accept test on gathered scalars only.
-    q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
-    p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
-    u = counter_rng.accept_uniforms(seeds, offsets, K)  # [B, K]
-    accepted = draft_valid & (p_x > 0) & (u * p_x < q_x)
+    accepted = _random_accepts(target_flat, target_rows, draft_flat, draft_rows, draft_valid, drafts, seeds, offsets)
     if is_greedy is not None and K > 0:
         target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
         accepted = torch.where(is_greedy[:, None], draft_valid & (drafts == target_argmax), accepted)
@@ -185,6 +200,28 @@ def rejection_sample_reference(
         target_with_bonus_probs.reshape(B * kp1, V), target_rows,
         None if draft_probs is None else draft_probs.reshape(B * k, V), draft_rows, num_draft,
         draft_token_ids, bonus_token_ids[:, 0], seeds, offsets, is_greedy,
+    )
+
+
+def rejection_accepts_reference(
+    target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+    draft_probs: torch.Tensor | None,  # [B, k, V] or None (point-mass drafts)
+    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor | None = None,  # [B] int64, default 0
+) -> torch.Tensor:
+    """[B, k] bool: whether each draft passes the accept test of
+    :func:`rejection_sample_reference` on its own (same random numbers), whether or not an earlier
+    draft was rejected (FlashInfer's "accepted" count)."""
+    B, kp1, V = target_with_bonus_probs.shape
+    k = kp1 - 1
+    target_rows, draft_rows, num_draft = padded_layout(B, k, target_with_bonus_probs.device)
+    if offsets is None:
+        offsets = torch.zeros(B, dtype=torch.int64, device=target_with_bonus_probs.device)
+    draft_valid, drafts = _valid_ids(draft_token_ids, V)
+    return _random_accepts(
+        target_with_bonus_probs.reshape(B * kp1, V), target_rows,
+        None if draft_probs is None else draft_probs.reshape(B * k, V), draft_rows, draft_valid, drafts, seeds, offsets,
     )
 
 
