@@ -29,15 +29,10 @@ from __future__ import annotations
 import torch
 
 from spec_samplers import rng_sampling
+from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS as MASS_BITS, SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from spec_samplers.reference import clean_probs
 
-#: fixed-point resolution of masses: a weight w counts as round(min(w, 1) * 2**MASS_BITS) units
-MASS_BITS = 40
 MASS_SCALE = float(2**MASS_BITS)
-#: int64 mass sums cannot overflow below this vocabulary size (V * 2**MASS_BITS < 2**63)
-MAX_VOCAB_SIZE = 2 ** (63 - MASS_BITS)
-#: the largest finite fp32, which +inf logits become
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def clean_logits(x: torch.Tensor) -> torch.Tensor:
