@@ -68,33 +68,6 @@ def values_and_weights(x: torch.Tensor, logits: bool) -> tuple[torch.Tensor, tor
 # Thresholds: every filter keeps the tokens whose value is >= a per-row threshold tau.
 
 
-def top_k_threshold(sorted_desc: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """sorted_desc: [B, V] values sorted descending; top_k: [B] int64 (<= 0 or >= V: keep all).
-    Returns [B] fp32 tau_k, the k-th largest value."""
-    V = sorted_desc.shape[-1]
-    k = torch.where((top_k <= 0) | (top_k >= V), V, top_k).to(torch.int64)
-    return sorted_desc.gather(1, (k - 1)[:, None])[:, 0]
-
-
-def top_p_threshold(
-    sorted_desc: torch.Tensor,  # [B, V] fp32 values sorted descending
-    sorted_mass: torch.Tensor,  # [B, V] int64 fixed-point weights in the same order
-    top_p: torch.Tensor,  # [B] fp32 (>= 1: keep every candidate)
-    tau_lo: torch.Tensor,  # [B] fp32: the candidates are the values >= tau_lo
-) -> torch.Tensor:
-    """[B] fp32 tau_p: the smallest candidate value v with M(> v) < top_p * M(>= tau_lo) or
-    M(> v) = 0. With ties sorted in any order, the last position whose exclusive prefix mass
-    passes the test holds that value."""
-    candidate = sorted_desc >= tau_lo[:, None]
-    total = torch.where(candidate, sorted_mass, 0).sum(dim=-1)
-    above = torch.cumsum(sorted_mass, dim=-1) - sorted_mass
-    threshold = top_p.to(torch.float64) * total.to(torch.float64)
-    passes = candidate & ((above == 0) | (above.to(torch.float64) < threshold[:, None]))
-    last = passes.sum(dim=-1).clamp(min=1) - 1
-    tau = sorted_desc.gather(1, last[:, None])[:, 0]
-    return torch.where(top_p >= 1, tau_lo, tau)
-
-
 def min_p_threshold(row_max: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """[B] fp32 min(min_p * max, max): the row's most probable tokens always stay."""
     return torch.minimum(min_p.to(torch.float32) * row_max, row_max)
@@ -107,24 +80,74 @@ def filter_threshold(
     top_p: torch.Tensor | None,  # [B] fp32
     min_p: torch.Tensor | None,  # [B] fp32
     joint: bool = False,  # top-k and top-p on the full row (True) or top-p after top-k (False)
+    fast: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (tau [B] fp32: keep values >= tau, kept mass [B] int64)."""
+    """Returns (tau [B] fp32: keep values >= tau, kept mass [B] int64).
+
+    ``fast`` (CPU: it reads data-dependent sizes on the host) sorts only a prefix of each row
+    (torch.topk), growing it until the thresholds are decided inside it: the same tau as the full
+    sort, whose tie order does not matter."""
+    B, V = values.shape
     row_max = values.max(dim=-1).values
     row_min = values.min(dim=-1).values
     tau = row_min
     if top_k is not None or top_p is not None:
-        order = torch.sort(values, dim=-1, descending=True)
-        sorted_desc = order.values
-        if top_k is not None:
-            tau = top_k_threshold(sorted_desc, top_k)
-        if top_p is not None:
-            sorted_mass = fixed_mass(weights.gather(1, order.indices))
-            tau_p = top_p_threshold(sorted_desc, sorted_mass, top_p, row_min if joint else tau)
-            tau = torch.maximum(tau, tau_p)
+        size = V
+        if fast and B:
+            size = min(V, 256)
+            if top_k is not None:
+                size = max(size, min(V, int(torch.where((top_k <= 0) | (top_k >= V), 1, top_k).max())))
+        while True:
+            order = torch.topk(values, size, dim=-1) if size < V else torch.sort(values, dim=-1, descending=True)
+            sorted_desc = order.values
+            decided = torch.ones(B, dtype=torch.bool, device=values.device)
+            tau = row_min
+            if top_k is not None:
+                off = (top_k <= 0) | (top_k >= V)
+                decided &= off | (top_k <= size)
+                tau = torch.where(off, row_min, top_k_threshold(sorted_desc, top_k.clamp(1, size)))
+            if top_p is not None:
+                tau_lo = row_min if joint or top_k is None else tau
+                total = torch.where(values >= tau_lo[:, None], fixed_mass(weights), 0).sum(dim=-1)
+                sorted_mass = fixed_mass(weights.gather(1, order.indices))
+                tau_p, inside = top_p_threshold(sorted_desc, sorted_mass, top_p, tau_lo, total)
+                decided &= inside | (size == V)
+                tau = torch.maximum(tau, tau_p)
+            if size == V or bool(decided.all()):
+                break
+            size = min(V, size * 8)
     if min_p is not None:
         tau = torch.maximum(tau, min_p_threshold(row_max, min_p))
     kept_mass = torch.where(values >= tau[:, None], fixed_mass(weights), 0).sum(dim=-1)
     return tau, kept_mass
+
+
+def top_k_threshold(sorted_desc: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """tau_k, the k-th largest value, from the S largest values sorted descending ([B, S]) and
+    k [B] int64 in [1, S]."""
+    return sorted_desc.gather(1, (k - 1)[:, None])[:, 0]
+
+
+def top_p_threshold(
+    sorted_desc: torch.Tensor,  # [B, S] the S largest values, descending
+    sorted_mass: torch.Tensor,  # [B, S] int64 their fixed-point weights
+    top_p: torch.Tensor,  # [B] fp32
+    tau_lo: torch.Tensor,  # [B] fp32
+    total: torch.Tensor,  # [B] int64 M(>= tau_lo) over the whole row
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tau_p, whether the prefix decided it). tau_p is the smallest candidate value v (v >=
+    tau_lo) with M(> v) < top_p * M(>= tau_lo) or M(> v) = 0 (top_p >= 1: tau_lo). In descending
+    order the positions whose exclusive prefix mass passes form a prefix, and its last position
+    holds tau_p whatever the order of ties. The prefix decides when a position inside it fails
+    (every candidate beyond would fail too) or top_p >= 1."""
+    candidate = sorted_desc >= tau_lo[:, None]
+    above = torch.cumsum(sorted_mass, dim=-1) - sorted_mass
+    threshold = top_p.to(torch.float64) * total.to(torch.float64)
+    passes = candidate & ((above == 0) | (above.to(torch.float64) < threshold[:, None]))
+    count = passes.sum(dim=-1)
+    tau = sorted_desc.gather(1, (count.clamp(min=1) - 1)[:, None])[:, 0]
+    inside = (count < sorted_desc.shape[1]) | (top_p >= 1)
+    return torch.where(top_p >= 1, tau_lo, tau), inside
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,10 +173,21 @@ def race(
     kept: torch.Tensor,  # [B, V] bool
     seeds: torch.Tensor,  # [B] int64
     offsets: torch.Tensor,  # [B] int64
+    sparse: bool = False,
 ) -> torch.Tensor:
     """[B] int64 argmax over the kept tokens of w / E (ties to the lowest index): a sample of the
-    kept weights, normalised."""
-    exps = rng_sampling.sample_exponentials(seeds, offsets, weights.shape[-1])
+    kept weights, normalised. ``sparse`` (CPU: host-side sizes) draws E only at kept tokens,
+    which is the same token: E depends on (seed, offset, token) alone."""
+    B, V = weights.shape
+    if sparse and B:
+        row, col = torch.nonzero(kept, as_tuple=True)  # row-major: columns ascending within a row
+        exps = rng_sampling.sample_exponentials_at(seeds[row], offsets[row], col[:, None])[:, 0]
+        keys = weights[row, col] / exps
+        best = torch.full((B,), float("-inf"), device=weights.device).scatter_reduce(0, row, keys, "amax")
+        first = torch.full((B,), V, dtype=torch.int64, device=weights.device)
+        first = first.scatter_reduce(0, row, torch.where(keys == best[row], col, V), "amin")
+        return torch.where(first < V, first, 0)
+    exps = rng_sampling.sample_exponentials(seeds, offsets, V)
     keys = torch.where(kept, weights / exps, float("-inf"))
     return torch.argmax(keys, dim=-1)
 
@@ -168,19 +202,26 @@ def sample_reference(
     top_p: torch.Tensor | None = None,  # [B] fp32
     min_p: torch.Tensor | None = None,  # [B] fp32
     joint: bool = False,
+    fast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per output row from its input row, filtered. Returns (tokens [B] int64, valid [B]
     bool). A row is valid when it exists and has mass (a probability > 0, or a logit > -inf);
-    invalid rows give the token -1 (a missing token, never a wrong one)."""
+    invalid rows give the token -1 (a missing token, never a wrong one).
+
+    ``fast`` (default: on CPU tensors) takes shortcuts that read sizes on the host (a sorted
+    prefix instead of a full sort, exponentials only for kept tokens); the tokens are the same."""
     R, V = x.shape
     B = rows.shape[0]
     if R == 0:
         return torch.full((B,), -1, dtype=torch.int64, device=x.device), torch.zeros(B, dtype=torch.bool, device=x.device)
+    if fast is None:
+        fast = x.device.type == "cpu"
     row_ok = (rows >= 0) & (rows < R)
     values, weights = values_and_weights(x[rows.clamp(0, R - 1)], logits)
-    tau, _ = filter_threshold(values, weights, top_k, top_p, min_p, joint)
+    tau, _ = filter_threshold(values, weights, top_k, top_p, min_p, joint, fast)
     kept = values >= tau[:, None]
-    tokens = race(weights, kept, seeds, offsets)
+    sparse = fast and int(kept.sum()) * 4 <= kept.numel()
+    tokens = race(weights, kept, seeds, offsets, sparse)
     valid = row_ok & (values.max(dim=-1).values > (float("-inf") if logits else 0.0))
     return torch.where(valid, tokens, -1), valid
 
@@ -194,7 +235,7 @@ def renorm_reference(
     """[B, V] kept probabilities divided by the kept mass (as a float: units * 2**-MASS_BITS),
     0 elsewhere; a row without mass gives zeros."""
     values = clean_probs(probs)
-    tau, kept_mass = filter_threshold(values, values, top_k, top_p, None)
+    tau, kept_mass = filter_threshold(values, values, top_k, top_p, None, fast=probs.device.type == "cpu")
     denom = kept_mass.to(torch.float32) * (1.0 / MASS_SCALE)
     safe = torch.where(denom > 0, denom, 1.0)
     out = torch.where((values >= tau[:, None]) & (denom > 0)[:, None], values / safe[:, None], 0.0)
@@ -208,6 +249,6 @@ def mask_logits_reference(
     """[B, V] logits (input dtype) with every token below the k-th largest set to -inf (NaN
     logits become -inf)."""
     values = clean_logits(logits)
-    tau, _ = filter_threshold(values, values, top_k, None, None)
+    tau, _ = filter_threshold(values, values, top_k, None, None, fast=logits.device.type == "cpu")
     keep = (values >= tau[:, None]) & ~torch.isnan(logits)
     return torch.where(keep, logits, torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
