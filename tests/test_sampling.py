@@ -15,7 +15,8 @@ import torch
 
 import spec_samplers.sampling as sampling
 from spec_samplers.errors import SpecSamplerInputError
-from spec_samplers.reference import rejection_sample_reference
+from spec_samplers.layout import VerifyBatch
+from spec_samplers.reference import rejection_reference
 from spec_samplers.sampling import reference as ref
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
@@ -313,7 +314,7 @@ def test_chain_speculative_sampling_is_the_rejection_sampler():
     out, acc2, emi2 = sampling.chain_speculative_sampling(draft, ids, target, acc, emi, seed=seeds, offset=offsets)
     assert out.dtype == torch.int32 and out.shape == (B, n + 1) and acc2 is acc and emi2 is emi
     bonus = torch.full((B, 1), -1)
-    assert torch.equal(out, rejection_sample_reference(target, bonus, draft, ids, seeds, offsets).to(torch.int32))
+    assert torch.equal(out, rejection_reference(VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=offsets)).to(torch.int32))
     emitted = (out != -1).sum(1) - 1
     assert torch.equal(emi - 20, emitted.to(torch.int32))
     assert bool(((acc - 10) >= emitted).all()) and bool(((acc - 10) <= n).all())

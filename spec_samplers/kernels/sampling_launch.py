@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.kernels import sampling_kernels as sk
-from spec_samplers.kernels.backend import VocabSplit, interpreting, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import vocab_contiguous
+from spec_samplers.kernels.backend import VocabSplit, triton_next_pow2, vocab_split
+from spec_samplers.kernels.launch_common import precise_math, vocab_contiguous
 
 #: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
 SEARCH_BLOCK_V = 256
@@ -47,7 +47,7 @@ def _row_stats(
         x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, temp_ptr=temperature,
         max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx,
         R=x.shape[0], V=x.shape[1], chunk=split.chunk, NB=NB,
-        LOGITS=logits, SOFTMAX=softmax, BLOCK_V=split.block_v, PRECISE=not interpreting(),
+        LOGITS=logits, SOFTMAX=softmax, BLOCK_V=split.block_v, PRECISE=precise_math(),
     )
     row_max = pmax.amax(dim=1)
     row_min = pmin.amin(dim=1)
@@ -73,7 +73,7 @@ def _search(
     sk.search_kernel[(B,)](
         x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, lo_ptr=lo, hi_ptr=hi, mass_ptr=mass,
         k_ptr=top_k, p_ptr=top_p, R=x.shape[0], V=x.shape[1],
-        MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, BLOCK_V=_search_block(x.shape[1]), PRECISE=not interpreting(),
+        MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, BLOCK_V=_search_block(x.shape[1]), PRECISE=precise_math(),
     )
     return lo, mass
 
@@ -140,7 +140,7 @@ def sample_triton(
         x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, tau_ptr=tau,
         seed_ptr=seeds.to(torch.int64).contiguous(), offset_ptr=offsets.to(torch.int64).contiguous(),
         key_ptr=pkey, idx_ptr=pidx, R=R, V=V, chunk=split.chunk, NB=NB,
-        LOGITS=logits, BLOCK_V=split.block_v, PRECISE=not interpreting(),
+        LOGITS=logits, BLOCK_V=split.block_v, PRECISE=precise_math(),
     )
     tokens = pidx.gather(1, torch.argmax(pkey, dim=1, keepdim=True))[:, 0].to(torch.int64)
     valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
@@ -215,6 +215,6 @@ def softmax_triton(
     row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
     sk.softmax_kernel[(B, split.num_blocks)](
         x_ptr=logits, stride_r=logits.stride(0), temp_ptr=temperature, max_ptr=row_max, sum_ptr=row_sum,
-        argmax_ptr=argmax, out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=not interpreting(),
+        argmax_ptr=argmax, out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=precise_math(),
     )
     return out

@@ -382,7 +382,8 @@ def chain_speculative_sampling(
         >>> ids = torch.multinomial(draft.view(-1, V), 1).view(B, n)
         >>> out, accepted, emitted = sampling.chain_speculative_sampling(draft, ids, torch.softmax(torch.randn(B, n + 1, V), -1))
     """
-    from spec_samplers.reference import rejection_accepts_reference, rejection_sample_reference
+    from spec_samplers.layout import VerifyBatch
+    from spec_samplers.reference import rejection_accepts_reference
     from spec_samplers.validation import check_metadata
 
     if not isinstance(draft_token_ids, torch.Tensor):
@@ -400,13 +401,22 @@ def chain_speculative_sampling(
             raise input_error(name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__))
         counters.append(t)
     seeds, offsets = checks.resolve_seeds(seed, offset, generator, B, device)
-    if _triton(backend, device):
-        from spec_samplers.kernels.rejection_launch import rejection_sample_triton as sample
-    else:
-        sample = rejection_sample_reference
-    out = sample(target_probs, bonus, draft_probs, draft_token_ids, seeds, offsets)
-    accepted = rejection_accepts_reference(target_probs, draft_probs, draft_token_ids, seeds, offsets).sum(dim=1)
+    batch = VerifyBatch.padded(target_probs, bonus, draft_probs, draft_token_ids, seeds=seeds, offsets=offsets)
+    out = _rejection_sampler(backend).verify(batch)
+    accepted = rejection_accepts_reference(batch).sum(dim=1)
     emitted = (out != -1).sum(dim=1) - 1
     counters[0].add_(accepted.to(counters[0].dtype))
     counters[1].add_(emitted.to(counters[1].dtype))
     return out.to(torch.int32), counters[0], counters[1]
+
+
+_REJECTION_SAMPLERS: dict[str, torch.nn.Module] = {}
+
+
+def _rejection_sampler(backend: str):  # -> RejectionSampler
+    """One RejectionSampler per backend: its op (reference or kernels) verifies the chain."""
+    if backend not in _REJECTION_SAMPLERS:
+        from spec_samplers.rejection import RejectionSampler
+
+        _REJECTION_SAMPLERS[backend] = RejectionSampler(backend=check_backend(backend))
+    return _REJECTION_SAMPLERS[backend]
