@@ -157,10 +157,22 @@ def top_p_threshold(
 def softmax_reference(
     logits: torch.Tensor,  # [B, V] fp32/fp16/bf16
     temperature: torch.Tensor,  # [B] fp32; 0 = greedy (one-hot of the argmax), other values <= 0 act as 1
+    fast: bool | None = None,
 ) -> torch.Tensor:
-    """[B, V] fp32 softmax(logits / T); a row that is all -inf (or NaN) gives zeros."""
+    """[B, V] fp32 softmax(logits / T); a row that is all -inf (or NaN) gives zeros.
+
+    ``fast`` (default: on CPU) runs torch.softmax on every row and the spelled-out definition
+    only on the rows that need it (non-finite logits, T == 0), found on the host."""
+    if fast is None:
+        fast = logits.device.type == "cpu"
+    t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=logits.device))
+    if fast and logits.shape[0]:
+        probs = torch.softmax(logits.to(torch.float32) / t[:, None], dim=-1)
+        special = torch.nonzero((temperature == 0) | ~torch.isfinite(logits).all(dim=-1)).flatten()
+        if special.numel():
+            probs[special] = softmax_reference(logits[special], temperature[special], fast=False)
+        return probs
     x = clean_logits(logits)
-    t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))
     w = logit_weights(x / t[:, None])
     total = w.sum(dim=-1, keepdim=True)
     probs = torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
