@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers import counter_rng
+from spec_samplers import rng
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output, num_leading_accepted
 
 #: a residual (q - p)+ whose mass is at most this is rounding noise: recover from q instead
@@ -41,12 +41,9 @@ def _valid_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.
 
 
 def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x weights[x] / E[x], a sample of weights / sum(weights).
-
-    weights, exponentials: [N, V] fp32 (exponentials > 0). Ties go to the lowest index.
-    Returns [N] int64.
-    """
-    return torch.argmax(weights / exponentials, dim=-1)
+    """Exponential race: argmax_x weights[x] / E[x] (:func:`spec_samplers.rng.race`), a sample of
+    weights / sum(weights). weights, exponentials: [N, V] fp32. Returns [N] int64."""
+    return rng.race(weights, exponentials)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,8 +121,9 @@ def _rejection_core(
     # Accept test on gathered scalars only.
     q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
     p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
-    u = counter_rng.accept_uniforms(seeds, offsets, K)  # [B, K]
-    accepted = draft_valid & (p_x > 0) & (u * p_x < q_x)
+    u = rng.accept_uniforms(seeds, offsets, K)  # [B, K]
+    # u < q/p rather than u * p < q: q >= p then always accepts (u < 1), subnormal p included
+    accepted = draft_valid & (p_x > 0) & (u < q_x / p_x)
     if is_greedy is not None and K > 0:
         target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
         accepted = torch.where(is_greedy[:, None], draft_valid & (drafts == target_argmax), accepted)
@@ -149,8 +147,7 @@ def _rejection_core(
         residual = (q_j - _gather_rows(draft_flat, p_row)).clamp_min(0)
     no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
     residual = torch.where(no_mass[:, None], q_j, residual)
-    exps = counter_rng.recover_exponentials(seeds, offsets, j, V)
-    recovered = race(residual, exps)
+    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
 
