@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spec_samplers"
 #: (layer, module prefixes), bottom to top
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("spec_samplers.constants", "spec_samplers.errors", "spec_samplers._version")),
-    (1, ("spec_samplers.layout", "spec_samplers.torch_ops", "spec_samplers.counter_rng", "spec_samplers.rng",
+    (1, ("spec_samplers.layout", "spec_samplers.torch_ops", "spec_samplers.rng",
          "spec_samplers.output", "spec_samplers.rng_sampling")),
     (2, ("spec_samplers.validation", "spec_samplers.seeding")),
     (3, ("spec_samplers.reference", "spec_samplers.kernels", "spec_samplers.sampling.reference")),
