@@ -196,13 +196,13 @@ def test_public_api_backends_agree():
     for i, call in enumerate(calls):
         a, b = call(backend="triton"), call(backend="torch")
         a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
-        assert all(torch.equal(x, y) for x, y in zip(a, b)), i
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), i
     d = torch.softmax(torch.randn(B, 2, V), -1).to(DEVICE)
     t = torch.softmax(torch.randn(B, 3, V), -1).to(DEVICE)
     ids = torch.randint(0, V, (B, 2), device=DEVICE)
     a = sampling.chain_speculative_sampling(d, ids, t, seed=seeds, offset=offsets, backend="triton")
     b = sampling.chain_speculative_sampling(d, ids, t, seed=seeds, offset=offsets, backend="torch")
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):

@@ -113,7 +113,7 @@ def _calls(op: str, x: dict[str, torch.Tensor], backend: str) -> tuple[Callable[
 
     probs, logits, k, p = x["probs"], x["logits"], x["k"], x["p"]
     B, V = probs.shape
-    rng = dict(seed=x["seed"], offset=x["offset"], backend=backend)
+    rng: dict[str, Any] = dict(seed=x["seed"], offset=x["offset"], backend=backend)
     read = B * V * probs.element_size()
     sample_bytes = read + B * 4
     table: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {
@@ -234,9 +234,9 @@ def render(result: dict[str, Any]) -> str:
         row.append(f"{e['torch']['time_s'] / e['ours']['time_s']:.2f}x" if "torch" in e else "-")
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)] if rows else [len(h) for h in headers]
-    lines = ["  ".join(h.rjust(w) if i > 0 else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
+    lines = ["  ".join(h.rjust(w) if i > 0 else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))]
     for r in rows:
-        lines.append("  ".join(c.rjust(w) if i > 0 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(c.rjust(w) if i > 0 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
     return f"copy bandwidth {result['bandwidth_gbps']:.1f} GB/s (floor share = bytes / bandwidth / time)\n" + "\n".join(lines)
 
 

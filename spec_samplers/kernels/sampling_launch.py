@@ -38,10 +38,10 @@ def _row_stats(
     argmax [B] int64). A missing row has max -inf and min +inf."""
     B = rows.shape[0]
     NB = split.num_blocks
-    f32 = dict(dtype=torch.float32, device=x.device)
-    pmax, pmin = torch.empty((B, NB), **f32), torch.empty((B, NB), **f32)
+    pmax = torch.empty((B, NB), dtype=torch.float32, device=x.device)
+    pmin = torch.empty((B, NB), dtype=torch.float32, device=x.device)
     softmax = temperature is not None
-    psum = torch.empty((B, NB), **f32) if softmax else None
+    psum = torch.empty((B, NB), dtype=torch.float32, device=x.device) if softmax else None
     pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
     KernelLaunch(
         sk.stats_kernel, (B, NB),

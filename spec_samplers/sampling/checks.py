@@ -15,7 +15,7 @@ import torch
 
 from spec_samplers.errors import input_error
 from spec_samplers.rng_sampling import derive_row_seeds
-from spec_samplers.sampling.reference import MAX_VOCAB_SIZE
+from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PARAM_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

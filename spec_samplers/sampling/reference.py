@@ -31,7 +31,8 @@ from __future__ import annotations
 import torch
 
 from spec_samplers import rng_sampling
-from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS as MASS_BITS, SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
+from spec_samplers.constants import FLOAT32_MAX
+from spec_samplers.constants import SAMPLING_MASS_BITS as MASS_BITS
 from spec_samplers.torch_ops import clean_probs
 
 MASS_SCALE = float(2**MASS_BITS)
