@@ -205,6 +205,13 @@ def test_public_api_backends_agree():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_gpu_check_hook_runs():
+    """bench.sampling_ops.check_backends_agree (what gpu_check can call at real sizes) on a tiny shape."""
+    from spec_samplers.bench.sampling_ops import check_backends_agree
+
+    assert check_backends_agree(DEVICE, 2, 64) == []
+
+
 def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
     """The interpreter accepts programs the compiler rejects: compile every reachable variant
     (no GPU needed: Triton ships ptxas)."""

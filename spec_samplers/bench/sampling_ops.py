@@ -272,3 +272,24 @@ def main(args: Any) -> int:
         report.write_json(args.json, document)
         print(f"\nwrote {args.json}")
     return 0
+
+
+def check_backends_agree(device: torch.device, batch_size: int, vocab_size: int, seed: int = 0) -> list[str]:
+    """Runs every op on backend="triton" and backend="torch" on the same inputs, seeds and offsets
+    (real sizes on a GPU; benchmarks/gpu_check.py can call it) and returns the ops whose outputs
+    differ: tokens, validity, renormalised probabilities and masked logits must be equal, softmax
+    within 1e-6. An empty list means the kernels reproduced the reference."""
+    x = _inputs(batch_size, vocab_size, device, seed)
+    bad = []
+    for op in OPS:
+        outs = []
+        for backend in ("triton", "torch"):
+            out = _calls(op, x, backend)[0]()
+            outs.append(out if isinstance(out, tuple) else (out,))
+        if op == "softmax":
+            same = torch.allclose(outs[0][0], outs[1][0], atol=1e-6, rtol=1e-5)
+        else:
+            same = all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
+        if not same:
+            bad.append(op)
+    return bad
