@@ -167,7 +167,9 @@ def top_p_sampling_from_probs(
         >>> import torch, spec_samplers.sampling as sampling
         >>> tokens = sampling.top_p_sampling_from_probs(torch.softmax(torch.randn(4, 50), -1), 0.9)
     """
-    return _sample("probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_p=top_p)
+    return _sample(
+        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_p=top_p
+    )
 
 
 def top_k_sampling_from_probs(
@@ -189,9 +191,12 @@ def top_k_sampling_from_probs(
     Example::
 
         >>> import torch, spec_samplers.sampling as sampling
-        >>> tokens = sampling.top_k_sampling_from_probs(torch.softmax(torch.randn(4, 50), -1), torch.tensor([1, 5, 10, 0]))
+        >>> probs = torch.softmax(torch.randn(4, 50), -1)
+        >>> tokens = sampling.top_k_sampling_from_probs(probs, torch.tensor([1, 5, 10, 0]))
     """
-    return _sample("probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_k=top_k)
+    return _sample(
+        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_k=top_k
+    )
 
 
 def min_p_sampling_from_probs(
@@ -215,7 +220,9 @@ def min_p_sampling_from_probs(
         >>> import torch, spec_samplers.sampling as sampling
         >>> tokens = sampling.min_p_sampling_from_probs(torch.softmax(torch.randn(4, 50), -1), 0.05)
     """
-    return _sample("probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, min_p=min_p)
+    return _sample(
+        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, min_p=min_p
+    )
 
 
 def top_k_top_p_sampling_from_logits(
@@ -243,8 +250,19 @@ def top_k_top_p_sampling_from_logits(
     """
     joint = checks.check_filter_order(filter_apply_order)
     out = _sample(
-        "logits", logits, True, indices, generator, check_nan, seed, offset, False, backend,
-        top_k=top_k, top_p=top_p, joint=joint,
+        "logits",
+        logits,
+        True,
+        indices,
+        generator,
+        check_nan,
+        seed,
+        offset,
+        False,
+        backend,
+        top_k=top_k,
+        top_p=top_p,
+        joint=joint,
     )
     assert isinstance(out, torch.Tensor)
     return out
@@ -276,12 +294,25 @@ def top_k_top_p_sampling_from_probs(
     """
     joint = checks.check_filter_order(filter_apply_order)
     return _sample(
-        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend,
-        top_k=top_k, top_p=top_p, joint=joint,
+        "probs",
+        probs,
+        False,
+        indices,
+        generator,
+        check_nan,
+        seed,
+        offset,
+        return_valid,
+        backend,
+        top_k=top_k,
+        top_p=top_p,
+        joint=joint,
     )
 
 
-def _renorm(probs: torch.Tensor, top_k: object, top_p: object, out_dtype: torch.dtype | None, backend: str) -> torch.Tensor:
+def _renorm(
+    probs: torch.Tensor, top_k: object, top_p: object, out_dtype: torch.dtype | None, backend: str
+) -> torch.Tensor:
     checks.check_matrix("probs", probs)
     B, V = probs.shape
     k = None if top_k is None else checks.canonical_top_k(top_k, B, V, probs.device)
@@ -380,7 +411,8 @@ def chain_speculative_sampling(
         >>> B, n, V = 2, 3, 16
         >>> draft = torch.softmax(torch.randn(B, n, V), -1)
         >>> ids = torch.multinomial(draft.view(-1, V), 1).view(B, n)
-        >>> out, accepted, emitted = sampling.chain_speculative_sampling(draft, ids, torch.softmax(torch.randn(B, n + 1, V), -1))
+        >>> target = torch.softmax(torch.randn(B, n + 1, V), -1)
+        >>> out, accepted, emitted = sampling.chain_speculative_sampling(draft, ids, target)
     """
     from spec_samplers.layout import VerifyBatch
     from spec_samplers.reference import rejection_accepts_reference
@@ -393,12 +425,16 @@ def chain_speculative_sampling(
     bonus = torch.full((B, 1), -1, dtype=torch.int64, device=device)  # none given: sample the bonus row
     check_metadata(target_probs, bonus, draft_probs, draft_token_ids, "target_probs", "draft_probs")
     counters = []
-    for name, t in (("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
-                    ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num)):
+    for name, t in (
+        ("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
+        ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num),
+    ):
         if t is None:
             t = torch.zeros(B, dtype=torch.int32, device=device)
         elif not isinstance(t, torch.Tensor) or tuple(t.shape) != (B,) or t.device != device:
-            raise input_error(name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__))
+            raise input_error(
+                name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__)
+            )
         counters.append(t)
     seeds, offsets = checks.resolve_seeds(seed, offset, generator, B, device)
     batch = VerifyBatch.padded(target_probs, bonus, draft_probs, draft_token_ids, seeds=seeds, offsets=offsets)

@@ -228,7 +228,9 @@ def sample_reference(
     R, V = x.shape
     B = rows.shape[0]
     if R == 0:
-        return torch.full((B,), -1, dtype=torch.int64, device=x.device), torch.zeros(B, dtype=torch.bool, device=x.device)
+        return torch.full((B,), -1, dtype=torch.int64, device=x.device), torch.zeros(
+            B, dtype=torch.bool, device=x.device
+        )
     if fast is None:
         fast = x.device.type == "cpu"
     row_ok = (rows >= 0) & (rows < R)
