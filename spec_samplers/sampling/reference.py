@@ -170,8 +170,10 @@ def softmax_reference(
         fast = logits.device.type == "cpu"
     t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=logits.device))
     if fast and logits.shape[0]:
-        probs = torch.softmax(logits.to(torch.float32) / t[:, None], dim=-1)
-        special = torch.nonzero((temperature == 0) | ~torch.isfinite(logits).all(dim=-1)).flatten()
+        x = logits.to(torch.float32)
+        probs = torch.softmax(x if bool((t == 1).all()) else x / t[:, None], dim=-1)
+        lo, hi = torch.aminmax(x, dim=-1)  # NaN propagates: one pass finds the non-finite rows
+        special = torch.nonzero((temperature == 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)).flatten()
         if special.numel():
             probs[special] = softmax_reference(logits[special], temperature[special], fast=False)
         return probs
