@@ -71,9 +71,12 @@ class KVCache(Protocol):
         ...
 
 
-@runtime_checkable
 class LanguageModel(Protocol):
-    """Runs the forward computation of a model on query token ids and a KV cache."""
+    """Runs the forward computation of a model on query token ids and a KV cache.
+
+    Not ``runtime_checkable``: before Python 3.12, ``isinstance`` reads every member, and
+    ``eos_token_id`` raises ValueError on models without an EOS token, as the seed says.
+    """
 
     @property
     def eos_token_id(self) -> int:

@@ -95,15 +95,18 @@ class TokenBuffer:
 class RequestStats:
     """Statistics of one request.
 
-    ``accepted_per_position[i]``: rounds in which the draft at position i was accepted (so
-    ``acceptance_per_position[i]`` = that / rounds, vLLM's per-position acceptance);
-    ``expected_accepted``: the sum over drafted positions of sum_x min(p'(x), q'(x)) of the
-    processed draft and target, i.e. the accepted drafts a lossless sampler expects.
+    ``num_drafted``: k per round; ``num_verified``: drafts the sampler judged (those whose
+    predecessors were all accepted); ``accepted_per_position[i]``: rounds in which the draft at
+    position i was accepted (``acceptance_per_position[i]`` = that / rounds, vLLM's per-position
+    acceptance); ``expected_accepted``: the sum over judged drafts of sum_x min(p'(x), q'(x)) of
+    the processed draft and target distributions, which is what a lossless sampler accepts on
+    average (``verified_acceptance_rate`` vs ``expected_acceptance_rate``).
     """
 
     num_generated: int
     num_drafted: int = 0
     num_accepted: int = 0
+    num_verified: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     num_rounds: int = 0
     target_forward_passes: int = 0
@@ -117,8 +120,14 @@ class RequestStats:
         return self.num_accepted / self.num_drafted if self.num_drafted else float("nan")
 
     @property
+    def verified_acceptance_rate(self) -> float:
+        """Accepted / judged drafts."""
+        return self.num_accepted / self.num_verified if self.num_verified else float("nan")
+
+    @property
     def expected_acceptance_rate(self) -> float:
-        return self.expected_accepted / self.num_drafted if self.num_drafted else float("nan")
+        """What a lossless sampler's verified_acceptance_rate is on average."""
+        return self.expected_accepted / self.num_verified if self.num_verified else float("nan")
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -156,9 +165,17 @@ class GenerationOutput:
         return self._total("num_accepted") / drafted if drafted else float("nan")
 
     @property
+    def verified_acceptance_rate(self) -> float:
+        """Accepted / judged drafts over every request."""
+        verified = self._total("num_verified")
+        return self._total("num_accepted") / verified if verified else float("nan")
+
+    @property
     def expected_acceptance_rate(self) -> float:
-        drafted = self._total("num_drafted")
-        return self._total("expected_accepted") / drafted if drafted else float("nan")
+        """sum_x min(p', q') averaged over the judged drafts: a lossless sampler's expected
+        verified_acceptance_rate."""
+        verified = self._total("num_verified")
+        return self._total("expected_accepted") / verified if verified else float("nan")
 
     @property
     def acceptance_per_position(self) -> list[float]:

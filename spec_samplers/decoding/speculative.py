@@ -203,7 +203,7 @@ class SpeculativeDecoder:
             bonus = strategy.draw(q[:, k], rounds, 0, BONUS_SALT)  # [n]
             # 3. verify
             out = self._verify(q, bonus[:, None], p, draft_ids, strategy.seeds, rounds)  # [n, k+1]
-            overlap = torch.minimum(p, q[:, :k]).sum(dim=-1).sum(dim=-1)  # [n] expected accepted drafts
+            overlap = torch.minimum(p, q[:, :k]).sum(dim=-1)  # [n, k] sum_x min(p', q'): lossless acceptance
             out_host, overlap_host = out.cpu(), overlap.double().cpu()  # the round's read-back
             num_accepted = (out_host[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(dim=1)  # [n]
             finished = buffer.append(active, out_host, num_accepted + 1)
@@ -245,16 +245,21 @@ class _Counters:
         self.rounds = torch.zeros(batch_size, dtype=torch.int64)
         self.target_passes = torch.zeros(batch_size, dtype=torch.int64)
         self.draft_passes = torch.zeros(batch_size, dtype=torch.int64)
+        self.verified = torch.zeros(batch_size, dtype=torch.int64)
         self.expected = torch.zeros(batch_size, dtype=torch.float64)
 
-    def round(self, rows: torch.Tensor, num_accepted: torch.Tensor, expected: torch.Tensor) -> None:
+    def round(self, rows: torch.Tensor, num_accepted: torch.Tensor, overlap: torch.Tensor) -> None:
+        """num_accepted [n] int64, overlap [n, k] float64 (sum_x min(p', q') per position)."""
+        position = torch.arange(self.k)[None, :]
+        reached = position <= num_accepted[:, None]  # drafts the sampler had to judge: all before were accepted
         self.drafted[rows] += self.k
         self.accepted[rows] += num_accepted
-        self.per_position[rows] += (torch.arange(self.k)[None, :] < num_accepted[:, None]).to(torch.int64)
+        self.verified[rows] += reached.sum(dim=1)
+        self.expected[rows] += (overlap * reached).sum(dim=1)
+        self.per_position[rows] += (position < num_accepted[:, None]).to(torch.int64)
         self.rounds[rows] += 1
         self.target_passes[rows] += 1
         self.draft_passes[rows] += self.k
-        self.expected[rows] += expected
 
     def output(self, buffer: TokenBuffer) -> GenerationOutput:
         stats = [
@@ -263,6 +268,7 @@ class _Counters:
                 num_drafted=int(self.drafted[b]),
                 num_accepted=int(self.accepted[b]),
                 accepted_per_position=self.per_position[b].tolist(),
+                num_verified=int(self.verified[b]),
                 num_rounds=int(self.rounds[b]),
                 target_forward_passes=int(self.target_passes[b]),
                 draft_forward_passes=int(self.draft_passes[b]),
