@@ -27,7 +27,7 @@ class QueryLayout(NamedTuple):
 
     input_ids: torch.Tensor  # [B, Q] int64, padding slots replaced by token 0
     attention_mask: torch.Tensor  # [B, L + Q] int64, 1 = a token to attend to (cache slots, then query)
-    position_ids: torch.Tensor  # [B, Q] int64, tokens before the slot (0 on leading padding)
+    position_ids: torch.Tensor  # [B, Q] int64, tokens before the slot (padding: ignored, never attended)
     valid: torch.Tensor  # [B, Q] bool, False on padding slots
 
 
