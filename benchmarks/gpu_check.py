@@ -24,7 +24,7 @@ On a CUDA machine this one script
 It exits with status 1 when an equality or graph check fails on a probabilities input, and with
 a "CUDA required" error on machines without CUDA.
 
-Memory floor (SPEC section 6): time >= bytes that must be read / measured bandwidth, where the
+Memory floor (docs/design.md, performance model): time >= bytes that must be read / measured bandwidth, where the
 bandwidth is that of a device-to-device copy (2 * bytes / time) measured in the same run.
 Bytes that must be read, per call (b = bytes per element of the input dtype):
 
@@ -48,11 +48,16 @@ import datetime as _dt
 import importlib
 import json
 import platform
-import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from spec_samplers.bench import baselines
+from spec_samplers.bench.cases import Case, make_case, ragged_view
+from spec_samplers.bench.timing import time_call
+from spec_samplers.layout import VerifyBatch
 
 VOCABS = (32000, 128256, 152064)
 BATCHES = (1, 8, 64, 256)
@@ -79,53 +84,62 @@ def _version(name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs
+# Inputs: the factory the CPU kernel tests use (spec_samplers.bench.cases), on DEVICE.
 
 
-@dataclasses.dataclass
-class Inputs:
-    target: torch.Tensor  # [B, k+1, V]
-    draft: torch.Tensor  # [B, k, V]
-    ids: torch.Tensor  # [B, k] int64
-    bonus: torch.Tensor  # [B, 1] int64
-    seeds: torch.Tensor  # [B] int64
-    offsets: torch.Tensor  # [B] int64
-    is_greedy: torch.Tensor  # [B] bool
-    target_logits: torch.Tensor  # [B, k+1, V]
-    draft_logits: torch.Tensor  # [B, k, V]
-    temperature: torch.Tensor  # [B] fp32, 0 on greedy rows
+def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_case: bool = False) -> Case:
+    """Drafts close to the target (long accepted prefixes, some greedy rows), or with
+    ``worst_case`` a zero-probability draft at position 0 of every request and no greedy rows
+    (every request reads its rows)."""
+    return make_case(B, k, V, seed, dtype=dtype, closeness=0.3, greedy="none" if worst_case else "mixed",
+                     worst_case=worst_case, device=DEVICE)
 
 
-def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_case: bool = False) -> Inputs:
-    """Drafts close to the target (long accepted prefixes, realistic), or with ``worst_case`` a
-    zero-probability draft at position 0 of every request (every request reads its rows)."""
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    dev = DEVICE
-    temperature = torch.rand(B, generator=g, device=dev) + 0.5
-    tl = torch.randn(B, k + 1, V, generator=g, device=dev) * 3.0
-    dl = tl[:, :k] + 0.3 * torch.randn(B, k, V, generator=g, device=dev)
-    target = torch.softmax(tl / temperature[:, None, None], -1)
-    draft = torch.softmax(dl / temperature[:, None, None], -1)
-    ids = torch.multinomial(draft.reshape(-1, V), 1, generator=g).view(B, k)
-    if worst_case:
-        target[:, :, 0] = 0.0
-        ids[:, 0] = 0
-    bonus = torch.randint(0, V, (B, 1), generator=g, device=dev)
-    is_greedy = torch.rand(B, generator=g, device=dev) < (0.0 if worst_case else 0.3)
-    greedy_ids = dl.argmax(-1)
-    ids = torch.where(is_greedy[:, None], greedy_ids, ids)
-    temperature = torch.where(is_greedy, torch.zeros_like(temperature), temperature)
-    seeds = torch.randint(0, 2**62, (B,), generator=g, device=dev)
-    offsets = torch.randint(0, 2**40, (B,), generator=g, device=dev)
-    return Inputs(target.to(dtype), draft.to(dtype), ids, bonus, seeds, offsets, is_greedy,
-                  tl.to(dtype), dl.to(dtype), temperature)
-
-
-def ragged(inp: Inputs, k_b: torch.Tensor):
+def _ragged(inp: Case, k_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(target [T, V], draft [T, V], ids [T], cu [B]) keeping the first k_b positions of each request."""
-    k = inp.ids.shape[1]
-    keep = torch.arange(k, device=DEVICE)[None, :] < k_b[:, None]
-    return inp.target[:, :k][keep], inp.draft[keep], inp.ids[keep], torch.cumsum(k_b, 0)
+    return ragged_view(inp.target, inp.draft, inp.draft_ids, k_b)
+
+
+def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
+    """The verification batches every check runs, by name (all from the same data)."""
+    seeds = dict(seeds=inp.seeds, offsets=inp.offsets)
+    B, k = inp.draft_ids.shape
+    k_b = torch.randint(0, k + 1, (B,), device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(B + k))
+    t, d, ids, cu = _ragged(inp, k_b)
+    return {
+        "rejection": VerifyBatch.padded(inp.target, inp.bonus, inp.draft, inp.draft_ids, is_greedy=inp.is_greedy, **seeds),
+        "rejection_point_mass": VerifyBatch.padded(inp.target, inp.bonus, None, inp.draft_ids, is_greedy=inp.is_greedy, **seeds),
+        "rejection_ragged": VerifyBatch.ragged(t, inp.bonus, d, ids, cu, k, is_greedy=inp.is_greedy, **seeds),
+        "rejection_logits": VerifyBatch.padded(
+            inp.target_logits.to(inp.target.dtype), inp.bonus, inp.draft_logits.to(inp.target.dtype), inp.draft_ids,
+            temperature=inp.temperature, **seeds),
+        "typical": VerifyBatch.padded(inp.target, inp.bonus, None, inp.draft_ids),
+        "typical_logits": VerifyBatch.padded(inp.target_logits.to(inp.target.dtype), inp.bonus, None, inp.draft_ids,
+                                             temperature=inp.temperature),
+    }
+
+
+def ops() -> tuple[dict[str, Callable[[VerifyBatch], torch.Tensor]], dict[str, Callable[[VerifyBatch], torch.Tensor]]]:
+    """(kernel op, reference op) per batch name."""
+    from spec_samplers.kernels.rejection_launch import rejection_triton
+    from spec_samplers.kernels.typical_launch import typical_triton
+    from spec_samplers.reference import rejection_reference, typical_reference
+
+    def typical_k(b: VerifyBatch) -> torch.Tensor:
+        return typical_triton(b, 0.09, 0.3)
+
+    def typical_r(b: VerifyBatch) -> torch.Tensor:
+        return typical_reference(b, 0.09, 0.3)
+
+    kernel = {name: typical_k if name.startswith("typical") else rejection_triton for name in BATCH_NAMES}
+    ref = {name: typical_r if name.startswith("typical") else rejection_reference for name in BATCH_NAMES}
+    return kernel, ref
+
+
+BATCH_NAMES = ("rejection", "rejection_point_mass", "rejection_ragged", "rejection_logits", "typical", "typical_logits")
+#: logits paths: the fused softmax may differ from torch.softmax in the last bit, so a near-tie can
+#: flip; differing rows are reported rather than required to be zero
+EXACT = ("rejection", "rejection_point_mass", "rejection_ragged", "typical")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,10 +154,7 @@ def _fits(B: int, k: int, V: int) -> bool:
 
 
 def check_equality(vocabs=VOCABS, batches=BATCHES, ks=KS) -> list[dict]:
-    from spec_samplers import reference as R
-    from spec_samplers.kernels import rejection_launch as RL
-    from spec_samplers.kernels import typical_launch as TL
-
+    kernel, ref = ops()
     rows = []
     for V in vocabs:
         for B in batches:
@@ -152,28 +163,15 @@ def check_equality(vocabs=VOCABS, batches=BATCHES, ks=KS) -> list[dict]:
                     if not _fits(B, k, V):
                         continue
                     inp = make_inputs(B, k, V, dtype, seed=V + B + k)
-                    res = {"V": V, "B": B, "k": k, "dtype": str(dtype).replace("torch.", "")}
-                    a = (inp.target, inp.bonus, inp.draft, inp.ids, inp.seeds, inp.offsets, inp.is_greedy)
-                    res["rejection"] = torch.equal(RL.rejection_sample_triton(*a), R.rejection_sample_reference(*a))
-                    a0 = (inp.target, inp.bonus, None, inp.ids, inp.seeds, inp.offsets, inp.is_greedy)
-                    res["rejection_point_mass"] = torch.equal(RL.rejection_sample_triton(*a0), R.rejection_sample_reference(*a0))
-                    k_b = torch.randint(0, k + 1, (B,), device=DEVICE)
-                    t, d, ids, cu = ragged(inp, k_b)
-                    ar = (t, inp.bonus[:, 0], d, ids, cu, k, inp.seeds, inp.offsets, inp.is_greedy)
-                    res["rejection_ragged"] = torch.equal(
-                        RL.rejection_sample_ragged_triton(*ar), R.rejection_sample_ragged_reference(*ar))
-                    at = (inp.target, inp.bonus, inp.ids, 0.09, 0.3)
-                    res["typical"] = torch.equal(TL.typical_accept_triton(*at), R.typical_accept_reference(*at))
-                    al = (inp.target_logits, inp.bonus, inp.draft_logits, inp.ids, inp.temperature, inp.seeds, inp.offsets)
-                    out = RL.rejection_sample_from_logits_triton(*al)
-                    ref = R.rejection_sample_from_logits_reference(*al)
-                    # Logits: the fused softmax may differ from torch.softmax in the last bit, so a
-                    # near-tie can flip; report differing rows rather than require equality.
-                    res["logits_rows_differing"] = int((out != ref).any(dim=1).sum())
-                    atl = (inp.target_logits, inp.bonus, inp.ids, inp.temperature, 0.09, 0.3)
-                    res["typical_logits_rows_differing"] = int(
-                        (TL.typical_accept_from_logits_triton(*atl) != R.typical_accept_from_logits_reference(*atl)).any(dim=1).sum())
-                    res["accepted_per_request"] = float((R.rejection_sample_reference(*a)[:, 1:] != -1).sum(1).float().mean())
+                    res: dict[str, object] = {"V": V, "B": B, "k": k, "dtype": str(dtype).replace("torch.", "")}
+                    for name, batch in verify_batches(inp).items():
+                        differing = int((kernel[name](batch) != ref[name](batch)).any(dim=1).sum())
+                        if name in EXACT:
+                            res[name] = differing == 0
+                        else:  # (report keys of earlier runs: logits_rows_differing, typical_logits_rows_differing)
+                            res[name.replace("rejection_", "") + "_rows_differing"] = differing
+                    out = rejection_reference_of(verify_batches(inp)["rejection"])
+                    res["accepted_per_request"] = float((out[:, 1:] != -1).sum(1).float().mean())
                     rows.append(res)
                     print("equality", res, flush=True)
                     del inp
@@ -182,54 +180,50 @@ def check_equality(vocabs=VOCABS, batches=BATCHES, ks=KS) -> list[dict]:
     return rows
 
 
+def rejection_reference_of(batch: VerifyBatch) -> torch.Tensor:
+    from spec_samplers.reference import rejection_reference
+
+    return rejection_reference(batch)
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA graphs
 
 
 def check_graphs() -> list[dict]:
     from spec_samplers import RejectionSampler
-    from spec_samplers import reference as R
-    from spec_samplers.kernels import rejection_launch as RL
-    from spec_samplers.kernels import typical_launch as TL
 
+    kernel, ref = ops()
     rows = []
     for B, k, V in ((1, 4, 128256), (64, 4, 32000)):
         for dtype in DTYPES:
             static = make_inputs(B, k, V, dtype, seed=1)
-            fns = {
-                "rejection": lambda s: RL.rejection_sample_triton(s.target, s.bonus, s.draft, s.ids, s.seeds, s.offsets, s.is_greedy),
-                "typical": lambda s: TL.typical_accept_triton(s.target, s.bonus, s.ids, 0.09, 0.3),
-                "rejection_logits": lambda s: RL.rejection_sample_from_logits_triton(
-                    s.target_logits, s.bonus, s.draft_logits, s.ids, s.temperature, s.seeds, s.offsets),
-            }
+            static_batches = verify_batches(static)
             sampler = RejectionSampler()  # backend "auto": the kernels on CUDA
-            fns["sampler_forward"] = lambda s: sampler(s.target, s.bonus, s.draft, s.ids, seeds=s.seeds, offsets=s.offsets,
-                                                       is_greedy=s.is_greedy)
-            refs = {
-                "sampler_forward": lambda s: R.rejection_sample_reference(
-                    s.target, s.bonus, s.draft, s.ids, s.seeds, s.offsets, s.is_greedy),
-                "rejection": lambda s: R.rejection_sample_reference(s.target, s.bonus, s.draft, s.ids, s.seeds, s.offsets, s.is_greedy),
-                "typical": lambda s: R.typical_accept_reference(s.target, s.bonus, s.ids, 0.09, 0.3),
-                "rejection_logits": lambda s: R.rejection_sample_from_logits_reference(
-                    s.target_logits, s.bonus, s.draft_logits, s.ids, s.temperature, s.seeds, s.offsets),
+            fns: dict[str, Callable[[], torch.Tensor]] = {
+                name: (lambda n=name: kernel[n](static_batches[n])) for name in ("rejection", "typical", "rejection_logits")
             }
+            fns["sampler_forward"] = lambda: sampler(static.target, static.bonus, static.draft, static.draft_ids,
+                                                     seeds=static.seeds, offsets=static.offsets, is_greedy=static.is_greedy)
             for name, fn in fns.items():
+                ref_name = "rejection" if name == "sampler_forward" else name
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    fn(static)  # compile and warm up outside the capture
+                    fn()  # compile and warm up outside the capture
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    out = fn(static)
+                    out = fn()
                 differing = 0
                 for trial in range(3):
                     new = make_inputs(B, k, V, dtype, seed=100 + trial)
-                    for f in dataclasses.fields(Inputs):
+                    for f in dataclasses.fields(Case):
                         getattr(static, f.name).copy_(getattr(new, f.name))
+                    static_batches = verify_batches(static)  # same storage, refreshed ragged views
                     graph.replay()
                     torch.cuda.synchronize()
-                    differing += int((out != refs[name](static)).any(dim=1).sum())
+                    differing += int((out != ref[ref_name](static_batches[ref_name])).any(dim=1).sum())
                 replay_us = _time_graph(graph)
                 # Logits: ulp-level softmax differences may flip a near-tie (reported, not failed).
                 ok = differing == 0 or name == "rejection_logits"
@@ -239,115 +233,32 @@ def check_graphs() -> list[dict]:
     return rows
 
 
-def _time_graph(graph: torch.cuda.CUDAGraph, iters: int = 200) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+def _time_graph(graph: torch.cuda.CUDAGraph) -> float:
+    return float(time_call(graph.replay, torch.device("cuda"), min_repeats=200, max_repeats=200)["time_s"]) * 1e6
 
 
 # ---------------------------------------------------------------------------------------------
-# Timing
+# Timing (spec_samplers.bench.timing and .baselines, as the CPU benchmarks)
 
 
 def copy_bandwidth() -> float:
     """Bytes per second of a device-to-device copy (read + write), median of 20."""
     x = torch.empty(2**28, dtype=torch.float32, device="cuda")  # 1 GiB
     y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        y.copy_(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+    t = time_call(lambda: y.copy_(x), torch.device("cuda"), min_repeats=20, max_repeats=20)
     del x, y
-    return 2 * 2**30 / statistics.median(times)
+    return 2 * 2**30 / float(t["time_s"])
 
 
-_FLUSH: torch.Tensor | None = None
-
-
-def time_call(fn, *, cold: bool, iters: int) -> float:
-    """Median microseconds of fn() by CUDA events; cold: L2 overwritten before each call."""
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(2**28 // 4 * 4, dtype=torch.int8, device="cuda")  # 256 MiB > any L2
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        if cold:
-            _FLUSH.zero_()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def _flashinfer_fn(inp: Inputs):
-    try:
-        import flashinfer.sampling as fs
-    except Exception as exc:  # not installed or not built for this GPU
-        return None, f"flashinfer not importable: {exc}"
-    draft, target = inp.draft.float(), inp.target.float()  # FlashInfer reads fp32 only
-    ids = inp.ids.int()
-    return (lambda: fs.chain_speculative_sampling(draft, ids, target)), None
-
-
-def _vllm_fn(inp: Inputs):
-    try:
-        from vllm.v1.sample import rejection_sampler as vrs
-        from vllm.v1.sample.metadata import SamplingMetadata
-    except Exception as exc:
-        return None, f"vllm not importable: {exc}"
-    B, k, V = inp.ids.shape[0], inp.ids.shape[1], inp.target.shape[-1]
-    values = {
-        "temperature": torch.ones(B, device=DEVICE), "all_greedy": False, "all_random": True, "top_p": None,
-        "top_k": None, "generators": {}, "max_num_logprobs": None, "no_penalties": True, "prompt_token_ids": None,
-        "frequency_penalties": torch.zeros(B, device=DEVICE), "presence_penalties": torch.zeros(B, device=DEVICE),
-        "repetition_penalties": torch.ones(B, device=DEVICE), "output_token_ids": [[] for _ in range(B)],
-        "allowed_token_ids_mask": None, "bad_words_token_ids": {}, "logitsprocs": None,
-    }
-    try:
-        fields = {f.name for f in dataclasses.fields(SamplingMetadata)}
-        meta = SamplingMetadata(**{n: v for n, v in values.items() if n in fields})
-    except Exception as exc:
-        return None, f"vllm SamplingMetadata not constructible: {exc}"
-    target_logits = torch.log(inp.target[:, :k].float().clamp_min(1e-30)).reshape(B * k, V).contiguous()
-    draft_probs = inp.draft.float().reshape(B * k, V).contiguous()
-    ids = inp.ids.reshape(-1).int().contiguous()
-    cu = torch.arange(1, B + 1, device=DEVICE, dtype=torch.int32) * k
-    bonus = inp.bonus.int().contiguous()
-    num = [k] * B
-
-    def call():
-        # vLLM scales target_logits in place (temperature 1 here) and softmaxes them itself.
-        return vrs.rejection_sample(ids, num, k, cu, draft_probs, target_logits, bonus, meta)
-
-    try:
-        call()
-    except Exception as exc:
-        return None, f"vllm rejection_sample failed: {exc}"
-    return call, None
+def _us(fn: Callable[[], object], *, cold: bool, iters: int) -> float:
+    """Median microseconds of fn() by CUDA events; cold: L2 flushed before each call."""
+    t = time_call(fn, torch.device(DEVICE), min_repeats=iters, max_repeats=iters, cold_l2=cold)
+    return float(t["time_s"]) * 1e6
 
 
 def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: int = 100,
                 cold_iters: int = 30) -> tuple[list[dict], list[str]]:
-    from spec_samplers.kernels import rejection_launch as RL
-    from spec_samplers.kernels import typical_launch as TL
-
+    kernel, _ = ops()
     rows, notes = [], []
     for V in vocabs:
         for B in batches:
@@ -356,37 +267,35 @@ def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: in
                     if not _fits(B, k, V):
                         continue
                     inp = make_inputs(B, k, V, dtype, seed=7, worst_case=True)
+                    bt = verify_batches(inp)
                     b = inp.target.element_size()
-                    cases = {
-                        "rejection": (lambda: RL.rejection_sample_triton(inp.target, inp.bonus, inp.draft, inp.ids, inp.seeds, inp.offsets), 2 * B * V * b),
-                        "rejection_point_mass": (lambda: RL.rejection_sample_triton(inp.target, inp.bonus, None, inp.ids, inp.seeds, inp.offsets), B * V * b),
-                        "typical": (lambda: TL.typical_accept_triton(inp.target, inp.bonus, inp.ids, 0.09, 0.3), (k + 1) * B * V * b),
-                        "rejection_logits": (lambda: RL.rejection_sample_from_logits_triton(
-                            inp.target_logits, inp.bonus, inp.draft_logits, inp.ids, inp.temperature, inp.seeds, inp.offsets),
-                            (2 * k + 1) * B * V * b),
-                    }
-                    for name, (fn, floor_bytes) in cases.items():
-                        warm = time_call(fn, cold=False, iters=warm_iters)
-                        cold = time_call(fn, cold=True, iters=cold_iters)
+                    floors = {"rejection": 2 * B * V * b, "rejection_point_mass": B * V * b,
+                              "typical": (k + 1) * B * V * b, "rejection_logits": (2 * k + 1) * B * V * b}
+                    for name, floor_bytes in floors.items():
+                        def fn(n: str = name) -> torch.Tensor:
+                            return kernel[n](bt[n])
+                        warm = _us(fn, cold=False, iters=warm_iters)
+                        cold = _us(fn, cold=True, iters=cold_iters)
                         floor_us = floor_bytes / bw * 1e6
                         rows.append({"impl": "spec_samplers", "kernel": name, "V": V, "B": B, "k": k,
                                      "dtype": str(dtype).replace("torch.", ""), "warm_us": warm, "cold_us": cold,
                                      "floor_us": floor_us, "cold_over_floor": cold / floor_us})
                         print("time", rows[-1], flush=True)
-                    for impl, maker in (("flashinfer", _flashinfer_fn), ("vllm", _vllm_fn)):
-                        fn, why = maker(inp)
-                        if fn is None:
-                            if why not in notes:
-                                notes.append(why)
+                    for impl, prepare in (("flashinfer", baselines.prepare_flashinfer), ("vllm", baselines.prepare_vllm_v1)):
+                        try:
+                            call = prepare(inp.target, inp.bonus, inp.draft, inp.draft_ids)
+                        except baselines.BaselineUnavailable as exc:
+                            if str(exc) not in notes:
+                                notes.append(str(exc))
                             continue
-                        warm = time_call(fn, cold=False, iters=warm_iters)
-                        cold = time_call(fn, cold=True, iters=cold_iters)
+                        warm = _us(call, cold=False, iters=warm_iters)
+                        cold = _us(call, cold=True, iters=cold_iters)
                         floor_us = 2 * B * V * b / bw * 1e6
                         rows.append({"impl": impl, "kernel": "rejection", "V": V, "B": B, "k": k,
                                      "dtype": str(dtype).replace("torch.", ""), "warm_us": warm, "cold_us": cold,
                                      "floor_us": floor_us, "cold_over_floor": cold / floor_us})
                         print("time", rows[-1], flush=True)
-                    del inp
+                    del inp, bt
                     torch.cuda.empty_cache()
     return rows, notes
 

@@ -1,19 +1,35 @@
 """Sampler base classes, compatible with vLLM V0's ``SpecDecodeBaseSampler`` family.
 
-Subclasses implement ``forward`` and call :meth:`SpecDecodeBaseSampler._validate` first and
-:meth:`SpecDecodeBaseSampler._update_counters` last; the counters are derived from the output
-layout alone, so a third-party sampler gets them right by returning the standard layout.
+The base class runs every entry's pipeline once: validate the arguments, resolve seeds, offsets
+and greedy rows, describe the rows (:class:`~spec_samplers.layout.VerifyBatch`), call the
+sampler's one op (:meth:`SpecDecodeBaseSampler.verify`) and update the counters. A sampler
+declares its algorithm once, as a reference function and a kernel launcher over a ``VerifyBatch``
+(``reference_op`` / ``kernel_op``), or by overriding ``verify``; it then has all four entries
+(``forward``, ``forward_ragged``, ``forward_from_logits``, ``forward_ragged_from_logits``).
+
+A third-party sampler written against vLLM V0 that only overrides ``forward`` keeps working;
+the other entries then raise :class:`NotImplementedError` naming what is missing. Counters are
+derived from the output layout alone, so such a sampler gets them right by calling
+:meth:`SpecDecodeBaseSampler._update_counters` with the standard layout.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
 from spec_samplers import validation
-from spec_samplers.output import PLACEHOLDER_TOKEN_ID
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.kernels.backend import check_backend, use_triton
+from spec_samplers.layout import RowLayout, VerifyBatch
+from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import Shapes
+
+#: the four entries every sampler with an op has
+ENTRIES = ("forward", "forward_ragged", "forward_from_logits", "forward_ragged_from_logits")
 
 
 def _as_device(device: int | str | torch.device, device_type: str) -> torch.device:
@@ -24,6 +40,11 @@ def _as_device(device: int | str | torch.device, device_type: str) -> torch.devi
     raise TypeError(f"device: expected int, str or torch.device, got {type(device).__name__}")
 
 
+def _load(target: str) -> Callable[..., torch.Tensor]:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
 class SpecDecodeBaseSampler(torch.nn.Module):
     """Base of every verification sampler.
 
@@ -31,13 +52,26 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     ``num_accepted_tokens`` (accepted drafts), ``num_emitted_tokens`` (non -1 outputs) and
     ``num_accepted_per_position`` ([k]: how often the draft at each position was accepted);
     ``num_draft_tokens`` is a host int (B * k per call).
+
+    Subclasses declare:
+
+    * ``lossless``: whether the emitted tokens follow the target distribution exactly;
+    * ``reference_op``: the PyTorch reference, ``fn(batch: VerifyBatch, **op_options) -> [B, K+1]``;
+    * ``kernel_op``: ``"module:function"`` of the kernel launcher with the same signature,
+      imported only when the Triton backend runs (None: the reference runs everywhere);
+    * :meth:`op_options`: the keyword options both receive.
     """
 
-    def __init__(self, strict_mode: bool = False):
+    lossless: ClassVar[bool | None] = None
+    reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
+    kernel_op: ClassVar[str | None] = None
+
+    def __init__(self, strict_mode: bool = False, backend: str = "auto"):
         super().__init__()
         if not isinstance(strict_mode, bool):
             raise TypeError(f"strict_mode: expected bool, got {type(strict_mode).__name__}")
         self._strict_mode = strict_mode
+        self.backend = check_backend(backend)
         self.num_accepted_tokens: torch.Tensor | None = None
         self.num_emitted_tokens: torch.Tensor | None = None
         self.num_accepted_per_position: torch.Tensor | None = None
@@ -66,6 +100,97 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     @property
     def strict_mode(self) -> bool:
         return self._strict_mode
+
+    # -- the one op ------------------------------------------------------------------------------
+
+    def op_options(self) -> dict[str, Any]:
+        """Keyword options passed to ``reference_op`` and ``kernel_op`` (e.g. thresholds)."""
+        return {}
+
+    @classmethod
+    def has_op(cls) -> bool:
+        """True when the sampler implements the one op (and so every entry)."""
+        return cls.reference_op is not None or cls.verify is not SpecDecodeBaseSampler.verify
+
+    @classmethod
+    def supported_entries(cls) -> tuple[str, ...]:
+        """The public entries this sampler can run."""
+        if cls.has_op():
+            return ENTRIES
+        return ("forward",) if cls.forward is not _forward_of(cls) else ()
+
+    def verify(self, batch: VerifyBatch) -> torch.Tensor:
+        """The sampler's one op: [B, K+1] int64 tokens of a validated batch.
+
+        Runs ``kernel_op`` when the backend resolves to Triton for the batch's device, else
+        ``reference_op``. Override it to bring an algorithm without the two declarations."""
+        reference_op = type(self).reference_op
+        if reference_op is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no reference_op")
+        kernel_op = type(self).kernel_op
+        if kernel_op is not None and use_triton(self.backend, batch.target.device):
+            return _load(kernel_op)(batch, **self.op_options())
+        return reference_op(batch, **self.op_options())
+
+    def _require_op(self, entry: str) -> None:
+        if not self.has_op():
+            raise NotImplementedError(
+                f"{type(self).__name__}.{entry}: this sampler implements only vLLM V0's padded forward(); "
+                f"{', '.join(e for e in ENTRIES if e != 'forward')} need the one op: declare reference_op "
+                "(and optionally kernel_op) or override verify(batch) (see spec_samplers.base)"
+            )
+
+    # -- the pipeline, run once for every entry ----------------------------------------------------
+
+    def _run(
+        self,
+        entry: str,
+        target: torch.Tensor,  # [B, k+1, V] padded or [T, V] ragged: probabilities, or logits
+        bonus_token_ids: torch.Tensor,  # [B, 1] padded, [B] or [B, 1] ragged
+        draft: torch.Tensor | None,  # [B, k, V] padded or [T, V] ragged, or None
+        draft_token_ids: torch.Tensor,  # [B, k] padded or [T] ragged
+        *,
+        cu_num_draft_tokens: torch.Tensor | None = None,  # [B] ragged only
+        max_spec_len: int | None = None,  # ragged only
+        temperature: torch.Tensor | None = None,  # [B]: the float inputs are logits
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        is_greedy: torch.Tensor | None = None,  # [B] bool
+        stochastic: bool = False,
+    ) -> torch.Tensor:
+        self._require_op(entry)
+        logits = temperature is not None
+        ragged = cu_num_draft_tokens is not None
+        if ragged:
+            assert max_spec_len is not None and cu_num_draft_tokens is not None
+            shapes = self._validate_ragged(
+                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, logits
+            )
+        else:
+            shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
+        device = target.device
+        if temperature is not None:
+            self._validate_temperature(temperature, shapes, device)
+        validation.check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
+        if stochastic:
+            validation.check_seed_tensor("offsets", offsets, shapes.batch_size, device)
+            seeds = row_seeds(shapes.batch_size, device, seeded_seqs, seeds)
+            offsets = None if offsets is None else offsets.to(torch.int64)
+        if ragged:
+            assert cu_num_draft_tokens is not None
+            layout = RowLayout.ragged_from(cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
+        else:
+            layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
+        batch = VerifyBatch(
+            layout, target, draft, draft_token_ids, bonus_token_ids.reshape(shapes.batch_size),
+            seeds=seeds, offsets=offsets, is_greedy=is_greedy, temperature=temperature,
+        )
+        out = self.verify(batch)
+        self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
+        return out
+
+    # -- checks and counters (also V0-style subclasses call these) --------------------------------
 
     def _validate(
         self,
@@ -112,6 +237,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         (pass T for the ragged layout)."""
         if self.num_accepted_tokens is None:
             self.init_tensors(output_token_ids.device)
+        assert self.num_accepted_tokens is not None
+        assert self.num_emitted_tokens is not None and self.num_accepted_per_position is not None
         B, kp1 = output_token_ids.shape
         k = kp1 - 1
         # Position i's draft was accepted iff slot i+1 holds a token.
@@ -127,30 +254,161 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_draft_tokens += B * k if num_draft_tokens is None else num_draft_tokens
 
 
+def _forward_of(cls: type) -> Callable[..., Any]:
+    """The base-class ``forward`` that ``cls`` inherits from this module."""
+    for klass in (SpecDecodeStochasticBaseSampler, SpecDecodeDeterministicBaseSampler):
+        if issubclass(cls, klass):
+            return klass.forward
+    return SpecDecodeBaseSampler.forward
+
+
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
     """Samplers whose output is a function of the inputs alone."""
 
-    @abstractmethod
     def forward(
         self,
-        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V]
-        bonus_token_ids: torch.Tensor,  # [B, 1]
-        draft_probs: torch.Tensor | None,  # [B, k, V]
-        draft_token_ids: torch.Tensor,  # [B, k]
+        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [B, k, V] or None
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
     ) -> torch.Tensor:
-        raise NotImplementedError
+        """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
+        return self._run("forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+
+    def forward_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [T, V] or None
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
+        max_spec_len: int,  # K >= every k_b: fixes the output width
+    ) -> torch.Tensor:
+        """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded; an
+        out-of-range bonus id becomes -1 (the layout has no bonus rows to resample from)."""
+        return self._run(
+            "forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len,
+        )
+
+    def forward_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_logits: torch.Tensor | None,  # [B, k, V] or None
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    ) -> torch.Tensor:
+        """:meth:`forward` on q = softmax(target_logits / T) (p likewise; T == 0: greedy on the
+        target logits' argmax). The Triton backend fuses the softmax. Returns [B, k+1] int64.
+        Without strict mode a NaN logit counts as -inf and a negative or non-finite T as 1."""
+        return self._run(
+            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids, temperature=temperature
+        )
+
+    def forward_ragged_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_logits: torch.Tensor | None,  # [T, V] or None
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
+        max_spec_len: int,  # K
+        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+    ) -> torch.Tensor:
+        """Ragged twin of :meth:`forward_from_logits`. Returns [B, K+1] int64, -1 padded."""
+        return self._run(
+            "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
+        )
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
-    """Samplers that draw random numbers; ``seeded_seqs`` maps row -> torch.Generator."""
+    """Samplers that draw random numbers; ``seeded_seqs`` maps row -> torch.Generator, ``seeds``
+    and ``offsets`` ([B] int64 device tensors) key the counter RNG per request."""
 
-    @abstractmethod
     def forward(
         self,
-        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V]
-        bonus_token_ids: torch.Tensor,  # [B, 1]
-        draft_probs: torch.Tensor | None,  # [B, k, V]
-        draft_token_ids: torch.Tensor,  # [B, k]
+        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [B, k, V] fp32/fp16/bf16, or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
         seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64, per-row seeds kept on device
+        offsets: torch.Tensor | None = None,  # [B] int64, per-row counter offsets (default 0)
+        is_greedy: torch.Tensor | None = None,  # [B] bool, rows sampled at temperature 0
     ) -> torch.Tensor:
-        raise NotImplementedError
+        """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
+        return self._run(
+            "forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True,
+        )
+
+    def forward_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [T, V] or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
+        max_spec_len: int,  # K >= every k_b: fixes the output width
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        is_greedy: torch.Tensor | None = None,  # [B] bool
+    ) -> torch.Tensor:
+        """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded.
+
+        Same tokens as :meth:`forward` on the same data and seeds. There are no bonus rows, so a
+        bonus id outside [0, V) becomes -1 rather than a resample.
+        """
+        return self._run(
+            "forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len,
+            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True,
+        )
+
+    def forward_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_logits: torch.Tensor | None,  # [B, k, V] or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+    ) -> torch.Tensor:
+        """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T)
+        (each request's T for both; T == 0 makes the request greedy on the target logits'
+        argmax). The Triton backend fuses the softmax and never writes a probability tensor.
+        Returns [B, k+1] int64. Without strict mode a NaN logit counts as -inf and a negative or
+        non-finite T as 1; strict mode raises for both."""
+        return self._run(
+            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
+            temperature=temperature, seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+        )
+
+    def forward_ragged_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_logits: torch.Tensor | None,  # [T, V] or None
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
+        max_spec_len: int,  # K
+        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+    ) -> torch.Tensor:
+        """Ragged twin of :meth:`forward_from_logits`. Returns [B, K+1] int64, -1 padded."""
+        return self._run(
+            "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
+            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+        )

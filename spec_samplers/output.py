@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-#: marks the slots after the emitted tokens (vLLM's PLACEHOLDER_TOKEN_ID)
-PLACEHOLDER_TOKEN_ID = -1
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+
+__all__ = ["PLACEHOLDER_TOKEN_ID", "build_output", "num_leading_accepted"]
 
 
 def num_leading_accepted(accepted: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,9 @@ import torch
 
 from kernel_cases import make_case, ragged_view  # noqa: E402
 
-from spec_samplers import reference as R  # noqa: E402
-from spec_samplers.kernels import rejection_launch as RL  # noqa: E402
-from spec_samplers.kernels import typical_launch as TL  # noqa: E402
+import op_entries as R  # noqa: E402
+import op_entries as RL  # noqa: E402
+import op_entries as TL  # noqa: E402
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

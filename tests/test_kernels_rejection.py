@@ -12,8 +12,8 @@ import torch
 from kernel_cases import make_case, ragged_view  # noqa: E402
 
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
-from spec_samplers.kernels.rejection_launch import rejection_sample_ragged_triton, rejection_sample_triton  # noqa: E402
-from spec_samplers.reference import rejection_sample_ragged_reference, rejection_sample_reference  # noqa: E402
+from op_entries import rejection_sample_ragged_triton, rejection_sample_triton  # noqa: E402
+from op_entries import rejection_sample_ragged_reference, rejection_sample_reference  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -153,11 +153,11 @@ def test_strided_inputs():
 # ---------------------------------------------------------------------------------------------
 # Logits inputs: softmax(logits / T) fused in the kernels, temperature 0 = greedy request.
 
-from spec_samplers.kernels.rejection_launch import (  # noqa: E402
+from op_entries import (  # noqa: E402
     rejection_sample_from_logits_triton,
     rejection_sample_ragged_from_logits_triton,
 )
-from spec_samplers.reference import (  # noqa: E402
+from op_entries import (  # noqa: E402
     rejection_sample_from_logits_reference,
     rejection_sample_ragged_from_logits_reference,
 )

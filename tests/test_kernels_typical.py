@@ -10,13 +10,13 @@ from kernel_cases import make_case, ragged_view  # noqa: E402
 
 from spec_samplers import TypicalAcceptanceSampler  # noqa: E402
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
-from spec_samplers.kernels.typical_launch import (  # noqa: E402
+from op_entries import (  # noqa: E402
     typical_accept_from_logits_triton,
     typical_accept_ragged_from_logits_triton,
     typical_accept_ragged_triton,
     typical_accept_triton,
 )
-from spec_samplers.reference import (  # noqa: E402
+from op_entries import (  # noqa: E402
     typical_accept_from_logits_reference,
     typical_accept_ragged_from_logits_reference,
     typical_accept_ragged_reference,

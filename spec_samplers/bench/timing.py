@@ -17,6 +17,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,6 +29,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+_L2_FLUSH: dict[torch.device, torch.Tensor] = {}
+
+
+def flush_l2(device: torch.device) -> None:
+    """Overwrite a 256 MiB buffer (larger than any GPU's L2) so the next call reads from DRAM."""
+    if device not in _L2_FLUSH:
+        _L2_FLUSH[device] = torch.empty(2**28, dtype=torch.int8, device=device)
+    _L2_FLUSH[device].zero_()
+
+
 def time_call(
     fn: Callable[[], object],
     device: torch.device,
@@ -35,8 +46,11 @@ def time_call(
     min_repeats: int = 3,
     max_repeats: int = 200,
     warmup: int = 2,
-) -> dict[str, object]:
-    """Median seconds per ``fn()`` call over enough repeats to fill ``min_time_s``."""
+    cold_l2: bool = False,
+) -> dict[str, Any]:
+    """Median seconds per ``fn()`` call over enough repeats to fill ``min_time_s``.
+
+    ``cold_l2`` (CUDA): the L2 cache is flushed before every timed call (outside the events)."""
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -48,6 +62,8 @@ def time_call(
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
         for start, end in events:
+            if cold_l2:
+                flush_l2(device)
             start.record()
             fn()
             end.record()
@@ -77,7 +93,7 @@ def time_sampler(
     device: torch.device,
     min_time_s: float = 0.2,
     seed: int = 0,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Time ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
     softmax inputs of the given size; returns the timing with bytes, floor_bytes and gbps."""
     inputs = timing_inputs(batch_size, k, vocab_size, dtype, device, seed)

@@ -101,5 +101,14 @@ def combine_warps(block_k: int, block_nb: int) -> int:
     return 1 if block_k * block_nb <= 1024 else 4
 
 
+def combine_blocks(num_positions: int, num_blocks: int) -> tuple[int, int, int]:
+    """(BLOCK_K, BLOCK_NB, num_warps) of a per-request combine kernel over ``num_positions``
+    positions and ``num_blocks`` vocab-block partials: powers of two, so a batch size that changes
+    every step reaches at most log2(MAX_VOCAB_BLOCKS) + 1 = 9 BLOCK_NB values."""
+    block_k = triton_next_pow2(num_positions)
+    block_nb = triton_next_pow2(num_blocks)
+    return block_k, block_nb, combine_warps(block_k, block_nb)
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

@@ -1,14 +1,41 @@
-"""Launch helpers shared by the rejection and typical launchers: row addressing, vocabulary
-contiguity and the fused-softmax statistics of logits inputs."""
+"""Launch helpers shared by the launchers: planned launches, row strides, vocabulary contiguity
+and the fused-softmax statistics of logits inputs.
+
+A launcher first *plans* its launches (:class:`KernelLaunch`: kernel, grid, keyword arguments),
+then runs them. Planning is a pure function of the inputs' shapes, dtypes and which optional
+tensors are present, so ``tests/kernel_compile_check.py`` compiles exactly the variants the
+launchers can reach, and a test counts the variants a changing batch size can produce.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from spec_samplers.kernels import softmax_kernels as sk
-from spec_samplers.kernels.backend import VocabSplit, combine_warps, interpreting, triton_next_pow2
+from spec_samplers.kernels.backend import VocabSplit, combine_blocks, interpreting
+from spec_samplers.layout import RowLayout
+
+
+@dataclass
+class KernelLaunch:
+    """One planned kernel launch: ``kernel[grid](**args, num_warps=num_warps)``."""
+
+    kernel: Any  # a triton JITFunction
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+    num_warps: int = 4
+    name: str = field(default="")
+
+    def run(self) -> None:
+        self.kernel[self.grid](**self.args, num_warps=self.num_warps)
+
+
+def run_all(launches: list[KernelLaunch]) -> None:
+    for launch in launches:
+        launch.run()
 
 
 def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -16,51 +43,70 @@ def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-@dataclass(frozen=True)
-class RowLayout:
-    """How kernels address rows (b, i): padded ``b * stride_b + i * stride_k``, ragged
-    ``(start_b + i) * stride_b`` (stride_k unused)."""
-
-    ragged: bool
-    batch_size: int
-    max_drafts: int  # K
-    vocab_size: int
-    num_rows: int  # flat rows of the ragged tensors (unused when padded)
-    cu: torch.Tensor  # [B] inclusive cumsum of k_b (ragged), any [B] tensor otherwise
-
-    def row_strides(self, t: torch.Tensor) -> tuple[int, int]:
-        """(stride_b, stride_k) of a padded [B, K(+1), ...] or ragged [T, ...] tensor."""
-        return t.stride(0), 0 if self.ragged else t.stride(1)
+def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
+    """(stride_b, stride_k) addressing row (b, i) of a padded [B, K(+1), ...] or ragged [T, ...]
+    tensor (ragged rows are flat: stride_k unused); (0, 0) for an absent tensor."""
+    if t is None:
+        return 0, 0
+    return t.stride(0), 0 if layout.ragged else t.stride(1)
 
 
-def launch_softmax_stats(
+def precise_math() -> bool:
+    """libdevice exp/log when compiled; the interpreter has no libdevice."""
+    return not interpreting()
+
+
+def plan_softmax_stats(
     layout: RowLayout,
     target: torch.Tensor,  # logits, [B, K+1, V] padded or [T, V] ragged
     draft: torch.Tensor | None,  # logits, [B, K, V] padded or [T, V] ragged
-    temperature: torch.Tensor,  # [B]
+    temperature: torch.Tensor,  # [B] float
     split: VocabSplit,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Fused-softmax row statistics. Returns (argmax partials [B, K+1, NB] fp32 and int32,
-    (target max, target sum, draft max, draft sum), each [B, K+1] fp32)."""
+) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
+    """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
+    int32, {t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr}: [B, K+1] fp32 each, draft ones None
+    without a draft)."""
     B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
     device = target.device
-    f32 = dict(dtype=torch.float32, device=device)
-    parts = [torch.empty((B, K + 1, NB), **f32) for _ in range(5)]
+    has_draft = draft is not None
+
+    def f32(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+
+    t_m, t_s, amax_val = f32((B, K + 1, NB)), f32((B, K + 1, NB)), f32((B, K + 1, NB))
+    d_m, d_s = (f32((B, K + 1, NB)), f32((B, K + 1, NB))) if has_draft else (None, None)
     amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
-    stats = tuple(torch.empty((B, K + 1), **f32) for _ in range(4))
-    d = target if draft is None else draft
-    t_strides = layout.row_strides(target)
-    d_strides = layout.row_strides(d)
-    precise = not interpreting()
-    sk.softmax_partials_kernel[(B, K + 1, NB)](
-        target, *t_strides, d, *d_strides, layout.cu, temperature, *parts, amax_idx,
-        K, layout.vocab_size, layout.num_rows, split.chunk, NB,
-        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_V=split.block_v, PRECISE=precise,
-    )
-    sk.softmax_combine_kernel[(B,)](
-        layout.cu, *parts[:4], *stats, K, layout.num_rows, NB,
-        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, BLOCK_K=triton_next_pow2(K + 1),
-        BLOCK_NB=triton_next_pow2(NB), PRECISE=precise,
-        num_warps=combine_warps(triton_next_pow2(K + 1), triton_next_pow2(NB)),
-    )
-    return parts[4], amax_idx, stats
+    stats: dict[str, torch.Tensor | None] = {
+        "t_max_ptr": f32((B, K + 1)),
+        "t_sum_ptr": f32((B, K + 1)),
+        "d_max_ptr": f32((B, K + 1)) if has_draft else None,
+        "d_sum_ptr": f32((B, K + 1)) if has_draft else None,
+    }
+    stride_tb, stride_tk = row_strides(layout, target)
+    stride_db, stride_dk = row_strides(layout, draft)
+    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    launches = [
+        KernelLaunch(
+            sk.softmax_partials_kernel, (B, K + 1, NB),
+            dict(
+                target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk,
+                draft_ptr=draft, stride_db=stride_db, stride_dk=stride_dk,
+                cu_ptr=layout.cu_num_draft_tokens, temp_ptr=temperature,
+                t_m_ptr=t_m, t_s_ptr=t_s, d_m_ptr=d_m, d_s_ptr=d_s, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx,
+                K=K, V=layout.vocab_size, num_rows=layout.num_rows, chunk=split.chunk, NB=NB,
+                RAGGED=layout.ragged, HAS_DRAFT=has_draft, BLOCK_V=split.block_v, PRECISE=precise_math(),
+            ),
+            name="softmax_partials",
+        ),
+        KernelLaunch(
+            sk.softmax_combine_kernel, (B,),
+            dict(
+                cu_ptr=layout.cu_num_draft_tokens, t_m_ptr=t_m, t_s_ptr=t_s, d_m_ptr=d_m, d_s_ptr=d_s, **stats,
+                K=K, num_rows=layout.num_rows, NB=NB,
+                RAGGED=layout.ragged, HAS_DRAFT=has_draft, BLOCK_K=block_k, BLOCK_NB=block_nb, PRECISE=precise_math(),
+            ),
+            num_warps=warps,
+            name="softmax_combine",
+        ),
+    ]
+    return launches, amax_val, amax_idx, stats

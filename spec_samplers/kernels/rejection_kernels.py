@@ -24,7 +24,7 @@ from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, fo
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.counter_rng import STREAM_ACCEPT, STREAM_RECOVER
-from spec_samplers.reference import RESIDUAL_MASS_EPS
+from spec_samplers.constants import RESIDUAL_MASS_EPS
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
@@ -105,7 +105,9 @@ def bonus_info(bonus_ptr, stride_bonus, b, V):
     return bonus, (bonus >= 0) & (bonus < V)
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def argmax_partials_kernel(
     target_ptr, stride_tb, stride_tk,  # target rows, vocab stride 1
     cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
@@ -135,7 +137,9 @@ def argmax_partials_kernel(
         tl.store(part_idx_ptr + slot, best_idx.to(tl.int32))
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def residual_partials_kernel(
     target_ptr, stride_tb, stride_tk,
     draft_ptr, stride_db, stride_dk,  # target_ptr again when HAS_DRAFT is False
@@ -213,7 +217,9 @@ def residual_partials_kernel(
         tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "NB"])
 def finalize_kernel(
     target_ptr, stride_tb, stride_tk,
     draft_ptr, stride_db, stride_dk,

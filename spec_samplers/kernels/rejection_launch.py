@@ -1,8 +1,9 @@
-"""Launchers of the rejection-sampling kernels: shapes, strides, block sizes, allocation.
+"""Launcher of the rejection-sampling kernels: shapes, strides, block sizes, allocation.
 
-Same signatures and same tokens as :func:`spec_samplers.reference.rejection_sample_reference`
-and :func:`spec_samplers.reference.rejection_sample_ragged_reference`. No host synchronisation;
-the launch grids depend on shapes only, so a CUDA graph can capture a call.
+:func:`rejection_triton` is the kernel twin of :func:`spec_samplers.reference.rejection_reference`
+(same tokens on the same inputs and seeds), over a :class:`~spec_samplers.layout.VerifyBatch` in
+either layout, probabilities or logits. No host synchronisation; the launch grids depend on shapes
+only, so a CUDA graph can capture a call.
 """
 
 from __future__ import annotations
@@ -10,173 +11,94 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.kernels import rejection_kernels as rk
-from spec_samplers.kernels.backend import VocabSplit, combine_warps, interpreting, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import RowLayout, launch_softmax_stats, vocab_contiguous
+from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
+from spec_samplers.kernels.launch_common import (
+    KernelLaunch,
+    plan_softmax_stats,
+    precise_math,
+    row_strides,
+    run_all,
+    vocab_contiguous,
+)
+from spec_samplers.layout import VerifyBatch
 
 
-def launch_rejection(
-    layout: RowLayout,
-    target: torch.Tensor,  # [B, K+1, V] padded or [T, V] ragged
-    draft: torch.Tensor | None,  # [B, K, V] padded or [T, V] ragged
-    ids: torch.Tensor,  # [B, K] padded or [T] ragged
-    bonus: torch.Tensor,  # [B] or [B, 1]
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None,  # [B] int64
-    is_greedy: torch.Tensor | None,  # [B] bool
-    split: VocabSplit | None = None,
-    temperature: torch.Tensor | None = None,  # [B]: target/draft hold logits (0 = greedy request)
-) -> torch.Tensor:
-    """Returns [B, K+1] int64 in the standard output layout."""
+def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[list[KernelLaunch], torch.Tensor]:
+    """The launches of one call and the [B, K+1] int64 output they fill."""
+    layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-    device = target.device
+    device = batch.target.device
     out = torch.empty((B, K + 1), dtype=torch.int64, device=device)
     if B == 0:
-        return out
+        return [], out
+    assert batch.seeds is not None, "rejection sampling needs per-request seeds"
     if split is None:
         split = vocab_split(V, B, device)
     NB = split.num_blocks
-    target = vocab_contiguous(target)
-    draft = None if draft is None else vocab_contiguous(draft)
-    t_strides = layout.row_strides(target)
-    d = target if draft is None else draft
-    d_strides = layout.row_strides(d)
-    i_strides = layout.row_strides(ids)
-    stride_bonus = bonus.stride(0)
-    logits = temperature is not None
-    if logits:
-        is_greedy = temperature == 0
-    has_greedy = is_greedy is not None
-    precise = not interpreting()
+    target = vocab_contiguous(batch.target)
+    draft = None if batch.draft is None else vocab_contiguous(batch.draft)
+    is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
+    stride_tb, stride_tk = row_strides(layout, target)
+    stride_db, stride_dk = row_strides(layout, draft)
+    stride_ib, stride_ik = row_strides(layout, batch.draft_token_ids)
+    launches: list[KernelLaunch] = []
 
-    f32 = dict(dtype=torch.float32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    part_mass = torch.empty((B, NB), **f32)
-    part_rkey = torch.empty((B, NB), **f32)
-    part_ridx = torch.empty((B, NB), **i32)
-    part_qkey = torch.empty((B, NB), **f32)
-    part_qidx = torch.empty((B, NB), **i32)
-    if logits:
-        amax_val, amax_idx, stats = launch_softmax_stats(layout, target, draft, temperature, split)
-    elif has_greedy:
-        amax_val = torch.empty((B, K + 1, NB), **f32)
-        amax_idx = torch.empty((B, K + 1, NB), **i32)
-        rk.argmax_partials_kernel[(B, K + 1, NB)](
-            target, *t_strides, layout.cu, is_greedy, amax_val, amax_idx,
-            K, V, layout.num_rows, split.chunk, NB,
-            RAGGED=layout.ragged, BLOCK_V=split.block_v,
-        )
-    else:
-        amax_val, amax_idx = part_rkey, part_ridx  # unused
-    if not logits:
-        temperature = seeds  # unused when LOGITS is False
-        stats = (part_mass,) * 4
-    greedy_arg = is_greedy if has_greedy else seeds  # unused when HAS_GREEDY is False
-    offsets_arg = offsets if offsets is not None else seeds  # unused when HAS_OFFSETS is False
-    common = (
-        target, *t_strides, d, *d_strides, ids, *i_strides, bonus, stride_bonus,
-        layout.cu, seeds, offsets_arg, greedy_arg, part_mass, part_rkey, part_ridx, part_qkey, part_qidx,
-        temperature, *stats,
+    def f32(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+
+    def i32(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.int32, device=device)
+
+    stats: dict[str, torch.Tensor | None] = dict(t_max_ptr=None, t_sum_ptr=None, d_max_ptr=None, d_sum_ptr=None)
+    amax_val: torch.Tensor | None = None
+    amax_idx: torch.Tensor | None = None
+    if batch.temperature is not None:
+        softmax, amax_val, amax_idx, stats = plan_softmax_stats(layout, target, draft, batch.temperature, split)
+        launches += softmax
+    elif is_greedy is not None:
+        amax_val, amax_idx = f32((B, K + 1, NB)), i32((B, K + 1, NB))
+        launches.append(KernelLaunch(
+            rk.argmax_partials_kernel, (B, K + 1, NB),
+            dict(
+                target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk, cu_ptr=layout.cu_num_draft_tokens,
+                greedy_ptr=is_greedy, part_val_ptr=amax_val, part_idx_ptr=amax_idx,
+                K=K, V=V, num_rows=layout.num_rows, chunk=split.chunk, NB=NB,
+                RAGGED=layout.ragged, BLOCK_V=split.block_v,
+            ),
+            name="argmax_partials",
+        ))
+    common = dict(
+        target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk,
+        draft_ptr=draft, stride_db=stride_db, stride_dk=stride_dk,
+        ids_ptr=batch.draft_token_ids, stride_ib=stride_ib, stride_ik=stride_ik,
+        bonus_ptr=batch.bonus_token_ids, stride_bonus=batch.bonus_token_ids.stride(0),
+        cu_ptr=layout.cu_num_draft_tokens, seed_ptr=batch.seeds, offset_ptr=batch.offsets, greedy_ptr=is_greedy,
+        part_mass_ptr=f32((B, NB)), part_rkey_ptr=f32((B, NB)), part_ridx_ptr=i32((B, NB)),
+        part_qkey_ptr=f32((B, NB)), part_qidx_ptr=i32((B, NB)),
+        temp_ptr=batch.temperature, **stats,
+        K=K, V=V, num_rows=layout.num_rows, NB=NB,
+        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=batch.offsets is not None,
+        HAS_GREEDY=is_greedy is not None, LOGITS=batch.temperature is not None, PRECISE=precise_math(),
     )
-    flags = dict(
-        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=offsets is not None, HAS_GREEDY=has_greedy,
-        LOGITS=logits, PRECISE=precise,
-    )
-    rk.residual_partials_kernel[(B, NB)](
-        *common, K, V, layout.num_rows, split.chunk, NB,
-        **flags, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v,
-    )
-    rk.finalize_kernel[(B,)](
-        *common, amax_val, amax_idx, out, K, V, layout.num_rows, NB,
-        **flags, BLOCK_K=triton_next_pow2(K + 1), BLOCK_NB=triton_next_pow2(NB),
-        num_warps=combine_warps(triton_next_pow2(K + 1), triton_next_pow2(NB)),
-    )
+    launches.append(KernelLaunch(
+        rk.residual_partials_kernel, (B, NB),
+        dict(common, chunk=split.chunk, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v),
+        name="residual_partials",
+    ))
+    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    launches.append(KernelLaunch(
+        rk.finalize_kernel, (B,),
+        dict(common, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb),
+        num_warps=warps,
+        name="finalize",
+    ))
+    return launches, out
+
+
+def rejection_triton(batch: VerifyBatch, *, split: VocabSplit | None = None) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.reference.rejection_reference`. Returns [B, K+1] int64.
+
+    ``split`` overrides the vocabulary split (tests use it to cross block boundaries)."""
+    launches, out = plan_rejection(batch, split)
+    run_all(launches)
     return out
-
-
-def rejection_sample_triton(
-    target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-    draft_probs: torch.Tensor | None,  # [B, k, V] or None (point-mass drafts)
-    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None = None,  # [B] int64
-    is_greedy: torch.Tensor | None = None,  # [B] bool
-    *,
-    split: VocabSplit | None = None,
-) -> torch.Tensor:
-    """Kernel twin of :func:`spec_samplers.reference.rejection_sample_reference` (padded layout).
-    Returns [B, k+1] int64."""
-    B, kp1, V = target_with_bonus_probs.shape
-    layout = RowLayout(False, B, kp1 - 1, V, B * kp1, seeds)
-    return launch_rejection(
-        layout, target_with_bonus_probs, draft_probs, draft_token_ids, bonus_token_ids, seeds, offsets, is_greedy, split,
-    )
-
-
-def rejection_sample_ragged_triton(
-    target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-    draft_probs: torch.Tensor | None,  # [T, V] or None
-    draft_token_ids: torch.Tensor,  # [T] int32/int64
-    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
-    max_spec_len: int,  # K
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None = None,  # [B] int64
-    is_greedy: torch.Tensor | None = None,  # [B] bool
-    *,
-    split: VocabSplit | None = None,
-) -> torch.Tensor:
-    """Kernel twin of :func:`spec_samplers.reference.rejection_sample_ragged_reference`.
-    Returns [B, K+1] int64, -1 padded."""
-    T, V = target_probs.shape
-    B = cu_num_draft_tokens.shape[0]
-    layout = RowLayout(True, B, max_spec_len, V, T, cu_num_draft_tokens)
-    return launch_rejection(
-        layout, target_probs, draft_probs, draft_token_ids, bonus_token_ids.reshape(B), seeds, offsets, is_greedy, split,
-    )
-
-
-def rejection_sample_from_logits_triton(
-    target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-    draft_logits: torch.Tensor | None,  # [B, k, V] or None (point-mass drafts)
-    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-    temperature: torch.Tensor,  # [B] float, 0 = greedy request
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None = None,  # [B] int64
-    *,
-    split: VocabSplit | None = None,
-) -> torch.Tensor:
-    """Kernel twin of :func:`spec_samplers.reference.rejection_sample_from_logits_reference`:
-    q = softmax(target_logits / T), p = softmax(draft_logits / T), fused (no probability tensor
-    is written). Returns [B, k+1] int64."""
-    B, kp1, V = target_logits.shape
-    layout = RowLayout(False, B, kp1 - 1, V, B * kp1, seeds)
-    return launch_rejection(
-        layout, vocab_contiguous(target_logits), None if draft_logits is None else vocab_contiguous(draft_logits),
-        draft_token_ids, bonus_token_ids, seeds, offsets, None, split, temperature,
-    )
-
-
-def rejection_sample_ragged_from_logits_triton(
-    target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
-    draft_logits: torch.Tensor | None,  # [T, V] or None
-    draft_token_ids: torch.Tensor,  # [T]
-    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
-    max_spec_len: int,  # K
-    temperature: torch.Tensor,  # [B] float, 0 = greedy request
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None = None,  # [B] int64
-    *,
-    split: VocabSplit | None = None,
-) -> torch.Tensor:
-    """Kernel twin of :func:`spec_samplers.reference.rejection_sample_ragged_from_logits_reference`.
-    Returns [B, K+1] int64, -1 padded."""
-    T, V = target_logits.shape
-    B = cu_num_draft_tokens.shape[0]
-    layout = RowLayout(True, B, max_spec_len, V, T, cu_num_draft_tokens)
-    return launch_rejection(
-        layout, vocab_contiguous(target_logits), None if draft_logits is None else vocab_contiguous(draft_logits),
-        draft_token_ids, bonus_token_ids.reshape(B), seeds, offsets, None, split, temperature,
-    )

@@ -46,7 +46,9 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
     return m, s, best, best_idx
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(
     target_ptr, stride_tb, stride_tk,
     draft_ptr, stride_db, stride_dk,
@@ -88,7 +90,9 @@ def _combine(m_ptr, s_ptr, slots, mask, PRECISE: tl.constexpr):
     return row_max, tl.sum(w, axis=1)
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "NB"])
 def softmax_combine_kernel(
     cu_ptr,
     t_m_ptr, t_s_ptr, d_m_ptr, d_s_ptr,  # [B, K+1, NB] partials

@@ -20,12 +20,14 @@ import triton.language as tl
 from spec_samplers.kernels.common import combine_argmax, fold_argmax, draft_ids_at, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import precise_exp, precise_log
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.reference import ENTROPY_EPS
+from spec_samplers.constants import ENTROPY_EPS
 
 _ENTROPY_EPS = tl.constexpr(ENTROPY_EPS)
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def typical_partials_kernel(
     target_ptr, stride_tb, stride_tk,  # probabilities, or logits when LOGITS
     cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
@@ -64,7 +66,9 @@ def typical_partials_kernel(
         tl.store(amax_idx_ptr + slot, best_idx.to(tl.int32))
 
 
-@triton.jit
+# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
+# unspecialised so that a new batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "NB"])
 def typical_finalize_kernel(
     target_ptr, stride_tb, stride_tk,
     ids_ptr, stride_ib, stride_ik,

@@ -26,7 +26,7 @@ import inspect
 import torch
 
 from spec_samplers.output import build_output, num_leading_accepted
-from spec_samplers.reference import ragged_layout
+from spec_samplers.layout import ragged_layout
 
 
 def ragged_positions(

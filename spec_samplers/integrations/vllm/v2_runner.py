@@ -29,7 +29,7 @@ import torch
 from spec_samplers import counter_rng
 from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
-from spec_samplers.reference import race
+from spec_samplers.torch_ops import race
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]):

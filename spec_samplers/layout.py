@@ -1,0 +1,136 @@
+"""Where each (request, position) of a verification batch reads its vocabulary rows.
+
+One description serves both layouts engines use:
+
+* padded (vLLM V0): targets [B, k+1, V] (row k is the bonus row), drafts [B, k, V], ids [B, k];
+* ragged (vLLM V1 and later): targets and drafts [T, V] with one row per draft token, requests
+  delimited by ``cu_num_draft_tokens`` (inclusive cumulative sum of k_b, some k_b may be 0), no
+  bonus rows.
+
+:class:`RowLayout` holds the shapes (and, ragged, the counts); :class:`VerifyBatch` bundles a
+layout with the tensors of one call. References and kernel launchers take a ``VerifyBatch``, so a
+sampler writes its algorithm once for both layouts and for probabilities or logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Shapes of a verification batch, padded or ragged (use :meth:`padded` / :meth:`ragged`).
+
+    ``num_rows`` is the number of flat target rows: B * (K+1) padded, T ragged.
+    """
+
+    ragged: bool
+    batch_size: int  # B
+    max_drafts: int  # K (padded: k; ragged: max_spec_len)
+    vocab_size: int  # V
+    num_rows: int
+    cu_num_draft_tokens: torch.Tensor | None  # [B] int32/int64, ragged only
+
+    @classmethod
+    def padded(cls, batch_size: int, k: int, vocab_size: int) -> RowLayout:
+        return cls(False, batch_size, k, vocab_size, batch_size * (k + 1), None)
+
+    @classmethod
+    def ragged_from(
+        cls,
+        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b
+        num_tokens: int,  # T
+        max_spec_len: int,  # K
+        vocab_size: int,
+    ) -> RowLayout:
+        return cls(True, cu_num_draft_tokens.shape[0], max_spec_len, vocab_size, num_tokens, cu_num_draft_tokens)
+
+    def maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(target_rows [B, K+1], draft_rows [B, K], num_draft [B]) int64 flat-row indices.
+
+        Padded: target row (b, i) = b * (K+1) + i (i = K is the bonus row), draft row b * K + i.
+        Ragged: row start_b + i for i < k_b, else -1 (and every bonus slot is -1).
+        """
+        B, K = self.batch_size, self.max_drafts
+        if not self.ragged:
+            b = torch.arange(B, device=device, dtype=torch.int64)[:, None]
+            target_rows = b * (K + 1) + torch.arange(K + 1, device=device)[None, :]
+            draft_rows = b * K + torch.arange(K, device=device)[None, :]
+            return target_rows, draft_rows, torch.full((B,), K, dtype=torch.int64, device=device)
+        assert self.cu_num_draft_tokens is not None
+        cu = self.cu_num_draft_tokens.to(torch.int64)
+        num_draft = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.int64, device=cu.device))
+        start = cu - num_draft
+        pos = torch.arange(K + 1, device=cu.device, dtype=torch.int64)[None, :]
+        target_rows = torch.where(pos < num_draft[:, None], start[:, None] + pos, -1)
+        return target_rows, target_rows[:, :K], num_draft
+
+    def request_of_rows(self, num_rows: int, per_request: int, device: torch.device) -> torch.Tensor:
+        """[num_rows] int64 request index of each flat row (padded: ``per_request`` rows each;
+        ragged: from the cumulative counts), clamped into [0, B) so it can index [B] tensors."""
+        if not self.ragged:
+            rows = torch.arange(num_rows, device=device, dtype=torch.int64)
+            return rows // max(per_request, 1)
+        assert self.cu_num_draft_tokens is not None
+        rows = torch.arange(num_rows, device=device, dtype=torch.int64)
+        req = torch.searchsorted(self.cu_num_draft_tokens.to(torch.int64), rows, right=True)
+        return req.clamp(max=max(self.batch_size - 1, 0))
+
+
+def ragged_layout(cu_num_draft_tokens: torch.Tensor, max_spec_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:meth:`RowLayout.maps` of a ragged batch (engine adapters build their own views with it)."""
+    layout = RowLayout(True, cu_num_draft_tokens.shape[0], max_spec_len, 1, 0, cu_num_draft_tokens)
+    return layout.maps(cu_num_draft_tokens.device)
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    """The inputs of one verification call, in either layout (validated by the sampler).
+
+    ``logits``: ``target`` / ``draft`` hold logits and ``temperature`` [B] is given (0 = greedy
+    request); otherwise they hold probabilities.
+    """
+
+    layout: RowLayout
+    target: torch.Tensor  # [B, K+1, V] padded or [T, V] ragged, fp32/fp16/bf16
+    draft: torch.Tensor | None  # [B, K, V] padded or [T, V] ragged, or None (point-mass drafts)
+    draft_token_ids: torch.Tensor  # [B, K] padded or [T] ragged, int32/int64
+    bonus_token_ids: torch.Tensor  # [B] int32/int64
+    seeds: torch.Tensor | None = None  # [B] int64 (stochastic samplers)
+    offsets: torch.Tensor | None = None  # [B] int64, default 0
+    is_greedy: torch.Tensor | None = None  # [B] bool (probability inputs)
+    temperature: torch.Tensor | None = None  # [B] float (logits inputs), 0 = greedy
+
+    @property
+    def logits(self) -> bool:
+        return self.temperature is not None
+
+    @classmethod
+    def padded(
+        cls,
+        target: torch.Tensor,  # [B, k+1, V]
+        bonus_token_ids: torch.Tensor,  # [B, 1] or [B]
+        draft: torch.Tensor | None,  # [B, k, V] or None
+        draft_token_ids: torch.Tensor,  # [B, k]
+        **extra: torch.Tensor | None,
+    ) -> VerifyBatch:
+        B, kp1, V = target.shape
+        layout = RowLayout.padded(B, kp1 - 1, V)
+        return cls(layout, target, draft, draft_token_ids, bonus_token_ids.reshape(B), **extra)
+
+    @classmethod
+    def ragged(
+        cls,
+        target: torch.Tensor,  # [T, V]
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
+        draft: torch.Tensor | None,  # [T, V] or None
+        draft_token_ids: torch.Tensor,  # [T]
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,  # K
+        **extra: torch.Tensor | None,
+    ) -> VerifyBatch:
+        T, V = target.shape
+        layout = RowLayout.ragged_from(cu_num_draft_tokens, T, max_spec_len, V)
+        return cls(layout, target, draft, draft_token_ids, bonus_token_ids.reshape(layout.batch_size), **extra)
