@@ -36,7 +36,7 @@ from spec_samplers.decoding.output import (
 )
 from spec_samplers.decoding.strategy import BONUS_SALT, DRAFT_SALT, SampleStrategy, derive_seed, request_seeds
 from spec_samplers.errors import input_error
-from spec_samplers.output import PLACEHOLDER_TOKEN_ID
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams, as_params_list
 
