@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     p.add_argument("--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)")
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
+    from spec_samplers.bench.models import add_arguments as add_model_arguments
+
+    add_model_arguments(p)
 
 
 def _device(name: str | None) -> torch.device:
@@ -116,6 +119,10 @@ def build_config(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from spec_samplers.bench import report, runner
 
+    if getattr(args, "models", None):
+        from spec_samplers.bench.models import cmd_bench_models
+
+        return cmd_bench_models(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
