@@ -7,10 +7,8 @@ import json
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
-from spec_samplers.cli import main  # noqa: E402
-from tiny_models import save_pair  # noqa: E402
+from spec_samplers.cli import main
+from tiny_models import save_pair
 
 
 @pytest.fixture(scope="module")
