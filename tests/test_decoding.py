@@ -12,10 +12,13 @@ Statistical checks (fixed seeds, so deterministic; the rates are per test at a r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
 import torch
+from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
+from tiny_models import noisy_copy, tiny_llama
 
 from spec_samplers import SamplingParams, available_samplers, get_sampler
 from spec_samplers.decoding import (
@@ -29,8 +32,6 @@ from spec_samplers.decoding import (
 )
 from spec_samplers.integrations.transformers import HFLanguageModel
 from spec_samplers.sampling_params import process_logits
-from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
-from tiny_models import noisy_copy, tiny_llama
 
 V = 12
 
@@ -144,7 +145,7 @@ def test_model_without_eos_generates_to_max_new_tokens(pair):
     model = HFLanguageModel(target)
     assert isinstance(model.new_kv_cache(), KVCache)
     with pytest.raises(ValueError, match="eos_token_id"):
-        model.eos_token_id
+        _ = model.eos_token_id
     out = SpeculativeDecoder(model, HFLanguageModel(draft), num_speculative_tokens=2).generate(
         torch.tensor([[1, 2]]), max_new_tokens=11, sampling_params=SamplingParams(seed=5)
     )
@@ -160,7 +161,7 @@ def test_typical_acceptance_runs_and_reports_acceptance(pair):
     for s in out.stats:
         assert s.num_generated == 12 and 0 <= s.num_accepted <= s.num_verified <= s.num_drafted == 3 * s.num_rounds
         per_position = s.acceptance_per_position
-        assert all(a >= b for a, b in zip(per_position, per_position[1:]))  # position i needs i - 1 accepted
+        assert all(a >= b for a, b in itertools.pairwise(per_position))  # position i needs i - 1 accepted
     assert 0 < out.acceptance_rate < 1
     # greedy targets are one-hot, which typical acceptance accepts exactly when the draft is the argmax
     greedy = decoder.generate(prompts, max_new_tokens=12, sampling_params=SamplingParams(temperature=0))

@@ -20,6 +20,7 @@ downloaded. The tokenizer comes from the target directory. EOS is ignored unless
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -111,7 +112,7 @@ def _verify_cost(model: Any, prompt: list[int], k: int, device: torch.device, re
     for _ in range(repeats):
         for q in (1, k + 1):
             ids = torch.tensor([prompt[-1:] * q], device=device)
-            times[q].append(_timed(lambda: model.forward(ids, cache), device)[1])
+            times[q].append(_timed(functools.partial(model.forward, ids, cache), device)[1])
             cache.crop(q)
     return statistics.median(times[k + 1]) / statistics.median(times[1])
 
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def plain(model: Any) -> tuple[list[Any], float]:
         outs, seconds = [], 0.0
         for i, prompt in enumerate(prompts):
-            out, dt = _timed(lambda: generate_autoregressive(model, [prompt], n, params, seed=args.seed + i), device)
+            out, dt = _timed(functools.partial(generate_autoregressive, model, [prompt], n, params, seed=args.seed + i), device)
             outs.append(out)
             seconds += dt
         return outs, seconds
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         decoder.generate([prompts[0]], min(n, 4), params)  # warm-up
         outs, seconds = [], 0.0
         for i, prompt in enumerate(prompts):
-            out, dt = _timed(lambda: decoder.generate([prompt], n, params, seed=args.seed + i), device)
+            out, dt = _timed(functools.partial(decoder.generate, [prompt], n, params, seed=args.seed + i), device)
             outs.append(out)
             seconds += dt
         summary = _sum_stats(outs)
@@ -212,12 +213,12 @@ def render(doc: dict[str, Any]) -> str:
         f"k={doc['k']}, {doc['prompts']} prompts x {doc['max_new_tokens']} new tokens, batch 1, temperature "
         f"{sp['temperature']} top_p {sp['top_p']} top_k {sp['top_k']} min_p {sp['min_p']}"
         + ("" if doc["stop_at_eos"] else ", EOS ignored"),
-        f"target alone: {doc['target_alone']['tokens_per_s']:.1f} tokens/s; draft alone: "
+        (f"target alone: {doc['target_alone']['tokens_per_s']:.1f} tokens/s; draft alone: "
         f"{doc['draft_alone']['tokens_per_s']:.1f} tokens/s; c = draft/target pass time = {doc['cost_ratio']:.3f}; "
-        f"v = target pass over k+1 tokens / over 1 token = {doc['verify_cost']:.2f}",
+        f"v = target pass over k+1 tokens / over 1 token = {doc['verify_cost']:.2f}"),
         "",
-        f"{'sampler':<40} {'accept':>7} {'judged':>7} {'theory':>7} {'tok/rnd':>8} {'tok/s':>8} {'speedup':>8} "
-        f"{'expected':>8}  per position",
+        (f"{'sampler':<40} {'accept':>7} {'judged':>7} {'theory':>7} {'tok/rnd':>8} {'tok/s':>8} {'speedup':>8} "
+        f"{'expected':>8}  per position"),
     ]
     for r in doc["samplers"]:
         theory = r["lossless_expectation"] if r["lossless"] else None
@@ -229,10 +230,10 @@ def render(doc: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "accept: accepted / drafted tokens; judged: accepted / drafts the sampler judged (all earlier ones "
+        ("accept: accepted / drafted tokens; judged: accepted / drafts the sampler judged (all earlier ones "
         "accepted); theory: sum_x min(p', q') over the judged drafts (what a lossless sampler accepts on average); "
         "tok/rnd: tokens per round (per target pass after the prefill); speedup: tokens/s over the target alone; "
-        "expected: tok/rnd / (c k + v), the speedup if the loop's own work were free.",
+        "expected: tok/rnd / (c k + v), the speedup if the loop's own work were free."),
     ]
     return "\n".join(lines)
 

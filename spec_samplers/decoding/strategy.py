@@ -15,7 +15,13 @@ from collections.abc import Sequence
 import torch
 
 from spec_samplers import counter_rng
-from spec_samplers.sampling_params import SamplingParams, SamplingTensors, as_params_list, process_logits, sampling_tensors
+from spec_samplers.sampling_params import (
+    SamplingParams,
+    SamplingTensors,
+    as_params_list,
+    process_logits,
+    sampling_tensors,
+)
 
 #: salts XOR-ed into a request's seed, one per stream of the decoding loop (< 2**63)
 DRAFT_SALT = 0x2545F4914F6CDD1D
