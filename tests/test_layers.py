@@ -17,14 +17,14 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("spec_samplers.constants", "spec_samplers.errors", "spec_samplers._version")),
     (1, ("spec_samplers.layout", "spec_samplers.torch_ops", "spec_samplers.counter_rng", "spec_samplers.rng",
          "spec_samplers.output")),
-    (2, ("spec_samplers.validation", "spec_samplers.seeding")),
+    (2, ("spec_samplers.validation", "spec_samplers.seeding", "spec_samplers.sampling_params")),
     (3, ("spec_samplers.reference", "spec_samplers.kernels")),
     (4, ("spec_samplers.base",)),
     (5, ("spec_samplers.rejection", "spec_samplers.typical")),
     (6, ("spec_samplers.registry",)),
-    (7, ("spec_samplers.integrations",)),
+    (7, ("spec_samplers.decoding", "spec_samplers.integrations")),
     (8, ("spec_samplers.bench",)),
-    (9, ("spec_samplers.cli", "spec_samplers.__init__", "spec_samplers.__main__")),
+    (9, ("spec_samplers.cli", "spec_samplers.generate_cli", "spec_samplers.__init__", "spec_samplers.__main__")),
 ]
 
 #: same-or-lower imports that are still forbidden: (importer prefix, imported prefix, why)
