@@ -164,9 +164,13 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         ragged = cu_num_draft_tokens is not None
         if ragged:
             assert max_spec_len is not None and cu_num_draft_tokens is not None
-            shapes = self._validate_ragged(
-                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, logits
+            names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
+            shapes = validation.check_ragged_metadata(
+                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
             )
+            if self._strict_mode:
+                validation.check_ragged_values(cu_num_draft_tokens, target.shape[0], max_spec_len)
+                validation.check_values(shapes.vocab_size, target, bonus_token_ids, draft, draft_token_ids, *names, logits)
         else:
             shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
         device = target.device
@@ -205,27 +209,6 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         if self._strict_mode:
             validation.check_values(
                 shapes.vocab_size, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names, logits
-            )
-        return shapes
-
-    def _validate_ragged(
-        self,
-        target_probs: torch.Tensor,  # [T, V]
-        bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
-        draft_probs: torch.Tensor | None,  # [T, V] or None
-        draft_token_ids: torch.Tensor,  # [T]
-        cu_num_draft_tokens: torch.Tensor,  # [B]
-        max_spec_len: int,
-        logits: bool = False,  # the float tensors are target_logits / draft_logits
-    ) -> Shapes:
-        names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
-        shapes = validation.check_ragged_metadata(
-            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
-        )
-        if self._strict_mode:
-            validation.check_ragged_values(cu_num_draft_tokens, target_probs.shape[0], max_spec_len)
-            validation.check_values(
-                shapes.vocab_size, target_probs, bonus_token_ids, draft_probs, draft_token_ids, *names, logits
             )
         return shapes
 

@@ -1,7 +1,7 @@
 """Counter-based random numbers shared bit for bit by the PyTorch path and the Triton kernels.
 
 Every random number is a pure function of (seed, offset, position, vocab index, stream)
-(SPEC section 4), so a row's draws never depend on its batch neighbours or row index, seeds and
+(docs/design.md section 4), so a row's draws never depend on its batch neighbours or row index, seeds and
 offsets can live in device tensors (CUDA-graph friendly), and the kernels can reproduce the
 PyTorch path exactly.
 

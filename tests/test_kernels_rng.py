@@ -11,8 +11,8 @@ import triton.language as tl  # noqa: E402
 from spec_samplers import counter_rng  # noqa: E402
 from spec_samplers.kernels.backend import interpreting  # noqa: E402
 from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key  # noqa: E402
+from conftest import DEVICE  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @triton.jit
