@@ -51,12 +51,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(tokenizer.decode(prompt + out.sequences()[0], skip_special_tokens=True))
     print()
     per_position = " ".join(f"{a:.2f}" for a in stats.acceptance_per_position)
-    print(f"{stats.num_generated} tokens in {stats.num_rounds} rounds, {stats.target_forward_passes} target passes "
-          f"(prefill included): {stats.tokens_per_target_pass:.2f} tokens per target pass"
-          + (", stopped at EOS" if stats.finished_by_eos else ""))
-    print(f"acceptance {stats.acceptance_rate:.3f} ({stats.num_accepted} of {stats.num_drafted} drafts accepted; "
-          f"sampler {spec.label}, k={args.k}); per position {per_position}")
+    print(
+        f"{stats.num_generated} tokens in {stats.num_rounds} rounds, {stats.target_forward_passes} target passes "
+        f"(prefill included): {stats.tokens_per_target_pass:.2f} tokens per target pass"
+        + (", stopped at EOS" if stats.finished_by_eos else "")
+    )
+    print(
+        f"acceptance {stats.acceptance_rate:.3f} ({stats.num_accepted} of {stats.num_drafted} drafts accepted; "
+        f"sampler {spec.label}, k={args.k}); per position {per_position}"
+    )
     if spec.lossless:
-        print(f"judged drafts accepted {stats.verified_acceptance_rate:.3f}, lossless expectation "
-              f"sum min(p', q') {stats.expected_acceptance_rate:.3f}")
+        print(
+            f"judged drafts accepted {stats.verified_acceptance_rate:.3f}, lossless expectation "
+            f"sum min(p', q') {stats.expected_acceptance_rate:.3f}"
+        )
     return 0

@@ -80,7 +80,9 @@ class SamplingParams:
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise input_error("min_p", "a number in [0, 1]", repr(self.min_p))
         seed = self.seed
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not _INT64_MIN <= seed < _UINT64_END):
+        if seed is not None and (
+            not isinstance(seed, int) or isinstance(seed, bool) or not _INT64_MIN <= seed < _UINT64_END
+        ):
             raise input_error("seed", "None or an int in [-2**63, 2**64)", repr(seed))
         if t < SAMPLING_EPS:  # vLLM's greedy reset
             object.__setattr__(self, "top_p", 1.0)
@@ -104,12 +106,12 @@ class SamplingParams:
         if isinstance(params, cls):
             return params
         try:
-            return cls(
-                temperature=params.temperature, top_p=params.top_p,  # type: ignore[attr-defined]
-                top_k=params.top_k, min_p=params.min_p, seed=params.seed,  # type: ignore[attr-defined]
-            )
+            fields = {name: getattr(params, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
         except AttributeError as exc:
-            raise input_error("sampling_params", "SamplingParams or an object with its fields", type(params).__name__) from exc
+            raise input_error(
+                "sampling_params", "SamplingParams or an object with its fields", type(params).__name__
+            ) from exc
+        return cls(**fields)
 
 
 class SamplingTensors(NamedTuple):
@@ -166,7 +168,9 @@ def sampling_tensors(
     rows = as_params_list(sampling_params, num_rows)
     greedy = [p.is_greedy for p in rows]
     return SamplingTensors(
-        temperature=torch.tensor([1.0 if g else p.temperature for p, g in zip(rows, greedy)], dtype=torch.float32, device=device),
+        temperature=torch.tensor(
+            [1.0 if g else p.temperature for p, g in zip(rows, greedy)], dtype=torch.float32, device=device
+        ),
         top_p=torch.tensor([p.top_p for p in rows], dtype=torch.float32, device=device),
         top_k=torch.tensor([max(p.top_k, 0) for p in rows], dtype=torch.int64, device=device),
         min_p=torch.tensor([p.min_p for p in rows], dtype=torch.float32, device=device),
@@ -242,7 +246,11 @@ def process_logits(
     if not logits.is_floating_point():
         raise input_error("logits", "a floating-point tensor", logits.dtype)
     N, V = logits.shape
-    st = sampling_params if isinstance(sampling_params, SamplingTensors) else sampling_tensors(sampling_params, N, logits.device)
+    st = (
+        sampling_params
+        if isinstance(sampling_params, SamplingTensors)
+        else sampling_tensors(sampling_params, N, logits.device)
+    )
     if st.num_rows != N:
         raise input_error("sampling_params", f"parameters for {N} rows", f"{st.num_rows} rows")
     if N == 0:

@@ -54,7 +54,9 @@ def test_first_two_tokens_follow_the_target_joint(pair, name):
     params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.02)
     prompt = [3, 5, 7]
     N = 3000
-    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), sampler=name, num_speculative_tokens=2)
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target), HFLanguageModel(draft), sampler=name, num_speculative_tokens=2
+    )
     out = decoder.generate(torch.tensor([prompt] * N), max_new_tokens=2, sampling_params=params, seed=11)
     assert out.token_ids.shape == (N, 2) and bool((out.token_ids >= 0).all())
     # exact joint of the target: q'(x1 | prompt) q'(x2 | prompt, x1)
@@ -80,7 +82,7 @@ def test_greedy_equals_the_targets_own_generate(pair):
     out = decoder.generate(prompts, max_new_tokens=16, sampling_params=SamplingParams(temperature=0))
     with torch.no_grad():
         ref = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16, do_sample=False)
-    assert torch.equal(out.token_ids, ref[:, prompts.shape[1]:])
+    assert torch.equal(out.token_ids, ref[:, prompts.shape[1] :])
     assert 0 < out.acceptance_rate < 1
     ar = generate_autoregressive(HFLanguageModel(target), prompts, 16, SamplingParams(temperature=0))
     assert torch.equal(ar.token_ids, out.token_ids)
@@ -114,7 +116,9 @@ def test_batched_equals_one_request_at_a_time(pair, monkeypatch):
         assert alone.token_ids[0].tolist() == batched.token_ids[b].tolist(), f"request {b}"
         # statistics agree; sum_x min(p', q') only to rounding (batched matmuls round differently)
         assert alone.stats[0].expected_accepted == pytest.approx(batched.stats[b].expected_accepted, rel=1e-5)
-        assert dataclasses.replace(alone.stats[0], expected_accepted=0.0) == dataclasses.replace(batched.stats[b], expected_accepted=0.0)
+        assert dataclasses.replace(alone.stats[0], expected_accepted=0.0) == dataclasses.replace(
+            batched.stats[b], expected_accepted=0.0
+        )
 
 
 def test_eos_and_max_new_tokens_per_request(pair):
@@ -126,7 +130,9 @@ def test_eos_and_max_new_tokens_per_request(pair):
     row0 = free.token_ids[0].tolist()
     eos = next(t for i, t in enumerate(row0) if i >= 2 and t not in row0[:i])  # first new id at step >= 2
     stop_at = row0.index(eos)
-    decoder = SpeculativeDecoder(HFLanguageModel(target, eos_token_id=eos), HFLanguageModel(draft), num_speculative_tokens=4)
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target, eos_token_id=eos), HFLanguageModel(draft), num_speculative_tokens=4
+    )
     out = decoder.generate(prompts, max_new_tokens=9, sampling_params=greedy)
     for b in range(3):
         ref = free.token_ids[b].tolist()
@@ -155,8 +161,9 @@ def test_model_without_eos_generates_to_max_new_tokens(pair):
 def test_typical_acceptance_runs_and_reports_acceptance(pair):
     target, draft = pair
     prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), sampler="typical_acceptance_sampler",
-                                 num_speculative_tokens=3)
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target), HFLanguageModel(draft), sampler="typical_acceptance_sampler", num_speculative_tokens=3
+    )
     out = decoder.generate(prompts, max_new_tokens=12, sampling_params=SamplingParams(temperature=1.0), seed=0)
     for s in out.stats:
         assert s.num_generated == 12 and 0 <= s.num_accepted <= s.num_verified <= s.num_drafted == 3 * s.num_rounds
@@ -173,7 +180,9 @@ def test_typical_acceptance_runs_and_reports_acceptance(pair):
 def test_sampler_instance_and_seed_argument(pair):
     target, draft = pair
     sampler = get_sampler("rejection_sampler")
-    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), sampler=sampler, num_speculative_tokens=2)
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target), HFLanguageModel(draft), sampler=sampler, num_speculative_tokens=2
+    )
     a = decoder.generate(torch.tensor([[1, 2], [1, 2]]), max_new_tokens=6, seed=3)
     b = decoder.generate(torch.tensor([[1, 2], [1, 2]]), max_new_tokens=6, seed=3)
     assert torch.equal(a.token_ids, b.token_ids)
@@ -190,12 +199,20 @@ def test_draft_with_a_smaller_vocabulary(pair):
     target, _ = pair
     draft = tiny_llama(2, vocab_size=V - 3, layers=1)  # the target can emit ids the draft lacks
     decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=2)
-    out = decoder.generate(torch.tensor([[1, 2, 3]] * 8), max_new_tokens=10, sampling_params=SamplingParams(seed=1), seed=1)
+    out = decoder.generate(
+        torch.tensor([[1, 2, 3]] * 8), max_new_tokens=10, sampling_params=SamplingParams(seed=1), seed=1
+    )
     assert bool((out.token_ids >= 0).all()) and bool((out.token_ids < V).all())
-    greedy = decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=10, sampling_params=SamplingParams(temperature=0))
+    greedy = decoder.generate(
+        torch.tensor([[1, 2, 3]]), max_new_tokens=10, sampling_params=SamplingParams(temperature=0)
+    )
     with torch.no_grad():
-        ref = target.generate(torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
-                              max_new_tokens=10, do_sample=False)
+        ref = target.generate(
+            torch.tensor([[1, 2, 3]]),
+            attention_mask=torch.ones(1, 3, dtype=torch.long),
+            max_new_tokens=10,
+            do_sample=False,
+        )
     assert torch.equal(greedy.token_ids, ref[:, 3:])
 
 

@@ -20,8 +20,23 @@ def test_generate_prints_text_acceptance_and_tokens_per_pass(model_dirs, capsys)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target, draft = model_dirs
-    code = main(["generate", "--target", target, "--draft", draft, "--prompt", "hello there", "--temperature", "0",
-                 "--max-new-tokens", "12", "--k", "3"])
+    code = main(
+        [
+            "generate",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--prompt",
+            "hello there",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "12",
+            "--k",
+            "3",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
@@ -44,8 +59,26 @@ def test_generate_reports_bad_options(model_dirs, capsys):
 def test_bench_models_reports_acceptance_and_speedup(model_dirs, capsys, tmp_path):
     target, draft = model_dirs
     path = tmp_path / "models.json"
-    code = main(["bench", "--models", target, draft, "--prompt", "hello", "--prompt", "abc", "--max-new-tokens", "8",
-                 "--k", "2", "--json", str(path), "--threads", "1"])
+    code = main(
+        [
+            "bench",
+            "--models",
+            target,
+            draft,
+            "--prompt",
+            "hello",
+            "--prompt",
+            "abc",
+            "--max-new-tokens",
+            "8",
+            "--k",
+            "2",
+            "--json",
+            str(path),
+            "--threads",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     doc = json.loads(path.read_text())

@@ -15,11 +15,23 @@ from spec_samplers.sampling_params import process_logits, sampling_tensors
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("temperature", -0.1), ("temperature", math.inf), ("temperature", math.nan), ("temperature", "1"),
-        ("top_p", 0.0), ("top_p", 1.5), ("top_p", -1.0), ("top_p", None),
-        ("top_k", -2), ("top_k", 2.0), ("top_k", True),
-        ("min_p", -0.01), ("min_p", 1.01),
-        ("seed", 1.5), ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", True),
+        ("temperature", -0.1),
+        ("temperature", math.inf),
+        ("temperature", math.nan),
+        ("temperature", "1"),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", -1.0),
+        ("top_p", None),
+        ("top_k", -2),
+        ("top_k", 2.0),
+        ("top_k", True),
+        ("min_p", -0.01),
+        ("min_p", 1.01),
+        ("seed", 1.5),
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("seed", True),
     ],
 )
 def test_invalid_fields_name_the_field(field, value):
@@ -30,8 +42,19 @@ def test_invalid_fields_name_the_field(field, value):
 
 def test_valid_fields_and_greedy_reset():
     assert SamplingParams() == SamplingParams(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None)
-    for field, value in [("top_k", -1), ("top_k", 0), ("top_k", 1), ("top_p", 1.0), ("min_p", 0.0), ("min_p", 1.0),
-                         ("temperature", 0), ("temperature", 5.0), ("seed", 0), ("seed", 2**64 - 1), ("seed", -(2**63))]:
+    for field, value in [
+        ("top_k", -1),
+        ("top_k", 0),
+        ("top_k", 1),
+        ("top_p", 1.0),
+        ("min_p", 0.0),
+        ("min_p", 1.0),
+        ("temperature", 0),
+        ("temperature", 5.0),
+        ("seed", 0),
+        ("seed", 2**64 - 1),
+        ("seed", -(2**63)),
+    ]:
         assert getattr(SamplingParams(**{field: value}), field) == value
     greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2)
     assert greedy.is_greedy and (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)  # as vLLM
@@ -67,10 +90,16 @@ def test_process_logits_matches_the_row_reference():
     gen = torch.Generator().manual_seed(0)
     V = 40
     params = [
-        SamplingParams(), SamplingParams(temperature=0), SamplingParams(temperature=0.5, top_k=5),
-        SamplingParams(temperature=1.3, top_p=0.8), SamplingParams(min_p=0.1), SamplingParams(top_k=50),
-        SamplingParams(temperature=0.8, top_p=0.95, top_k=20, min_p=0.05), SamplingParams(top_k=1),
-        SamplingParams(top_p=0.01), SamplingParams(temperature=2.0, min_p=1.0),
+        SamplingParams(),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.5, top_k=5),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(min_p=0.1),
+        SamplingParams(top_k=50),
+        SamplingParams(temperature=0.8, top_p=0.95, top_k=20, min_p=0.05),
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=0.01),
+        SamplingParams(temperature=2.0, min_p=1.0),
     ]
     logits = torch.randn(len(params), V, generator=gen) * 3
     logits[3, :5] = -math.inf  # masked tokens
@@ -101,8 +130,10 @@ def test_per_row_tensors_and_errors():
     as_tensors = process_logits(logits.view(2, 3, 9).reshape(6, 9), tensors.repeat_rows(3))
     as_list = process_logits(logits, [SamplingParams(top_k=3)] * 3 + [SamplingParams(temperature=0)] * 3)
     assert torch.equal(as_tensors, as_list)
-    assert torch.equal(process_logits(logits.half(), SamplingParams(temperature=0)),
-                       torch.nn.functional.one_hot(logits.half().argmax(-1), 9).float())
+    assert torch.equal(
+        process_logits(logits.half(), SamplingParams(temperature=0)),
+        torch.nn.functional.one_hot(logits.half().argmax(-1), 9).float(),
+    )
     assert process_logits(torch.empty(0, 9), None).shape == (0, 9)
     with pytest.raises(ValueError, match="logits: expected a 2-d tensor"):
         process_logits(torch.randn(2, 3, 4), None)

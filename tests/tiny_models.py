@@ -18,9 +18,17 @@ def tiny_llama(seed: int, vocab_size: int = 16, hidden: int = 16, layers: int = 
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3,
-        eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     return LlamaForCausalLM(config).eval()
 

@@ -39,8 +39,15 @@ DEFAULT_PROMPTS = (
     "def fibonacci(n):",
     "Speculative decoding works by",
 )
-MODEL_DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-                "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+MODEL_DTYPES = {
+    "auto": None,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,18 +57,28 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most probable tokens (default 0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="keep tokens >= min_p * max probability (default 0: off)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
-    p.add_argument("--model-dtype", choices=sorted(MODEL_DTYPES), default="auto",
-                   help="dtype to load the models in (default auto: the checkpoint's; float32 on CPU)")
+    p.add_argument(
+        "--model-dtype",
+        choices=sorted(MODEL_DTYPES),
+        default="auto",
+        help="dtype to load the models in (default auto: the checkpoint's; float32 on CPU)",
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The model-pair options of ``spec-samplers bench`` (the others are shared with the synthetic runs)."""
     group = p.add_argument_group("model pairs (--models)")
-    group.add_argument("--models", nargs=2, metavar=("TARGET", "DRAFT"),
-                       help="benchmark speculative decoding on two local model directories (transformers format) "
-                            "instead of synthetic distributions; uses --sampler, --option, --k, --seed, --device, "
-                            "--threads, --json")
-    group.add_argument("--prompt", action="append", metavar="TEXT", help="prompt (repeatable; default: 4 built-in prompts)")
+    group.add_argument(
+        "--models",
+        nargs=2,
+        metavar=("TARGET", "DRAFT"),
+        help="benchmark speculative decoding on two local model directories (transformers format) "
+        "instead of synthetic distributions; uses --sampler, --option, --k, --seed, --device, "
+        "--threads, --json",
+    )
+    group.add_argument(
+        "--prompt", action="append", metavar="TEXT", help="prompt (repeatable; default: 4 built-in prompts)"
+    )
     group.add_argument("--stop-at-eos", action="store_true", help="stop at the target's EOS (default: ignore it)")
     add_sampling_arguments(group)  # type: ignore[arg-type]
 
@@ -70,7 +87,9 @@ def sampling_params_from_args(args: argparse.Namespace, seed: int | None = None)
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed)
 
 
-def load_pair(target: str, draft: str, device: torch.device, model_dtype: str, stop_at_eos: bool = True) -> tuple[Any, Any, Any]:
+def load_pair(
+    target: str, draft: str, device: torch.device, model_dtype: str, stop_at_eos: bool = True
+) -> tuple[Any, Any, Any]:
     """(target, draft) as HFLanguageModel and the target's tokenizer, from local directories."""
     from spec_samplers.integrations.transformers import HFLanguageModel, load_tokenizer
 
@@ -119,9 +138,18 @@ def _verify_cost(model: Any, prompt: list[int], k: int, device: torch.device, re
 
 def _sum_stats(outputs: Sequence[Any]) -> dict[str, Any]:
     stats = [s for out in outputs for s in out.stats]
-    total = {name: sum(getattr(s, name) for s in stats) for name in (
-        "num_generated", "num_drafted", "num_accepted", "num_verified", "expected_accepted", "num_rounds",
-        "target_forward_passes")}
+    total = {
+        name: sum(getattr(s, name) for s in stats)
+        for name in (
+            "num_generated",
+            "num_drafted",
+            "num_accepted",
+            "num_verified",
+            "expected_accepted",
+            "num_rounds",
+            "target_forward_passes",
+        )
+    }
     k = max((len(s.accepted_per_position) for s in stats), default=0)
     per_position = [sum(s.accepted_per_position[i] for s in stats) for i in range(k)]
 
@@ -155,7 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def plain(model: Any) -> tuple[list[Any], float]:
         outs, seconds = [], 0.0
         for i, prompt in enumerate(prompts):
-            out, dt = _timed(functools.partial(generate_autoregressive, model, [prompt], n, params, seed=args.seed + i), device)
+            out, dt = _timed(
+                functools.partial(generate_autoregressive, model, [prompt], n, params, seed=args.seed + i), device
+            )
             outs.append(out)
             seconds += dt
         return outs, seconds
@@ -179,8 +209,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seconds += dt
         summary = _sum_stats(outs)
         tps = summary["tokens"] / seconds
-        rows.append({"sampler": spec.label, "lossless": spec.lossless, "seconds": seconds, "tokens_per_s": tps,
-                     "speedup": tps / target_tps, **summary})
+        rows.append(
+            {
+                "sampler": spec.label,
+                "lossless": spec.lossless,
+                "seconds": seconds,
+                "tokens_per_s": tps,
+                "speedup": tps / target_tps,
+                **summary,
+            }
+        )
     cost_ratio = (draft_s / draft_tokens) / (target_s / target_tokens)
     verify_cost = _verify_cost(target, prompts[0], args.k, device)
     for row in rows:
@@ -189,10 +227,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["expected_speedup"] = None if per_round is None else per_round / (cost_ratio * args.k + verify_cost)
     return {
         "schema": SCHEMA,
-        "target": args.models[0], "draft": args.models[1], "device": str(device),
-        "threads": torch.get_num_threads(), "k": args.k, "max_new_tokens": n, "prompts": len(prompts),
-        "sampling_params": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                            "min_p": params.min_p},
+        "target": args.models[0],
+        "draft": args.models[1],
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "k": args.k,
+        "max_new_tokens": n,
+        "prompts": len(prompts),
+        "sampling_params": {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "min_p": params.min_p,
+        },
         "stop_at_eos": args.stop_at_eos,
         "target_alone": {"tokens": target_tokens, "seconds": target_s, "tokens_per_s": target_tps},
         "draft_alone": {"tokens": draft_tokens, "seconds": draft_s, "tokens_per_s": draft_tokens / draft_s},
@@ -213,12 +260,16 @@ def render(doc: dict[str, Any]) -> str:
         f"k={doc['k']}, {doc['prompts']} prompts x {doc['max_new_tokens']} new tokens, batch 1, temperature "
         f"{sp['temperature']} top_p {sp['top_p']} top_k {sp['top_k']} min_p {sp['min_p']}"
         + ("" if doc["stop_at_eos"] else ", EOS ignored"),
-        (f"target alone: {doc['target_alone']['tokens_per_s']:.1f} tokens/s; draft alone: "
-        f"{doc['draft_alone']['tokens_per_s']:.1f} tokens/s; c = draft/target pass time = {doc['cost_ratio']:.3f}; "
-        f"v = target pass over k+1 tokens / over 1 token = {doc['verify_cost']:.2f}"),
+        (
+            f"target alone: {doc['target_alone']['tokens_per_s']:.1f} tokens/s; draft alone: "
+            f"{doc['draft_alone']['tokens_per_s']:.1f} tokens/s; c = draft/target pass time = {doc['cost_ratio']:.3f}; "
+            f"v = target pass over k+1 tokens / over 1 token = {doc['verify_cost']:.2f}"
+        ),
         "",
-        (f"{'sampler':<40} {'accept':>7} {'judged':>7} {'theory':>7} {'tok/rnd':>8} {'tok/s':>8} {'speedup':>8} "
-        f"{'expected':>8}  per position"),
+        (
+            f"{'sampler':<40} {'accept':>7} {'judged':>7} {'theory':>7} {'tok/rnd':>8} {'tok/s':>8} {'speedup':>8} "
+            f"{'expected':>8}  per position"
+        ),
     ]
     for r in doc["samplers"]:
         theory = r["lossless_expectation"] if r["lossless"] else None
@@ -230,10 +281,12 @@ def render(doc: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        ("accept: accepted / drafted tokens; judged: accepted / drafts the sampler judged (all earlier ones "
-        "accepted); theory: sum_x min(p', q') over the judged drafts (what a lossless sampler accepts on average); "
-        "tok/rnd: tokens per round (per target pass after the prefill); speedup: tokens/s over the target alone; "
-        "expected: tok/rnd / (c k + v), the speedup if the loop's own work were free."),
+        (
+            "accept: accepted / drafted tokens; judged: accepted / drafts the sampler judged (all earlier ones "
+            "accepted); theory: sum_x min(p', q') over the judged drafts (what a lossless sampler accepts on average); "
+            "tok/rnd: tokens per round (per target pass after the prefill); speedup: tokens/s over the target alone; "
+            "expected: tok/rnd / (c k + v), the speedup if the loop's own work were free."
+        ),
     ]
     return "\n".join(lines)
 

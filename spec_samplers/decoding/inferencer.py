@@ -45,7 +45,9 @@ class AutoregressiveInferencer:
         self.model = model
 
     @torch.no_grad()
-    def prefill(self, query_token_ids: torch.Tensor, kv_cache: KVCache, sample_strategy: SampleStrategyLike) -> PrefillOutput:
+    def prefill(
+        self, query_token_ids: torch.Tensor, kv_cache: KVCache, sample_strategy: SampleStrategyLike
+    ) -> PrefillOutput:
         """Logits at every query position [B, Q, V] and the next token [B, 1] of each request."""
         logits = self.model.forward(query_token_ids, kv_cache)
         return PrefillOutput(token_ids=sample_strategy.sample(logits[:, -1])[:, None], token_logits=logits)
@@ -60,7 +62,9 @@ class AutoregressiveInferencer:
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise input_error("max_new_tokens", "an int >= 1", repr(max_new_tokens))
         if query_token_ids.dim() != 2 or query_token_ids.shape[1] != 1:
-            raise input_error("query_token_ids", "shape [B, 1] (the tokens since the last call)", tuple(query_token_ids.shape))
+            raise input_error(
+                "query_token_ids", "shape [B, 1] (the tokens since the last call)", tuple(query_token_ids.shape)
+            )
         eos = torch.tensor(stop_token_ids(self.model), dtype=torch.int64, device=query_token_ids.device)
         done = torch.zeros(query_token_ids.shape[0], dtype=torch.bool, device=query_token_ids.device)
         tokens, logits_seen = [], []
@@ -111,5 +115,7 @@ def generate_autoregressive(
     for b in range(B):
         n = int(buffer.num_tokens[b])
         # one pass per token (a request's later passes only feed padding)
-        stats.append(RequestStats(num_generated=n, target_forward_passes=n, finished_by_eos=bool(buffer.finished_by_eos[b])))
+        stats.append(
+            RequestStats(num_generated=n, target_forward_passes=n, finished_by_eos=bool(buffer.finished_by_eos[b]))
+        )
     return GenerationOutput(token_ids=buffer.token_ids, stats=stats)

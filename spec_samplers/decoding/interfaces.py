@@ -113,7 +113,9 @@ class Inferencer(Protocol):
     """Processes token sequences and generates new tokens with a sampling strategy, updating the
     KV cache it is given."""
 
-    def prefill(self, query_token_ids: torch.Tensor, kv_cache: KVCache, sample_strategy: SampleStrategyLike) -> PrefillOutput:
+    def prefill(
+        self, query_token_ids: torch.Tensor, kv_cache: KVCache, sample_strategy: SampleStrategyLike
+    ) -> PrefillOutput:
         """Process ``query_token_ids`` [B, Q] in parallel and sample the next token of each request."""
         ...
 

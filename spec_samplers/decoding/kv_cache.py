@@ -34,7 +34,9 @@ class QueryLayout(NamedTuple):
 def _per_request_counts(name: str, counts: int | Sequence[int] | torch.Tensor, batch_size: int) -> list[int]:
     if isinstance(counts, torch.Tensor):
         if counts.dim() != 1 or counts.shape[0] != batch_size or counts.is_floating_point():
-            raise input_error(name, f"an int or {batch_size} integer counts", f"tensor {tuple(counts.shape)} {counts.dtype}")
+            raise input_error(
+                name, f"an int or {batch_size} integer counts", f"tensor {tuple(counts.shape)} {counts.dtype}"
+            )
         return [int(c) for c in counts.tolist()]
     if isinstance(counts, int) and not isinstance(counts, bool):
         return [counts] * batch_size
@@ -97,14 +99,20 @@ class SlotKVCache:
             if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
                 raise input_error(f"kv_states[{i}]", "keys and values tensors [B, H, T, D]", type(keys).__name__)
             if keys.shape != values.shape or (shape is not None and keys.shape != shape):
-                raise input_error(f"kv_states[{i}]", f"keys and values of shape {shape or tuple(keys.shape)}",
-                                  f"{tuple(keys.shape)} and {tuple(values.shape)}")
+                raise input_error(
+                    f"kv_states[{i}]",
+                    f"keys and values of shape {shape or tuple(keys.shape)}",
+                    f"{tuple(keys.shape)} and {tuple(values.shape)}",
+                )
             shape = keys.shape
             if existing:
                 old = existing[i].keys
                 if (keys.shape[0], keys.shape[1], keys.shape[3]) != (old.shape[0], old.shape[1], old.shape[3]):
-                    raise input_error(f"kv_states[{i}]", f"shape ({old.shape[0]}, {old.shape[1]}, T, {old.shape[3]})",
-                                      f"{tuple(keys.shape)}")
+                    raise input_error(
+                        f"kv_states[{i}]",
+                        f"shape ({old.shape[0]}, {old.shape[1]}, T, {old.shape[3]})",
+                        f"{tuple(keys.shape)}",
+                    )
         assert shape is not None
         return shape[0], shape[2]
 
@@ -207,8 +215,16 @@ class SlotKVCache:
     def query_layout(self, query_token_ids: torch.Tensor) -> QueryLayout:
         """Inputs of a forward over ``query_token_ids`` [B, Q] (-1 = padding): ids, attention mask
         over cache slots and query, positions. No host synchronisation."""
-        if not isinstance(query_token_ids, torch.Tensor) or query_token_ids.dim() != 2 or query_token_ids.is_floating_point():
-            actual = f"{tuple(query_token_ids.shape)} {query_token_ids.dtype}" if isinstance(query_token_ids, torch.Tensor) else type(query_token_ids).__name__
+        if (
+            not isinstance(query_token_ids, torch.Tensor)
+            or query_token_ids.dim() != 2
+            or query_token_ids.is_floating_point()
+        ):
+            actual = (
+                f"{tuple(query_token_ids.shape)} {query_token_ids.dtype}"
+                if isinstance(query_token_ids, torch.Tensor)
+                else type(query_token_ids).__name__
+            )
             raise input_error("query_token_ids", "an integer tensor [B, Q]", actual)
         B = query_token_ids.shape[0]
         device = query_token_ids.device
@@ -265,7 +281,10 @@ class TensorKVCache(SlotKVCache):
         if not self._layers:
             self._layers = [KVState(k, v) for k, v in kv_states]
         else:
-            self._layers = [KVState(torch.cat([o.keys, n[0]], 2), torch.cat([o.values, n[1]], 2)) for o, n in zip(self._layers, kv_states)]
+            self._layers = [
+                KVState(torch.cat([o.keys, n[0]], 2), torch.cat([o.values, n[1]], 2))
+                for o, n in zip(self._layers, kv_states)
+            ]
 
     def _storage_trim(self, num_slots: int) -> None:
         self._layers = [KVState(k[:, :, :-num_slots], v[:, :, :-num_slots]) for k, v in self._layers]

@@ -16,7 +16,11 @@ def as_prompts(prompt_ids: torch.Tensor | Sequence[Sequence[int]], vocab_size: i
     different lengths. Each prompt needs at least one token; ids must lie in [0, vocab_size)."""
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() != 2 or prompt_ids.is_floating_point():
-            raise input_error("prompt_ids", "an integer tensor [B, P] or a list of id lists", f"{tuple(prompt_ids.shape)} {prompt_ids.dtype}")
+            raise input_error(
+                "prompt_ids",
+                "an integer tensor [B, P] or a list of id lists",
+                f"{tuple(prompt_ids.shape)} {prompt_ids.dtype}",
+            )
         prompts = [list(map(int, row)) for row in prompt_ids.tolist()]
     elif isinstance(prompt_ids, Sequence) and not isinstance(prompt_ids, (str, bytes)):
         prompts = []
@@ -32,7 +36,9 @@ def as_prompts(prompt_ids: torch.Tensor | Sequence[Sequence[int]], vocab_size: i
             raise input_error(f"prompt_ids[{b}]", "at least one token", "an empty prompt")
         bad = [t for t in row if t < 0 or (vocab_size is not None and t >= vocab_size)]
         if bad:
-            raise input_error(f"prompt_ids[{b}]", f"token ids in [0, {vocab_size if vocab_size is not None else 'V'})", bad[0])
+            raise input_error(
+                f"prompt_ids[{b}]", f"token ids in [0, {vocab_size if vocab_size is not None else 'V'})", bad[0]
+            )
     return prompts
 
 
@@ -42,7 +48,7 @@ def left_pad(rows: Sequence[Sequence[int]], width: int, device: torch.device) ->
     for b, row in enumerate(rows):  # host data, once per generate
         tail = list(row)[-width:] if width else []
         if tail:
-            out[b, width - len(tail):] = torch.tensor(tail, dtype=torch.int64)
+            out[b, width - len(tail) :] = torch.tensor(tail, dtype=torch.int64)
     return out.to(device)
 
 
@@ -181,7 +187,9 @@ class GenerationOutput:
     def acceptance_per_position(self) -> list[float]:
         rounds = self._total("num_rounds")
         k = max((len(s.accepted_per_position) for s in self.stats), default=0)
-        return [sum(s.accepted_per_position[i] for s in self.stats) / rounds if rounds else float("nan") for i in range(k)]
+        return [
+            sum(s.accepted_per_position[i] for s in self.stats) / rounds if rounds else float("nan") for i in range(k)
+        ]
 
     @property
     def tokens_per_target_pass(self) -> float:
