@@ -9,6 +9,7 @@ from spec_samplers.errors import SpecSamplerInputError
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output
 from spec_samplers.registry import UnknownSamplerError, available_samplers, get_sampler
 from spec_samplers.rejection import RejectionSampler
+from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.typical import TypicalAcceptanceSampler
 
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
+    "SamplingParams",
     "SpecDecodeBaseSampler",
     "SpecDecodeDeterministicBaseSampler",
     "SpecDecodeStochasticBaseSampler",
