@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     p.add_argument("--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)")
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
+    p.add_argument("--sampling-params", action="store_true",
+                   help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
+                        "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)")
 
 
 def _device(name: str | None) -> torch.device:
@@ -118,6 +121,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sampling_params:
+        from spec_samplers.bench.params_bench import cmd_params_bench
+
+        try:
+            return cmd_params_bench(args, _device(args.device))
+        except ValueError as exc:
+            print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
+            return 2
     try:
         config = build_config(args)
         if args.plot:
