@@ -12,7 +12,7 @@ from spec_samplers.rejection import RejectionSampler
 from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.typical import TypicalAcceptanceSampler
 
-__version__ = "0.1.0"
+from spec_samplers._version import __version__
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
