@@ -16,11 +16,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spec_samplers"
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("spec_samplers.constants", "spec_samplers.errors", "spec_samplers._version")),
     (1, ("spec_samplers.layout", "spec_samplers.torch_ops", "spec_samplers.counter_rng", "spec_samplers.rng",
-         "spec_samplers.output")),
+         "spec_samplers.output", "spec_samplers.rng_sampling")),
     (2, ("spec_samplers.validation", "spec_samplers.seeding")),
-    (3, ("spec_samplers.reference", "spec_samplers.kernels")),
+    (3, ("spec_samplers.reference", "spec_samplers.kernels", "spec_samplers.sampling.reference")),
     (4, ("spec_samplers.base",)),
-    (5, ("spec_samplers.rejection", "spec_samplers.typical")),
+    (5, ("spec_samplers.rejection", "spec_samplers.typical", "spec_samplers.sampling")),
     (6, ("spec_samplers.registry",)),
     (7, ("spec_samplers.integrations",)),
     (8, ("spec_samplers.bench",)),
@@ -30,6 +30,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
 #: same-or-lower imports that are still forbidden: (importer prefix, imported prefix, why)
 FORBIDDEN = [
     ("spec_samplers.kernels", "spec_samplers.reference", "kernels mirror the reference; they must not depend on it"),
+    ("spec_samplers.kernels", "spec_samplers.sampling.reference", "kernels mirror the reference; they must not depend on it"),
     ("spec_samplers.integrations", "spec_samplers.reference", "engine adapters call samplers, not the reference"),
 ]
 

@@ -102,6 +102,18 @@ def sample_exponential(seed, offset, vocab_index, PRECISE: tl.constexpr):
 
 
 @triton.jit
+def round_to_output(x, out_ptr):
+    """fp32 -> the output's dtype, rounding to nearest even (as torch's .to()). bf16 is rounded on
+    the bit pattern: the interpreter truncates a plain cast (finite x only)."""
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
 def output_row(rows_ptr, b, R):
     """(input row of output b, clamped into [0, R), whether it exists)."""
     r = tl.load(rows_ptr + b).to(tl.int64)
@@ -331,7 +343,7 @@ def renorm_kernel(
         v = load_values(x_ptr + b * stride_r, offs, mask, False)
         # (a scalar & vector mask trips the interpreter: the row test folds into tau)
         out = tl.where(v >= tl.where(denom > 0.0, tau, float("inf")), tl.math.div_rn(v, safe), 0.0)
-        tl.store(out_ptr + b * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + b * stride_o + offs, round_to_output(out, out_ptr), mask=mask)
 
 
 @triton.jit(do_not_specialize=["chunk"])

@@ -17,7 +17,7 @@ import torch
 
 from spec_samplers.kernels import sampling_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import precise_math, vocab_contiguous
+from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
 
 #: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
 SEARCH_BLOCK_V = 256
@@ -43,12 +43,16 @@ def _row_stats(
     softmax = temperature is not None
     psum = torch.empty((B, NB), **f32) if softmax else None
     pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
-    sk.stats_kernel[(B, NB)](
-        x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, temp_ptr=temperature,
-        max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx,
-        R=x.shape[0], V=x.shape[1], chunk=split.chunk, NB=NB,
-        LOGITS=logits, SOFTMAX=softmax, BLOCK_V=split.block_v, PRECISE=precise_math(),
-    )
+    KernelLaunch(
+        sk.stats_kernel, (B, NB),
+        dict(
+            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, temp_ptr=temperature,
+            max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx,
+            R=x.shape[0], V=x.shape[1], chunk=split.chunk, NB=NB,
+            LOGITS=logits, SOFTMAX=softmax, BLOCK_V=split.block_v, PRECISE=precise_math(),
+        ),
+        name="stats",
+    ).run()
     row_max = pmax.amax(dim=1)
     row_min = pmin.amin(dim=1)
     if not softmax:
@@ -70,11 +74,15 @@ def _search(
     int64 or None)."""
     B = rows.shape[0]
     mass = torch.empty(B, dtype=torch.int64, device=x.device) if track_mass else None
-    sk.search_kernel[(B,)](
-        x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, lo_ptr=lo, hi_ptr=hi, mass_ptr=mass,
-        k_ptr=top_k, p_ptr=top_p, R=x.shape[0], V=x.shape[1],
-        MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, BLOCK_V=_search_block(x.shape[1]), PRECISE=precise_math(),
-    )
+    KernelLaunch(
+        sk.search_kernel, (B,),
+        dict(
+            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, lo_ptr=lo, hi_ptr=hi, mass_ptr=mass,
+            k_ptr=top_k, p_ptr=top_p, R=x.shape[0], V=x.shape[1],
+            MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, BLOCK_V=_search_block(x.shape[1]), PRECISE=precise_math(),
+        ),
+        name="search",
+    ).run()
     return lo, mass
 
 
@@ -136,12 +144,16 @@ def sample_triton(
     NB = split.num_blocks
     pkey = torch.empty((B, NB), dtype=torch.float32, device=device)
     pidx = torch.empty((B, NB), dtype=torch.int32, device=device)
-    sk.race_kernel[(B, NB)](
-        x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, tau_ptr=tau,
-        seed_ptr=seeds.to(torch.int64).contiguous(), offset_ptr=offsets.to(torch.int64).contiguous(),
-        key_ptr=pkey, idx_ptr=pidx, R=R, V=V, chunk=split.chunk, NB=NB,
-        LOGITS=logits, BLOCK_V=split.block_v, PRECISE=precise_math(),
-    )
+    KernelLaunch(
+        sk.race_kernel, (B, NB),
+        dict(
+            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, tau_ptr=tau,
+            seed_ptr=seeds.to(torch.int64).contiguous(), offset_ptr=offsets.to(torch.int64).contiguous(),
+            key_ptr=pkey, idx_ptr=pidx, R=R, V=V, chunk=split.chunk, NB=NB,
+            LOGITS=logits, BLOCK_V=split.block_v, PRECISE=precise_math(),
+        ),
+        name="race",
+    ).run()
     tokens = pidx.gather(1, torch.argmax(pkey, dim=1, keepdim=True))[:, 0].to(torch.int64)
     valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
     return torch.where(valid, tokens, -1), valid
@@ -165,10 +177,14 @@ def renorm_triton(
     if split is None:
         split = vocab_split(V, B, probs.device)
     tau, _, kept_mass = thresholds_triton(probs, rows, False, top_k, top_p, None, False, split, need_kept_mass=True)
-    sk.renorm_kernel[(B, split.num_blocks)](
-        x_ptr=probs, stride_r=probs.stride(0), tau_ptr=tau, mass_ptr=kept_mass, out_ptr=out, stride_o=out.stride(0),
-        V=V, chunk=split.chunk, BLOCK_V=split.block_v,
-    )
+    KernelLaunch(
+        sk.renorm_kernel, (B, split.num_blocks),
+        dict(
+            x_ptr=probs, stride_r=probs.stride(0), tau_ptr=tau, mass_ptr=kept_mass, out_ptr=out, stride_o=out.stride(0),
+            V=V, chunk=split.chunk, BLOCK_V=split.block_v,
+        ),
+        name="renorm",
+    ).run()
     return out
 
 
@@ -188,10 +204,14 @@ def mask_logits_triton(
     if split is None:
         split = vocab_split(V, B, logits.device)
     tau, _, _ = thresholds_triton(logits, rows, True, top_k, None, None, False, split)
-    sk.mask_kernel[(B, split.num_blocks)](
-        x_ptr=logits, stride_r=logits.stride(0), tau_ptr=tau, out_ptr=out, stride_o=out.stride(0),
-        V=V, chunk=split.chunk, BLOCK_V=split.block_v,
-    )
+    KernelLaunch(
+        sk.mask_kernel, (B, split.num_blocks),
+        dict(
+            x_ptr=logits, stride_r=logits.stride(0), tau_ptr=tau, out_ptr=out, stride_o=out.stride(0),
+            V=V, chunk=split.chunk, BLOCK_V=split.block_v,
+        ),
+        name="mask",
+    ).run()
     return out
 
 
@@ -213,8 +233,12 @@ def softmax_triton(
         split = vocab_split(V, B, logits.device)
     temperature = temperature.to(torch.float32).contiguous()
     row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
-    sk.softmax_kernel[(B, split.num_blocks)](
-        x_ptr=logits, stride_r=logits.stride(0), temp_ptr=temperature, max_ptr=row_max, sum_ptr=row_sum,
-        argmax_ptr=argmax, out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=precise_math(),
-    )
+    KernelLaunch(
+        sk.softmax_kernel, (B, split.num_blocks),
+        dict(
+            x_ptr=logits, stride_r=logits.stride(0), temp_ptr=temperature, max_ptr=row_max, sum_ptr=row_sum,
+            argmax_ptr=argmax, out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=precise_math(),
+        ),
+        name="softmax",
+    ).run()
     return out
