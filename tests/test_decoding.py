@@ -17,19 +17,17 @@ import math
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")  # noqa: F841  (a dependency of the test extra via vllm)
-
-from spec_samplers import SamplingParams, available_samplers, get_sampler  # noqa: E402
-from spec_samplers.decoding import (  # noqa: E402
+from spec_samplers import SamplingParams, available_samplers, get_sampler
+from spec_samplers.decoding import (
     KVCache,
     SlotKVCache,
     SpeculativeDecoder,
     generate_autoregressive,
 )
-from spec_samplers.integrations.transformers import HFLanguageModel  # noqa: E402
-from spec_samplers.sampling_params import process_logits  # noqa: E402
-from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue  # noqa: E402
-from tiny_models import noisy_copy, tiny_llama  # noqa: E402
+from spec_samplers.integrations.transformers import HFLanguageModel
+from spec_samplers.sampling_params import process_logits
+from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
+from tiny_models import noisy_copy, tiny_llama
 
 V = 12
 

@@ -78,7 +78,6 @@ def test_per_request_crops_leave_holes_that_compaction_removes():
 
 
 def test_hf_cache_crops_per_request():
-    pytest.importorskip("transformers")
     from spec_samplers.integrations.transformers import HFKVCache
 
     cache = HFKVCache()

@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling-params", action="store_true",
                    help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
                         "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)")
+    from spec_samplers.bench.models import add_arguments as add_model_arguments
+
+    add_model_arguments(p)
 
 
 def _device(name: str | None) -> torch.device:
@@ -119,6 +122,10 @@ def build_config(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from spec_samplers.bench import report, runner
 
+    if getattr(args, "models", None):
+        from spec_samplers.bench.models import cmd_bench_models
+
+        return cmd_bench_models(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.sampling_params:
