@@ -20,10 +20,11 @@ from spec_samplers.logits_processor.types import TaggedTensor, TensorType
 
 
 def _sampling() -> Any:
-    # imported on first use: spec_samplers.sampling pulls in the kernel launchers' modules
-    from spec_samplers import sampling
+    # imported on first use; the operations module, not the package: the package also holds
+    # chain_speculative_sampling, which sits above the samplers (tests/test_layers.py)
+    from spec_samplers.sampling import api
 
-    return sampling
+    return api
 
 
 def _backend(op: Op, kwargs: dict[str, Any]) -> str:

@@ -203,7 +203,7 @@ class LogitsPipe:
             out = self.run(flat, **kwargs)
             probs = out.data
             if out.type == TensorType.LOGITS:
-                from spec_samplers import sampling
+                from spec_samplers.sampling import api as sampling
 
                 probs = sampling.softmax(probs, backend=str(kwargs.get("backend", "auto")))
             return probs.to(torch.float32).reshape(x.shape)
