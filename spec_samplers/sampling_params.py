@@ -181,7 +181,7 @@ def sampling_tensors(
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _processing_pipe(min_p: bool, top_k: bool, top_p: bool) -> LogitsPipe:
     """vLLM's processing as a compiled LogitsPipe, without the steps no row uses."""
     steps: list[LogitsProcessor] = [Temperature(), Softmax()]

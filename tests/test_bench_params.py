@@ -16,7 +16,9 @@ from spec_samplers.sampling_params import SamplingParams, process_logits
 
 def test_quick_run_tables_and_json(tmp_path, capsys):
     path = tmp_path / "p.json"
-    code = main(["bench", "--sampling-params", "--quick", "--rows", "64", "--vocab", "64", "--k", "2", "--json", str(path)])
+    code = main(
+        ["bench", "--sampling-params", "--quick", "--rows", "64", "--vocab", "64", "--k", "2", "--json", str(path)]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "trace: T=0.8 top_p=0.95" in out and "temperature only" in out and "Gain of drafting alike" in out
@@ -36,8 +38,9 @@ def test_theory_is_sum_min_of_the_processed_pair():
     drafts = params_bench.draft_distributions(draft, params)
     assert torch.equal(drafts["alike"], process_logits(draft, params))
     assert torch.allclose(drafts["temperature only"], torch.softmax(draft / 0.8, -1), atol=1e-6)
-    results = params_bench.run(k=1, rows=16, vocab_size=40, contexts=3, scales=(2.0,), sigmas=(1.0,),
-                               settings=(("x", params),))
+    results = params_bench.run(
+        k=1, rows=16, vocab_size=40, contexts=3, scales=(2.0,), sigmas=(1.0,), settings=(("x", params),)
+    )
     for r in results:
         alpha = float(torch.minimum(q.double(), drafts[r["draft"]].double()).sum(1).mean())
         assert abs(r["theory"]["alpha"] - alpha) < 1e-9

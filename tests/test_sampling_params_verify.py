@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 from spec_samplers import RejectionSampler, SamplingParams, SpecSamplerInputError, TypicalAcceptanceSampler
 from spec_samplers.sampling_params import process_logits
-from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 V = 16
 K = 2
@@ -65,7 +65,9 @@ def make_batch(seed: int, dtype: torch.dtype):
     draft = (target[:, :K].float() + 0.8 * torch.randn(R, K, V, generator=gen)).to(dtype)
     q = torch.stack([processed_reference(target[r], REQUESTS[r]) for r in range(R)])  # [R, K+1, V]
     p = torch.stack([processed_reference(draft[r], REQUESTS[r]) for r in range(R)])  # [R, K, V]
-    ids = torch.stack([torch.multinomial(p[r].float(), N, replacement=True, generator=gen).T for r in range(R)])  # [R, N, K]
+    ids = torch.stack(
+        [torch.multinomial(p[r].float(), N, replacement=True, generator=gen).T for r in range(R)]
+    )  # [R, N, K]
     bonus = torch.stack([torch.multinomial(q[r, K].float(), N, replacement=True, generator=gen) for r in range(R)])
     rows = R * N
     batch = (
@@ -82,7 +84,9 @@ def make_batch(seed: int, dtype: torch.dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lossless_for_the_processed_target(dtype):
     (target, bonus, draft, ids), params, seeds, q, p = make_batch(11, dtype)
-    out = RejectionSampler(backend="torch").forward_from_logits(target, bonus, draft, ids, seeds=seeds, sampling_params=params)
+    out = RejectionSampler(backend="torch").forward_from_logits(
+        target, bonus, draft, ids, seeds=seeds, sampling_params=params
+    )
     out = out.view(len(REQUESTS), N, K + 1)
     for r, req in enumerate(REQUESTS):
         emitted = out[r] != -1  # [N, K+1]
@@ -116,14 +120,22 @@ def test_equals_the_probability_path_and_ragged():
     assert torch.equal(out, sampler(q, bonus, p, ids, seeds=seeds, is_greedy=greedy))
     cu = torch.arange(1, B + 1) * K
     ragged = sampler.forward_ragged_from_logits(
-        target[:, :K].reshape(-1, V), bonus[:, 0], draft.reshape(-1, V), ids.reshape(-1), cu, K,
-        seeds=seeds, sampling_params=params,
+        target[:, :K].reshape(-1, V),
+        bonus[:, 0],
+        draft.reshape(-1, V),
+        ids.reshape(-1),
+        cu,
+        K,
+        seeds=seeds,
+        sampling_params=params,
     )
     # the ragged layout has no bonus rows: equal wherever a draft was rejected
     rejected = (out[:, 1:] == -1).any(dim=1)
     assert torch.equal(ragged[rejected], out[rejected])
     typical = TypicalAcceptanceSampler(backend="torch")
-    assert torch.equal(typical.forward_from_logits(target, bonus, None, ids, sampling_params=params), typical(q, bonus, None, ids))
+    assert torch.equal(
+        typical.forward_from_logits(target, bonus, None, ids, sampling_params=params), typical(q, bonus, None, ids)
+    )
 
 
 def test_kernel_backend_matches_torch_backend():
@@ -131,11 +143,19 @@ def test_kernel_backend_matches_torch_backend():
     B, k, v = 4, 3, 32
     target, draft = torch.randn(B, k + 1, v, generator=gen) * 2, torch.randn(B, k, v, generator=gen) * 2
     ids, bonus = torch.randint(0, v, (B, k), generator=gen), torch.randint(0, v, (B, 1), generator=gen)
-    params = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0),
-              SamplingParams(top_k=3, min_p=0.05), SamplingParams(top_k=50)]
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95),
+        SamplingParams(temperature=0),
+        SamplingParams(top_k=3, min_p=0.05),
+        SamplingParams(top_k=50),
+    ]
     seeds = torch.arange(B) + 17
-    a = RejectionSampler(backend="torch").forward_from_logits(target, bonus, draft, ids, seeds=seeds, sampling_params=params)
-    b = RejectionSampler(backend="triton").forward_from_logits(target, bonus, draft, ids, seeds=seeds, sampling_params=params)
+    a = RejectionSampler(backend="torch").forward_from_logits(
+        target, bonus, draft, ids, seeds=seeds, sampling_params=params
+    )
+    b = RejectionSampler(backend="triton").forward_from_logits(
+        target, bonus, draft, ids, seeds=seeds, sampling_params=params
+    )
     assert torch.equal(a, b)
 
 
@@ -154,10 +174,13 @@ def test_one_params_for_the_batch_equals_a_list():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(), "temperature: expected a .B. float tensor"),
-        (dict(temperature=torch.ones(3), sampling_params=SamplingParams()), "sampling_params: expected None when temperature"),
-        (dict(sampling_params=[SamplingParams()] * 2), "sampling_params: expected one SamplingParams or a list of 3"),
-        (dict(sampling_params=[SamplingParams(), SamplingParams(), "x"]), "sampling_params: expected SamplingParams"),
+        ({}, "temperature: expected a .B. float tensor"),
+        (
+            {"temperature": torch.ones(3), "sampling_params": SamplingParams()},
+            "sampling_params: expected None when temperature",
+        ),
+        ({"sampling_params": [SamplingParams()] * 2}, "sampling_params: expected one SamplingParams or a list of 3"),
+        ({"sampling_params": [SamplingParams(), SamplingParams(), "x"]}, "sampling_params: expected SamplingParams"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, message):

@@ -93,16 +93,18 @@ def run(
             q = process_logits(target_logits, params)  # [C, V]
             for draft_name, p in draft_distributions(draft_logits, params).items():
                 measured = quality.measure(sampler, q, p, k, rows, seed=seed, device=device, lossless=True)
-                results.append({
-                    "params": {f: v for f, v in asdict(params).items() if f != "seed"},
-                    "params_name": name,
-                    "scale": scale,
-                    "sigma": sigma,
-                    "draft": draft_name,
-                    "kept_tokens": float((q > 0).sum(dim=1).double().mean()),
-                    "draft_kept_tokens": float((p > 0).sum(dim=1).double().mean()),
-                    **measured,
-                })
+                results.append(
+                    {
+                        "params": {f: v for f, v in asdict(params).items() if f != "seed"},
+                        "params_name": name,
+                        "scale": scale,
+                        "sigma": sigma,
+                        "draft": draft_name,
+                        "kept_tokens": float((q > 0).sum(dim=1).double().mean()),
+                        "draft_kept_tokens": float((p > 0).sum(dim=1).double().mean()),
+                        **measured,
+                    }
+                )
     return results
 
 
@@ -111,15 +113,23 @@ def render(document: dict[str, object]) -> str:
     config = document["config"]
     assert isinstance(config, dict)
     lines = [
-        f"Acceptance under SamplingParams (RejectionSampler, k={config['k']}, V={config['vocab_size']}, "
-        f"{config['contexts']} contexts x {config['rows']} rows, device {config['device']})",
-        "draft 'alike': sampled from the draft processed with the same parameters; 'temperature only': "
-        "softmax(draft / T), as vLLM's drafters",
-        "alpha = sum min(p, q') (theory per position); acceptance = accepted / proposed drafts, theory for a lossless "
-        "sampler; z = (measured - theory) / stderr",
+        (
+            f"Acceptance under SamplingParams (RejectionSampler, k={config['k']}, V={config['vocab_size']}, "
+            f"{config['contexts']} contexts x {config['rows']} rows, device {config['device']})"
+        ),
+        (
+            "draft 'alike': sampled from the draft processed with the same parameters; 'temperature only': "
+            "softmax(draft / T), as vLLM's drafters"
+        ),
+        (
+            "alpha = sum min(p, q') (theory per position); acceptance = accepted / proposed drafts, theory for a lossless "
+            "sampler; z = (measured - theory) / stderr; |q|, |p|: mean number of tokens with mass"
+        ),
         "",
-        f"{'parameters':<38} {'scale':>5} {'sigma':>5} {'draft':<16} {'|q|':>6} {'|p|':>6} {'alpha':>6} "
-        f"{'accept':>7} {'theory':>7} {'z':>6} {'emitted':>7} {'theory':>7} {'TV excess':>9}",
+        (
+            f"{'parameters':<38} {'scale':>5} {'sigma':>5} {'draft':<16} {'|q|':>6} {'|p|':>6} {'alpha':>6} "
+            f"{'accept':>7} {'theory':>7} {'z':>6} {'emitted':>7} {'theory':>7} {'TV excess':>9}"
+        ),
     ]
     results = document["results"]
     assert isinstance(results, list)
@@ -139,8 +149,10 @@ def render(document: dict[str, object]) -> str:
             continue
         other = by_key[(name, scale, sigma, "temperature only")]
         gain = r["theory"]["acceptance"] - other["theory"]["acceptance"]
-        lines.append(f"  {name:<38} scale={scale:<4g} sigma={sigma:<4g} {gain:+.4f}  "
-                     f"({other['theory']['acceptance']:.4f} -> {r['theory']['acceptance']:.4f})")
+        lines.append(
+            f"  {name:<38} scale={scale:<4g} sigma={sigma:<4g} {gain:+.4f}  "
+            f"({other['theory']['acceptance']:.4f} -> {r['theory']['acceptance']:.4f})"
+        )
     return "\n".join(lines)
 
 
@@ -154,14 +166,31 @@ def cmd_params_bench(args: argparse.Namespace, device: torch.device) -> int:
     sigmas = (1.0,) if quick else (0.5, 1.0)
     if rows < 2:
         raise ValueError(f"--rows: expected an integer >= 2, got {rows}")
-    results = run(k=args.k, rows=rows, seed=args.seed, vocab_size=vocab, contexts=contexts, scales=scales, sigmas=sigmas,
-                  device=device)
+    results = run(
+        k=args.k,
+        rows=rows,
+        seed=args.seed,
+        vocab_size=vocab,
+        contexts=contexts,
+        scales=scales,
+        sigmas=sigmas,
+        device=device,
+    )
     document: dict[str, object] = {
         "schema": SCHEMA,
         "machine": report.machine_info(device),
-        "config": {"k": args.k, "rows": rows, "seed": args.seed, "quick": quick, "vocab_size": vocab,
-                   "contexts": contexts, "scales": list(scales), "sigmas": list(sigmas), "device": str(device),
-                   "threads": torch.get_num_threads()},
+        "config": {
+            "k": args.k,
+            "rows": rows,
+            "seed": args.seed,
+            "quick": quick,
+            "vocab_size": vocab,
+            "contexts": contexts,
+            "scales": list(scales),
+            "sigmas": list(sigmas),
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+        },
         "results": results,
     }
     print(render(document))

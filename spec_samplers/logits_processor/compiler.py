@@ -11,6 +11,7 @@ left to right; after a fusion the scan steps back one op so the fused op can fus
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -48,7 +49,9 @@ def _check_rule(rule: object) -> FusionRule:
         raise CompileError(f"custom_fusion_rules: expected FusionRule(pattern, guard, build, prio), got {rule!r}")
     rule = FusionRule(*rule)
     if not rule.pattern or not all(isinstance(p, type) and issubclass(p, (Op, LogitsProcessor)) for p in rule.pattern):
-        raise CompileError(f"FusionRule.pattern: expected a non-empty tuple of Op or LogitsProcessor classes, got {rule.pattern!r}")
+        raise CompileError(
+            f"FusionRule.pattern: expected a non-empty tuple of Op or LogitsProcessor classes, got {rule.pattern!r}"
+        )
     if not callable(rule.guard) or not callable(rule.build):
         raise CompileError("FusionRule: guard and build must be callables taking the matched window (a list of ops)")
     return rule
@@ -84,17 +87,36 @@ def _sample_params(window: list[Op]) -> dict[str, object]:
 def default_fusion_rules() -> list[FusionRule]:
     """The built-in rules: temperature into softmax, and filters into the sampling that follows."""
     return [
-        FusionRule((ops.TemperatureOp, ops.SoftmaxOp), _always,
-                   lambda w: ops.FusedTemperatureSoftmaxOp(**{**w[1].params, **w[0].params}), prio=10),
-        FusionRule((ops.ProbsTopKOp, ops.TopPOp, ops.ProbsSampleOp), _always,
-                   lambda w: ops.FusedProbsTopKTopPSampleOp(**{**_sample_params(w), **w[1].params, **w[0].params}),
-                   prio=100),
-        FusionRule((ops.ProbsTopKOp, ops.ProbsSampleOp), _always,
-                   lambda w: ops.FusedProbsTopKSampleOp(**{**_sample_params(w), **w[0].params}), prio=10),
-        FusionRule((ops.TopPOp, ops.ProbsSampleOp), _always,
-                   lambda w: ops.FusedProbsTopPSampleOp(**{**_sample_params(w), **w[0].params}), prio=10),
-        FusionRule((ops.MinPOp, ops.ProbsSampleOp), _always,
-                   lambda w: ops.FusedProbsMinPSampleOp(**{**_sample_params(w), **w[0].params}), prio=10),
+        FusionRule(
+            (ops.TemperatureOp, ops.SoftmaxOp),
+            _always,
+            lambda w: ops.FusedTemperatureSoftmaxOp(**{**w[1].params, **w[0].params}),
+            prio=10,
+        ),
+        FusionRule(
+            (ops.ProbsTopKOp, ops.TopPOp, ops.ProbsSampleOp),
+            _always,
+            lambda w: ops.FusedProbsTopKTopPSampleOp(**{**_sample_params(w), **w[1].params, **w[0].params}),
+            prio=100,
+        ),
+        FusionRule(
+            (ops.ProbsTopKOp, ops.ProbsSampleOp),
+            _always,
+            lambda w: ops.FusedProbsTopKSampleOp(**{**_sample_params(w), **w[0].params}),
+            prio=10,
+        ),
+        FusionRule(
+            (ops.TopPOp, ops.ProbsSampleOp),
+            _always,
+            lambda w: ops.FusedProbsTopPSampleOp(**{**_sample_params(w), **w[0].params}),
+            prio=10,
+        ),
+        FusionRule(
+            (ops.MinPOp, ops.ProbsSampleOp),
+            _always,
+            lambda w: ops.FusedProbsMinPSampleOp(**{**_sample_params(w), **w[0].params}),
+            prio=10,
+        ),
     ]
 
 
@@ -110,9 +132,11 @@ def single_softmax_rule(op_list: list[Op]) -> None:
 
 def indices_terminal_rule(op_list: list[Op]) -> None:
     """Nothing follows an op that outputs INDICES (a sampled token)."""
-    for op, nxt in zip(op_list, op_list[1:]):
+    for op, nxt in itertools.pairwise(op_list):
         if op.OUT == TensorType.INDICES:
-            raise CompileError(f"nothing may follow {op!r}, which outputs INDICES (sampled tokens); found {nxt!r} after it")
+            raise CompileError(
+                f"nothing may follow {op!r}, which outputs INDICES (sampled tokens); found {nxt!r} after it"
+            )
 
 
 def default_validity_checks() -> list[ValidityCheck]:
@@ -132,7 +156,9 @@ def legalize_processors(processors: Sequence[LogitsProcessor], initial_type: Ten
     for i, processor in enumerate(processors):
         name = type(processor).__name__
         if not isinstance(processor, LogitsProcessor):
-            raise LegalizationError(f"LogitsPipe: processor {i} must be a LogitsProcessor, got {type(processor).__name__}")
+            raise LegalizationError(
+                f"LogitsPipe: processor {i} must be a LogitsProcessor, got {type(processor).__name__}"
+            )
         if current == TensorType.INDICES:
             raise LegalizationError(
                 f"LogitsPipe: nothing may follow {previous}, which outputs INDICES (sampled tokens); found {name} at position {i}"
@@ -190,10 +216,12 @@ def type_check(op_list: list[Op]) -> None:
     first = op_list[0]
     if first.IN not in STANDARD_INPUTS:
         raise CompileError(f"the first operator ({first!r}) takes {first.IN}; a pipe input is LOGITS or PROBS")
-    current = first.IN
+    current: TensorType | None = first.IN
     for i, op in enumerate(op_list):
         if op.IN != current:
-            raise CompileError(f"type mismatch at operator {i} ({op!r}): it takes {op.IN}, the previous operator gives {current}")
+            raise CompileError(
+                f"type mismatch at operator {i} ({op!r}): it takes {op.IN}, the previous operator gives {current}"
+            )
         current = op.OUT
 
 
@@ -232,7 +260,9 @@ class Compiler:
                 if pattern_matches(window, rule.pattern) and rule.guard(window):
                     fused = rule.build(window)
                     if not isinstance(fused, Op):
-                        raise CompileError(f"fusion rule {rule.pattern!r}: build returned {type(fused).__name__}, not an Op")
+                        raise CompileError(
+                            f"fusion rule {rule.pattern!r}: build returned {type(fused).__name__}, not an Op"
+                        )
                     if not fused.fused_from:
                         fused.fused_from = tuple(window)
                     op_list[i : i + len(window)] = [fused]

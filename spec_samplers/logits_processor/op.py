@@ -60,7 +60,9 @@ class Op(ABC):
         if name in self.params:
             return self.params[name]
         if required:
-            raise ValueError(f"{type(self).__name__}: runtime parameter {name!r} is required (pass {name}=... to the pipe)")
+            raise ValueError(
+                f"{type(self).__name__}: runtime parameter {name!r} is required (pass {name}=... to the pipe)"
+            )
         return None
 
     def check_input(self, tensor: TaggedTensor) -> TensorType:

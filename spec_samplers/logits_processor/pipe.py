@@ -64,11 +64,15 @@ class LogitsPipe:
         custom_validity_checks: Sequence[ValidityCheck] | None = None,
     ):
         if isinstance(processors, LogitsProcessor) or not isinstance(processors, Sequence):
-            raise ValueError(f"LogitsPipe: processors must be a list of LogitsProcessor, got {type(processors).__name__}")
+            raise TypeError(
+                f"LogitsPipe: processors must be a list of LogitsProcessor, got {type(processors).__name__}"
+            )
         if not processors:
             raise ValueError("LogitsPipe: the pipeline is empty; give at least one processor")
         if input_type is not None and input_type not in (TensorType.LOGITS, TensorType.PROBS):
-            raise ValueError(f"LogitsPipe: input_type must be TensorType.LOGITS or TensorType.PROBS, got {input_type!r}")
+            raise ValueError(
+                f"LogitsPipe: input_type must be TensorType.LOGITS or TensorType.PROBS, got {input_type!r}"
+            )
         self.processors: list[LogitsProcessor] = list(processors)
         self._initial_type = input_type or infer_initial_type(self.processors)
         self.legalized_ops: list[Op] = legalize_processors(self.processors, self._initial_type)
@@ -135,7 +139,7 @@ class LogitsPipe:
 
     def verify(
         self,
-        sampler: torch.nn.Module,
+        sampler: Any,  # a verification sampler instance (SpecDecodeBaseSampler)
         target_logits: torch.Tensor,  # [B, k+1, V] padded or [T, V] ragged (probabilities for a PROBS pipe)
         bonus_token_ids: torch.Tensor,  # [B, 1] padded, [B] or [B, 1] ragged, int32/int64
         draft_logits: torch.Tensor | None,  # [B, k, V] / [T, V], or None (point-mass drafts)
@@ -175,11 +179,15 @@ class LogitsPipe:
                 "distribution: drop the Sample processor"
             )
         if not callable(getattr(sampler, "forward", None)):
-            raise input_error("sampler", "a verification sampler instance (e.g. spec_samplers.get_sampler(name))", type(sampler).__name__)
+            raise input_error(
+                "sampler",
+                "a verification sampler instance (e.g. spec_samplers.get_sampler(name))",
+                type(sampler).__name__,
+            )
         logits_in = self._initial_type == TensorType.LOGITS
         names = ("target_logits", "draft_logits") if logits_in else ("target_probs", "draft_probs")
         ragged = cu_num_draft_tokens is not None
-        if ragged:
+        if cu_num_draft_tokens is not None:
             if max_spec_len is None:
                 raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
             shapes = validation.check_ragged_metadata(
@@ -212,16 +220,21 @@ class LogitsPipe:
         draft_probs = None if draft_logits is None else process(draft_logits, K)
         accepted = inspect.signature(sampler.forward).parameters
         extra: dict[str, Any] = {}
-        for name, value in (("seeded_seqs", seeded_seqs), ("seeds", seeds), ("offsets", offsets), ("is_greedy", is_greedy)):
+        for name, value in (
+            ("seeded_seqs", seeded_seqs),
+            ("seeds", seeds),
+            ("offsets", offsets),
+            ("is_greedy", is_greedy),
+        ):
             if name in accepted:
                 extra[name] = value
             elif value is not None and name != "is_greedy":
                 raise input_error(name, f"None: {type(sampler).__name__} draws no random numbers", "a value")
         if ragged:
-            return sampler.forward_ragged(  # type: ignore[no-any-return]
+            return sampler.forward_ragged(
                 target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, **extra
             )
-        return sampler(target_probs, bonus_token_ids, draft_probs, draft_token_ids, **extra)  # type: ignore[no-any-return]
+        return sampler.forward(target_probs, bonus_token_ids, draft_probs, draft_token_ids, **extra)
 
 
 def _greedy_rows(temperature: object, batch_size: int, device: torch.device) -> torch.Tensor | None:
@@ -232,7 +245,11 @@ def _greedy_rows(temperature: object, batch_size: int, device: torch.device) -> 
         if temperature.dim() == 0:
             return (temperature == 0).to(device).expand(batch_size).contiguous()
         if temperature.dim() != 1 or temperature.shape[0] != batch_size:
-            raise input_error("temperature", f"a scalar or a tensor of shape ({batch_size},) (one per request)", f"shape {tuple(temperature.shape)}")
+            raise input_error(
+                "temperature",
+                f"a scalar or a tensor of shape ({batch_size},) (one per request)",
+                f"shape {tuple(temperature.shape)}",
+            )
         return (temperature == 0).to(device)
     return torch.full((batch_size,), temperature == 0, dtype=torch.bool, device=device)
 
@@ -244,5 +261,7 @@ def _spread(name: str, value: Any, batch_size: int, request_of_row: torch.Tensor
     if value.dim() == 0:
         return value.reshape(1).expand(request_of_row.shape[0]).to(request_of_row.device)
     if value.dim() != 1 or value.shape[0] != batch_size:
-        raise input_error(name, f"a scalar or a tensor of shape ({batch_size},) (one per request)", f"shape {tuple(value.shape)}")
+        raise input_error(
+            name, f"a scalar or a tensor of shape ({batch_size},) (one per request)", f"shape {tuple(value.shape)}"
+        )
     return value.to(request_of_row.device)[request_of_row]
