@@ -60,10 +60,12 @@ def _process_sampling_params(
     target_logits: torch.Tensor,  # [B, K+1, V] padded or [T, V] ragged
     draft_logits: torch.Tensor | None,  # [B, K, V] / [T, V] or None
     sampling_params: SamplingParams | Sequence[SamplingParams],
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(target probs, draft probs, is_greedy [B]): both processed row by row with their request's
     parameters (vLLM's order: temperature, min-p, top-k, top-p), so the verification that follows
-    is lossless for the processed target, for drafts sampled from the processed draft."""
+    is lossless for the processed target, for drafts sampled from the processed draft. The
+    processing runs the sampling operations on the sampler's ``backend``."""
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
     device = target_logits.device
     params = sampling_tensors(sampling_params, B, device)
@@ -73,7 +75,7 @@ def _process_sampling_params(
         if flat.shape[0] == 0 or B == 0:
             return torch.zeros(x.shape, dtype=torch.float32, device=device)
         rows = params.select(layout.request_of_rows(flat.shape[0], per_request, device))
-        return process_logits(flat, rows).view(x.shape)
+        return process_logits(flat, rows, backend=backend).view(x.shape)
 
     draft = None if draft_logits is None else process(draft_logits, K)
     return process(target_logits, K + 1), draft, params.is_greedy
@@ -220,7 +222,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         else:
             layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
         if sampling_params is not None:
-            target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params)
+            target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
         batch = VerifyBatch(
             layout, target, draft, draft_token_ids, bonus_token_ids.reshape(shapes.batch_size),
             seeds=seeds, offsets=offsets, is_greedy=is_greedy, temperature=temperature,

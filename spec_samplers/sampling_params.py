@@ -194,6 +194,7 @@ def _processing_pipe(min_p: bool, top_k: bool, top_p: bool) -> LogitsPipe:
 def process_logits(
     logits: torch.Tensor,  # [N, V] fp32/fp16/bf16
     sampling_params: SamplingParams | Sequence[SamplingParams] | SamplingTensors | None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Probabilities [N, V] fp32 that row n samples from under its SamplingParams.
 
@@ -203,7 +204,8 @@ def process_logits(
     rows. Computed by the compiled :class:`~spec_samplers.logits_processor.LogitsPipe`
     ``[Temperature(), Softmax(), MinP(), TopK(), TopP()]`` (steps no row uses are left out), whose
     ops are :mod:`spec_samplers.sampling`'s (Triton kernels on CUDA): the one implementation of
-    the filters. Vectorised over rows; no host synchronisation. Logits may hold -inf (masked tokens) but
+    the filters; ``backend`` ("auto", "torch", "triton") picks theirs. Vectorised over rows; no host
+    synchronisation. Logits may hold -inf (masked tokens) but
     every row needs a finite one and no NaN.
 
     Example::
@@ -232,4 +234,4 @@ def process_logits(
         runtime["top_k"] = st.top_k
     if st.any_top_p:
         runtime["top_p"] = st.top_p
-    return _processing_pipe(st.any_min_p, st.any_top_k, st.any_top_p)(logits, **runtime)
+    return _processing_pipe(st.any_min_p, st.any_top_k, st.any_top_p)(logits, backend=backend, **runtime)

@@ -138,8 +138,11 @@ def test_equals_the_probability_path_and_ragged():
     )
 
 
-def test_kernel_backend_matches_torch_backend():
-    gen = torch.Generator().manual_seed(5)
+@pytest.mark.parametrize("seed", [5, 6])
+def test_kernel_backend_matches_torch_backend(seed):
+    """backend="triton": the processing runs the sampling kernels and the verification the
+    rejection kernels (interpreted on CPU); the tokens equal the PyTorch path's."""
+    gen = torch.Generator().manual_seed(seed)
     B, k, v = 4, 3, 32
     target, draft = torch.randn(B, k + 1, v, generator=gen) * 2, torch.randn(B, k, v, generator=gen) * 2
     ids, bonus = torch.randint(0, v, (B, k), generator=gen), torch.randint(0, v, (B, 1), generator=gen)
@@ -147,16 +150,20 @@ def test_kernel_backend_matches_torch_backend():
         SamplingParams(temperature=0.8, top_p=0.95),
         SamplingParams(temperature=0),
         SamplingParams(top_k=3, min_p=0.05),
-        SamplingParams(top_k=50),
+        SamplingParams(top_k=50, top_p=0.7),
     ]
-    seeds = torch.arange(B) + 17
-    a = RejectionSampler(backend="torch").forward_from_logits(
-        target, bonus, draft, ids, seeds=seeds, sampling_params=params
-    )
-    b = RejectionSampler(backend="triton").forward_from_logits(
-        target, bonus, draft, ids, seeds=seeds, sampling_params=params
-    )
+    seeds = torch.arange(B) + 17 * seed
+    torch_sampler, triton_sampler = RejectionSampler(backend="torch"), RejectionSampler(backend="triton")
+    a = torch_sampler.forward_from_logits(target, bonus, draft, ids, seeds=seeds, sampling_params=params)
+    b = triton_sampler.forward_from_logits(target, bonus, draft, ids, seeds=seeds, sampling_params=params)
     assert torch.equal(a, b)
+    counts = torch.tensor([3, 0, 2, 1])
+    keep = torch.arange(k)[None, :] < counts[:, None]
+    args = (target[:, :k][keep], bonus[:, 0], draft[keep], ids[keep], counts.cumsum(0), k)
+    assert torch.equal(
+        torch_sampler.forward_ragged_from_logits(*args, seeds=seeds, sampling_params=params),
+        triton_sampler.forward_ragged_from_logits(*args, seeds=seeds, sampling_params=params),
+    )
 
 
 def test_one_params_for_the_batch_equals_a_list():
