@@ -383,6 +383,12 @@ def test_verify_logits_output_pipe_and_errors():
     # a pipe ending in LOGITS gets a softmax before verification
     out = LogitsPipe([Temperature()]).verify(sampler, target, bonus, draft, ids, seeds=seeds, temperature=0.7)
     assert torch.equal(out, sampler.forward_from_logits(target, bonus, draft, ids, torch.full((4,), 0.7), seeds=seeds))
+    # k = 0: no draft rows, only the bonus
+    none = torch.zeros(4, 0, dtype=torch.long)
+    out = LogitsPipe([Temperature(), Softmax(), TopK()]).verify(
+        sampler, target[:, :1], bonus, draft[:, :0], none, seeds=seeds, temperature=0.5, top_k=3
+    )
+    assert torch.equal(out, bonus)
     with pytest.raises(ValueError, match="ends in Sample"):
         LogitsPipe([Softmax(), Sample()]).verify(sampler, target, bonus, draft, ids)
     with pytest.raises(SpecSamplerInputError, match="seeds: expected None"):

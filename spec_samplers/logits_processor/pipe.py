@@ -204,8 +204,8 @@ class LogitsPipe:
 
         def process(x: torch.Tensor, per_request: int) -> torch.Tensor:
             flat = x.reshape(-1, V)
-            if flat.shape[0] == 0:
-                return torch.empty(0, V, dtype=torch.float32, device=device)
+            if flat.shape[0] == 0 or B == 0:
+                return torch.zeros(x.shape, dtype=torch.float32, device=device)
             req = layout.request_of_rows(flat.shape[0], per_request, device)
             kwargs = {name: _spread(name, value, B, req) for name, value in params.items()}
             out = self.run(flat, **kwargs)
