@@ -12,22 +12,26 @@ Statistical checks (fixed seeds, so deterministic; the rates are per test at a r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
 import torch
+from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
+from tiny_models import noisy_copy, tiny_llama
 
 from spec_samplers import SamplingParams, available_samplers, get_sampler
 from spec_samplers.decoding import (
+    AutoregressiveInferencer,
+    Inferencer,
     KVCache,
+    SampleStrategy,
     SlotKVCache,
     SpeculativeDecoder,
     generate_autoregressive,
 )
 from spec_samplers.integrations.transformers import HFLanguageModel
 from spec_samplers.sampling_params import process_logits
-from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
-from tiny_models import noisy_copy, tiny_llama
 
 V = 12
 
@@ -141,7 +145,7 @@ def test_model_without_eos_generates_to_max_new_tokens(pair):
     model = HFLanguageModel(target)
     assert isinstance(model.new_kv_cache(), KVCache)
     with pytest.raises(ValueError, match="eos_token_id"):
-        model.eos_token_id
+        _ = model.eos_token_id
     out = SpeculativeDecoder(model, HFLanguageModel(draft), num_speculative_tokens=2).generate(
         torch.tensor([[1, 2]]), max_new_tokens=11, sampling_params=SamplingParams(seed=5)
     )
@@ -157,7 +161,7 @@ def test_typical_acceptance_runs_and_reports_acceptance(pair):
     for s in out.stats:
         assert s.num_generated == 12 and 0 <= s.num_accepted <= s.num_verified <= s.num_drafted == 3 * s.num_rounds
         per_position = s.acceptance_per_position
-        assert all(a >= b for a, b in zip(per_position, per_position[1:]))  # position i needs i - 1 accepted
+        assert all(a >= b for a, b in itertools.pairwise(per_position))  # position i needs i - 1 accepted
     assert 0 < out.acceptance_rate < 1
     # greedy targets are one-hot, which typical acceptance accepts exactly when the draft is the argmax
     greedy = decoder.generate(prompts, max_new_tokens=12, sampling_params=SamplingParams(temperature=0))
@@ -193,3 +197,29 @@ def test_draft_with_a_smaller_vocabulary(pair):
         ref = target.generate(torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
                               max_new_tokens=10, do_sample=False)
     assert torch.equal(greedy.token_ids, ref[:, 3:])
+
+
+def test_autoregressive_inferencer_prefill_and_decode(pair):
+    target, _ = pair
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    free = generate_autoregressive(HFLanguageModel(target), prompts, 8, SamplingParams(temperature=0))
+    row0 = free.token_ids[0].tolist()
+    eos = row0[3] if row0[3] not in row0[:3] else row0[0]
+    model = HFLanguageModel(target, eos_token_id=eos)
+    inferencer = AutoregressiveInferencer(model)
+    assert isinstance(inferencer, Inferencer)
+    cache = model.new_kv_cache()
+    strategy = SampleStrategy(SamplingParams(temperature=0), batch_size=2)
+    first = inferencer.prefill(prompts, cache, strategy)
+    assert first.token_ids.shape == (2, 1) and first.token_logits.shape == (2, 3, V)
+    rest = inferencer.decode(first.token_ids, cache, 7, strategy)
+    n = rest.token_ids.shape[1]
+    assert rest.token_logits.shape == (2, n, V)
+    got = torch.cat([first.token_ids, rest.token_ids], dim=1)
+    for b in range(2):
+        ref = free.token_ids[b].tolist()
+        stop = ref.index(eos) + 1 if eos in ref else 8
+        assert got[b, :stop].tolist() == ref[:stop] and bool((got[b, stop:] == -1).all())
+    assert n == 7 or all(eos in free.token_ids[b].tolist() for b in range(2))  # stops once every row has an EOS
+    with pytest.raises(ValueError, match="query_token_ids"):
+        inferencer.decode(prompts, cache, 2, strategy)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from tiny_models import save_pair
 
 from spec_samplers.cli import main
-from tiny_models import save_pair
 
 
 @pytest.fixture(scope="module")

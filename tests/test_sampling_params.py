@@ -30,9 +30,9 @@ def test_invalid_fields_name_the_field(field, value):
 
 def test_valid_fields_and_greedy_reset():
     assert SamplingParams() == SamplingParams(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None)
-    for ok in (dict(top_k=-1), dict(top_k=0), dict(top_k=1), dict(top_p=1.0), dict(min_p=0.0), dict(min_p=1.0),
-               dict(temperature=0), dict(temperature=5.0), dict(seed=0), dict(seed=2**64 - 1), dict(seed=-(2**63))):
-        SamplingParams(**ok)
+    for field, value in [("top_k", -1), ("top_k", 0), ("top_k", 1), ("top_p", 1.0), ("min_p", 0.0), ("min_p", 1.0),
+                         ("temperature", 0), ("temperature", 5.0), ("seed", 0), ("seed", 2**64 - 1), ("seed", -(2**63))]:
+        assert getattr(SamplingParams(**{field: value}), field) == value
     greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2)
     assert greedy.is_greedy and (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)  # as vLLM
     assert SamplingParams(temperature=1e-6).is_greedy and not SamplingParams(temperature=1e-4).is_greedy

@@ -70,6 +70,10 @@ class KVCache(Protocol):
         """The stored KVState of every layer; an empty list before the first update."""
         ...
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """(extension) Keep only requests ``indices`` [M] int64, in that order."""
+        ...
+
 
 class LanguageModel(Protocol):
     """Runs the forward computation of a model on query token ids and a KV cache.

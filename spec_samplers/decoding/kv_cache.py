@@ -210,7 +210,7 @@ class SlotKVCache:
         if not isinstance(query_token_ids, torch.Tensor) or query_token_ids.dim() != 2 or query_token_ids.is_floating_point():
             actual = f"{tuple(query_token_ids.shape)} {query_token_ids.dtype}" if isinstance(query_token_ids, torch.Tensor) else type(query_token_ids).__name__
             raise input_error("query_token_ids", "an integer tensor [B, Q]", actual)
-        B, Q = query_token_ids.shape
+        B = query_token_ids.shape[0]
         device = query_token_ids.device
         if self._valid is None:
             self._valid = torch.zeros(B, 0, dtype=torch.bool, device=device)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.decoding.interfaces import LanguageModel
 from spec_samplers.decoding.output import (
     GenerationOutput,
@@ -36,7 +37,6 @@ from spec_samplers.decoding.output import (
 )
 from spec_samplers.decoding.strategy import BONUS_SALT, DRAFT_SALT, SampleStrategy, derive_seed, request_seeds
 from spec_samplers.errors import input_error
-from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams, as_params_list
 
@@ -180,7 +180,6 @@ class SpeculativeDecoder:
         rounds = torch.zeros(B, dtype=torch.int64, device=device)  # [B_active], the requests' offsets
         draft_vocab: int | None = None
         while active.numel():
-            n = active.numel()
             # 1. draft k tokens
             query = tail.to(device)
             draft_probs, drafts = [], []

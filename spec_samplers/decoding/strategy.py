@@ -1,8 +1,9 @@
 """How tokens are drawn: each request's SamplingParams and its own random stream.
 
-Draws use the counter-based generator the samplers use (``spec_samplers.counter_rng``): the
-exponential race argmax_x p(x) / E_x, with E_x keyed by (request seed ^ salt, offset, position,
-token id), is an exact sample of p. A request's tokens therefore depend on its seed and its own
+Draws use the counter-based generator the samplers use (``spec_samplers.rng``, or
+``spec_samplers.counter_rng`` where that is the generator): the exponential race
+argmax_x p(x) / E_x, with E_x keyed by (request seed ^ salt, offset, position, token id), is an
+exact sample of p. A request's tokens therefore depend on its seed and its own
 step counters only, never on its batch neighbours. The salts separate the streams the decoding
 loop uses (draft tokens, bonus tokens, plain autoregressive steps) from each other and from the
 verification sampler's, which receives the unsalted request seed.
@@ -14,8 +15,17 @@ from collections.abc import Sequence
 
 import torch
 
-from spec_samplers import counter_rng
-from spec_samplers.sampling_params import SamplingParams, SamplingTensors, as_params_list, process_logits, sampling_tensors
+try:  # the 64-bit generator of issue 10; both modules offer SEED_HIGH and recover_exponentials
+    import spec_samplers.rng as _rng  # type: ignore[import-not-found,unused-ignore]
+except ImportError:
+    import spec_samplers.counter_rng as _rng  # type: ignore[no-redef,unused-ignore]
+from spec_samplers.sampling_params import (
+    SamplingParams,
+    SamplingTensors,
+    as_params_list,
+    process_logits,
+    sampling_tensors,
+)
 
 #: salts XOR-ed into a request's seed, one per stream of the decoding loop (< 2**63)
 DRAFT_SALT = 0x2545F4914F6CDD1D
@@ -45,7 +55,7 @@ def request_seeds(params: Sequence[SamplingParams], seed: int | None) -> list[in
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise TypeError(f"seed: expected an int or None, got {type(seed).__name__}")
     need = seed is None and any(p.seed is None for p in params)
-    drawn = torch.randint(0, counter_rng.SEED_HIGH, (len(params),), dtype=torch.int64).tolist() if need else []
+    drawn = torch.randint(0, _rng.SEED_HIGH, (len(params),), dtype=torch.int64).tolist() if need else []
     out = []
     for i, p in enumerate(params):
         own = p.seed_int64
@@ -63,8 +73,9 @@ def draw(
     (seed, offset, position): [N] int64. Vectorised, no host synchronisation."""
     N, V = probs.shape
     pos = torch.full((N,), position, dtype=torch.int64, device=probs.device)
-    exponentials = counter_rng.recover_exponentials(seeds, offsets, pos, V)  # [N, V]
-    return torch.argmax(probs / exponentials, dim=-1)
+    exponentials = _rng.recover_exponentials(seeds, offsets, pos, V)  # [N, V]
+    race = getattr(_rng, "race", None)  # spec_samplers.rng's race also ranks subnormal weights right
+    return race(probs, exponentials) if race is not None else torch.argmax(probs / exponentials, dim=-1)
 
 
 class SampleStrategy:

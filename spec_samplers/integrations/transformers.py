@@ -112,6 +112,9 @@ class _Unset:
     pass
 
 
+_UNSET = _Unset()
+
+
 class HFLanguageModel:
     """A transformers causal LM as the seed's :class:`LanguageModel`.
 
@@ -125,7 +128,7 @@ class HFLanguageModel:
     ``forward`` runs under ``torch.no_grad`` and returns the model's logits [B, Q, V].
     """
 
-    def __init__(self, model: Any, eos_token_id: int | Sequence[int] | None | _Unset = _Unset()) -> None:
+    def __init__(self, model: Any, eos_token_id: int | Sequence[int] | None | _Unset = _UNSET) -> None:
         require_transformers()
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
