@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers import counter_rng
+from spec_samplers import rng
 from spec_samplers.constants import ENTROPY_EPS, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
-from spec_samplers.torch_ops import clean_probs, probs_from_logits, race, valid_ids
+from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
 __all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "rejection_reference", "typical_reference", "flat_inputs"]
 
@@ -58,8 +58,9 @@ def _random_accepts(
     K = drafts.shape[1]
     q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
     p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
-    u = counter_rng.accept_uniforms(seeds, offsets, K)  # [B, K]
-    return draft_valid & (p_x > 0) & (u * p_x < q_x)
+    u = rng.accept_uniforms(seeds, offsets, K)  # [B, K]
+    # u < q/p rather than u * p < q: q >= p then always accepts (u < 1), subnormal p included
+    return draft_valid & (p_x > 0) & (u < q_x / p_x)
 
 
 def _rejection_core(
@@ -108,8 +109,7 @@ def _rejection_core(
         residual = (q_j - _gather_rows(draft_flat, p_row)).clamp_min(0)
     no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
     residual = torch.where(no_mass[:, None], q_j, residual)
-    exps = counter_rng.recover_exponentials(seeds, offsets, j, V)
-    recovered = race(residual, exps)
+    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
 

@@ -81,6 +81,9 @@ path): see ``benchmarks/test_verification.py::test_rng_throughput``.
 from __future__ import annotations
 
 import math
+import os
+import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -274,3 +277,67 @@ def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
         [1]
     """
     return torch.argmax((weights * RACE_SCALE) / exponentials, dim=-1)
+
+
+def _race_eager(
+    weights: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    return race(weights, recover_exponentials(seeds, offsets, positions, weights.shape[1]))
+
+
+#: environment variable: "0" disables the compiled CPU race (the eager path gives the same words)
+COMPILE_ENV = "SPEC_SAMPLERS_COMPILE"
+#: the compiled CPU race runs from this many [N, V] elements up; below it eager ops are fast enough
+#: and small calls (tests, tiny batches) never pay the one-off compile (~15-45 s on first use)
+COMPILE_MIN_ELEMENTS = 1 << 18
+
+_compiled_race: Callable[..., torch.Tensor] | None = None
+_compile_failed = False
+
+
+def _use_compiled(weights: torch.Tensor) -> bool:
+    return (
+        weights.device.type == "cpu"
+        and weights.numel() >= COMPILE_MIN_ELEMENTS
+        and not _compile_failed
+        and os.environ.get(COMPILE_ENV, "1") != "0"
+        and not torch.compiler.is_compiling()  # inside a caller's torch.compile: let it trace us
+    )
+
+
+def recovery_race(
+    weights: torch.Tensor,  # [N, V] fp32 >= 0
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    positions: torch.Tensor,  # [N] int64
+) -> torch.Tensor:
+    """``race(weights, recover_exponentials(seeds, offsets, positions, V))`` without the [N, V]
+    exponentials. Returns [N] int64.
+
+    On the CPU, from COMPILE_MIN_ELEMENTS elements up, this runs as one torch.compile'd loop (the
+    Philox rounds as separate int64 tensor ops cost ~200 passes over [N, V/2]; fused they are
+    ~20x faster). Integer words and uniforms are bit-identical to the eager path by construction
+    (integer ops, exact fp32 conversions and power-of-two scalings); if compiling fails (no C++
+    compiler, ...) a warning is issued once and the eager path is used. Set SPEC_SAMPLERS_COMPILE=0
+    to always use the eager path.
+
+    Example::
+
+        >>> w = torch.tensor([[0.0, 0.25, 0.75]])
+        >>> one = torch.tensor([3])
+        >>> int(recovery_race(w, one, one * 0, one * 0)) in (1, 2)
+        True
+    """
+    global _compiled_race, _compile_failed
+    if _use_compiled(weights):
+        try:
+            if _compiled_race is None:
+                _compiled_race = torch.compile(_race_eager, dynamic=True)
+            return _compiled_race(weights, seeds, offsets, positions)
+        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+            _compile_failed = True
+            warnings.warn(
+                f"spec_samplers.rng: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
+                "using the eager path", RuntimeWarning, stacklevel=2,
+            )
+    return _race_eager(weights, seeds, offsets, positions)

@@ -16,6 +16,9 @@ that ends on the exact row value the reference picks:
 
 Kernels (launchers in :mod:`spec_samplers.kernels.sampling_launch`):
 
+The race keys are (w * 2**32) / E with E from the Philox sampling stream
+(:func:`sample_exponential`), as :func:`spec_samplers.rng.race`.
+
 ``stats_kernel`` grid (B, NB): per vocabulary block, max and min of the cleaned values (and for
 softmax the online sum of exp). ``search_kernel`` grid (B,): the pivot search of one filter
 (top-k by count, or top-p by mass) for one output row, looping over its row. ``race_kernel``
@@ -29,14 +32,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
 from spec_samplers.kernels.common import clean, fold_argmax
-from spec_samplers.kernels.rng import bits_to_exponential, element_bits, precise_exp, row_key
+from spec_samplers.kernels.rng import exponential_from_words, precise_exp, random_words
 from spec_samplers.rng_sampling import STREAM_SAMPLE
 
 _MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
 _FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
 _STREAM_SAMPLE = tl.constexpr(STREAM_SAMPLE)
+_RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
 #: pivots evaluated per pass of the search (a power of two: one tile axis)
 PIVOTS = 16
 #: passes that always suffice: each divides the key width (< 2**32) by PIVOTS + 1
@@ -96,9 +101,11 @@ def from_key(key):
 @triton.jit
 def sample_exponential(seed, offset, vocab_index, PRECISE: tl.constexpr):
     """Exp(1) of (seed, offset, vocab index) on the sampling stream: bit for bit
-    :func:`spec_samplers.rng_sampling.sample_exponentials` (the one call into the generator)."""
-    key = row_key(seed, offset, seed * 0, _STREAM_SAMPLE)
-    return bits_to_exponential(element_bits(key, vocab_index), PRECISE)
+    :func:`spec_samplers.rng_sampling.sample_exponentials` (counter v // 2, words (0, 1) for an
+    even v, (2, 3) for an odd one)."""
+    w0, w1, w2, w3 = random_words(seed, offset, vocab_index >> 1, _STREAM_SAMPLE)
+    odd = (vocab_index & 1) == 1
+    return exponential_from_words(tl.where(odd, w2, w0), tl.where(odd, w3, w1), PRECISE)
 
 
 @triton.jit
@@ -315,7 +322,7 @@ def race_kernel(
         v = load_values(base, offs, mask, LOGITS)
         w = weights_of(v, m_ref, LOGITS, PRECISE)
         e = sample_exponential(seed, offset, offs, PRECISE)
-        keys = tl.where(mask & (v >= tau), tl.math.div_rn(w, e), float("-inf"))
+        keys = tl.where(mask & (v >= tau), tl.math.div_rn(w * _RACE_SCALE, e), float("-inf"))
         best, best_idx = fold_argmax(keys, start, best, best_idx)
     tl.store(key_ptr + b * NB + blk, best)
     tl.store(idx_ptr + b * NB + blk, best_idx.to(tl.int32))

@@ -19,9 +19,11 @@ finds exactly the same kept set, whatever order it visits the vocabulary in:
   where M(> v) is the mass of the tokens strictly above v and M_total the mass of the candidates
   (the whole row, or the top-k survivors when top-k is applied first); top_p >= 1 keeps all;
 * min-p keeps v >= min(min_p * max, max);
-* sampling is an exponential race over the kept tokens: argmax_x w_x / E_x with E_x ~ Exp(1)
-  keyed by (row seed, row offset, x) (:mod:`spec_samplers.rng_sampling`), ties to the lowest
-  index. The race reads no running sum, so it too is independent of the visiting order.
+* sampling is an exponential race over the kept tokens: argmax_x (w_x * 2**32) / E_x with
+  E_x ~ Exp(1) from 64 random bits keyed by (row seed, row offset, x) on the sampling stream of
+  the Philox generator (:mod:`spec_samplers.rng_sampling`, :func:`spec_samplers.rng.race`), ties
+  to the lowest index. The race reads no running sum, so it too is independent of the visiting
+  order.
 """
 
 from __future__ import annotations
@@ -157,10 +159,22 @@ def top_p_threshold(
 def softmax_reference(
     logits: torch.Tensor,  # [B, V] fp32/fp16/bf16
     temperature: torch.Tensor,  # [B] fp32; 0 = greedy (one-hot of the argmax), other values <= 0 act as 1
+    fast: bool | None = None,
 ) -> torch.Tensor:
-    """[B, V] fp32 softmax(logits / T); a row that is all -inf (or NaN) gives zeros."""
+    """[B, V] fp32 softmax(logits / T); a row that is all -inf (or NaN) gives zeros.
+
+    ``fast`` (default: on CPU) runs torch.softmax on every row and the spelled-out definition
+    only on the rows that need it (non-finite logits, T == 0), found on the host."""
+    if fast is None:
+        fast = logits.device.type == "cpu"
+    t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=logits.device))
+    if fast and logits.shape[0]:
+        probs = torch.softmax(logits.to(torch.float32) / t[:, None], dim=-1)
+        special = torch.nonzero((temperature == 0) | ~torch.isfinite(logits).all(dim=-1)).flatten()
+        if special.numel():
+            probs[special] = softmax_reference(logits[special], temperature[special], fast=False)
+        return probs
     x = clean_logits(logits)
-    t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))
     w = logit_weights(x / t[:, None])
     total = w.sum(dim=-1, keepdim=True)
     probs = torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
@@ -175,21 +189,21 @@ def race(
     offsets: torch.Tensor,  # [B] int64
     sparse: bool = False,
 ) -> torch.Tensor:
-    """[B] int64 argmax over the kept tokens of w / E (ties to the lowest index): a sample of the
-    kept weights, normalised. ``sparse`` (CPU: host-side sizes) draws E only at kept tokens,
-    which is the same token: E depends on (seed, offset, token) alone."""
+    """[B] int64 argmax over the kept tokens of (w * RACE_SCALE) / E (:func:`spec_samplers.rng.race`'s
+    keys; ties to the lowest index): a sample of the kept weights, normalised. Rows without a kept
+    token give some index (callers mark them invalid). ``sparse`` (CPU: host-side sizes) draws E
+    only at kept tokens, which is the same token: E depends on (seed, offset, token) alone."""
     B, V = weights.shape
     if sparse and B:
         row, col = torch.nonzero(kept, as_tuple=True)  # row-major: columns ascending within a row
         exps = rng_sampling.sample_exponentials_at(seeds[row], offsets[row], col[:, None])[:, 0]
-        keys = weights[row, col] / exps
+        keys = rng_sampling.race_keys(weights[row, col], exps)
         best = torch.full((B,), float("-inf"), device=weights.device).scatter_reduce(0, row, keys, "amax")
         first = torch.full((B,), V, dtype=torch.int64, device=weights.device)
         first = first.scatter_reduce(0, row, torch.where(keys == best[row], col, V), "amin")
         return torch.where(first < V, first, 0)
-    exps = rng_sampling.sample_exponentials(seeds, offsets, V)
-    keys = torch.where(kept, weights / exps, float("-inf"))
-    return torch.argmax(keys, dim=-1)
+    # the tokens left out get weight -1: a negative key, below every kept token's (>= 0)
+    return rng_sampling.sample_race(torch.where(kept, weights, -1.0), seeds, offsets)
 
 
 def sample_reference(
