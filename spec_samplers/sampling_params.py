@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from spec_samplers.errors import input_error
+from spec_samplers.logits_processor import LogitsPipe, LogitsProcessor, MinP, Softmax, Temperature, TopK, TopP
 
 #: vLLM's _SAMPLING_EPS: a temperature below this is greedy sampling
 SAMPLING_EPS = 1e-5
@@ -183,55 +185,31 @@ def sampling_tensors(
     )
 
 
-# The three filters below are the counterparts of FlashInfer's min-p / top_k_renorm_probs /
-# top_p_renorm_probs (spec_samplers.sampling); issue 12 routes them through those operations.
-# Each keeps the tokens at or above a per-row threshold, so ties at the threshold are kept, and
-# renormalises.
-
-
-def _keep_and_renorm(probs: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """probs [N, V] fp32, threshold [N, 1] fp32 -> probs zeroed below the threshold, renormalised."""
-    kept = torch.where(probs >= threshold, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
-def _min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Keep p(x) >= min_p * max p. probs [N, V] fp32, min_p [N] fp32."""
-    return _keep_and_renorm(probs, min_p[:, None] * probs.amax(dim=-1, keepdim=True))
-
-
-def _top_k_renorm(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Keep p(x) >= the k-th largest probability (ties kept). probs [N, V] fp32, top_k [N] int64
-    (0 or >= V: keep all)."""
-    V = probs.shape[-1]
-    ordered = probs.sort(dim=-1, descending=True).values  # [N, V]
-    kth = ordered.gather(1, (top_k.clamp(1, V) - 1)[:, None])  # [N, 1]
-    off = (top_k <= 0) | (top_k >= V)
-    return _keep_and_renorm(probs, torch.where(off[:, None], torch.zeros_like(kth), kth))
-
-
-def _top_p_renorm(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep the most probable tokens until their mass reaches top_p, and every token tied with the
-    last one kept: p(x) is kept iff the mass of tokens strictly more probable is < top_p.
-    probs [N, V] fp32, top_p [N] fp32 (1: keep all)."""
-    ordered = probs.sort(dim=-1, descending=True).values  # [N, V]
-    mass_before = ordered.cumsum(dim=-1) - ordered  # [N, V], non-decreasing
-    num_kept = (mass_before < top_p[:, None] * ordered.sum(dim=-1, keepdim=True)).sum(dim=-1, keepdim=True)
-    threshold = ordered.gather(1, (num_kept - 1).clamp(min=0))  # [N, 1]
-    off = top_p >= 1.0  # rounding in the cumsum must not drop tokens when nothing is asked
-    return _keep_and_renorm(probs, torch.where(off[:, None], torch.zeros_like(threshold), threshold))
+@functools.cache
+def _processing_pipe(min_p: bool, top_k: bool, top_p: bool) -> LogitsPipe:
+    """vLLM's processing as a compiled LogitsPipe, without the steps no row uses."""
+    steps: list[LogitsProcessor] = [Temperature(), Softmax()]
+    steps += [MinP()] if min_p else []
+    steps += [TopK()] if top_k else []
+    steps += [TopP()] if top_p else []
+    return LogitsPipe(steps)
 
 
 def process_logits(
     logits: torch.Tensor,  # [N, V] fp32/fp16/bf16
     sampling_params: SamplingParams | Sequence[SamplingParams] | SamplingTensors | None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Probabilities [N, V] fp32 that row n samples from under its SamplingParams.
 
     vLLM's order: softmax(logits / temperature), then min-p, top-k, top-p, each renormalised;
     greedy rows (temperature < 1e-5) are one-hot at the argmax of their logits (lowest index on
     ties). ``sampling_params``: one for every row, a list of N, or :class:`SamplingTensors` of N
-    rows. Vectorised over rows; no host synchronisation. Logits may hold -inf (masked tokens) but
+    rows. Computed by the compiled :class:`~spec_samplers.logits_processor.LogitsPipe`
+    ``[Temperature(), Softmax(), MinP(), TopK(), TopP()]`` (steps no row uses are left out), whose
+    ops are :mod:`spec_samplers.sampling`'s (Triton kernels on CUDA): the one implementation of
+    the filters; ``backend`` ("auto", "torch", "triton") picks theirs. Vectorised over rows; no host
+    synchronisation. Logits may hold -inf (masked tokens) but
     every row needs a finite one and no NaN.
 
     Example::
@@ -255,17 +233,13 @@ def process_logits(
         raise input_error("sampling_params", f"parameters for {N} rows", f"{st.num_rows} rows")
     if N == 0:
         return torch.empty(0, V, dtype=torch.float32, device=logits.device)
-    x = logits.to(torch.float32)
-    greedy = torch.nn.functional.one_hot(x.argmax(dim=-1), V).to(torch.float32) if st.any_greedy else None
-    if st.all_greedy:
-        return greedy  # type: ignore[return-value]
-    probs = torch.softmax(x / st.temperature.to(x.device)[:, None], dim=-1)
+    # Greedy rows at temperature 0: the softmax gives the one-hot of their argmax, and their
+    # filters are neutral (SamplingParams resets them), so the one-hot passes through unchanged.
+    runtime: dict[str, torch.Tensor] = {"temperature": torch.where(st.is_greedy, 0.0, st.temperature)}
     if st.any_min_p:
-        probs = _min_p_renorm(probs, st.min_p)
+        runtime["min_p"] = st.min_p
     if st.any_top_k:
-        probs = _top_k_renorm(probs, st.top_k)
+        runtime["top_k"] = st.top_k
     if st.any_top_p:
-        probs = _top_p_renorm(probs, st.top_p)
-    if greedy is not None:
-        probs = torch.where(st.is_greedy[:, None], greedy, probs)
-    return probs
+        runtime["top_p"] = st.top_p
+    return _processing_pipe(st.any_min_p, st.any_top_k, st.any_top_p)(logits, backend=backend, **runtime)

@@ -35,7 +35,7 @@ from spec_samplers.decoding.output import (
     model_device,
     stop_token_ids,
 )
-from spec_samplers.decoding.strategy import BONUS_SALT, DRAFT_SALT, SampleStrategy, derive_seed, request_seeds
+from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
 from spec_samplers.errors import input_error
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams, as_params_list
@@ -188,7 +188,7 @@ class SpeculativeDecoder:
                 draft_vocab = logits.shape[-1]
                 vocab = vocab or draft_vocab
                 probs = strategy.probs(fit_vocab(logits, vocab))  # [n, V]
-                token = strategy.draw(probs, rounds, i, DRAFT_SALT)  # [n]
+                token = strategy.draw(probs, rounds, i, DRAFT_STREAM)  # [n]
                 draft_probs.append(probs)
                 drafts.append(token)
                 query = token[:, None]
@@ -199,7 +199,7 @@ class SpeculativeDecoder:
             if logits.shape[-1] != vocab:
                 raise ValueError(f"target logits have {logits.shape[-1]} columns but its vocab_size is {vocab}")
             q = strategy.probs(logits)  # [n, k+1, V]
-            bonus = strategy.draw(q[:, k], rounds, 0, BONUS_SALT)  # [n]
+            bonus = strategy.draw(q[:, k], rounds, 0, BONUS_STREAM)  # [n]
             # 3. verify
             out = self._verify(q, bonus[:, None], p, draft_ids, strategy.seeds, rounds)  # [n, k+1]
             overlap = torch.minimum(p, q[:, :k]).sum(dim=-1)  # [n, k] sum_x min(p', q'): lossless acceptance

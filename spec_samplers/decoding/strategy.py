@@ -1,12 +1,11 @@
 """How tokens are drawn: each request's SamplingParams and its own random stream.
 
-Draws use the counter-based generator the samplers use (``spec_samplers.rng``, or
-``spec_samplers.counter_rng`` where that is the generator): the exponential race
-argmax_x p(x) / E_x, with E_x keyed by (request seed ^ salt, offset, position, token id), is an
-exact sample of p. A request's tokens therefore depend on its seed and its own
-step counters only, never on its batch neighbours. The salts separate the streams the decoding
-loop uses (draft tokens, bonus tokens, plain autoregressive steps) from each other and from the
-verification sampler's, which receives the unsalted request seed.
+Draws use the counter-based generator the samplers use (``spec_samplers.rng``): the exponential
+race argmax_x p(x) / E_x, with E_x keyed by (request seed, offset, position, token id) on a stream
+of its own, is an exact sample of p. A request's tokens therefore depend on its seed and its own
+step counters only, never on its batch neighbours. The streams (``rng.STREAM_DECODE_*``) separate
+the decoding loop's draws (draft tokens, bonus tokens, plain autoregressive steps) from each other
+and from the verification sampler's, which receives the same request seed.
 """
 
 from __future__ import annotations
@@ -15,10 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-try:  # the 64-bit generator of issue 10; both modules offer SEED_HIGH and recover_exponentials
-    import spec_samplers.rng as _rng  # type: ignore[import-not-found,unused-ignore]
-except ImportError:
-    import spec_samplers.counter_rng as _rng  # type: ignore[no-redef,unused-ignore]
+from spec_samplers import rng as _rng
 from spec_samplers.sampling_params import (
     SamplingParams,
     SamplingTensors,
@@ -27,10 +23,10 @@ from spec_samplers.sampling_params import (
     sampling_tensors,
 )
 
-#: salts XOR-ed into a request's seed, one per stream of the decoding loop (< 2**63)
-DRAFT_SALT = 0x2545F4914F6CDD1D
-BONUS_SALT = 0x1B873593CC9E2D51
-STEP_SALT = 0x68E31DA4B5297A4D
+#: the decoding loop's streams
+DRAFT_STREAM = _rng.STREAM_DECODE_DRAFT
+BONUS_STREAM = _rng.STREAM_DECODE_BONUS
+STEP_STREAM = _rng.STREAM_DECODE_STEP
 
 _MASK64 = (1 << 64) - 1
 
@@ -68,14 +64,13 @@ def draw(
     seeds: torch.Tensor,  # [N] int64
     offsets: torch.Tensor,  # [N] int64
     position: int,
+    stream: int,
 ) -> torch.Tensor:
     """An exact sample of each row of ``probs`` (rows need not be normalised), keyed by
-    (seed, offset, position): [N] int64. Vectorised, no host synchronisation."""
+    (seed, offset, position) on ``stream``: [N] int64. Vectorised, no host synchronisation."""
     N, V = probs.shape
     pos = torch.full((N,), position, dtype=torch.int64, device=probs.device)
-    exponentials = _rng.recover_exponentials(seeds, offsets, pos, V)  # [N, V]
-    race = getattr(_rng, "race", None)  # spec_samplers.rng's race also ranks subnormal weights right
-    return race(probs, exponentials) if race is not None else torch.argmax(probs / exponentials, dim=-1)
+    return _rng.race(probs, _rng.recover_exponentials(seeds, offsets, pos, V, stream))
 
 
 class SampleStrategy:
@@ -124,14 +119,14 @@ class SampleStrategy:
         B, Q, V = logits.shape
         return process_logits(logits.reshape(B * Q, V), self.tensors.repeat_rows(Q)).view(B, Q, V)
 
-    def draw(self, probs: torch.Tensor, offsets: torch.Tensor, position: int, salt: int) -> torch.Tensor:
-        """Sample probs [B, V] on stream ``salt`` at (offsets [B], position): [B] int64."""
-        return draw(probs, self.seeds ^ salt, offsets, position)
+    def draw(self, probs: torch.Tensor, offsets: torch.Tensor, position: int, stream: int) -> torch.Tensor:
+        """Sample probs [B, V] on ``stream`` at (offsets [B], position): [B] int64."""
+        return draw(probs, self.seeds, offsets, position, stream)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token of each request from logits [B, V]: [B] int64 (one step of each
         request's plain-sampling stream)."""
-        out = self.draw(self.probs(logits), self.steps, 0, STEP_SALT)
+        out = self.draw(self.probs(logits), self.steps, 0, STEP_STREAM)
         self.steps = self.steps + 1
         return out
 
