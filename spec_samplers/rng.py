@@ -22,12 +22,16 @@ Philox is a bijection of the counter for each key, so two requests share a word 
 share the seed, the offset, the counter and the stream. ``counter`` must lie in [0, 2**56) and
 ``stream`` in [0, 256).
 
-The sampler streams (SPEC section 4):
+The streams (docs/design.md section 4), all numbered here so that no two uses share one:
 
 * ``STREAM_ACCEPT``: counter = position i; words (0, 1) give the accept uniform of position i.
 * ``STREAM_RECOVER``: counter = position * 2**32 + vocab index // 2; an even vocab index takes
   words (0, 1), an odd one words (2, 3): 64 random bits per vocabulary element, one Philox call
   per two elements.
+* ``STREAM_SAMPLE`` / ``STREAM_ROW_SEED``: the sampling operations (:mod:`spec_samplers.rng_sampling`).
+* ``STREAM_DECODE_DRAFT`` / ``STREAM_DECODE_BONUS`` / ``STREAM_DECODE_STEP``: the decoding loop's
+  draft tokens, bonus tokens and plain autoregressive steps (:mod:`spec_samplers.decoding`), laid
+  out as ``STREAM_RECOVER`` (:func:`recover_exponentials` with ``stream=``).
 
 Words become fp32 numbers through :func:`uniform_from_words` (64 bits, all that matter in fp32)
 and :func:`exponential_from_words` (``-log1p(-u)``).
@@ -104,6 +108,14 @@ STREAM_BITS = 8
 STREAM_ACCEPT = 0
 #: stream of the exponentials of the recovery race (counter = position * 2**32 + vocab // 2)
 STREAM_RECOVER = 1
+
+#: the sampling operations' race (counter = vocab index // 2) and per-row seeds (counter = row)
+STREAM_SAMPLE = 2
+STREAM_ROW_SEED = 3
+#: the decoding loop's draws (counters as STREAM_RECOVER)
+STREAM_DECODE_DRAFT = 4
+STREAM_DECODE_BONUS = 5
+STREAM_DECODE_STEP = 6
 
 #: seeds drawn for unseeded rows lie in [0, SEED_HIGH)
 SEED_HIGH = 2**62
@@ -241,7 +253,7 @@ def accept_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, k: int) -> torch
 
 
 def recover_exponentials(
-    seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor, vocab_size: int
+    seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_RECOVER
 ) -> torch.Tensor:
     """Exponentials of the recovery race (64 random bits each).
 
@@ -259,7 +271,7 @@ def recover_exponentials(
     half = (vocab_size + 1) // 2
     pairs = torch.arange(half, device=seeds.device, dtype=torch.int64)
     counter = (positions.to(torch.int64)[:, None] << 32) + pairs[None, :]
-    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, STREAM_RECOVER)
+    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
     exps = torch.stack((exponential_from_words(w0, w1), exponential_from_words(w2, w3)), dim=-1)
     return exps.reshape(n, 2 * half)[:, :vocab_size]
 

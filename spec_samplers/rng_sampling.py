@@ -25,10 +25,7 @@ import torch
 
 from spec_samplers import rng
 
-#: stream of the exponentials of the sampling race (counter = vocab index // 2)
-STREAM_SAMPLE = 2
-#: stream of the per-row seeds derived from a scalar seed (counter = row)
-STREAM_ROW_SEED = 3
+from spec_samplers.rng import STREAM_ROW_SEED, STREAM_SAMPLE  # numbered in rng, with every other stream
 
 
 def _pair_words(

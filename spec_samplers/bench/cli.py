@@ -74,6 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     p.add_argument("--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)")
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
+    p.add_argument("--sampling-params", action="store_true",
+                   help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
+                        "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)")
+    from spec_samplers.bench.models import add_arguments as add_model_arguments
+
+    add_model_arguments(p)
     p.add_argument("--ops", choices=("verification", "sampling"), default="verification",
                    help="what to benchmark: the verification samplers (default) or the FlashInfer-compatible "
                         "sampling operations against PyTorch's sort-based top-k/top-p (spec_samplers/bench/sampling_ops.py)")
@@ -124,8 +130,20 @@ def build_config(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from spec_samplers.bench import report, runner
 
+    if getattr(args, "models", None):
+        from spec_samplers.bench.models import cmd_bench_models
+
+        return cmd_bench_models(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sampling_params:
+        from spec_samplers.bench.params_bench import cmd_params_bench
+
+        try:
+            return cmd_params_bench(args, _device(args.device))
+        except ValueError as exc:
+            print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
+            return 2
     if args.ops == "sampling":
         from spec_samplers.bench import sampling_ops
 

@@ -19,7 +19,6 @@ Example::
 """
 
 from spec_samplers.sampling.api import (
-    chain_speculative_sampling,
     min_p_sampling_from_probs,
     sampling_from_logits,
     sampling_from_probs,
@@ -32,6 +31,7 @@ from spec_samplers.sampling.api import (
     top_p_renorm_probs,
     top_p_sampling_from_probs,
 )
+from spec_samplers.sampling.speculative import chain_speculative_sampling
 
 #: FlashInfer's aliases
 top_p_renorm_prob = top_p_renorm_probs
