@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 
 from spec_samplers import rng
-
 from spec_samplers.rng import STREAM_ROW_SEED, STREAM_SAMPLE  # numbered in rng, with every other stream
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.sampling import checks
 from spec_samplers.sampling import reference as ref
