@@ -1,4 +1,4 @@
-"""Per-row seeds for the counter-based generator (SPEC section 4)."""
+"""Per-row seeds for the counter-based generator (docs/design.md section 4)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import triton.language as tl
 from spec_samplers import rng
 from spec_samplers.kernels.backend import interpreting
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
+from conftest import DEVICE  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @triton.jit

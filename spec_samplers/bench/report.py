@@ -171,7 +171,7 @@ def render(document: dict[str, object]) -> str:
     if swept:
         parts += ["", "Sweep (means over settings; per-setting rows in --json)", sweep_table(swept)]
     if document["timing"]:
-        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, SPEC section 6)",
+        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, docs/design.md section 6)",
                   timing_table(document["timing"])]
     return "\n".join(parts)
 

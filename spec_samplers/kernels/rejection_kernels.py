@@ -1,4 +1,4 @@
-"""Triton kernels of lossless rejection sampling (SPEC section 3), both layouts.
+"""Triton kernels of lossless rejection sampling (docs/design.md section 3), both layouts.
 
 Three launches with fixed grids (CUDA-graph friendly, no host synchronisation):
 

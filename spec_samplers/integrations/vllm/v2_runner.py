@@ -84,7 +84,7 @@ def sample_rows(
     positions: torch.Tensor,  # [R] int64
 ) -> torch.Tensor:
     """[R] int64: one sample per row by an exponential race on the counter-based generator's
-    recovery stream at ``positions`` (what the samplers draw for a bonus row, SPEC section 4)."""
+    recovery stream at ``positions`` (what the samplers draw for a bonus row, docs/design.md section 4)."""
     return rng.recovery_race(probs, seeds, offsets, positions)
 
 
