@@ -58,7 +58,8 @@ first, so u is a monotone function of n, lies in [UNIFORM_MIN, UNIFORM_MAX] = [2
   probabilities by < 1e-6 relative; (iii) one rounding of each key (2**-24 relative).
   The old 24-bit exponentials capped at 16.6 and bottomed at 6e-8, so tokens below 3.6e-9 of
   the largest weight never won.
-* Keys are (w * RACE_SCALE) / E with RACE_SCALE = 2**32: every positive fp32 weight, subnormal
+* Keys are w * (RACE_SCALE / E) with RACE_SCALE = 2**32 (one correctly rounded division per
+  element, shared by every race over that element): every positive fp32 weight, subnormal
   ones included (2**-149 * 2**32 / 16.64 > 2**-126), gives a positive normal key, so a row
   whose only mass is subnormal still emits its supported token, and zero weights never win
   against positive ones. Keys stay finite for weights <= 2**31 (probabilities are <= 1).
@@ -120,7 +121,7 @@ UNIFORM_CDF_REL_ERR = 2.0**-23
 #: smallest and largest exponential (E = -log1p(-u))
 EXP_MIN = 2.0**-64
 EXP_MAX = 24 * math.log(2.0)
-#: keys are (weight * RACE_SCALE) / E: subnormal weights give normal keys
+#: keys are weight * (RACE_SCALE / E): subnormal weights give normal keys
 RACE_SCALE = 2.0**32
 #: bound on the relative error of a race win probability, relative weights >= 1e-12
 RACE_TAIL_REL_ERR = 1e-6
@@ -265,7 +266,7 @@ def recover_exponentials(
 
 
 def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x (weights[x] * RACE_SCALE) / E[x], a sample of weights / sum.
+    """Exponential race: argmax_x weights[x] * (RACE_SCALE / E[x]), a sample of weights / sum.
 
     weights: [N, V] fp32 >= 0 (finite); exponentials: [N, V] fp32 in [EXP_MIN, EXP_MAX]. The
     scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
@@ -276,7 +277,9 @@ def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
         >>> race(torch.tensor([[0.0, 1.4e-45, 0.0]]), torch.ones(1, 3)).tolist()
         [1]
     """
-    return torch.argmax((weights * RACE_SCALE) / exponentials, dim=-1)
+    # a tensor numerator: `scalar / tensor` would be reciprocal-then-multiply (two roundings)
+    scale = torch.full((), RACE_SCALE, dtype=exponentials.dtype, device=exponentials.device)
+    return torch.argmax(weights * (scale / exponentials), dim=-1)
 
 
 def _race_eager(

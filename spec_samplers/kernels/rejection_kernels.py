@@ -209,8 +209,9 @@ def residual_partials_kernel(
             # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
             w0, w1, w2, w3 = random_words(seed, offset, (j << 32) + s // 2 + tl.arange(0, BLOCK_V // 2), _STREAM_RECOVER)
             e = tl.interleave(exponential_from_words(w0, w1, PRECISE), exponential_from_words(w2, w3, PRECISE))
-            rk = tl.where(m, tl.math.div_rn(r * _RACE_SCALE, e), -1.0)
-            qk = tl.where(m, tl.math.div_rn(q * _RACE_SCALE, e), -1.0)
+            inv = tl.math.div_rn(tl.full(e.shape, _RACE_SCALE, tl.float32), e)  # one division, both races
+            rk = tl.where(m, r * inv, -1.0)
+            qk = tl.where(m, q * inv, -1.0)
             best_r, best_r_idx = fold_argmax(rk, s, best_r, best_r_idx)
             best_q, best_q_idx = fold_argmax(qk, s, best_q, best_q_idx)
         slot = b * NB + blk
