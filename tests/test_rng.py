@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import pytest
 import torch
@@ -35,7 +36,8 @@ def t64(v: int) -> torch.Tensor:
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((M32, M32, M32, M32), (M32, M32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0), (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
 ]
 
 
@@ -230,8 +232,9 @@ def test_no_seed_offset_aliasing():
     assert torch.unique(sig).numel() == sig.numel()
     # the old aliasing pattern, directly: (s, o) against (s ^ d, o ^ d) for small d (1e5 pairs each)
     first = w[0][:1000]
+    zero = torch.zeros((), dtype=torch.int64)
     for d in (1, 2, 3, 7, 64):
-        other = rng.philox_words(s[:1000] ^ d, offsets[None, :] ^ d, torch.zeros((), dtype=torch.int64), rng.STREAM_RECOVER)[0]
+        other = rng.philox_words(s[:1000] ^ d, offsets[None, :] ^ d, zero, rng.STREAM_RECOVER)[0]
         assert int((first == other).sum()) <= 1  # chance 2**-32 per pair
 
 
@@ -245,7 +248,8 @@ def test_keys_sharing_top_bits_give_unrelated_vectors():
     for base in (0, 12345, 2**61 + 17):
         ref = rng.recover_exponentials(torch.tensor([base]), zero, zero, V)[0]
         half = torch.arange(V // 2)
-        sig_ref = set(_as_u64_signature(*rng.philox_words(torch.tensor(base), zero, half, rng.STREAM_RECOVER)[:2]).tolist())
+        words = rng.philox_words(torch.tensor(base), zero, half, rng.STREAM_RECOVER)
+        sig_ref = set(_as_u64_signature(words[0], words[1]).tolist())
         for d in (1, 2, 63):
             other = rng.recover_exponentials(torch.tensor([base ^ d]), zero, zero, V)[0]
             assert not torch.equal(ref.sort().values, other.sort().values)
@@ -350,3 +354,54 @@ def test_accept_uniforms_and_exponentials_are_well_distributed():
     assert abs(rate - 1e-3) < 5 * math.sqrt(1e-3 / (2 * B))
     e = rng.recover_exponentials(torch.tensor([3]), torch.tensor([0]), torch.tensor([1]), B)[0]
     assert stats.kstest(e.double().numpy(), "expon").pvalue > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# The samplers on the new generator.
+
+
+@pytest.mark.parametrize("backend", ["torch", "kernel"])
+def test_sampler_emits_the_subnormal_only_token(backend):
+    """q_j's only mass is one subnormal entry; the draft (p = one-hot at 0, q(0) = 0) is rejected,
+    the residual has no mass, so the recovery races over q_j and must emit that entry, on both
+    backends (the old w / E keys underflowed to 0 and emitted token 0, of probability 0). Logits
+    inputs cannot produce such a row: softmax normalises by the row max."""
+    from conftest import DEVICE, KERNEL_BACKEND
+
+    from spec_samplers import RejectionSampler
+
+    B, V = 4, 16
+    target = torch.zeros(B, 2, V)
+    target[:, 0, 5] = 1.4e-45
+    target[:, 1, 3] = 1.0
+    draft = torch.zeros(B, 1, V)
+    draft[:, 0, 0] = 1.0
+    ids = torch.zeros(B, 1, dtype=torch.int64)
+    bonus = torch.full((B, 1), 3)
+    seeds = torch.arange(B) * 1009
+    dev = DEVICE if backend == "kernel" else torch.device("cpu")
+    sampler = RejectionSampler(backend=KERNEL_BACKEND if backend == "kernel" else "torch")
+    out = sampler(target.to(dev), bonus.to(dev), draft.to(dev), ids.to(dev), seeds=seeds.to(dev))
+    assert out[:, 0].tolist() == [5] * B
+
+
+def test_compiled_cpu_race_equals_eager(monkeypatch):
+    """The torch.compile'd CPU race (used from COMPILE_MIN_ELEMENTS up) returns the eager path's
+    tokens (here forced on a small call; the first compile takes ~15-45 s, cached on disk)."""
+    monkeypatch.setattr(rng, "COMPILE_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(rng, "_compile_failed", False)
+    g = torch.Generator().manual_seed(14)
+    w = torch.softmax(3 * torch.randn(6, 3001, generator=g), -1)
+    w[0] = 0.0
+    w[0, 7] = 1.4e-45
+    w[1, 100:] = 0.0
+    seeds = torch.randint(0, 2**62, (6,), generator=g)
+    offsets = torch.randint(0, 2**40, (6,), generator=g)
+    positions = torch.arange(6)
+    eager = rng._race_eager(w, seeds, offsets, positions)
+    assert rng._use_compiled(w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a failed compile warns and falls back: fail instead
+        compiled = rng.recovery_race(w, seeds, offsets, positions)
+    assert torch.equal(compiled, eager)
+    assert int(compiled[0]) == 7
