@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers import rng
+
 
 def clean_probs(x: torch.Tensor) -> torch.Tensor:
     """fp32 copy of x with NaN, Inf and negative entries set to 0 (non-strict safety)."""
-    x = x.to(torch.float32)
-    return torch.where(torch.isfinite(x) & (x > 0), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    # two passes instead of isfinite/gt/and/where's seven (this runs on [B, V] rows)
+    return x.to(torch.float32).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0.0)
 
 
 def valid_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,12 +20,13 @@ def valid_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.T
 
 
 def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x weights[x] / E[x], a sample of weights / sum(weights).
+    """Exponential race: argmax_x weights[x] / E[x] (:func:`spec_samplers.rng.race`: scaled keys, so
+    subnormal weights win at their rate), a sample of weights / sum(weights).
 
     weights, exponentials: [N, V] fp32 (exponentials > 0). Ties go to the lowest index.
     Returns [N] int64.
     """
-    return torch.argmax(weights / exponentials, dim=-1)
+    return rng.race(weights, exponentials)
 
 
 def probs_from_logits(

@@ -32,14 +32,15 @@ import triton
 import triton.language as tl
 
 from spec_samplers.constants import RESIDUAL_MASS_EPS
-from spec_samplers.counter_rng import STREAM_ACCEPT, STREAM_RECOVER
 from spec_samplers.kernels.common import combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
 from spec_samplers.kernels.rejection_kernels import bonus_info, first_rejection, request_stream
-from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
+from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
+from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 _STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
+_RACE_SCALE = tl.constexpr(RACE_SCALE)
 
 
 @triton.jit
@@ -111,7 +112,9 @@ def block_tau(pos, n, valid, rho_vec, mass, seed, offset):
     full = rho_vec >= 1.0  # h = 1 (Z / Z, or 0 / 0)
     thr = tl.where(full, 1.0, tl.math.div_rn(mass, tl.where(full, 1.0, mass + (1.0 - rho_vec))))
     h = tl.where(valid, thr, rho_vec)
-    u = bits_to_uniform(element_bits(row_key(seed, offset, pos - 1, _STREAM_ACCEPT), pos * 0))
+    # u_m: the accept uniform of position m - 1 (the clamp keeps position 0's unused counter valid)
+    w0, w1, _, _ = random_words(seed, offset, tl.maximum(pos - 1, 0), _STREAM_ACCEPT)
+    u = uniform_from_words(w0, w1)
     stop = (pos >= 1) & (pos <= n) & (u < h)
     return tl.max(tl.where(stop, pos, 0), axis=0).to(tl.int64)
 
@@ -225,7 +228,6 @@ def block_partials_kernel(
         # Without a valid draft at m (the bonus row, an out-of-range draft) the residual is q_m.
         x_removed = tl.where(valid_m, x_m, -1)
         resid_scale = tl.where(valid_m, rho_m, 1.0)
-        key = row_key(seed, offset, m, _STREAM_RECOVER)
         mass_acc = 0.0
         best_r = -1.0
         best_r_idx = 0
@@ -242,9 +244,13 @@ def block_partials_kernel(
                 scaled = resid_scale * q
                 w = tl.where(offs == x_removed, tl.maximum(scaled - 1.0, 0.0), tl.where(valid_m, scaled, q))
             mass_acc += tl.sum(w, axis=0)
-            e = bits_to_exponential(element_bits(key, offs), PRECISE)
-            rk = tl.where(msk, tl.math.div_rn(w, e), -1.0)
-            qk = tl.where(msk, tl.math.div_rn(q, e), -1.0)
+            # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
+            pairs = (m << 32) + s // 2 + tl.arange(0, BLOCK_V // 2)
+            r0, r1, r2, r3 = random_words(seed, offset, pairs, _STREAM_RECOVER)
+            e = tl.interleave(exponential_from_words(r0, r1, PRECISE), exponential_from_words(r2, r3, PRECISE))
+            inv = tl.math.div_rn(tl.full(e.shape, _RACE_SCALE, tl.float32), e)  # one division, both races
+            rk = tl.where(msk, w * inv, -1.0)
+            qk = tl.where(msk, q * inv, -1.0)
             best_r, best_r_idx = fold_argmax(rk, s, best_r, best_r_idx)
             best_q, best_q_idx = fold_argmax(qk, s, best_q, best_q_idx)
         slot = (b * (K + 1) + m) * NB + blk
