@@ -400,7 +400,9 @@ def mask_kernel(
         mask = offs < hi
         x = tl.load(x_ptr + b * stride_r + offs, mask=mask, other=0.0)
         v = load_values(x_ptr + b * stride_r, offs, mask, True)
-        out = tl.where((v >= tau) & (x == x), x, float("-inf"))
+        # select in fp32 (exact for fp16/bf16 and back): Triton 3.8's interpreter cannot make a bf16
+        # -inf constant (InterpreterBuilder has no get_bf16)
+        out = tl.where((v >= tau) & (x == x), x.to(tl.float32), float("-inf"))
         tl.store(out_ptr + b * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
