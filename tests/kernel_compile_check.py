@@ -36,7 +36,7 @@ for ragged in (False, True):
         common_ptrs = dict(target_ptr=P("bf16"), draft_ptr=P("bf16"), ids_ptr=P("i64"), bonus_ptr=P("i32"),
                            cu_ptr=P("i64"), seed_ptr=P("i64"), offset_ptr=P("i64"), greedy_ptr=P("i1"),
                            part_mass_ptr=P("fp32"), part_rkey_ptr=P("fp32"), part_ridx_ptr=P("i32"),
-                           part_qkey_ptr=P("fp32"), part_qidx_ptr=P("i32"), temp_ptr=P("fp32"),
+                           part_qkey_ptr=P("fp32"), part_qidx_ptr=P("i32"), part_qmax_ptr=P("fp32"), temp_ptr=P("fp32"),
                            t_max_ptr=P("fp32"), t_sum_ptr=P("fp32"), d_max_ptr=P("fp32"), d_sum_ptr=P("fp32"),
                            amax_val_ptr=P("fp32"), amax_idx_ptr=P("i32"), out_ptr=P("i64"))
         flags = dict(RAGGED=ragged, HAS_DRAFT=has_draft, HAS_OFFSETS=True, HAS_GREEDY=True, LOGITS=logits, PRECISE=True)
@@ -45,7 +45,7 @@ for ragged in (False, True):
         sp = dict(target_ptr=P("fp32"), draft_ptr=P("fp32"), cu_ptr=P("i64"), temp_ptr=P("fp32"), t_m_ptr=P("fp32"), t_s_ptr=P("fp32"),
                   d_m_ptr=P("fp32"), d_s_ptr=P("fp32"), amax_val_ptr=P("fp32"), amax_idx_ptr=P("i32"))
         compile_kernel(sk.softmax_partials_kernel, sp, dict(RAGGED=ragged, HAS_DRAFT=has_draft, BLOCK_V=1024, PRECISE=True))
-        sc = dict(cu_ptr=P("i64"), t_m_ptr=P("fp32"), t_s_ptr=P("fp32"), d_m_ptr=P("fp32"), d_s_ptr=P("fp32"),
+        sc = dict(cu_ptr=P("i64"), temp_ptr=P("fp32"), t_m_ptr=P("fp32"), t_s_ptr=P("fp32"), d_m_ptr=P("fp32"), d_s_ptr=P("fp32"),
                   t_max_ptr=P("fp32"), t_sum_ptr=P("fp32"), d_max_ptr=P("fp32"), d_sum_ptr=P("fp32"))
         compile_kernel(sk.softmax_combine_kernel, sc, dict(RAGGED=ragged, HAS_DRAFT=has_draft, BLOCK_K=16, BLOCK_NB=64, PRECISE=True))
     compile_kernel(rk.argmax_partials_kernel, dict(target_ptr=P("fp16"), cu_ptr=P("i32"), greedy_ptr=P("i1"), part_val_ptr=P("fp32"), part_idx_ptr=P("i32")),

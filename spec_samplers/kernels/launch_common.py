@@ -101,7 +101,8 @@ def plan_softmax_stats(
         KernelLaunch(
             sk.softmax_combine_kernel, (B,),
             dict(
-                cu_ptr=layout.cu_num_draft_tokens, t_m_ptr=t_m, t_s_ptr=t_s, d_m_ptr=d_m, d_s_ptr=d_s, **stats,
+                cu_ptr=layout.cu_num_draft_tokens, temp_ptr=temperature,
+                t_m_ptr=t_m, t_s_ptr=t_s, d_m_ptr=d_m, d_s_ptr=d_s, **stats,
                 K=K, num_rows=layout.num_rows, NB=NB,
                 RAGGED=layout.ragged, HAS_DRAFT=has_draft, BLOCK_K=block_k, BLOCK_NB=block_nb, PRECISE=precise_math(),
             ),

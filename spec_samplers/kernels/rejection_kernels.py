@@ -119,7 +119,7 @@ def argmax_partials_kernel(
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     off, ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
     greedy = tl.load(greedy_ptr + b) != 0
     if greedy & ok:
@@ -146,7 +146,7 @@ def residual_partials_kernel(
     ids_ptr, stride_ib, stride_ik,
     bonus_ptr, stride_bonus,
     cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
+    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr, part_qmax_ptr,  # [B, NB]
     temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
     K, V, num_rows, chunk, NB,
     RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
@@ -154,7 +154,7 @@ def residual_partials_kernel(
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)
     accepted, ids, valid = random_accepts(
@@ -190,6 +190,7 @@ def residual_partials_kernel(
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
         mass = 0.0
+        qmax = 0.0  # > 0 iff q_j has probability mass (a race key of q may underflow; this cannot)
         best_r = -1.0
         best_r_idx = 0
         best_q = -1.0
@@ -204,6 +205,7 @@ def residual_partials_kernel(
             else:
                 r = tl.where(offs == x_removed, 0.0, q)
             mass += tl.sum(r, axis=0)
+            qmax = tl.maximum(qmax, tl.max(q, axis=0))
             e = bits_to_exponential(element_bits(key, offs), PRECISE)
             rk = tl.where(m, tl.math.div_rn(r, e), -1.0)
             qk = tl.where(m, tl.math.div_rn(q, e), -1.0)
@@ -215,6 +217,7 @@ def residual_partials_kernel(
         tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))
         tl.store(part_qkey_ptr + slot, best_q)
         tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
+        tl.store(part_qmax_ptr + slot, qmax)
 
 
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
@@ -226,7 +229,7 @@ def finalize_kernel(
     ids_ptr, stride_ib, stride_ik,
     bonus_ptr, stride_bonus,
     cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
+    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr, part_qmax_ptr,  # [B, NB]
     temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
     amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
@@ -235,7 +238,7 @@ def finalize_kernel(
     LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     accepted, ids, valid = random_accepts(
@@ -248,11 +251,17 @@ def finalize_kernel(
         greedy = tl.load(greedy_ptr + b) != 0
         slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
         pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
-        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
-        vals = tl.where(vals == vals, vals, -2.0)  # stale slots of absent rows (never used)
+        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=float("-inf"))
+        vals = tl.where(vals == vals, vals, float("-inf"))  # stale slots of absent rows (never used)
         idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
         target_argmax = combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
-        accepted = tl.where(greedy, valid & (ids == target_argmax), accepted)
+        # A row without mass (all-zero q; logits all -inf) has no greedy token: its argmax 0
+        # is never accepted, and recovering there emits -1.
+        if LOGITS:
+            row_ok = tl.max(vals, axis=1) > float("-inf")  # partials of the raw logits
+        else:
+            row_ok = tl.max(vals, axis=1) > 0.0  # partials of q
+        accepted = tl.where(greedy, valid & (ids == target_argmax) & row_ok, accepted)
     j = first_rejection(accepted, pos, n, BLOCK_K)
     has_draft = j < n
     bonus, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
@@ -270,8 +279,13 @@ def finalize_kernel(
     qkey = tl.where(qkey == qkey, qkey, -2.0)
     qidx = tl.load(part_qidx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
     recovered = tl.where(mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0))
+    qmax = tl.load(part_qmax_ptr + b * NB + blocks, mask=bmask, other=0.0)
+    q_ok = tl.max(tl.where(qmax == qmax, qmax, 0.0), axis=0) > 0.0
+    recovered = tl.where(q_ok, recovered, -1)  # q_j without mass: no token
     if HAS_GREEDY:
-        recovered = tl.where(greedy, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), recovered)
+        greedy_ok = tl.sum(tl.where(pos == j, row_ok.to(tl.int32), 0), axis=0) != 0
+        greedy_token = tl.where(greedy_ok, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), -1)
+        recovered = tl.where(greedy, greedy_token, recovered)
     fallback = tl.where(has_row, recovered, -1)
     final = tl.where(has_draft, recovered, tl.where(bonus_valid, bonus, fallback))
     out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))

@@ -74,7 +74,7 @@ def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple
         bonus_ptr=batch.bonus_token_ids, stride_bonus=batch.bonus_token_ids.stride(0),
         cu_ptr=layout.cu_num_draft_tokens, seed_ptr=batch.seeds, offset_ptr=batch.offsets, greedy_ptr=is_greedy,
         part_mass_ptr=f32((B, NB)), part_rkey_ptr=f32((B, NB)), part_ridx_ptr=i32((B, NB)),
-        part_qkey_ptr=f32((B, NB)), part_qidx_ptr=i32((B, NB)),
+        part_qkey_ptr=f32((B, NB)), part_qidx_ptr=i32((B, NB)), part_qmax_ptr=f32((B, NB)),
         temp_ptr=batch.temperature, **stats,
         K=K, V=V, num_rows=layout.num_rows, NB=NB,
         RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=batch.offsets is not None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers.constants import fp32_value
 from spec_samplers.kernels import typical_kernels as tk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, vocab_split
 from spec_samplers.kernels.launch_common import (
@@ -46,7 +47,7 @@ def plan_typical(
         softmax, lamax_val, lamax_idx, all_stats = plan_softmax_stats(layout, target, None, batch.temperature, split)
         launches += softmax
         stats = dict(t_max_ptr=all_stats["t_max_ptr"], t_sum_ptr=all_stats["t_sum_ptr"])
-    ent = torch.empty((B, K + 1, NB), dtype=torch.float32, device=device)
+    ent = torch.empty((B, K + 1, NB), dtype=torch.float64, device=device)
     amax_val = torch.empty((B, K + 1, NB), dtype=torch.float32, device=device)
     amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
     shared = dict(
@@ -67,7 +68,8 @@ def plan_typical(
             shared, ids_ptr=batch.draft_token_ids, stride_ib=stride_ib, stride_ik=stride_ik,
             bonus_ptr=batch.bonus_token_ids, stride_bonus=batch.bonus_token_ids.stride(0),
             lamax_val_ptr=lamax_val, lamax_idx_ptr=lamax_idx, out_ptr=out,
-            posterior_threshold=float(posterior_threshold), posterior_alpha=float(posterior_alpha),
+            # fp32 values: a Triton float argument is fp32, and the reference rounds alike
+            posterior_threshold=fp32_value(posterior_threshold), posterior_alpha=fp32_value(posterior_alpha),
             BLOCK_K=block_k, BLOCK_NB=block_nb,
         ),
         num_warps=warps,
