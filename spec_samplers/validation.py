@@ -285,7 +285,7 @@ def check_ragged_values(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_
     too_long = counts > max_spec_len
     if bool(too_long.any()):
         b = _first_index(too_long)[0]
-        raise input_error(name, f"counts k_b <= max_spec_len = {max_spec_len}", f"k_{b} = {int(counts[b])}")
+        raise input_error(name, f"counts <= max_spec_len = {max_spec_len}", f"count {int(counts[b])} of request {b}")
     last = int(cu[-1])
     if last != num_tokens:
         raise input_error(name, f"a last entry equal to T = {num_tokens}", last)

@@ -99,7 +99,7 @@ def test_bad_logits_inputs(cls):
     nan_target = target.clone()
     nan_target[0, 0, 0] = float("nan")
     with pytest.raises(SpecSamplerInputError, match="target_logits: expected logits without NaN or \\+Inf"):
-        cls(strict_mode=True).forward_from_logits(nan_target, bonus, draft, ids, temperature)
+        cls(check_values=True).forward_from_logits(nan_target, bonus, draft, ids, temperature)
     # without strict mode: NaN counts as -inf, a bad T as 1; the output stays valid
     out = cls().forward_from_logits(nan_target, bonus, draft, ids, bad_t)
     emitted = out[out != -1]

@@ -38,8 +38,8 @@ def use_triton(backend: str, device: torch.device) -> bool:
     "auto": the kernels on CUDA when triton imports, else the PyTorch path. "torch": always
     the PyTorch path. "triton": always the kernels; CPU tensors only under TRITON_INTERPRET=1.
     """
-    if backend == "torch":
-        return False
+    if backend == "torch" or device.type == "meta":
+        return False  # (meta tensors carry shapes only: the PyTorch path propagates them)
     if backend == "auto":
         return device.type == "cuda" and triton_importable()
     if not triton_importable():
