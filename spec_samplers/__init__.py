@@ -11,7 +11,7 @@ from spec_samplers.registry import UnknownSamplerError, available_samplers, get_
 from spec_samplers.rejection import RejectionSampler
 from spec_samplers.typical import TypicalAcceptanceSampler
 
-__version__ = "0.1.0"
+from spec_samplers._version import __version__
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",

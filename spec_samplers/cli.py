@@ -29,7 +29,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from spec_samplers.demo import print_demo, run_demo
+    from spec_samplers.bench.presets import print_demo, run_demo
 
     rows = run_demo(trials=args.trials, k=args.k)
     print_demo(rows, args.trials, args.k)

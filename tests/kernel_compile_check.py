@@ -1,59 +1,98 @@
-"""Compile every kernel variant for sm_90 without a GPU (Triton frontend, LLVM, PTX, the bundled
-ptxas), catching what the interpreter cannot: compiled-mode typing, libdevice calls, i1 pointers.
+"""Compile every reachable kernel variant for sm_90 without a GPU (Triton frontend, LLVM, PTX, the
+bundled ptxas), catching what the interpreter cannot: compiled-mode typing, libdevice calls, i1
+pointers, None pointers.
+
+"Reachable" is read off the launchers themselves: for every combination of input kinds a caller
+can pass (padded/ragged, draft probabilities or point-mass drafts, offsets or not, greedy mask or
+not, probabilities or logits), the launchers plan their launches on meta tensors, and each
+distinct (kernel, argument types, constexpr values) is compiled once. Block sizes use one
+representative value each (they do not change which code is generated, only its widths).
 
 Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does that)."""
+
+import itertools
 import os
+
 os.environ.pop("TRITON_INTERPRET", None)
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from spec_samplers.kernels import rejection_kernels as rk, softmax_kernels as sk, typical_kernels as tk
 
-target = GPUTarget("cuda", 90, 32)
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
 
-def sig(fn, types, constexprs):
-    names = fn.arg_names
-    s = {}
-    for n in names:
-        if n in constexprs:
-            s[n] = "constexpr"
+from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
+from spec_samplers.kernels.rejection_launch import plan_rejection  # noqa: E402
+from spec_samplers.kernels.typical_launch import plan_typical  # noqa: E402
+from spec_samplers.layout import VerifyBatch  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+META = torch.device("meta")
+TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+         torch.int64: "i64", torch.bool: "i1"}
+
+
+def batches():
+    B, K, V = 4, 3, 5000
+    for ragged, draft, offsets, greedy, logits, dtype in itertools.product(
+        (False, True), (False, True), (False, True), (False, True), (False, True), (torch.bfloat16, torch.float32)
+    ):
+        if logits and greedy:
+            continue  # logits inputs derive greedy rows from T == 0
+        f = dict(dtype=dtype, device=META)
+        i64 = dict(dtype=torch.int64, device=META)
+        seeds = torch.empty(B, **i64)
+        extra = dict(seeds=seeds, offsets=torch.empty(B, **i64) if offsets else None)
+        if greedy:
+            extra["is_greedy"] = torch.empty(B, dtype=torch.bool, device=META)
+        if logits:
+            extra["temperature"] = torch.empty(B, device=META)
+        bonus = torch.empty(B, 1, **i64)
+        if ragged:
+            T = 7
+            yield VerifyBatch.ragged(torch.empty(T, V, **f), bonus, torch.empty(T, V, **f) if draft else None,
+                                     torch.empty(T, **i64), torch.empty(B, **i64), K, **extra)
         else:
-            s[n] = types.get(n, "i32")
-    return s
+            yield VerifyBatch.padded(torch.empty(B, K + 1, V, **f), bonus, torch.empty(B, K, V, **f) if draft else None,
+                                     torch.empty(B, K, **i64), **extra)
 
-def compile_kernel(fn, ptrs, consts, extra_types={}):
-    types = {n: t for n, t in ptrs.items()}
-    types.update(extra_types)
-    s = sig(fn, types, consts)
-    src = ASTSource(fn=fn, signature=s, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    k = triton.compile(src, target=target)
-    return k
 
-P = lambda dt: f"*{dt}"  # noqa: E731
-for ragged in (False, True):
-  for logits in (False, True):
-    for has_draft in (False, True):
-        common_ptrs = dict(target_ptr=P("bf16"), draft_ptr=P("bf16"), ids_ptr=P("i64"), bonus_ptr=P("i32"),
-                           cu_ptr=P("i64"), seed_ptr=P("i64"), offset_ptr=P("i64"), greedy_ptr=P("i1"),
-                           part_mass_ptr=P("fp32"), part_rkey_ptr=P("fp32"), part_ridx_ptr=P("i32"),
-                           part_qkey_ptr=P("fp32"), part_qidx_ptr=P("i32"), part_qmax_ptr=P("fp32"), temp_ptr=P("fp32"),
-                           t_max_ptr=P("fp32"), t_sum_ptr=P("fp32"), d_max_ptr=P("fp32"), d_sum_ptr=P("fp32"),
-                           amax_val_ptr=P("fp32"), amax_idx_ptr=P("i32"), out_ptr=P("i64"))
-        flags = dict(RAGGED=ragged, HAS_DRAFT=has_draft, HAS_OFFSETS=True, HAS_GREEDY=True, LOGITS=logits, PRECISE=True)
-        compile_kernel(rk.residual_partials_kernel, common_ptrs, dict(flags, BLOCK_K=8, BLOCK_V=1024))
-        compile_kernel(rk.finalize_kernel, common_ptrs, dict(flags, BLOCK_K=16, BLOCK_NB=64))
-        sp = dict(target_ptr=P("fp32"), draft_ptr=P("fp32"), cu_ptr=P("i64"), temp_ptr=P("fp32"), t_m_ptr=P("fp32"), t_s_ptr=P("fp32"),
-                  d_m_ptr=P("fp32"), d_s_ptr=P("fp32"), amax_val_ptr=P("fp32"), amax_idx_ptr=P("i32"))
-        compile_kernel(sk.softmax_partials_kernel, sp, dict(RAGGED=ragged, HAS_DRAFT=has_draft, BLOCK_V=1024, PRECISE=True))
-        sc = dict(cu_ptr=P("i64"), temp_ptr=P("fp32"), t_m_ptr=P("fp32"), t_s_ptr=P("fp32"), d_m_ptr=P("fp32"), d_s_ptr=P("fp32"),
-                  t_max_ptr=P("fp32"), t_sum_ptr=P("fp32"), d_max_ptr=P("fp32"), d_sum_ptr=P("fp32"))
-        compile_kernel(sk.softmax_combine_kernel, sc, dict(RAGGED=ragged, HAS_DRAFT=has_draft, BLOCK_K=16, BLOCK_NB=64, PRECISE=True))
-    compile_kernel(rk.argmax_partials_kernel, dict(target_ptr=P("fp16"), cu_ptr=P("i32"), greedy_ptr=P("i1"), part_val_ptr=P("fp32"), part_idx_ptr=P("i32")),
-                   dict(RAGGED=ragged, BLOCK_V=1024))
-    tp = dict(target_ptr=P("fp32"), cu_ptr=P("i64"), temp_ptr=P("fp32"), t_max_ptr=P("fp32"), t_sum_ptr=P("fp32"),
-              ent_ptr=P("fp32"), amax_val_ptr=P("fp32"), amax_idx_ptr=P("i32"), ids_ptr=P("i32"), bonus_ptr=P("i64"),
-              lamax_val_ptr=P("fp32"), lamax_idx_ptr=P("i32"), out_ptr=P("i64"))
-    compile_kernel(tk.typical_partials_kernel, tp, dict(RAGGED=ragged, LOGITS=logits, BLOCK_V=1024, PRECISE=True))
-    compile_kernel(tk.typical_finalize_kernel, tp, dict(RAGGED=ragged, LOGITS=logits, BLOCK_K=16, BLOCK_NB=64, PRECISE=True),
-                   dict(posterior_threshold="fp32", posterior_alpha="fp32"))
-print("compiled all kernel variants for sm_90")
+def signature(kernel, args):
+    fn = getattr(kernel, "fn", kernel)
+    names = kernel.arg_names
+    constexpr_index = set(kernel.constexprs)
+    sig, consts = {}, {}
+    for i, name in enumerate(names):
+        value = args[name]
+        if i in constexpr_index or value is None:
+            sig[name] = "constexpr"
+            consts[(i,)] = value
+        elif isinstance(value, torch.Tensor):
+            sig[name] = "*" + TYPES[value.dtype]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        elif isinstance(value, int):
+            sig[name] = "i64" if abs(value) >= 2**31 else "i32"
+        else:
+            raise TypeError(f"{fn.__name__}.{name}: {type(value)}")
+    return sig, consts
+
+
+def main():
+    seen = set()
+    for batch in batches():
+        split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 8, 1024)
+        launches = plan_rejection(batch, split)[0]
+        if batch.draft is None and batch.is_greedy is None:  # typical ignores drafts, seeds, greedy masks
+            launches += plan_typical(batch, 0.09, 0.3, split)[0]
+        for launch in launches:
+            sig, consts = signature(launch.kernel, launch.args)
+            key = (launch.name, tuple(sorted(sig.items())), tuple(sorted((k[0], repr(v)) for k, v in consts.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
+    print(f"compiled all kernel variants for sm_90: {len(seen)} variants")
+
+
+if __name__ == "__main__":
+    main()

@@ -102,7 +102,7 @@ def test_console_script_runs():
 
 
 def test_demo_prints_measured_next_to_theory():
-    from spec_samplers.demo import run_demo
+    from spec_samplers.bench.presets import run_demo
 
     rows = run_demo(trials=2000, k=2)
     for r in rows:

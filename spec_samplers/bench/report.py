@@ -51,7 +51,7 @@ from collections.abc import Sequence
 
 import torch
 
-import spec_samplers
+from spec_samplers._version import __version__
 
 SCHEMA = "spec-samplers-bench/1"
 
@@ -73,7 +73,7 @@ def machine_info(device: torch.device) -> dict[str, object]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "spec_samplers": spec_samplers.__version__,
+        "spec_samplers": __version__,
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "device": str(device),

@@ -23,8 +23,6 @@ import torch
 
 from spec_samplers.bench import quality, timing, workloads
 from spec_samplers.registry import available_samplers, sampler_options
-from spec_samplers.rejection import RejectionSampler
-from spec_samplers.typical import TypicalAcceptanceSampler
 
 #: sampler name -> {option: values swept when the sampler is named with --sampler}
 SWEEPS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -60,15 +58,9 @@ class SamplerSpec:
 
 
 def is_lossless(cls: type) -> bool | None:
-    """A class attribute ``lossless`` if the sampler declares one; known for the built-ins."""
+    """The sampler class's own ``lossless`` declaration (None when it declares none)."""
     declared = getattr(cls, "lossless", None)
-    if isinstance(declared, bool):
-        return declared
-    if issubclass(cls, RejectionSampler):
-        return True
-    if issubclass(cls, TypicalAcceptanceSampler):
-        return False
-    return None
+    return declared if isinstance(declared, bool) else None
 
 
 def parse_option(text: str) -> tuple[str, object, str]:

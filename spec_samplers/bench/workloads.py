@@ -26,9 +26,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from spec_samplers.demo import synthetic_pair
 
 KINDS = ("softmax", "sparse", "point", "file")
+
+
+
+def synthetic_pair(num_rows: int, vocab_size: int, sigma: float, temperature: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """target = softmax(z / T), draft = softmax((z + sigma * noise) / T). Returns ([N, V], [N, V])."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(num_rows, vocab_size, generator=gen) * 3.0
+    noise = torch.randn(num_rows, vocab_size, generator=gen)
+    return torch.softmax(z / temperature, -1), torch.softmax((z + sigma * noise) / temperature, -1)
 
 
 @dataclass(frozen=True)

@@ -75,19 +75,29 @@ def vocab_split(vocab_size: int, num_requests: int, device: torch.device,
     four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes.
 
     ``block_v`` / ``num_blocks`` override the choice (tests use them to cross block boundaries)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        # The interpreter runs programs one by one: few blocks there, but more than one.
+        return plan_vocab_split(vocab_size, num_requests, 4 * _num_sms(index), 1024, block_v, num_blocks)
+    return plan_vocab_split(vocab_size, num_requests, 2, 512, block_v, num_blocks)
+
+
+#: the vector widths a launch can use: a changing batch size reaches at most these three
+BLOCK_V_CHOICES = (256, 512, 1024)
+
+
+def plan_vocab_split(vocab_size: int, num_requests: int, target_programs: int, widest: int,
+                     block_v: int | None = None, num_blocks: int | None = None) -> VocabSplit:
+    """:func:`vocab_split` for a device that should run ``target_programs`` programs at once and
+    vector steps of at most ``widest`` (1024 on CUDA). Pure: tests enumerate it."""
     if num_blocks is None:
-        if device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            target = 4 * _num_sms(index)
-        else:
-            target = 2  # the interpreter runs programs one by one: few blocks, but more than one
-        num_blocks = -(-target // max(num_requests, 1))
+        num_blocks = -(-target_programs // max(num_requests, 1))
     if block_v is None:
-        # Wide vector steps (1024) when each program has a long chunk, narrower ones (down to
-        # 256) when the vocabulary must be cut finely to fill the GPU at small B.
+        # Wide vector steps when each program has a long chunk, narrower ones (down to 256) when
+        # the vocabulary must be cut finely to fill the GPU at small B.
         per_block = -(-vocab_size // max(1, min(num_blocks, MAX_VOCAB_BLOCKS)))
-        block_v = 1024 if device.type == "cuda" else 512
-        while block_v > 256 and block_v > per_block:
+        block_v = widest
+        while block_v > BLOCK_V_CHOICES[0] and block_v > per_block:
             block_v //= 2
     block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
     max_blocks = min(-(-vocab_size // block_v), MAX_VOCAB_BLOCKS)

@@ -1,18 +1,12 @@
-"""A small acceptance demo on synthetic distributions (no model needed)."""
+"""Presets of the bench: ``demo``, a small acceptance demo on synthetic distributions (no model
+needed), run by ``spec-samplers demo``."""
 
 from __future__ import annotations
 
 import torch
 
+from spec_samplers.bench.workloads import synthetic_pair
 from spec_samplers.rejection import RejectionSampler
-
-
-def synthetic_pair(num_rows: int, vocab_size: int, sigma: float, temperature: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """target = softmax(z / T), draft = softmax((z + sigma * noise) / T). Returns ([N, V], [N, V])."""
-    gen = torch.Generator().manual_seed(seed)
-    z = torch.randn(num_rows, vocab_size, generator=gen) * 3.0
-    noise = torch.randn(num_rows, vocab_size, generator=gen)
-    return torch.softmax(z / temperature, -1), torch.softmax((z + sigma * noise) / temperature, -1)
 
 
 def run_demo(trials: int = 4000, vocab_size: int = 1000, k: int = 4, seed: int = 0) -> list[dict[str, float]]:

@@ -1,0 +1,82 @@
+"""A serving engine's batch size changes every step; the launchers must compile a bounded number
+of kernel variants. The bound (docs/architecture.md, "Compiled variants"): for fixed k, V, dtype
+and input kinds, a vocabulary-pass kernel takes at most len(BLOCK_V_CHOICES) = 3 variants and a
+per-request combine kernel at most 9 (BLOCK_NB a power of two <= MAX_VOCAB_BLOCKS = 256) over
+B = 1..1024; over k = 1..16 as well, at most 15 and 45.
+
+Plans are built on the meta device (no memory, no kernels run) with the split a 132-SM GPU gets.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+
+import torch
+
+from spec_samplers.kernels.backend import BLOCK_V_CHOICES, MAX_VOCAB_BLOCKS, plan_vocab_split
+from spec_samplers.kernels.rejection_launch import plan_rejection
+from spec_samplers.kernels.typical_launch import plan_typical
+from spec_samplers.layout import VerifyBatch
+
+META = torch.device("meta")
+SMS = 132
+
+
+def _batch(B: int, k: int, V: int, logits: bool) -> VerifyBatch:
+    target = torch.empty(B, k + 1, V, device=META)
+    draft = torch.empty(B, k, V, device=META)
+    ids = torch.empty(B, k, dtype=torch.int64, device=META)
+    bonus = torch.empty(B, 1, dtype=torch.int64, device=META)
+    seeds = torch.empty(B, dtype=torch.int64, device=META)
+    extra = {"temperature": torch.empty(B, device=META)} if logits else {"is_greedy": torch.empty(B, dtype=torch.bool, device=META)}
+    return VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=seeds, **extra)
+
+
+def _constexpr_names(kernel) -> set[str]:
+    """Parameters annotated tl.constexpr (compiled JITFunction and interpreted kernels alike)."""
+    fn = getattr(kernel, "fn", kernel)
+    params = inspect.signature(fn).parameters.values()
+    return {p.name for p in params if "constexpr" in str(p.annotation)}
+
+
+def _variants(batch_sizes, ks, V, logits):
+    """(kernel name, flag constexprs) -> set of (block sizes, num_warps) its launches used."""
+    seen: dict[str, set] = defaultdict(set)
+    for k in ks:
+        for B in batch_sizes:
+            batch = _batch(B, k, V, logits)
+            split = plan_vocab_split(V, B, 4 * SMS, 1024)
+            launches = plan_rejection(batch, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0]
+            for launch in launches:
+                constexpr_names = _constexpr_names(launch.kernel)
+                flags = tuple(sorted((n, v) for n, v in launch.args.items() if n in constexpr_names and not n.startswith("BLOCK")))
+                blocks = tuple(sorted((n, v) for n, v in launch.args.items() if n.startswith("BLOCK")))
+                seen[(launch.name, flags)].add((blocks, launch.num_warps))
+    return seen
+
+
+def test_compiled_variants_stay_bounded_as_the_batch_size_changes():
+    vocab_pass = {"residual_partials", "argmax_partials", "softmax_partials", "typical_partials"}
+    for V in (32000, 128256, 152064):
+        for logits in (False, True):
+            fixed_k = _variants(range(1, 1025), [4], V, logits)
+            for (name, _), variants in fixed_k.items():
+                bound = len(BLOCK_V_CHOICES) if name in vocab_pass else MAX_VOCAB_BLOCKS.bit_length()
+                assert len(variants) <= bound, (V, logits, name, len(variants))
+            any_k = _variants(range(1, 1025, 7), range(1, 17), V, logits)
+            for (name, _), variants in any_k.items():
+                bound = 5 * (len(BLOCK_V_CHOICES) if name in vocab_pass else MAX_VOCAB_BLOCKS.bit_length())
+                assert len(variants) <= bound, (V, logits, name, len(variants))
+
+
+def test_launch_arguments_are_keywords_and_absent_tensors_are_none():
+    batch = _batch(3, 2, 100, logits=False)
+    batch = VerifyBatch.padded(batch.target, batch.bonus_token_ids, None, batch.draft_token_ids, seeds=batch.seeds)
+    launches, _ = plan_rejection(batch, plan_vocab_split(100, 3, 8, 1024))
+    by_name = {launch.name: launch for launch in launches}
+    assert set(by_name) == {"residual_partials", "finalize"}  # no greedy rows: no argmax pass
+    args = by_name["finalize"].args
+    assert args["draft_ptr"] is None and args["offset_ptr"] is None and args["greedy_ptr"] is None
+    assert args["temp_ptr"] is None and args["amax_val_ptr"] is None and args["cu_ptr"] is None
+    assert not args["HAS_DRAFT"] and not args["HAS_OFFSETS"] and not args["HAS_GREEDY"]
