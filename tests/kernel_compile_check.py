@@ -27,7 +27,7 @@ from spec_samplers.layout import VerifyBatch  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 META = torch.device("meta")
-TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+TYPES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
          torch.int64: "i64", torch.bool: "i1"}
 
 
