@@ -52,15 +52,15 @@ def strided(t: torch.Tensor) -> torch.Tensor:
 # -- finding 1: strided and expanded [B] tensors ----------------------------------------------
 
 
-def test_strided_seeds_offsets_greedy_bonus_match_contiguous_on_both_backends():
-    q, p, ids, bonus = probs_case()
-    seeds, offsets = torch.tensor([1, 2, 3]), torch.tensor([5, 0, 7])
-    greedy = torch.tensor([False, True, False])
-    expected = RejectionSampler(backend="torch")(q, bonus, p, ids, seeds=seeds, offsets=offsets, is_greedy=greedy)
-    got = both(RejectionSampler, lambda s: s(
-        q, strided(bonus), p, ids,
-        seeds=strided(seeds), offsets=strided(offsets), is_greedy=strided(greedy),
-    ))
+@pytest.mark.parametrize("which", ["seeds", "offsets", "is_greedy", "all"])
+def test_strided_seeds_offsets_greedy_match_contiguous_on_both_backends(which):
+    q, p, ids, bonus = probs_case(B=4, K=2, V=16, seed=4)
+    p = 0.5 * p + 0.5 * q[:, :2]  # close drafts: some accepted, so every uniform matters
+    kw = dict(seeds=torch.tensor([1, 2, 3, 4]), offsets=torch.tensor([5, 0, 7, 1]),
+              is_greedy=torch.tensor([False, True, False, False]))
+    expected = RejectionSampler(backend="torch")(q, bonus, p, ids, **kw)
+    bent = {k: strided(v) if which in (k, "all") else v for k, v in kw.items()}
+    got = both(RejectionSampler, lambda s: s(q, strided(bonus), p, ids, **bent))
     assert torch.equal(got, expected)
 
 
