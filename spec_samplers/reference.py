@@ -20,7 +20,8 @@ from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, race, valid_ids
 
-__all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "rejection_reference", "typical_reference", "flat_inputs"]
+__all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "rejection_reference", "typical_reference", "flat_inputs",
+           "typical_accepts", "typical_threshold"]
 
 
 def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -221,10 +222,14 @@ def typical_accepts(
     computes in fp32): the Triton kernel sums the entropy in another order, and in float64 the
     order moves H by ~1e-16 relative, so both backends decide alike unless q(x) lies within
     ~2**-45 of the threshold (fp32 sums disagreed on 56 of 300 constructed near-ties)."""
+    return candidate.to(torch.float64) > typical_threshold(q, posterior_threshold, posterior_alpha)
+
+
+def typical_threshold(q: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
+    """[N] float64 min(threshold, alpha * exp(-H(q))) of q [N, V] fp32 (see :func:`typical_accepts`)."""
     q64 = q.to(torch.float64)
     entropy = -(q64 * torch.log(q64 + ENTROPY_EPS_FP32)).sum(dim=-1)
-    threshold = torch.clamp(fp32_value(posterior_alpha) * torch.exp(-entropy), max=fp32_value(posterior_threshold))
-    return candidate.to(torch.float64) > threshold
+    return torch.clamp(fp32_value(posterior_alpha) * torch.exp(-entropy), max=fp32_value(posterior_threshold))
 
 
 def _typical_core(

@@ -39,12 +39,18 @@ def test_exit_code_and_tables(quick_run):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     for headers in (report.ACCEPTANCE_HEADERS, report.TIMING_HEADERS):
-        header_line = next((line for line in lines if line.startswith("sampler") and headers[-1] in line), None)
+        header_line = next((line for line in lines if line.strip().startswith(headers[0]) and headers[-1] in line), None)
         assert header_line is not None, f"no table with columns {headers} in:\n{proc.stdout}"
         for column in headers:
             assert column in header_line
     for name in ("rejection_sampler", "typical_acceptance_sampler"):
         assert any(line.startswith(name) for line in lines), f"{name} missing from the table"
+    # the report fits 100 columns (detail is in the JSON)
+    assert max(len(line) for line in lines) <= report.WIDTH, max(lines, key=len)
+    # typical acceptance's first-token law is computable: its TV is exact
+    typical_block = lines[lines.index("typical_acceptance_sampler"):]
+    assert any(line.rstrip().endswith("exact") for line in typical_block[2:6])
+    assert "threads=1" in proc.stdout  # the default: fast on a small shared machine
 
 
 def _check_number(entry: dict, key: str) -> None:
@@ -67,7 +73,11 @@ def test_json_schema(quick_run):
             _check_number(e, key)
         assert len(e["per_position"]) == k
         assert 0 <= e["acceptance"] <= 1 and 1 <= e["emitted"] <= k + 1
-        assert set(e["tv_output"]) == {"estimate", "noise_floor", "excess"}
+        assert set(e["tv_output"]) == {"estimate", "noise_floor", "excess", "exact"}
+        if e["name"] == "typical_acceptance_sampler":
+            _check_number(e["tv_output"], "exact")
+        else:
+            assert e["tv_output"]["exact"] is None
         assert set(e["setting"]) >= {"name", "kind", "vocab_size", "contexts", "sigma", "temperature"}
         if e["name"] == "rejection_sampler":
             assert set(e["theory"]) == {"alpha", "per_position", "acceptance", "emitted"}

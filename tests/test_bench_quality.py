@@ -151,3 +151,23 @@ def test_baseline_availability_reports_reasons():
     assert status["vllm_v0_torch"] == {"available": True, "reason": ""}
     for name in ("vllm_v1", "flashinfer"):
         assert status[name]["available"] is False and status[name]["reason"]
+
+
+def test_typical_first_token_law_is_exact():
+    """The law the report uses for typical acceptance's exact TV equals the sampler's output over
+    every possible draft token at position 0, weighted by p (typical acceptance is deterministic)."""
+    from spec_samplers import TypicalAcceptanceSampler
+    from spec_samplers.bench.quality import typical_first_token_law
+
+    g = torch.Generator().manual_seed(11)
+    C, V, k = 4, 12, 2
+    target = torch.softmax(torch.randn(C, V, generator=g) * torch.tensor([[0.3], [1.0], [3.0], [8.0]]), -1)
+    draft = torch.softmax(torch.randn(C, V, generator=g) * 2, -1)
+    sampler = TypicalAcceptanceSampler(0.09, 0.3)
+    law = typical_first_token_law(target, draft, 0.09, 0.3)
+    for c in range(C):
+        tgt = target[c].expand(V, k + 1, V)  # one row per possible draft token
+        ids = torch.arange(V)[:, None].expand(V, k)
+        first = sampler(tgt, torch.zeros(V, 1, dtype=torch.long), None, ids)[:, 0]
+        enumerated = torch.zeros(V, dtype=torch.float64).index_add_(0, first, draft[c].double())
+        assert torch.allclose(law[c], enumerated, atol=1e-12), (c, law[c], enumerated)

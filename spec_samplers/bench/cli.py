@@ -19,7 +19,8 @@ total variation from the target, and the time per call with bytes moved and GB/s
 --sampler typical_acceptance_sampler sweeps posterior_threshold x posterior_alpha (those not
 given with --option) and plots acceptance against TV from the target.
 --from-file: a .pt dict (torch.save) or .safetensors file with float tensors target_probs [N, V]
-and draft_probs [N, V]; row n is one context (the two models' next-token distributions)."""
+and draft_probs [N, V]; row n is one context (the two models' next-token distributions).
+Runs on one CPU thread unless --threads says otherwise (fastest on small or shared machines)."""
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -66,8 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-time", type=float, help="seconds of repeats per timed point (default 0.2, quick 0.02)")
     p.add_argument("--no-timing", action="store_true", help="skip the timing")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
-    p.add_argument("--threads", type=_positive_int,
-                   help="torch CPU threads (default: torch's); 1 gives stable CPU timings on a busy machine")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="torch CPU threads (default 1: the workload is many small calls, and on a small or "
+                        "shared machine more threads wait on each other; raise it on an idle many-core machine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--from-file", metavar="PATH", help="benchmark on saved target/draft probabilities (layout above)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (schema: spec_samplers/bench/report.py)")
@@ -116,8 +118,7 @@ def build_config(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from spec_samplers.bench import report, runner
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     try:
         config = build_config(args)
         if args.plot:

@@ -22,6 +22,10 @@ over contexts. The estimate is biased upwards by sampling noise, so the same est
 applied to ``rows`` exact draws from q_c: that is ``noise_floor``, what an exact (lossless)
 sampler scores. ``excess`` = estimate - noise_floor; a lossless sampler's excess is ~0 (either
 sign), typical acceptance's is its quality cost.
+
+Where the law of the first emitted token is computable the report gives it exactly instead
+(``exact``, no sampling noise): typical acceptance at position 0 emits x ~ p_c when
+q_c(x) > threshold(H(q_c)) and argmax q_c otherwise (:func:`typical_first_token_law`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from spec_samplers.reference import typical_threshold
+from spec_samplers.torch_ops import clean_probs
 
 #: a chunk's [rows, k+1, V] + [rows, k, V] inputs hold at most this many elements
 CHUNK_ELEMENTS = 2**24
@@ -55,6 +62,29 @@ def tv_draft_target(target: torch.Tensor, draft: torch.Tensor) -> float:
     return float(0.5 * (target.double() - draft.double()).abs().sum(dim=1).mean())
 
 
+def typical_first_token_law(
+    target: torch.Tensor,  # [C, V] probabilities as the sampler sees them
+    draft: torch.Tensor,  # [C, V] (one-hot rows for point-mass drafts)
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> torch.Tensor:
+    """[C, V] float64: the exact law of typical acceptance's first emitted token when the draft
+    at position 0 is drawn from p_c: P(y) = p(y) [q(y) > threshold] + [y = argmax q] * P(reject).
+
+    Example::
+
+        >>> q = torch.tensor([[0.7, 0.2, 0.1]]); p = torch.tensor([[0.1, 0.1, 0.8]])
+        >>> typical_first_token_law(q, p, 0.09, 0.3)   # threshold = 0.09: 0.1 passes, so all pass
+        tensor([[0.1000, 0.1000, 0.8000]], dtype=torch.float64)
+    """
+    q = clean_probs(target)
+    accept = q.double() > typical_threshold(q, posterior_threshold, posterior_alpha)[:, None]  # [C, V]
+    p = draft.double()
+    law = torch.where(accept, p, torch.zeros((), dtype=torch.float64))
+    rejected = (p * ~accept).sum(dim=1)  # [C]
+    return law.scatter_add(1, torch.argmax(q, dim=1, keepdim=True), rejected[:, None])
+
+
 def _empirical_tv(counts: torch.Tensor, target: torch.Tensor, rows: int) -> torch.Tensor:
     """counts: [C, V] token counts over ``rows`` draws per context; target: [C, V]. Returns [C]."""
     return 0.5 * (counts.double() / rows - target.double()).abs().sum(dim=1)
@@ -71,10 +101,12 @@ def measure(
     dtype: torch.dtype = torch.float32,
     point_mass_drafts: bool = False,
     lossless: bool | None = None,
+    first_token_law: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, object]:
     """Run ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
     every context repeated ``rows`` times and return the measured numbers (module docstring),
-    with the theory and z-scores when ``lossless``."""
+    with the theory and z-scores when ``lossless``. ``first_token_law(target, draft) -> [C, V]``:
+    the exact law of the first emitted token, when known (``tv_output["exact"]``)."""
     if rows < 2:
         raise ValueError(f"rows: expected >= 2, got {rows}")
     if k < 1:
@@ -126,10 +158,13 @@ def measure(
         "emitted": float(emi.mean()),
         "emitted_stderr": float(emi.std() / n**0.5),
         "tv_draft_target": tv_draft_target(target, draft),
-        "tv_output": {"estimate": tv_est, "noise_floor": tv_floor, "excess": tv_est - tv_floor},
+        "tv_output": {"estimate": tv_est, "noise_floor": tv_floor, "excess": tv_est - tv_floor, "exact": None},
         "theory": None,
         "z": None,
     }
+    if first_token_law is not None:
+        law = first_token_law(target.to(dtype).float(), draft.to(dtype).float())
+        result["tv_output"]["exact"] = float((0.5 * (law - target.double()).abs().sum(dim=1)).mean())  # type: ignore[index]
     if lossless:
         theory = lossless_theory(target, draft, k)
         result["theory"] = theory

@@ -23,8 +23,9 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
           "acceptance": float, "acceptance_stderr": float,   # accepted / proposed drafts
           "emitted": float, "emitted_stderr": float,         # tokens emitted per step
           "tv_draft_target": float,           # mean TV(p, q): the setting's divergence
-          "tv_output": {"estimate": float, "noise_floor": float, "excess": float},
-                                              # first emitted token vs target (see quality)
+          "tv_output": {"estimate": float, "noise_floor": float, "excess": float,
+                        "exact": float | null},  # first emitted token vs target (see quality);
+                                              # exact where the law is computable (typical acceptance)
           "theory": null | {"alpha": float, "per_position": [k floats],
                             "acceptance": float, "emitted": float},   # lossless samplers only
           "z": null | {"acceptance": float, "emitted": float}         # (measured - theory) / stderr
@@ -103,53 +104,81 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-ACCEPTANCE_HEADERS = ("sampler", "setting", "TV(p,q)", "accept", "theory", "z", "per position",
-                      "emitted", "theory", "TV out", "floor")
+#: the terminal report fits this many columns; everything else is in the JSON
+WIDTH = 100
+
+ACCEPTANCE_HEADERS = ("setting", "TV(p,q)", "accept", "theory", "z", "pos 1", "emitted", "theory", "TV out", "floor")
 
 
 def _f(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _tv_out(tv: dict[str, object]) -> tuple[str, str]:
+    """(TV out, floor) cells: the exact TV where known, else the estimate and its noise floor."""
+    if tv.get("exact") is not None:
+        return _f(tv["exact"]), "exact"
+    return _f(tv["estimate"]), _f(tv["noise_floor"])
+
+
 def acceptance_table(entries: Sequence[dict[str, object]]) -> str:
-    rows = []
+    """One block per sampler (its label on a line of its own), one row per setting."""
+    blocks = []
+    for label, group in _by_sampler(entries).items():
+        rows = []
+        for e in group:
+            theory, z = e["theory"], e["z"]
+            rows.append([
+                e["setting"]["name"], _f(e["tv_draft_target"]), _f(e["acceptance"]),
+                _f(theory and theory["acceptance"]), "-" if z is None else f"{z['acceptance']:+.1f}",
+                _f(e["per_position"][0] if e["per_position"] else None, 2), _f(e["emitted"], 2),
+                _f(theory and theory["emitted"], 2), *_tv_out(e["tv_output"]),
+            ])
+        table = _table(ACCEPTANCE_HEADERS, rows, [False] + [True] * 9)
+        blocks.append(label + "\n" + "\n".join("  " + line for line in table.splitlines()))
+    return "\n\n".join(blocks)
+
+
+def _by_sampler(entries: Sequence[dict[str, object]]) -> dict[str, list[dict[str, object]]]:
+    groups: dict[str, list[dict[str, object]]] = {}
     for e in entries:
-        theory, z, tv = e["theory"], e["z"], e["tv_output"]
-        rows.append([
-            e["sampler"], e["setting"]["name"], _f(e["tv_draft_target"]), _f(e["acceptance"]),
-            _f(theory and theory["acceptance"]), "-" if z is None else f"{z['acceptance']:+.1f}",
-            "/".join(f"{x:.2f}" for x in e["per_position"]), _f(e["emitted"], 2),
-            _f(theory and theory["emitted"], 2), _f(tv["estimate"]), _f(tv["noise_floor"]),
-        ])
-    return _table(ACCEPTANCE_HEADERS, rows, [False, False] + [True] * 4 + [False] + [True] * 4)
+        groups.setdefault(e["sampler"], []).append(e)
+    return groups
 
 
-SWEEP_HEADERS = ("sampler", "settings", "accept", "emitted", "TV out", "floor", "TV excess")
+def _options_cell(options: dict[str, object], swept: Sequence[str]) -> str:
+    return " ".join(f"{k.removeprefix('posterior_')}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in options.items() if k in swept) or "-"
 
 
-def sweep_table(entries: Sequence[dict[str, object]]) -> str:
-    """Means over settings, one row per sampler variant."""
-    by_label: dict[str, list[dict[str, object]]] = {}
-    for e in entries:
-        by_label.setdefault(e["sampler"], []).append(e)
+SWEEP_HEADERS = ("sampler", "options", "settings", "accept", "emitted", "TV out", "TV excess")
+
+
+def sweep_table(entries: Sequence[dict[str, object]], swept: Sequence[str] = ()) -> str:
+    """Means over settings, one row per sampler variant (its swept options in one column).
+    TV out: the exact TV where every setting has it (then TV excess is the same number), else
+    the estimate; TV excess: TV out minus the estimate's noise floor."""
     rows = []
-    for label, group in by_label.items():
+    for group in _by_sampler(entries).values():
         n = len(group)
         mean = lambda f: sum(f(e) for e in group) / n  # noqa: E731
+        exact = all(e["tv_output"].get("exact") is not None for e in group)
+        tv = mean(lambda e: e["tv_output"]["exact"]) if exact else mean(lambda e: e["tv_output"]["estimate"])
+        excess = tv if exact else mean(lambda e: e["tv_output"]["excess"])
         rows.append([
-            label, str(n), _f(mean(lambda e: e["acceptance"])), _f(mean(lambda e: e["emitted"]), 2),
-            _f(mean(lambda e: e["tv_output"]["estimate"])), _f(mean(lambda e: e["tv_output"]["noise_floor"])),
-            _f(mean(lambda e: e["tv_output"]["excess"])),
+            group[0]["name"], _options_cell(group[0]["options"], swept), str(n), _f(mean(lambda e: e["acceptance"])),
+            _f(mean(lambda e: e["emitted"]), 2), _f(tv) + ("" if exact else "~"), _f(excess),
         ])
-    return _table(SWEEP_HEADERS, rows, [False] + [True] * 6)
+    return _table(SWEEP_HEADERS, rows, [False, False] + [True] * 5)
 
 
 TIMING_HEADERS = ("sampler", "device", "dtype", "B", "k", "V", "ms/call", "MB", "GB/s", "floor MB")
 
 
 def timing_table(entries: Sequence[dict[str, object]]) -> str:
+    """Sampler names only: timing runs once per sampler, its options are in the JSON."""
     rows = [[
-        e["sampler"], e["device"], e["dtype"], str(e["batch_size"]), str(e["k"]), str(e["vocab_size"]),
+        e["name"], e["device"], e["dtype"], str(e["batch_size"]), str(e["k"]), str(e["vocab_size"]),
         f"{e['time_s'] * 1e3:.3f}", f"{e['bytes'] / 1e6:.1f}", f"{e['gbps']:.2f}", f"{e['floor_bytes'] / 1e6:.1f}",
     ] for e in entries]
     return _table(TIMING_HEADERS, rows, [False] * 3 + [True] * 7)
@@ -159,17 +188,22 @@ def render(document: dict[str, object]) -> str:
     """The terminal report: acceptance (or the sweep summary), then timing."""
     machine, config = document["machine"], document["config"]
     parts = [
-        f"spec-samplers bench: {machine['device']} ({machine['device_name']}), torch {machine['torch']}, "
+        f"spec-samplers bench: {machine['device']} ({machine['device_name']}), torch {machine['torch']}",
         f"threads={config['threads']}, k={config['k']}, {config['rows']} rows per context",
     ]
     swept = [e for e in document["acceptance"] if _is_swept(document, e)]
     plain = [e for e in document["acceptance"] if not _is_swept(document, e)]
     if plain:
-        parts += ["", "Acceptance (accept: accepted/proposed drafts; theory and z for lossless samplers; "
-                      "TV out: first emitted token vs target, floor: same estimate for exact samples)",
-                  acceptance_table(plain)]
+        parts += ["", "Acceptance. accept: accepted/proposed drafts, all positions; pos 1: acceptance at",
+                  "position 1; theory and z (in standard errors) for lossless samplers. TV out: first",
+                  "emitted token vs target, exact where computable (floor 'exact'), else an estimate",
+                  "whose floor is the same estimate on exact samples. Per-position rates: --json.",
+                  "", acceptance_table(plain)]
     if swept:
-        parts += ["", "Sweep (means over settings; per-setting rows in --json)", sweep_table(swept)]
+        names = sorted({k for s in document["samplers"] if s["swept"] for k in s["swept"]})
+        parts += ["", "Sweep: means over settings (per-setting rows in --json); TV out exact, or ~ an",
+                  "estimate; TV excess: TV out minus the estimate's noise floor (exact: TV out itself).",
+                  sweep_table(swept, names)]
     if document["timing"]:
         parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, SPEC section 6)",
                   timing_table(document["timing"])]

@@ -13,6 +13,7 @@ the swept ones (timing does not depend on thresholds).
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import itertools
 import sys
@@ -23,6 +24,7 @@ import torch
 
 from spec_samplers.bench import quality, timing, workloads
 from spec_samplers.registry import available_samplers, sampler_options
+from spec_samplers.typical import TypicalAcceptanceSampler
 
 #: sampler name -> {option: values swept when the sampler is named with --sampler}
 SWEEPS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -171,6 +173,14 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="bench", unit="task", file=sys.stderr, leave=False)
 
 
+def _first_token_law(sampler: object):
+    """The exact law of the first emitted token where it is computable (typical acceptance)."""
+    if isinstance(sampler, TypicalAcceptanceSampler):
+        return functools.partial(quality.typical_first_token_law, posterior_threshold=sampler.posterior_threshold,
+                                 posterior_alpha=sampler.posterior_alpha)
+    return None
+
+
 def run(config: BenchConfig) -> dict[str, object]:
     """Quality over every (variant, setting), then timing over every timed sampler x batch size x
     dtype. Returns the result dict (the JSON's ``acceptance``, ``timing`` and ``samplers``)."""
@@ -187,6 +197,7 @@ def run(config: BenchConfig) -> dict[str, object]:
                 measured = quality.measure(
                     spec.sampler, target, draft, config.k, config.rows, seed=config.seed, device=config.device,
                     point_mass_drafts=setting.point_mass_drafts, lossless=spec.lossless,
+                    first_token_law=_first_token_law(spec.sampler),
                 )
                 acceptance.append({"sampler": spec.label, "name": spec.name, "options": dict(spec.options),
                                    "setting": setting.describe(), "k": config.k, **measured})
