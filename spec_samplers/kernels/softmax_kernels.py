@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels.common import fold_argmax, request_span, row_offset, scaled_exp
-from spec_samplers.kernels.rng import precise_exp
 
 
 @triton.jit
