@@ -9,6 +9,7 @@ from spec_samplers.errors import SpecSamplerInputError
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output
 from spec_samplers.registry import UnknownSamplerError, available_samplers, get_sampler
 from spec_samplers.rejection import RejectionSampler
+from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.typical import TypicalAcceptanceSampler
 
 from spec_samplers._version import __version__
@@ -16,6 +17,7 @@ from spec_samplers._version import __version__
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
+    "SamplingParams",
     "SpecDecodeBaseSampler",
     "SpecDecodeDeterministicBaseSampler",
     "SpecDecodeStochasticBaseSampler",

@@ -19,16 +19,18 @@ so such a sampler gets them right through ``_create_output`` or by calling
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from spec_samplers import validation
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
 from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import Shapes
 
@@ -47,6 +49,40 @@ def _as_device(device: int | str | torch.device, device_type: str) -> torch.devi
 def _load(target: str) -> Callable[..., torch.Tensor]:
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def _check_one_of(temperature: torch.Tensor | None, sampling_params: object) -> None:
+    """The logits entries take ``temperature`` or ``sampling_params``, exactly one."""
+    if temperature is None and sampling_params is None:
+        raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params=", None)
+    if temperature is not None and sampling_params is not None:
+        raise input_error("sampling_params", "None when temperature is given (pass one or the other)", "both")
+
+
+def _process_sampling_params(
+    layout: RowLayout,
+    target_logits: torch.Tensor,  # [B, K+1, V] padded or [T, V] ragged
+    draft_logits: torch.Tensor | None,  # [B, K, V] / [T, V] or None
+    sampling_params: SamplingParams | Sequence[SamplingParams],
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(target probs, draft probs, is_greedy [B]): both processed row by row with their request's
+    parameters (vLLM's order: temperature, min-p, top-k, top-p), so the verification that follows
+    is lossless for the processed target, for drafts sampled from the processed draft. The
+    processing runs the sampling operations on the sampler's ``backend``."""
+    B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
+    device = target_logits.device
+    params = sampling_tensors(sampling_params, B, device)
+
+    def process(x: torch.Tensor, per_request: int) -> torch.Tensor:
+        flat = x.reshape(-1, V)
+        if flat.shape[0] == 0 or B == 0:
+            return torch.zeros(x.shape, dtype=torch.float32, device=device)
+        rows = params.select(layout.request_of_rows(flat.shape[0], per_request, device))
+        return process_logits(flat, rows, backend=backend).view(x.shape)
+
+    draft = None if draft_logits is None else process(draft_logits, K)
+    return process(target_logits, K + 1), draft, params.is_greedy
 
 
 class SpecDecodeBaseSampler(torch.nn.Module):
@@ -192,6 +228,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         cu_num_draft_tokens: torch.Tensor | None = None,  # [B] ragged only
         max_spec_len: int | None = None,  # ragged only
         temperature: torch.Tensor | None = None,  # [B]: the float inputs are logits
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,  # or this: logits too
         seeded_seqs: dict[int, torch.Generator] | None = None,
         seeds: torch.Tensor | None = None,  # [B] int64
         offsets: torch.Tensor | None = None,  # [B] int64
@@ -199,13 +236,21 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         stochastic: bool = False,
     ) -> torch.Tensor:
         self._require_op(entry)
-        logits = temperature is not None
+        if entry.endswith("_from_logits"):
+            _check_one_of(temperature, sampling_params)
+        logits = temperature is not None or sampling_params is not None
         ragged = cu_num_draft_tokens is not None
         if ragged:
             assert max_spec_len is not None and cu_num_draft_tokens is not None
-            shapes = self._validate_ragged(
-                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, logits
+            names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
+            shapes = validation.check_ragged_metadata(
+                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
             )
+            if self._strict_mode:
+                validation.check_ragged_values(cu_num_draft_tokens, target.shape[0], max_spec_len)
+                validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
+            if self._check_values:
+                validation.check_float_values(target, draft, *names, logits)
         else:
             shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
         device = target.device
@@ -221,6 +266,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             layout = RowLayout.ragged_from(cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
         else:
             layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
+        if sampling_params is not None:
+            target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
         batch = VerifyBatch(
             layout, target, draft, draft_token_ids, bonus_token_ids.reshape(shapes.batch_size),
             seeds=seeds, offsets=offsets, is_greedy=is_greedy, temperature=temperature,
@@ -245,27 +292,6 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
         if self._check_values:
             validation.check_float_values(target_with_bonus_probs, draft_probs, *names, logits)
-        return shapes
-
-    def _validate_ragged(
-        self,
-        target_probs: torch.Tensor,  # [T, V]
-        bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
-        draft_probs: torch.Tensor | None,  # [T, V] or None
-        draft_token_ids: torch.Tensor,  # [T]
-        cu_num_draft_tokens: torch.Tensor,  # [B]
-        max_spec_len: int,
-        logits: bool = False,  # the float tensors are target_logits / draft_logits
-    ) -> Shapes:
-        names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
-        shapes = validation.check_ragged_metadata(
-            target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
-        )
-        if self._strict_mode:
-            validation.check_ragged_values(cu_num_draft_tokens, target_probs.shape[0], max_spec_len)
-            validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
-        if self._check_values:
-            validation.check_float_values(target_probs, draft_probs, *names, logits)
         return shapes
 
     def _validate_temperature(self, temperature: torch.Tensor, shapes: Shapes, device: torch.device) -> None:
@@ -384,13 +410,21 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
         draft_logits: torch.Tensor | None,  # [B, k, V] or None
         draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> torch.Tensor:
         """:meth:`forward` on q = softmax(target_logits / T) (p likewise; T == 0: greedy on the
         target logits' argmax). The Triton backend fuses the softmax. Returns [B, k+1] int64.
-        Without strict mode a NaN logit counts as -inf and a negative or non-finite T as 1."""
+        Without strict mode a NaN logit counts as -inf and a negative or non-finite T as 1.
+
+        ``sampling_params`` (instead of ``temperature``): one :class:`~spec_samplers.SamplingParams`
+        for the batch or a list with one per request; q and p are then the logits processed in
+        vLLM's order (temperature, min-p, top-k, top-p, each renormalised), see
+        :meth:`SpecDecodeStochasticBaseSampler.forward_from_logits`."""
         return self._run(
-            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids, temperature=temperature
+            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
+            temperature=temperature, sampling_params=sampling_params,
         )
 
     def forward_ragged_from_logits(
@@ -401,12 +435,16 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         draft_token_ids: torch.Tensor,  # [T] int32/int64
         cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
         max_spec_len: int,  # K
-        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> torch.Tensor:
-        """Ragged twin of :meth:`forward_from_logits`. Returns [B, K+1] int64, -1 padded."""
+        """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
+        Returns [B, K+1] int64, -1 padded."""
         return self._run(
             "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
             cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
+            sampling_params=sampling_params,
         )
 
 
@@ -463,20 +501,38 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
         draft_logits: torch.Tensor | None,  # [B, k, V] or None for point-mass drafts
         draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
         seeded_seqs: dict[int, torch.Generator] | None = None,
         *,
         seeds: torch.Tensor | None = None,  # [B] int64
         offsets: torch.Tensor | None = None,  # [B] int64
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> torch.Tensor:
         """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T)
         (each request's T for both; T == 0 makes the request greedy on the target logits'
         argmax). The Triton backend fuses the softmax and never writes a probability tensor.
         Returns [B, k+1] int64. Without strict mode a NaN logit counts as -inf and a negative or
-        non-finite T as 1; strict mode raises for both."""
+        non-finite T as 1; strict mode raises for both.
+
+        ``sampling_params`` (instead of ``temperature``): one :class:`~spec_samplers.SamplingParams`
+        for the batch, or a list with one per request. Target and draft logits are then processed
+        alike, per request, in vLLM's order: temperature, min-p, top-k (ties kept), top-p, each
+        renormalised (greedy requests: the target's argmax). The output follows the processed
+        target exactly, provided each draft token was sampled from the draft logits processed with
+        the same parameters: that is the distribution the drafts are judged against (a drafter
+        that samples at temperature only, as vLLM's, is judged against the wrong p).
+        ``SamplingParams.seed`` is not read here: pass ``seeds`` / ``offsets`` or ``seeded_seqs``.
+
+        Example::
+
+            >>> sampler = RejectionSampler()
+            >>> out = sampler.forward_from_logits(target_logits, bonus, draft_logits, draft_ids,
+            ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
+        """
         return self._run(
             "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            temperature=temperature, seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+            temperature=temperature, sampling_params=sampling_params,
+            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
         )
 
     def forward_ragged_from_logits(
@@ -487,15 +543,17 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         draft_token_ids: torch.Tensor,  # [T] int32/int64
         cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
         max_spec_len: int,  # K
-        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
         seeded_seqs: dict[int, torch.Generator] | None = None,
         *,
         seeds: torch.Tensor | None = None,  # [B] int64
         offsets: torch.Tensor | None = None,  # [B] int64
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> torch.Tensor:
-        """Ragged twin of :meth:`forward_from_logits`. Returns [B, K+1] int64, -1 padded."""
+        """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
+        Returns [B, K+1] int64, -1 padded."""
         return self._run(
             "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
             cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+            sampling_params=sampling_params, seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
         )

@@ -7,6 +7,7 @@ import inspect
 import sys
 
 from spec_samplers.bench.cli import add_arguments as add_bench_arguments
+from spec_samplers.generate_cli import add_arguments as add_generate_arguments
 
 
 def _format_default(value: object) -> str:
@@ -42,6 +43,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from spec_samplers.generate_cli import cmd_generate as run_generate
+
+    return run_generate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spec-samplers", description="Speculative-decoding verification samplers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="acceptance microbenchmarks: acceptance, theory, output TV, time per call")
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("generate", help="speculative decoding of a prompt with two local transformers models")
+    add_generate_arguments(p)
+    p.set_defaults(func=cmd_generate)
     return parser
 
 

@@ -29,3 +29,13 @@ ENTROPY_EPS_FP32 = fp32_value(ENTROPY_EPS)
 #: largest ``max_spec_len`` the ragged entries accept: the kernels hold a request's positions in
 #: one vector, and no speculative method drafts more tokens per step
 MAX_SPEC_LEN = 1024
+
+# --- FlashInfer-compatible sampling operations (spec_samplers.sampling) ---
+
+#: fixed-point resolution of the sampling filters' masses: a weight w counts as
+#: round(min(w, 1) * 2**SAMPLING_MASS_BITS) int64 units, so mass sums are exact and order-free
+SAMPLING_MASS_BITS = 40
+#: int64 mass sums cannot overflow below this vocabulary size (V * 2**SAMPLING_MASS_BITS < 2**63)
+SAMPLING_MAX_VOCAB_SIZE = 2 ** (63 - SAMPLING_MASS_BITS)
+#: the largest finite fp32, which +inf logits become in the sampling operations
+FLOAT32_MAX = 3.4028234663852886e38

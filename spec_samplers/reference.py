@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers import counter_rng
+from spec_samplers import rng
 from spec_samplers.constants import ENTROPY_EPS, ENTROPY_EPS_FP32, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS, fp32_value
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
-from spec_samplers.torch_ops import clean_probs, probs_from_logits, race, valid_ids
+from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
 __all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "rejection_reference", "typical_reference", "flat_inputs",
            "typical_accepts", "typical_threshold"]
@@ -44,6 +44,26 @@ def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -
 # Rejection sampling.
 
 
+def _random_accepts(
+    target_flat: torch.Tensor,  # [R, V]
+    target_rows: torch.Tensor,  # [B, K+1] int64, -1 = none
+    draft_flat: torch.Tensor | None,  # [R', V] or None (point-mass drafts)
+    draft_rows: torch.Tensor,  # [B, K] int64
+    draft_valid: torch.Tensor,  # [B, K] bool: id in [0, V) and inside the request
+    drafts: torch.Tensor,  # [B, K] int64 ids clamped into [0, V)
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+) -> torch.Tensor:
+    """[B, K] bool: the random rule's accept test at every position, each tested on its own
+    (gathered scalars only)."""
+    K = drafts.shape[1]
+    q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
+    p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
+    u = rng.accept_uniforms(seeds, offsets, K)  # [B, K]
+    # u < q/p rather than u * p < q: q >= p then always accepts (u < 1), subnormal p included
+    return draft_valid & (p_x > 0) & (u < q_x / p_x)
+
+
 def _rejection_core(
     target_flat: torch.Tensor,  # [R, V] fp32/fp16/bf16
     target_rows: torch.Tensor,  # [B, K+1] int64 row of (request, position), -1 = none
@@ -66,14 +86,11 @@ def _rejection_core(
     draft_valid, drafts = valid_ids(draft_ids, V)
     draft_valid = draft_valid & in_request
 
-    # Accept test on gathered scalars only.
-    q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
-    p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
-    u = counter_rng.accept_uniforms(seeds, offsets, K)  # [B, K]
-    accepted = draft_valid & (p_x > 0) & (u * p_x < q_x)
+    accepted = _random_accepts(target_flat, target_rows, draft_flat, draft_rows, draft_valid, drafts, seeds, offsets)
     if is_greedy is not None and K > 0:
         target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
         # q_x > 0: a row without mass has argmax 0, which it does not give probability
+        q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
         greedy_accepted = draft_valid & (drafts == target_argmax) & (q_x > 0)
         accepted = torch.where(is_greedy[:, None], greedy_accepted, accepted)
     num_accepted = num_leading_accepted(accepted)  # [B]
@@ -96,8 +113,7 @@ def _rejection_core(
         residual = (q_j - _gather_rows(draft_flat, p_row)).clamp_min(0)
     no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
     residual = torch.where(no_mass[:, None], q_j, residual)
-    exps = counter_rng.recover_exponentials(seeds, offsets, j, V)
-    recovered = race(residual, exps)
+    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
     # A target row without probability mass has no token to give: -1 (no token) there.
@@ -204,6 +220,20 @@ def rejection_reference(batch: VerifyBatch) -> torch.Tensor:
         batch.seeds, batch.offsets, f.is_greedy,
     )
     return _drop_malformed(out, f.num_draft)
+
+
+def rejection_accepts_reference(batch: VerifyBatch) -> torch.Tensor:
+    """[B, K] bool: whether each draft passes the random accept test of
+    :func:`rejection_reference` on its own (same random numbers), whether or not an earlier draft
+    was rejected (FlashInfer's "accepted" count); False past a request's drafts."""
+    assert batch.seeds is not None, "rejection sampling needs per-request seeds"
+    f = flat_inputs(batch)
+    B, K = f.draft_ids.shape
+    device = batch.target.device
+    draft_valid, drafts = valid_ids(f.draft_ids, batch.layout.vocab_size)
+    draft_valid = draft_valid & (torch.arange(K, device=device)[None, :] < f.num_draft[:, None])
+    offsets = batch.offsets if batch.offsets is not None else torch.zeros(B, dtype=torch.int64, device=device)
+    return _random_accepts(f.target, f.target_rows, f.draft, f.draft_rows, draft_valid, drafts, batch.seeds, offsets)
 
 
 # ---------------------------------------------------------------------------------------------

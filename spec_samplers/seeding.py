@@ -1,10 +1,10 @@
-"""Per-row seeds for the counter-based generator (SPEC section 4)."""
+"""Per-row seeds for the counter-based generator (docs/design.md section 4)."""
 
 from __future__ import annotations
 
 import torch
 
-from spec_samplers.counter_rng import SEED_HIGH
+from spec_samplers.rng import SEED_HIGH
 from spec_samplers.errors import input_error
 from spec_samplers.validation import check_seed_tensor
 

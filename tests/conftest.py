@@ -1,7 +1,14 @@
-"""Shared fixtures. Tests run on CPU; samplers are exercised on whatever device is given.
+"""Shared fixtures and helpers. Tests run on CPU; samplers are exercised on whatever device is given.
 
 Without CUDA, the Triton kernels run through the interpreter (TRITON_INTERPRET=1), which must be
-set before anything imports triton."""
+set before anything imports triton, and the kernel modules are imported here, once, under that
+setting (a test that later sets TRITON_INTERPRET=0 must not be the first to build them).
+
+Helpers for the kernel tests (import them with ``from conftest import ...``): ``DEVICE``,
+``KERNEL_BACKEND``, ``to_device`` and ``small_split``.
+"""
+
+from __future__ import annotations
 
 import os
 
@@ -10,6 +17,36 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import spec_samplers.kernels.rejection_launch  # noqa: E402,F401
+import spec_samplers.kernels.typical_launch  # noqa: E402,F401
+from spec_samplers.kernels.backend import VocabSplit, vocab_split  # noqa: E402
+
+#: where the kernel tests put their tensors
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+#: the sampler backend that runs the kernels on DEVICE
+KERNEL_BACKEND = "auto" if DEVICE.type == "cuda" else "triton"
+
+
+def to_device(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    return [None if t is None else t.to(DEVICE) for t in tensors]
+
+
+def small_split(V: int, B: int, block_v: int = 64, num_blocks: int = 3) -> VocabSplit:
+    """Small blocks so that every test crosses vocab-block and vector-step boundaries."""
+    return vocab_split(V, B, DEVICE, block_v=block_v, num_blocks=num_blocks)
+
+
+#: test modules whose every test carries a marker (select with -m, deselect with -m "not ...")
+_MODULE_MARKERS = {"vllm": ("test_vllm_",), "slow": ("test_lossless", "test_kernels_compile", "test_launch_variants")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        for marker, prefixes in _MODULE_MARKERS.items():
+            if name.startswith(prefixes):
+                item.add_marker(marker)
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import math
 
 import numpy as np
 import torch
-from scipy import stats
+import pytest
+
+stats = pytest.importorskip("scipy.stats", reason="needs the test extra: pip install -e '.[test]'")
 
 #: per-test significance level of the chi-square tests (false-failure rate at a random seed)
 CHI2_ALPHA = 1e-3

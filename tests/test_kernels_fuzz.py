@@ -15,8 +15,8 @@ import op_entries as R  # noqa: E402
 import op_entries as RL  # noqa: E402
 import op_entries as TL  # noqa: E402
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
+from conftest import DEVICE  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.parametrize("trial", range(8))

@@ -12,19 +12,14 @@ import torch
 from kernel_cases import make_case, ragged_view  # noqa: E402
 
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
+from conftest import DEVICE, small_split as _split, to_device as _dev  # noqa: E402
 from op_entries import rejection_sample_ragged_triton, rejection_sample_triton  # noqa: E402
 from op_entries import rejection_sample_ragged_reference, rejection_sample_reference  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _split(V, B, block_v=64, num_blocks=3):
-    """Small blocks so that every test crosses vocab-block and vector-step boundaries."""
-    return vocab_split(V, B, DEVICE, block_v=block_v, num_blocks=num_blocks)
 
 
-def _dev(*ts):
-    return [None if t is None else t.to(DEVICE) for t in ts]
 
 
 def _check_padded(case, *, use_draft=True, greedy=True, offsets=True, split=None):

@@ -12,9 +12,8 @@ from kernel_cases import make_case, ragged_view  # noqa: E402
 from spec_samplers import RejectionSampler, TypicalAcceptanceSampler  # noqa: E402
 from spec_samplers.errors import SpecSamplerInputError  # noqa: E402
 from spec_samplers.registry import sampler_options  # noqa: E402
+from conftest import DEVICE, KERNEL_BACKEND  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-KERNEL_BACKEND = "auto" if DEVICE.type == "cuda" else "triton"
 
 
 def _counters(s):

@@ -10,6 +10,7 @@ from kernel_cases import make_case, ragged_view  # noqa: E402
 
 from spec_samplers import TypicalAcceptanceSampler  # noqa: E402
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
+from conftest import DEVICE, KERNEL_BACKEND, small_split as _split, to_device as _dev  # noqa: E402
 from op_entries import (  # noqa: E402
     typical_accept_from_logits_triton,
     typical_accept_ragged_from_logits_triton,
@@ -23,16 +24,10 @@ from op_entries import (  # noqa: E402
     typical_accept_reference,
 )
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-KERNEL_BACKEND = "auto" if DEVICE.type == "cuda" else "triton"
 
 
-def _split(V, B, block_v=64, num_blocks=3):
-    return vocab_split(V, B, DEVICE, block_v=block_v, num_blocks=num_blocks)
 
 
-def _dev(*ts):
-    return [t.to(DEVICE) for t in ts]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

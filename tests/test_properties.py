@@ -1,8 +1,12 @@
 """Hypothesis property tests: output-format invariants over random shapes and distributions."""
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
+
+pytest.importorskip("hypothesis", reason="needs the test extra: pip install -e '.[test]'")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
 

@@ -20,6 +20,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+pytest.importorskip("vllm", reason="needs the vllm extra: pip install -e '.[test,vllm]'")
+
 import spec_samplers.integrations.vllm as plugin  # noqa: E402
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"

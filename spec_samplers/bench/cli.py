@@ -76,6 +76,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     p.add_argument("--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)")
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
+    p.add_argument("--sampling-params", action="store_true",
+                   help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
+                        "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)")
+    from spec_samplers.bench.models import add_arguments as add_model_arguments
+
+    add_model_arguments(p)
+    p.add_argument("--ops", choices=("verification", "sampling"), default="verification",
+                   help="what to benchmark: the verification samplers (default) or the FlashInfer-compatible "
+                        "sampling operations against PyTorch's sort-based top-k/top-p (spec_samplers/bench/sampling_ops.py)")
+    p.add_argument("--full", action="store_true",
+                   help="--ops sampling: the full grid B in 1,16,128,512 x V in 32000,128256,152064 (default 1,16 x 32000,128256)")
+    p.add_argument("--vocabs", type=_int_list, help="--ops sampling: vocabulary sizes (comma-separated)")
+    p.add_argument("--sampling-op", action="append", dest="sampling_ops", metavar="NAME",
+                   help="--ops sampling: one operation to time (repeatable; default: all)")
 
 
 def _device(name: str | None) -> torch.device:
@@ -118,7 +132,32 @@ def build_config(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from spec_samplers.bench import report, runner
 
+    if getattr(args, "models", None):
+        from spec_samplers.bench.models import cmd_bench_models
+
+        return cmd_bench_models(args)
     torch.set_num_threads(args.threads)
+    if args.sampling_params:
+        from spec_samplers.bench.params_bench import cmd_params_bench
+
+        try:
+            return cmd_params_bench(args, _device(args.device))
+        except ValueError as exc:
+            print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
+            return 2
+    if args.ops == "sampling":
+        from spec_samplers.bench import sampling_ops
+
+        bad = sorted(set(args.sampling_ops or ()) - set(sampling_ops.OPS))
+        if bad:
+            print(f"spec-samplers bench: error: --sampling-op: unknown {', '.join(bad)}; choose from "
+                  f"{', '.join(sampling_ops.OPS)}", file=sys.stderr)
+            return 2
+        try:
+            return sampling_ops.main(args)
+        except (ValueError, RuntimeError) as exc:
+            print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
+            return 2
     try:
         config = build_config(args)
         if args.plot:

@@ -205,7 +205,7 @@ def render(document: dict[str, object]) -> str:
                   "estimate; TV excess: TV out minus the estimate's noise floor (exact: TV out itself).",
                   sweep_table(swept, names)]
     if document["timing"]:
-        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, SPEC section 6)",
+        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, docs/design.md section 6)",
                   timing_table(document["timing"])]
     return "\n".join(parts)
 

@@ -1,4 +1,4 @@
-"""Triton kernels of lossless rejection sampling (SPEC section 3), both layouts.
+"""Triton kernels of lossless rejection sampling (docs/design.md section 3), both layouts.
 
 Three launches with fixed grids (CUDA-graph friendly, no host synchronisation):
 
@@ -21,14 +21,15 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
-from spec_samplers.kernels.rng import bits_to_exponential, bits_to_uniform, element_bits, row_key
+from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.counter_rng import STREAM_ACCEPT, STREAM_RECOVER
+from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
 from spec_samplers.constants import RESIDUAL_MASS_EPS
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 _STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
+_RACE_SCALE = tl.constexpr(RACE_SCALE)
 
 
 @triton.jit
@@ -68,8 +69,10 @@ def random_accepts(
         p_x = load_q(draft_ptr, d_off + safe, valid & d_ok, temp, d_max, d_sum, LOGITS, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
-    u = bits_to_uniform(element_bits(row_key(seed, offset, pos, _STREAM_ACCEPT), pos * 0))
-    accepted = valid & (p_x > 0.0) & (u * p_x < q_x)
+    w0, w1, _, _ = random_words(seed, offset, pos, _STREAM_ACCEPT)
+    # u < q/p (as the reference): q >= p always accepts, subnormal p included
+    ratio = tl.math.div_rn(q_x, tl.where(p_x > 0.0, p_x, 1.0))
+    accepted = valid & (p_x > 0.0) & (uniform_from_words(w0, w1) < ratio)
     return accepted, ids, valid
 
 
@@ -186,7 +189,6 @@ def residual_partials_kernel(
             # (scalar & vector masks trip the interpreter: fold the row test into the bound)
             p_hi = tl.where(p_ok & remove, hi_of_block(blk, chunk, V), 0)
         x_removed = tl.where(remove, x_j, -1)  # point-mass draft: q_j without x_j
-        key = row_key(seed, offset, j, _STREAM_RECOVER)
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
         mass = 0.0
@@ -206,9 +208,11 @@ def residual_partials_kernel(
                 r = tl.where(offs == x_removed, 0.0, q)
             mass += tl.sum(r, axis=0)
             qmax = tl.maximum(qmax, tl.max(q, axis=0))
-            e = bits_to_exponential(element_bits(key, offs), PRECISE)
-            rk = tl.where(m, tl.math.div_rn(r, e), -1.0)
-            qk = tl.where(m, tl.math.div_rn(q, e), -1.0)
+            # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
+            w0, w1, w2, w3 = random_words(seed, offset, (j << 32) + s // 2 + tl.arange(0, BLOCK_V // 2), _STREAM_RECOVER)
+            e = tl.interleave(exponential_from_words(w0, w1, PRECISE), exponential_from_words(w2, w3, PRECISE))
+            rk = tl.where(m, tl.math.div_rn(r * _RACE_SCALE, e), -1.0)
+            qk = tl.where(m, tl.math.div_rn(q * _RACE_SCALE, e), -1.0)
             best_r, best_r_idx = fold_argmax(rk, s, best_r, best_r_idx)
             best_q, best_q_idx = fold_argmax(qk, s, best_q, best_q_idx)
         slot = b * NB + blk

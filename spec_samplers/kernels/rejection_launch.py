@@ -12,18 +12,11 @@ import torch
 
 from spec_samplers.kernels import rejection_kernels as rk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import (
-    KernelLaunch,
-    plan_softmax_stats,
-    precise_math,
-    row_strides,
-    run_all,
-    vocab_contiguous,
-)
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.layout import VerifyBatch
 
 
-def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[list[KernelLaunch], torch.Tensor]:
+def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
     """The launches of one call and the [B, K+1] int64 output they fill."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
@@ -35,13 +28,13 @@ def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple
     if split is None:
         split = vocab_split(V, B, device)
     NB = split.num_blocks
-    target = vocab_contiguous(batch.target)
-    draft = None if batch.draft is None else vocab_contiguous(batch.draft)
+    target = lc.vocab_contiguous(batch.target)
+    draft = None if batch.draft is None else lc.vocab_contiguous(batch.draft)
     is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
-    stride_tb, stride_tk = row_strides(layout, target)
-    stride_db, stride_dk = row_strides(layout, draft)
-    stride_ib, stride_ik = row_strides(layout, batch.draft_token_ids)
-    launches: list[KernelLaunch] = []
+    stride_tb, stride_tk = lc.row_strides(layout, target)
+    stride_db, stride_dk = lc.row_strides(layout, draft)
+    stride_ib, stride_ik = lc.row_strides(layout, batch.draft_token_ids)
+    launches: list[lc.KernelLaunch] = []
 
     def f32(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.float32, device=device)
@@ -53,11 +46,11 @@ def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple
     amax_val: torch.Tensor | None = None
     amax_idx: torch.Tensor | None = None
     if batch.temperature is not None:
-        softmax, amax_val, amax_idx, stats = plan_softmax_stats(layout, target, draft, batch.temperature, split)
+        softmax, amax_val, amax_idx, stats = lc.plan_softmax_stats(layout, target, draft, batch.temperature, split)
         launches += softmax
     elif is_greedy is not None:
         amax_val, amax_idx = f32((B, K + 1, NB)), i32((B, K + 1, NB))
-        launches.append(KernelLaunch(
+        launches.append(lc.KernelLaunch(
             rk.argmax_partials_kernel, (B, K + 1, NB),
             dict(
                 target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk, cu_ptr=layout.cu_num_draft_tokens,
@@ -78,15 +71,15 @@ def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple
         temp_ptr=batch.temperature, **stats,
         K=K, V=V, num_rows=layout.num_rows, NB=NB,
         RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=batch.offsets is not None,
-        HAS_GREEDY=is_greedy is not None, LOGITS=batch.temperature is not None, PRECISE=precise_math(),
+        HAS_GREEDY=is_greedy is not None, LOGITS=batch.temperature is not None, PRECISE=lc.precise_math(),
     )
-    launches.append(KernelLaunch(
+    launches.append(lc.KernelLaunch(
         rk.residual_partials_kernel, (B, NB),
         dict(common, chunk=split.chunk, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v),
         name="residual_partials",
     ))
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
-    launches.append(KernelLaunch(
+    launches.append(lc.KernelLaunch(
         rk.finalize_kernel, (B,),
         dict(common, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb),
         num_warps=warps,
@@ -100,5 +93,5 @@ def rejection_triton(batch: VerifyBatch, *, split: VocabSplit | None = None) -> 
 
     ``split`` overrides the vocabulary split (tests use it to cross block boundaries)."""
     launches, out = plan_rejection(batch, split)
-    run_all(launches)
+    lc.run_all(launches)
     return out

@@ -12,20 +12,13 @@ import torch
 from spec_samplers.constants import fp32_value
 from spec_samplers.kernels import typical_kernels as tk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, vocab_split
-from spec_samplers.kernels.launch_common import (
-    KernelLaunch,
-    plan_softmax_stats,
-    precise_math,
-    row_strides,
-    run_all,
-    vocab_contiguous,
-)
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.layout import VerifyBatch
 
 
 def plan_typical(
     batch: VerifyBatch, posterior_threshold: float, posterior_alpha: float, split: VocabSplit | None = None
-) -> tuple[list[KernelLaunch], torch.Tensor]:
+) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
     """The launches of one call and the [B, K+1] int64 output they fill."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
@@ -36,15 +29,15 @@ def plan_typical(
     if split is None:
         split = vocab_split(V, B, device)
     NB = split.num_blocks
-    target = vocab_contiguous(batch.target)
-    stride_tb, stride_tk = row_strides(layout, target)
-    stride_ib, stride_ik = row_strides(layout, batch.draft_token_ids)
-    launches: list[KernelLaunch] = []
+    target = lc.vocab_contiguous(batch.target)
+    stride_tb, stride_tk = lc.row_strides(layout, target)
+    stride_ib, stride_ik = lc.row_strides(layout, batch.draft_token_ids)
+    launches: list[lc.KernelLaunch] = []
     stats: dict[str, torch.Tensor | None] = dict(t_max_ptr=None, t_sum_ptr=None)
     lamax_val: torch.Tensor | None = None
     lamax_idx: torch.Tensor | None = None
     if batch.temperature is not None:
-        softmax, lamax_val, lamax_idx, all_stats = plan_softmax_stats(layout, target, None, batch.temperature, split)
+        softmax, lamax_val, lamax_idx, all_stats = lc.plan_softmax_stats(layout, target, None, batch.temperature, split)
         launches += softmax
         stats = dict(t_max_ptr=all_stats["t_max_ptr"], t_sum_ptr=all_stats["t_sum_ptr"])
     ent = torch.empty((B, K + 1, NB), dtype=torch.float64, device=device)
@@ -55,14 +48,14 @@ def plan_typical(
         cu_ptr=layout.cu_num_draft_tokens, temp_ptr=batch.temperature, **stats,
         ent_ptr=ent, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx,
         K=K, V=V, num_rows=layout.num_rows, NB=NB,
-        RAGGED=layout.ragged, LOGITS=batch.temperature is not None, PRECISE=precise_math(),
+        RAGGED=layout.ragged, LOGITS=batch.temperature is not None, PRECISE=lc.precise_math(),
     )
-    launches.append(KernelLaunch(
+    launches.append(lc.KernelLaunch(
         tk.typical_partials_kernel, (B, K + 1, NB), dict(shared, chunk=split.chunk, BLOCK_V=split.block_v),
         name="typical_partials",
     ))
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
-    launches.append(KernelLaunch(
+    launches.append(lc.KernelLaunch(
         tk.typical_finalize_kernel, (B,),
         dict(
             shared, ids_ptr=batch.draft_token_ids, stride_ib=stride_ib, stride_ik=stride_ik,
@@ -83,5 +76,5 @@ def typical_triton(
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.reference.typical_reference`. Returns [B, K+1] int64."""
     launches, out = plan_typical(batch, posterior_threshold, posterior_alpha, split)
-    run_all(launches)
+    lc.run_all(launches)
     return out

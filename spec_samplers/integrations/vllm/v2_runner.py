@@ -26,10 +26,9 @@ from typing import Callable
 
 import torch
 
-from spec_samplers import counter_rng
+from spec_samplers import rng
 from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
-from spec_samplers.torch_ops import race
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
@@ -85,8 +84,8 @@ def sample_rows(
     positions: torch.Tensor,  # [R] int64
 ) -> torch.Tensor:
     """[R] int64: one sample per row by an exponential race on the counter-based generator's
-    recovery stream at ``positions`` (what the samplers draw for a bonus row, SPEC section 4)."""
-    return race(probs, counter_rng.recover_exponentials(seeds, offsets, positions, probs.shape[1]))
+    recovery stream at ``positions`` (what the samplers draw for a bonus row, docs/design.md section 4)."""
+    return rng.recovery_race(probs, seeds, offsets, positions)
 
 
 def verify(

@@ -1,0 +1,279 @@
+"""A batched speculative decoding loop over two :class:`LanguageModel` s and any registered sampler.
+
+One round, for every running request (k = ``num_speculative_tokens``):
+
+1. the draft model proposes d_1..d_k, each sampled from the draft's logits processed with the
+   request's SamplingParams (p'_i);
+2. the target scores the last committed token and the k drafts in one forward pass, giving the
+   processed target distributions q'_1..q'_{k+1}; the bonus token is sampled from q'_{k+1};
+3. the sampler verifies: request b keeps a_b drafts plus one recovered or bonus token;
+4. both KV caches drop, per request, the k - a_b entries of rejected tokens.
+
+Cache invariants at the start of a round: the target holds every committed token but the last;
+the draft holds every committed token but the last two, which it reads again in its first step
+(so a round where all k drafts were accepted needs no extra draft pass for d_k). Random draws are
+keyed by each request's seed and round (see ``strategy``), so a request's output does not depend
+on the batch it runs in. The loop reads the sampler's output back once per round (to crop the
+caches and retire finished requests).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.decoding.interfaces import LanguageModel
+from spec_samplers.decoding.output import (
+    GenerationOutput,
+    RequestStats,
+    TokenBuffer,
+    as_prompts,
+    left_pad,
+    model_device,
+    stop_token_ids,
+)
+from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
+from spec_samplers.errors import input_error
+from spec_samplers.registry import get_sampler
+from spec_samplers.sampling_params import SamplingParams, as_params_list
+
+
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """logits [..., V'] -> [..., vocab_size]: truncated, or padded with -inf (tokens the model
+    cannot propose). Draft and target vocabularies of one tokenizer often differ by padding."""
+    V = logits.shape[-1]
+    if V == vocab_size:
+        return logits
+    if V > vocab_size:
+        return logits[..., :vocab_size]
+    return torch.nn.functional.pad(logits, (0, vocab_size - V), value=float("-inf"))
+
+
+def _seed_mode(sampler: torch.nn.Module) -> str:
+    """How the sampler takes randomness: "tensors" (seeds=/offsets=), "generators"
+    (seeded_seqs, vLLM V0's API) or "none" (deterministic)."""
+    try:
+        params = inspect.signature(sampler.forward).parameters
+    except (TypeError, ValueError):
+        return "none"
+    if "seeds" in params and "offsets" in params:
+        return "tensors"
+    if "seeded_seqs" in params:
+        return "generators"
+    return "none"
+
+
+class SpeculativeDecoder:
+    """Speculative decoding with a target and a draft :class:`LanguageModel`.
+
+    Args:
+        target, draft: the models (e.g. ``spec_samplers.integrations.transformers.HFLanguageModel``);
+            they must share a tokenizer. Their vocabulary sizes may differ (the draft's
+            distribution is truncated or padded to the target's).
+        sampler: a registered sampler name (``spec_samplers.available_samplers()``) or an instance.
+        num_speculative_tokens: k, drafts per round (>= 1).
+        sampler_options: constructor options when ``sampler`` is a name.
+
+    Example::
+
+        >>> decoder = SpeculativeDecoder(target, draft, "rejection_sampler", num_speculative_tokens=4)
+        >>> out = decoder.generate(prompt_ids, max_new_tokens=64,           # prompt_ids [B, P]
+        ...                        sampling_params=SamplingParams(temperature=0.8, top_p=0.95, seed=0))
+        >>> out.token_ids.shape, out.acceptance_rate, out.tokens_per_target_pass
+    """
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        draft: LanguageModel,
+        sampler: str | torch.nn.Module = "rejection_sampler",
+        num_speculative_tokens: int = 4,
+        sampler_options: dict[str, object] | None = None,
+    ) -> None:
+        k = num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise input_error("num_speculative_tokens", "an int >= 1", repr(k))
+        if isinstance(sampler, str):
+            sampler = get_sampler(sampler, **(sampler_options or {}))
+        elif sampler_options:
+            raise input_error("sampler_options", "None when sampler is an instance", sampler_options)
+        if not callable(sampler):
+            raise input_error("sampler", "a registered sampler name or a sampler instance", type(sampler).__name__)
+        self.target = target
+        self.draft = draft
+        self.sampler = sampler
+        self.num_speculative_tokens = k
+        self._seed_mode = _seed_mode(sampler)
+
+    def _verify(
+        self,
+        target_probs: torch.Tensor,  # [B, k+1, V] fp32
+        bonus_token_ids: torch.Tensor,  # [B, 1] int64
+        draft_probs: torch.Tensor,  # [B, k, V] fp32
+        draft_token_ids: torch.Tensor,  # [B, k] int64
+        seeds: torch.Tensor,  # [B] int64
+        offsets: torch.Tensor,  # [B] int64
+    ) -> torch.Tensor:
+        args = (target_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        if self._seed_mode == "tensors":
+            return self.sampler(*args, seeds=seeds, offsets=offsets)
+        if self._seed_mode == "generators":  # one generator per row: a host loop, V0 samplers only
+            device = target_probs.device
+            seeded = {
+                b: torch.Generator(device=device).manual_seed(derive_seed(s, o) & ((1 << 63) - 1))
+                for b, (s, o) in enumerate(zip(seeds.tolist(), offsets.tolist()))
+            }
+            return self.sampler(*args, seeded_seqs=seeded)
+        return self.sampler(*args)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor | Sequence[Sequence[int]],
+        max_new_tokens: int,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> GenerationOutput:
+        """Generate up to ``max_new_tokens`` tokens for each prompt.
+
+        Args:
+            prompt_ids: [B, P] int tensor, or B id lists of different lengths.
+            max_new_tokens: tokens per request (a request stops earlier at the target's EOS).
+            sampling_params: one SamplingParams for all requests, one per request, or None
+                (temperature 1). Greedy requests (temperature 0) give the target's greedy output.
+            seed: seeds requests whose SamplingParams.seed is None (request i gets a seed derived
+                from ``seed`` and i). Set SamplingParams.seed for outputs that do not depend on a
+                request's place in the batch.
+
+        Returns:
+            :class:`GenerationOutput`: token_ids [B, max_new_tokens] (-1 after EOS) and
+            per-request statistics.
+        """
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise input_error("max_new_tokens", "an int >= 0", repr(max_new_tokens))
+        prompts = as_prompts(prompt_ids, getattr(self.target, "vocab_size", None))
+        B, k = len(prompts), self.num_speculative_tokens
+        params = as_params_list(sampling_params, B)
+        seeds = request_seeds(params, seed)
+        buffer = TokenBuffer(B, max_new_tokens, stop_token_ids(self.target))
+        stats = _Counters(B, k)
+        if B == 0 or max_new_tokens == 0:
+            return stats.output(buffer)
+        device = model_device(self.target)
+        strategy = SampleStrategy(params, B, seeds=seeds, device=device)
+        target_cache, draft_cache = self.target.new_kv_cache(), self.draft.new_kv_cache()
+        longest = max(len(p) for p in prompts)
+        lengths = torch.tensor([len(p) for p in prompts])
+        vocab = getattr(self.target, "vocab_size", None)
+        if longest > 1:
+            logits = self.target.forward(left_pad([p[:-1] for p in prompts], longest - 1, device), target_cache)
+            vocab = vocab or logits.shape[-1]
+            stats.target_passes += (lengths > 1).to(torch.int64)
+        if longest > 2:
+            self.draft.forward(left_pad([p[:-2] for p in prompts], longest - 2, device), draft_cache)
+            stats.draft_passes += (lengths > 2).to(torch.int64)
+        tail = left_pad([p[-2:] for p in prompts], 2, torch.device("cpu"))  # [B, 2] last two committed
+        active = torch.arange(B)  # original index of each running request
+        rounds = torch.zeros(B, dtype=torch.int64, device=device)  # [B_active], the requests' offsets
+        draft_vocab: int | None = None
+        while active.numel():
+            # 1. draft k tokens
+            query = tail.to(device)
+            draft_probs, drafts = [], []
+            for i in range(k):
+                logits = self.draft.forward(_for_draft(query, draft_vocab), draft_cache)[:, -1]  # [n, V_d]
+                draft_vocab = logits.shape[-1]
+                vocab = vocab or draft_vocab
+                probs = strategy.probs(fit_vocab(logits, vocab))  # [n, V]
+                token = strategy.draw(probs, rounds, i, DRAFT_STREAM)  # [n]
+                draft_probs.append(probs)
+                drafts.append(token)
+                query = token[:, None]
+            draft_ids = torch.stack(drafts, dim=1)  # [n, k]
+            p = torch.stack(draft_probs, dim=1)  # [n, k, V]
+            # 2. score them with the target
+            logits = self.target.forward(torch.cat([tail[:, 1:].to(device), draft_ids], dim=1), target_cache)
+            if logits.shape[-1] != vocab:
+                raise ValueError(f"target logits have {logits.shape[-1]} columns but its vocab_size is {vocab}")
+            q = strategy.probs(logits)  # [n, k+1, V]
+            bonus = strategy.draw(q[:, k], rounds, 0, BONUS_STREAM)  # [n]
+            # 3. verify
+            out = self._verify(q, bonus[:, None], p, draft_ids, strategy.seeds, rounds)  # [n, k+1]
+            overlap = torch.minimum(p, q[:, :k]).sum(dim=-1)  # [n, k] sum_x min(p', q'): lossless acceptance
+            out_host, overlap_host = out.cpu(), overlap.double().cpu()  # the round's read-back
+            num_accepted = (out_host[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(dim=1)  # [n]
+            finished = buffer.append(active, out_host, num_accepted + 1)
+            stats.round(active, num_accepted, overlap_host)
+            # 4. crop both caches to the committed tokens (see the module docstring)
+            crop = (k - num_accepted).tolist()
+            target_cache.crop(crop)
+            draft_cache.crop(crop)
+            last = out_host.gather(1, num_accepted[:, None])[:, 0]
+            before = out_host.gather(1, (num_accepted - 1).clamp(min=0)[:, None])[:, 0]
+            tail = torch.stack([torch.where(num_accepted > 0, before, tail[:, 1]), last], dim=1)
+            rounds = rounds + 1
+            if bool(finished.any()):
+                keep = (~finished).nonzero()[:, 0]
+                active, tail = active[keep], tail[keep]
+                rounds = rounds[keep.to(device)]
+                strategy = strategy.select(keep)
+                target_cache.batch_select_indices(keep.to(device))
+                draft_cache.batch_select_indices(keep.to(device))
+        return stats.output(buffer)
+
+
+def _for_draft(query: torch.Tensor, draft_vocab: int | None) -> torch.Tensor:
+    """Target tokens outside the draft's vocabulary read as token 0: the draft's context may be
+    anything, only its proposals must follow the distribution given to the sampler."""
+    if draft_vocab is None:
+        return query
+    return torch.where(query >= draft_vocab, torch.zeros_like(query), query)
+
+
+class _Counters:
+    """Per-request counters on the host ([B] tensors indexed by original request)."""
+
+    def __init__(self, batch_size: int, k: int) -> None:
+        self.k = k
+        self.drafted = torch.zeros(batch_size, dtype=torch.int64)
+        self.accepted = torch.zeros(batch_size, dtype=torch.int64)
+        self.per_position = torch.zeros(batch_size, k, dtype=torch.int64)
+        self.rounds = torch.zeros(batch_size, dtype=torch.int64)
+        self.target_passes = torch.zeros(batch_size, dtype=torch.int64)
+        self.draft_passes = torch.zeros(batch_size, dtype=torch.int64)
+        self.verified = torch.zeros(batch_size, dtype=torch.int64)
+        self.expected = torch.zeros(batch_size, dtype=torch.float64)
+
+    def round(self, rows: torch.Tensor, num_accepted: torch.Tensor, overlap: torch.Tensor) -> None:
+        """num_accepted [n] int64, overlap [n, k] float64 (sum_x min(p', q') per position)."""
+        position = torch.arange(self.k)[None, :]
+        reached = position <= num_accepted[:, None]  # drafts the sampler had to judge: all before were accepted
+        self.drafted[rows] += self.k
+        self.accepted[rows] += num_accepted
+        self.verified[rows] += reached.sum(dim=1)
+        self.expected[rows] += (overlap * reached).sum(dim=1)
+        self.per_position[rows] += (position < num_accepted[:, None]).to(torch.int64)
+        self.rounds[rows] += 1
+        self.target_passes[rows] += 1
+        self.draft_passes[rows] += self.k
+
+    def output(self, buffer: TokenBuffer) -> GenerationOutput:
+        stats = [
+            RequestStats(
+                num_generated=int(buffer.num_tokens[b]),
+                num_drafted=int(self.drafted[b]),
+                num_accepted=int(self.accepted[b]),
+                accepted_per_position=self.per_position[b].tolist(),
+                num_verified=int(self.verified[b]),
+                num_rounds=int(self.rounds[b]),
+                target_forward_passes=int(self.target_passes[b]),
+                draft_forward_passes=int(self.draft_passes[b]),
+                expected_accepted=float(self.expected[b]),
+                finished_by_eos=bool(buffer.finished_by_eos[b]),
+            )
+            for b in range(self.drafted.shape[0])
+        ]
+        return GenerationOutput(token_ids=buffer.token_ids, stats=stats)

@@ -1,0 +1,141 @@
+"""How tokens are drawn: each request's SamplingParams and its own random stream.
+
+Draws use the counter-based generator the samplers use (``spec_samplers.rng``): the exponential
+race argmax_x p(x) / E_x, with E_x keyed by (request seed, offset, position, token id) on a stream
+of its own, is an exact sample of p. A request's tokens therefore depend on its seed and its own
+step counters only, never on its batch neighbours. The streams (``rng.STREAM_DECODE_*``) separate
+the decoding loop's draws (draft tokens, bonus tokens, plain autoregressive steps) from each other
+and from the verification sampler's, which receives the same request seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spec_samplers import rng as _rng
+from spec_samplers.sampling_params import (
+    SamplingParams,
+    SamplingTensors,
+    as_params_list,
+    process_logits,
+    sampling_tensors,
+)
+
+#: the decoding loop's streams
+DRAFT_STREAM = _rng.STREAM_DECODE_DRAFT
+BONUS_STREAM = _rng.STREAM_DECODE_BONUS
+STEP_STREAM = _rng.STREAM_DECODE_STEP
+
+_MASK64 = (1 << 64) - 1
+
+
+def _to_int64(x: int) -> int:
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """A request's seed from a generation seed and the request's index (splitmix64), as int64."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return _to_int64(z ^ (z >> 31))
+
+
+def request_seeds(params: Sequence[SamplingParams], seed: int | None) -> list[int]:
+    """int64 seed of each request: its SamplingParams.seed if set; else derived from ``seed`` and
+    the request's index; else drawn from torch's default generator (reproducible under
+    ``torch.manual_seed``)."""
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"seed: expected an int or None, got {type(seed).__name__}")
+    need = seed is None and any(p.seed is None for p in params)
+    drawn = torch.randint(0, _rng.SEED_HIGH, (len(params),), dtype=torch.int64).tolist() if need else []
+    out = []
+    for i, p in enumerate(params):
+        own = p.seed_int64
+        out.append(own if own is not None else derive_seed(seed, i) if seed is not None else drawn[i])
+    return out
+
+
+def draw(
+    probs: torch.Tensor,  # [N, V] fp32
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    position: int,
+    stream: int,
+) -> torch.Tensor:
+    """An exact sample of each row of ``probs`` (rows need not be normalised), keyed by
+    (seed, offset, position) on ``stream``: [N] int64. Vectorised, no host synchronisation."""
+    N, V = probs.shape
+    pos = torch.full((N,), position, dtype=torch.int64, device=probs.device)
+    return _rng.race(probs, _rng.recover_exponentials(seeds, offsets, pos, V, stream))
+
+
+class SampleStrategy:
+    """Token sampling strategy of a batch: per-request SamplingParams and seeds.
+
+    Args:
+        sampling_params: one SamplingParams for every request, a list with one per request, or
+            None (the defaults: temperature 1).
+        batch_size: number of requests (needed when ``sampling_params`` is not a list).
+        seeds: [B] int64 seeds, or None for :func:`request_seeds` of the params.
+        device: where the parameter tensors live (the model's device).
+
+    Example::
+
+        >>> strategy = SampleStrategy(SamplingParams(temperature=0.7, seed=1), batch_size=2)
+        >>> strategy.sample(torch.randn(2, 32)).shape          # logits [B, V] -> ids [B]
+        torch.Size([2])
+    """
+
+    def __init__(
+        self,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        batch_size: int | None = None,
+        seeds: torch.Tensor | Sequence[int] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if batch_size is None:
+            if not isinstance(sampling_params, Sequence):
+                raise TypeError("SampleStrategy: batch_size is required unless sampling_params is a list")
+            batch_size = len(sampling_params)
+        self.params = as_params_list(sampling_params, batch_size)
+        self.tensors: SamplingTensors = sampling_tensors(self.params, batch_size, device)
+        if seeds is None:
+            seeds = request_seeds(self.params, None)
+        self.seeds = torch.as_tensor(seeds, dtype=torch.int64).to(device)  # [B]
+        self.steps = torch.zeros(batch_size, dtype=torch.int64, device=device)  # [B], plain sampling steps
+
+    @property
+    def batch_size(self) -> int:
+        return self.seeds.shape[0]
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Processed fp32 probabilities of logits [B, V] or [B, Q, V] (same shape)."""
+        if logits.dim() == 2:
+            return process_logits(logits, self.tensors)
+        B, Q, V = logits.shape
+        return process_logits(logits.reshape(B * Q, V), self.tensors.repeat_rows(Q)).view(B, Q, V)
+
+    def draw(self, probs: torch.Tensor, offsets: torch.Tensor, position: int, stream: int) -> torch.Tensor:
+        """Sample probs [B, V] on ``stream`` at (offsets [B], position): [B] int64."""
+        return draw(probs, self.seeds, offsets, position, stream)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token of each request from logits [B, V]: [B] int64 (one step of each
+        request's plain-sampling stream)."""
+        out = self.draw(self.probs(logits), self.steps, 0, STEP_STREAM)
+        self.steps = self.steps + 1
+        return out
+
+    def select(self, indices: torch.Tensor) -> SampleStrategy:
+        """The strategy of requests ``indices`` ([M] int64) only."""
+        index = indices.to(self.seeds.device)
+        new = object.__new__(SampleStrategy)
+        new.params = [self.params[i] for i in indices.tolist()]
+        new.tensors = self.tensors.select(index)
+        new.seeds = self.seeds[index]
+        new.steps = self.steps[index]
+        return new

@@ -1,0 +1,209 @@
+"""transformers causal LMs as :class:`spec_samplers.decoding.LanguageModel` s.
+
+``HFLanguageModel(model)`` runs a ``transformers`` causal LM (Llama, Qwen2, ... any model that
+takes ``position_ids`` and a 2-d ``attention_mask``) on its own ``DynamicCache``, wrapped in
+:class:`HFKVCache`, which crops per request. transformers is imported when this module's classes
+are used, never by ``import spec_samplers``; it comes with ``pip install 'spec-samplers[transformers]'``.
+
+Example::
+
+    >>> from transformers import AutoModelForCausalLM
+    >>> from spec_samplers.decoding import SpeculativeDecoder
+    >>> target = HFLanguageModel(AutoModelForCausalLM.from_pretrained("/models/target"))
+    >>> draft = HFLanguageModel.from_pretrained("/models/draft")      # local directory
+    >>> out = SpeculativeDecoder(target, draft, num_speculative_tokens=4).generate(prompt_ids, 64)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from importlib import metadata
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from spec_samplers.decoding.interfaces import KVCache, KVState
+from spec_samplers.decoding.kv_cache import SlotKVCache, _gather_slots
+from spec_samplers.errors import input_error
+
+#: oldest transformers whose DynamicCache has per-layer ``keys``/``values`` and ``crop(-n)``
+MIN_TRANSFORMERS = (4, 56)
+INSTALL_HINT = "pip install 'spec-samplers[transformers]'"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def require_transformers() -> ModuleType:
+    """Import transformers, or raise ImportError naming the package, the version needed and the
+    installed one."""
+    needed = ".".join(map(str, MIN_TRANSFORMERS))
+    try:
+        module = importlib.import_module("transformers")
+    except ImportError as exc:
+        raise ImportError(
+            f"spec_samplers.integrations.transformers needs the transformers package (>= {needed}), "
+            f"which is not installed: {INSTALL_HINT}"
+        ) from exc
+    try:
+        installed = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        installed = getattr(module, "__version__", "0")
+    if _version_tuple(installed) < MIN_TRANSFORMERS:
+        raise ImportError(
+            f"spec_samplers.integrations.transformers needs transformers >= {needed}, found {installed}: {INSTALL_HINT}"
+        )
+    return module
+
+
+class HFKVCache(SlotKVCache):
+    """The seed's KVCache over a transformers ``DynamicCache`` (``self.cache``), with per-request
+    crops (see ``spec_samplers.decoding.kv_cache``)."""
+
+    def __init__(self, cache: Any = None) -> None:
+        super().__init__()
+        self.cache = cache if cache is not None else require_transformers().DynamicCache()
+
+    def _layers(self) -> list[Any]:
+        layers = getattr(self.cache, "layers", None)
+        if layers is None:
+            raise RuntimeError(f"{type(self.cache).__name__} has no per-layer storage (transformers >= 4.56 needed)")
+        return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+
+    def _num_slots(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def _storage_append(self, kv_states: Sequence[KVState]) -> None:
+        for i, (keys, values) in enumerate(kv_states):
+            self.cache.update(keys, values, i)
+
+    def _storage_trim(self, num_slots: int) -> None:
+        self.cache.crop(-num_slots)  # negative: remove that many (transformers >= 4.5x)
+
+    def _storage_gather(self, index: torch.Tensor) -> None:
+        for layer in self._layers():
+            layer.keys = _gather_slots(layer.keys, index)
+            layer.values = _gather_slots(layer.values, index)
+
+    def _storage_select(self, indices: torch.Tensor) -> None:
+        self.cache.batch_select_indices(indices)
+
+    def _storage_states(self) -> list[KVState]:
+        return [KVState(layer.keys, layer.values) for layer in self._layers()]
+
+
+def _unsupported_layers(config: Any) -> list[str]:
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return sorted({t for t in layer_types if t != "full_attention"})
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return ["sliding_attention"]
+    return []
+
+
+class _Unset:
+    pass
+
+
+_UNSET = _Unset()
+
+
+class HFLanguageModel:
+    """A transformers causal LM as the seed's :class:`LanguageModel`.
+
+    Args:
+        model: a ``PreTrainedModel`` with a causal LM head (e.g. ``AutoModelForCausalLM``); every
+            layer must use full attention (sliding-window and linear-attention layers count
+            window positions in cache slots, which per-request crops leave holes in).
+        eos_token_id: overrides the stop token(s); by default the generation config's
+            ``eos_token_id``, else the model config's. None: no EOS.
+
+    ``forward`` runs under ``torch.no_grad`` and returns the model's logits [B, Q, V].
+    """
+
+    def __init__(self, model: Any, eos_token_id: int | Sequence[int] | None | _Unset = _UNSET) -> None:
+        require_transformers()
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        unsupported = _unsupported_layers(text_config)
+        if unsupported:
+            raise ValueError(
+                f"HFLanguageModel: {type(model).__name__} has {', '.join(unsupported)} layers; only full-attention "
+                "models are supported (per-request KV-cache crops leave holes that window masks would count)"
+            )
+        self.model = model
+        self._vocab_size = int(getattr(text_config, "vocab_size", 0)) or None
+        if isinstance(eos_token_id, _Unset):
+            generation = getattr(model, "generation_config", None)
+            eos_token_id = getattr(generation, "eos_token_id", None)
+            if eos_token_id is None:
+                eos_token_id = getattr(text_config, "eos_token_id", None)
+        ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise input_error("eos_token_id", "None, an int or a sequence of ints", repr(eos_token_id))
+        self._eos = tuple(ids)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, **kwargs: Any
+    ) -> HFLanguageModel:
+        """Load a local model directory (no download: ``local_files_only=True``)."""
+        transformers = require_transformers()
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=dtype if dtype is not None else "auto", **kwargs
+        )
+        if device is not None:
+            model = model.to(device)
+        return cls(model.eval())
+
+    @property
+    def eos_token_id(self) -> int:
+        """The first EOS id of the configuration; ValueError when it has none."""
+        if not self._eos:
+            raise ValueError(f"{type(self.model).__name__}: the model configuration has no eos_token_id")
+        return self._eos[0]
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every EOS id of the configuration (Llama 3 lists several); () when none."""
+        return self._eos
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_kv_cache(self) -> HFKVCache:
+        return HFKVCache()
+
+    @torch.no_grad()
+    def forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        """logits [B, Q, V] for ``query_token_ids`` [B, Q] (-1 = padding) after ``kv_cache``'s
+        tokens; the cache receives the query's keys and values."""
+        if not isinstance(kv_cache, HFKVCache):
+            raise input_error("kv_cache", "an HFKVCache (HFLanguageModel.new_kv_cache())", type(kv_cache).__name__)
+        layout = kv_cache.query_layout(query_token_ids.to(self.device))
+        out = self.model(
+            input_ids=layout.input_ids,
+            attention_mask=layout.attention_mask,
+            position_ids=layout.position_ids,
+            past_key_values=kv_cache.cache,
+            use_cache=True,
+        )
+        kv_cache.append_query_slots(layout)
+        return out.logits
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of a local model directory (no download)."""
+    return require_transformers().AutoTokenizer.from_pretrained(path, local_files_only=True)

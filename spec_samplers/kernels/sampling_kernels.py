@@ -1,0 +1,404 @@
+"""Triton kernels of the FlashInfer-compatible sampling operations (:mod:`spec_samplers.sampling`).
+
+Semantics are those of :mod:`spec_samplers.sampling.reference`, which sorts; these kernels never
+sort. Every filter keeps the values >= a per-row threshold tau, and tau is found by a pivot search
+that ends on the exact row value the reference picks:
+
+* keys: fp32 values map to int keys monotonically (sign-flipped bit patterns), so the interval
+  [lo, hi] of candidate thresholds can be cut evenly in key space whatever the scale;
+* one pass evaluates PIVOTS pivots at once: for each, the count and the fixed-point mass of the
+  values strictly above it, and the nearest row values on either side. The pivots' test is
+  monotone, so the first pivot that passes brackets tau between two *row values*; lo and hi are
+  always row values, and the search ends when they meet (at most MAX_PASSES passes: each pass
+  divides the key width by PIVOTS + 1 and 17**8 > 2**32);
+* masses are int64 fixed point (``constants.SAMPLING_MASS_BITS``), so a sum does not depend on
+  the order the vocabulary is visited in: the kernel and the reference compare the same integers.
+
+Kernels (launchers in :mod:`spec_samplers.kernels.sampling_launch`):
+
+The race keys are (w * 2**32) / E with E from the Philox sampling stream
+(:func:`sample_exponential`), as :func:`spec_samplers.rng.race`.
+
+``stats_kernel`` grid (B, NB): per vocabulary block, max and min of the cleaned values (and for
+softmax the online sum of exp). ``search_kernel`` grid (B,): the pivot search of one filter
+(top-k by count, or top-p by mass) for one output row, looping over its row. ``race_kernel``
+grid (B, NB): per block, the exponential race argmax w / E over the kept tokens. ``renorm_kernel``,
+``mask_kernel``, ``softmax_kernel`` grid (B, NB): the elementwise outputs. NB > 1 splits the
+vocabulary at small B; the block partials are combined in block order by the launcher.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from spec_samplers import rng
+from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
+from spec_samplers.kernels.common import clean, fold_argmax
+from spec_samplers.kernels.rng import exponential_from_words, precise_exp, random_words
+from spec_samplers.rng_sampling import STREAM_SAMPLE
+
+_MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
+_FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
+_STREAM_SAMPLE = tl.constexpr(STREAM_SAMPLE)
+_RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
+#: pivots evaluated per pass of the search (a power of two: one tile axis)
+PIVOTS = 16
+#: passes that always suffice: each divides the key width (< 2**32) by PIVOTS + 1
+MAX_PASSES = 8
+_PIVOTS = tl.constexpr(PIVOTS)
+_MAX_PASSES = tl.constexpr(MAX_PASSES)
+#: search modes: top-k (count of the values above < k) and top-p (mass above < top_p * total)
+MODE_COUNT = 0
+MODE_MASS = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Element helpers (mirrors of spec_samplers.sampling.reference).
+
+
+@triton.jit
+def load_values(ptr, offs, mask, LOGITS: tl.constexpr):
+    """Cleaned fp32 values: probabilities as ``common.clean``; logits with NaN -> -inf, +inf ->
+    the largest finite fp32, -0.0 -> +0.0. Masked lanes are 0 (probs) or -inf (logits)."""
+    if LOGITS:
+        x = tl.load(ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        return tl.minimum(x, _FLOAT32_MAX) + 0.0
+    else:
+        return clean(tl.load(ptr + offs, mask=mask, other=0.0))
+
+
+@triton.jit
+def weights_of(v, m_ref, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+    """Race and mass weights: the probabilities, or exp(x - row max) of logits."""
+    if LOGITS:
+        return precise_exp(v - m_ref, PRECISE)
+    else:
+        return v
+
+
+@triton.jit
+def fixed_mass(w):
+    """int64 fixed-point units round(min(w, 1) * 2**SAMPLING_MASS_BITS) (w >= 0)."""
+    return (tl.minimum(w, 1.0) * _MASS_SCALE + 0.5).to(tl.int64)
+
+
+@triton.jit
+def to_key(v):
+    """Monotone int64 key of fp32 values (no NaN, no -0.0): a > b iff key(a) > key(b)."""
+    bits = v.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
+def from_key(key):
+    """Inverse of :func:`to_key`."""
+    k = key.to(tl.int32)
+    return tl.where(k >= 0, k, k ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def sample_exponential(seed, offset, vocab_index, PRECISE: tl.constexpr):
+    """Exp(1) of (seed, offset, vocab index) on the sampling stream: bit for bit
+    :func:`spec_samplers.rng_sampling.sample_exponentials` (counter v // 2, words (0, 1) for an
+    even v, (2, 3) for an odd one)."""
+    w0, w1, w2, w3 = random_words(seed, offset, vocab_index >> 1, _STREAM_SAMPLE)
+    odd = (vocab_index & 1) == 1
+    return exponential_from_words(tl.where(odd, w2, w0), tl.where(odd, w3, w1), PRECISE)
+
+
+@triton.jit
+def round_to_output(x, out_ptr):
+    """fp32 -> the output's dtype, rounding to nearest even (as torch's .to()). bf16 is rounded on
+    the bit pattern: the interpreter truncates a plain cast (finite x only)."""
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def output_row(rows_ptr, b, R):
+    """(input row of output b, clamped into [0, R), whether it exists)."""
+    r = tl.load(rows_ptr + b).to(tl.int64)
+    ok = (r >= 0) & (r < R)
+    return tl.where(ok, r, 0), ok
+
+
+@triton.jit
+def row_max_ref(max_ptr, b):
+    """Row max for the logits' weights exp(x - max) (0 when the row is all -inf)."""
+    m = tl.load(max_ptr + b)
+    return tl.where(m > float("-inf"), m, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Row statistics.
+
+
+# R (number of input rows) and chunk / NB (vocabulary split, chosen from B) change from one
+# engine step to the next: not specialising on them keeps the compiled variants bounded.
+@triton.jit(do_not_specialize=["R", "chunk", "NB"])
+def stats_kernel(
+    x_ptr, stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    rows_ptr,  # [B] int64 input row of each output
+    temp_ptr,  # [B] fp32 softmax temperature (SOFTMAX only; <= 0 acts as 1)
+    max_ptr, min_ptr, sum_ptr,  # [B, NB] fp32 partials (sum: SOFTMAX only)
+    amax_ptr,  # [B, NB] int32 partial argmax of the values (SOFTMAX only: the T = 0 one-hot)
+    R, V, chunk, NB,
+    LOGITS: tl.constexpr, SOFTMAX: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    r, ok = output_row(rows_ptr, b, R)
+    lo = blk * chunk
+    hi = tl.where(ok, tl.minimum(lo + chunk, V), lo)
+    t = 1.0
+    if SOFTMAX:
+        t = tl.load(temp_ptr + b)
+        t = tl.where(t > 0.0, t, 1.0)
+    base = x_ptr + r * stride_r
+    vmax = float("-inf")
+    vmin = float("inf")
+    s = 0.0
+    best = float("-inf")
+    best_idx = lo
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < hi
+        v = load_values(base, offs, mask, LOGITS)
+        if SOFTMAX:
+            best, best_idx = fold_argmax(tl.where(mask, v, float("-inf")), start, best, best_idx)
+            v = tl.math.div_rn(v, t)
+        new_max = tl.maximum(vmax, tl.max(tl.where(mask, v, float("-inf")), axis=0))
+        vmin = tl.minimum(vmin, tl.min(tl.where(mask, v, float("inf")), axis=0))
+        if SOFTMAX:
+            ref = tl.where(new_max > float("-inf"), new_max, 0.0)
+            e = tl.where(mask, precise_exp(v - ref, PRECISE), 0.0)
+            s = s * precise_exp(tl.where(vmax > float("-inf"), vmax, ref) - ref, PRECISE) + tl.sum(e, axis=0)
+        vmax = new_max
+    slot = b * NB + blk
+    tl.store(max_ptr + slot, vmax)
+    tl.store(min_ptr + slot, vmin)
+    if SOFTMAX:
+        tl.store(sum_ptr + slot, s)
+        tl.store(amax_ptr + slot, best_idx.to(tl.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pivot search.
+
+
+@triton.jit
+def _pick(vec, lanes, idx):
+    """vec[idx] for a scalar idx (0 when idx is outside the lanes)."""
+    return tl.sum(tl.where(lanes == idx, vec, 0), axis=0)
+
+
+@triton.jit
+def _mass_at_least(base, V, lo, m_ref, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+    """Fixed-point mass of the row's values >= lo."""
+    total = tl.zeros([], tl.int64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < V
+        v = load_values(base, offs, mask, LOGITS)
+        units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+        total += tl.sum(tl.where(mask & (v >= lo), units, 0), axis=0)
+    return total
+
+
+@triton.jit(do_not_specialize=["R"])
+def search_kernel(
+    x_ptr, stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    rows_ptr,  # [B] int64 input row of each output
+    max_ptr,  # [B] fp32 row max (LOGITS: the weights' reference)
+    lo_ptr, hi_ptr,  # [B] fp32 in/out: the search interval (lo >= hi: settled; lo is tau)
+    mass_ptr,  # [B] int64 out (TRACK_MASS): mass of the values >= the final lo
+    k_ptr,  # [B] int64 top_k (MODE_COUNT)
+    p_ptr,  # [B] fp32 top_p (MODE_MASS)
+    R, V,
+    MODE: tl.constexpr, LOGITS: tl.constexpr, TRACK_MASS: tl.constexpr,
+    BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):
+    """tau of one filter for output row b: the smallest row value v >= lo with
+    MODE_COUNT: #(values > v) < k; MODE_MASS: M(> v) < top_p * M(>= lo) or M(> v) = 0.
+    The launcher starts lo at the row min (or at tau_k, top-p after top-k) and hi at the row max
+    (hi = lo when the filter is off); lo and hi stay row values throughout."""
+    b = tl.program_id(0)
+    r, ok = output_row(rows_ptr, b, R)
+    base = x_ptr + r * stride_r
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
+    m_ref = 0.0
+    if LOGITS:
+        m_ref = row_max_ref(max_ptr, b)
+    m_lo = tl.zeros([], tl.int64)
+    if TRACK_MASS:
+        # (a missing row has lo = +inf: mass 0, and the loop below never runs)
+        m_lo = _mass_at_least(base, V, lo, m_ref, LOGITS, BLOCK_V, PRECISE)
+    k = tl.zeros([], tl.int64)
+    thr = tl.zeros([], tl.float64)
+    if MODE == 0:
+        k = tl.load(k_ptr + b)
+    else:
+        top_p = tl.load(p_ptr + b)
+        thr = top_p.to(tl.float64) * m_lo.to(tl.float64)
+        hi = tl.where(top_p >= 1.0, lo, hi)
+    lanes = tl.arange(0, _PIVOTS)
+    for _ in range(_MAX_PASSES):
+        if lo < hi:
+            key_lo = to_key(lo)
+            width = to_key(hi) - key_lo
+            piv = from_key(key_lo + ((lanes + 1).to(tl.int64) * width) // (_PIVOTS + 1))  # [PIVOTS] ascending
+            count = tl.zeros([_PIVOTS], tl.int64)
+            mass = tl.zeros([_PIVOTS], tl.int64)
+            below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max row value <= pivot
+            above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min row value > pivot
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                mask = offs < V
+                v = load_values(base, offs, mask, LOGITS)
+                gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
+                le = (v[None, :] <= piv[:, None]) & mask[None, :]
+                if MODE == 0:
+                    count += tl.sum(gt.to(tl.int64), axis=1)
+                if TRACK_MASS:
+                    units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+                    mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
+                below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
+                above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
+            if MODE == 0:
+                passes = count < k
+            else:
+                passes = (mass == 0) | (mass.to(tl.float64) < thr)
+            # The test is monotone in the pivot: the first pivot that passes brackets tau.
+            first = tl.min(tl.where(passes, lanes, _PIVOTS), axis=0)
+            hi = tl.where(first < _PIVOTS, _pick(below, lanes, first), hi)
+            if TRACK_MASS:
+                m_lo = tl.where(first > 0, _pick(mass, lanes, first - 1), m_lo)
+            lo = tl.where(first > 0, _pick(above, lanes, first - 1), lo)
+    tl.store(lo_ptr + b, lo)
+    tl.store(hi_ptr + b, hi)
+    if TRACK_MASS:
+        tl.store(mass_ptr + b, m_lo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs.
+
+
+@triton.jit(do_not_specialize=["R", "chunk", "NB"])
+def race_kernel(
+    x_ptr, stride_r,  # [R, V] fp32/fp16/bf16
+    rows_ptr,  # [B] int64
+    max_ptr,  # [B] fp32 row max (LOGITS)
+    tau_ptr,  # [B] fp32: the kept tokens are the values >= tau
+    seed_ptr, offset_ptr,  # [B] int64 per output row
+    key_ptr, idx_ptr,  # [B, NB] fp32 / int32 block partials of the race
+    R, V, chunk, NB,
+    LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    r, ok = output_row(rows_ptr, b, R)
+    base = x_ptr + r * stride_r
+    tau = tl.load(tau_ptr + b)
+    seed = tl.load(seed_ptr + b)
+    offset = tl.load(offset_ptr + b)
+    m_ref = 0.0
+    if LOGITS:
+        m_ref = row_max_ref(max_ptr, b)
+    lo = blk * chunk
+    hi = tl.where(ok, tl.minimum(lo + chunk, V), lo)
+    best = float("-inf")
+    best_idx = lo
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < hi
+        v = load_values(base, offs, mask, LOGITS)
+        w = weights_of(v, m_ref, LOGITS, PRECISE)
+        e = sample_exponential(seed, offset, offs, PRECISE)
+        keys = tl.where(mask & (v >= tau), tl.math.div_rn(w * _RACE_SCALE, e), float("-inf"))
+        best, best_idx = fold_argmax(keys, start, best, best_idx)
+    tl.store(key_ptr + b * NB + blk, best)
+    tl.store(idx_ptr + b * NB + blk, best_idx.to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["chunk"])
+def renorm_kernel(
+    x_ptr, stride_r,  # [B, V] fp32/fp16/bf16 probabilities
+    tau_ptr,  # [B] fp32
+    mass_ptr,  # [B] int64 kept mass
+    out_ptr, stride_o,  # [B, V] output dtype
+    V, chunk,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    tau = tl.load(tau_ptr + b)
+    denom = tl.load(mass_ptr + b).to(tl.float32) * (1.0 / _MASS_SCALE)
+    safe = tl.where(denom > 0.0, denom, 1.0)
+    lo = blk * chunk
+    hi = tl.minimum(lo + chunk, V)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < hi
+        v = load_values(x_ptr + b * stride_r, offs, mask, False)
+        # (a scalar & vector mask trips the interpreter: the row test folds into tau)
+        out = tl.where(v >= tl.where(denom > 0.0, tau, float("inf")), tl.math.div_rn(v, safe), 0.0)
+        tl.store(out_ptr + b * stride_o + offs, round_to_output(out, out_ptr), mask=mask)
+
+
+@triton.jit(do_not_specialize=["chunk"])
+def mask_kernel(
+    x_ptr, stride_r,  # [B, V] fp32/fp16/bf16 logits
+    tau_ptr,  # [B] fp32
+    out_ptr, stride_o,  # [B, V] dtype of the logits
+    V, chunk,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    tau = tl.load(tau_ptr + b)
+    lo = blk * chunk
+    hi = tl.minimum(lo + chunk, V)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < hi
+        x = tl.load(x_ptr + b * stride_r + offs, mask=mask, other=0.0)
+        v = load_values(x_ptr + b * stride_r, offs, mask, True)
+        out = tl.where((v >= tau) & (x == x), x, float("-inf"))
+        tl.store(out_ptr + b * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["chunk"])
+def softmax_kernel(
+    x_ptr, stride_r,  # [B, V] fp32/fp16/bf16 logits
+    temp_ptr,  # [B] fp32 (0: one-hot of the argmax; < 0 acts as 1)
+    max_ptr, sum_ptr,  # [B] fp32 row max of x / T and sum of exp(x / T - max)
+    argmax_ptr,  # [B] int64 argmax of the logits (used where T == 0)
+    out_ptr,  # [B, V] fp32, contiguous
+    V, chunk,
+    BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    t_raw = tl.load(temp_ptr + b)
+    t = tl.where(t_raw > 0.0, t_raw, 1.0)
+    m = row_max_ref(max_ptr, b)
+    s = tl.load(sum_ptr + b)
+    safe = tl.where(s > 0.0, s, 1.0)
+    amax = tl.load(argmax_ptr + b)
+    lo = blk * chunk
+    hi = tl.minimum(lo + chunk, V)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < hi
+        v = tl.math.div_rn(load_values(x_ptr + b * stride_r, offs, mask, True), t)
+        p = tl.where(s > 0.0, tl.math.div_rn(precise_exp(v - m, PRECISE), safe), 0.0)
+        p = tl.where(t_raw == 0.0, tl.where(offs == amax, 1.0, 0.0), p)
+        tl.store(out_ptr + b * V + offs, p, mask=mask)

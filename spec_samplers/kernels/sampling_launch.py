@@ -1,0 +1,244 @@
+"""Launchers of the sampling kernels (:mod:`spec_samplers.kernels.sampling_kernels`).
+
+Kernel twins of :mod:`spec_samplers.sampling.reference` on resolved arguments (per-output-row
+parameters, seeds and offsets; ``rows`` = the input row of each output). No host
+synchronisation; grids depend on shapes only, so a CUDA graph can capture a call.
+
+Compiled variants: the search kernel has 2 modes x 2 input kinds x mass tracking on/off, the
+vocabulary kernels one variant per input kind and flag set; block sizes come from
+:func:`spec_samplers.kernels.backend.vocab_split` (BLOCK_V in {256, 512, 1024} on CUDA) and
+SEARCH_BLOCK_V, and the per-step integers (R, chunk, NB) are not specialised on, so a serving
+engine whose batch size changes every step compiles a bounded set.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spec_samplers.kernels import sampling_kernels as sk
+from spec_samplers.kernels.backend import VocabSplit, triton_next_pow2, vocab_split
+from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
+
+#: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
+SEARCH_BLOCK_V = 256
+
+
+def _search_block(vocab_size: int) -> int:
+    return max(16, min(SEARCH_BLOCK_V, triton_next_pow2(vocab_size)))
+
+
+def _row_stats(
+    x: torch.Tensor,  # [R, V], vocab stride 1
+    rows: torch.Tensor,  # [B] int64
+    logits: bool,
+    split: VocabSplit,
+    temperature: torch.Tensor | None = None,  # [B] fp32: softmax statistics of x / T
+) -> tuple[torch.Tensor, ...]:
+    """(row max [B], row min [B]) of the cleaned values, and for softmax also (sum of exp [B],
+    argmax [B] int64). A missing row has max -inf and min +inf."""
+    B = rows.shape[0]
+    NB = split.num_blocks
+    f32 = dict(dtype=torch.float32, device=x.device)
+    pmax, pmin = torch.empty((B, NB), **f32), torch.empty((B, NB), **f32)
+    softmax = temperature is not None
+    psum = torch.empty((B, NB), **f32) if softmax else None
+    pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
+    KernelLaunch(
+        sk.stats_kernel, (B, NB),
+        dict(
+            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, temp_ptr=temperature,
+            max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx,
+            R=x.shape[0], V=x.shape[1], chunk=split.chunk, NB=NB,
+            LOGITS=logits, SOFTMAX=softmax, BLOCK_V=split.block_v, PRECISE=precise_math(),
+        ),
+        name="stats",
+    ).run()
+    row_max = pmax.amax(dim=1)
+    row_min = pmin.amin(dim=1)
+    if not softmax:
+        return row_max, row_min
+    assert psum is not None and pidx is not None
+    ref = torch.where(row_max > float("-inf"), row_max, 0.0)
+    block_ref = torch.where(pmax > float("-inf"), pmax, ref[:, None])
+    row_sum = (psum * torch.exp(block_ref - ref[:, None])).sum(dim=1)
+    first_max = torch.argmax(pmax, dim=1, keepdim=True)  # lowest block holding the max
+    argmax = pidx.gather(1, first_max)[:, 0].to(torch.int64)
+    return row_max, row_min, row_sum, argmax
+
+
+def _search(
+    x: torch.Tensor, rows: torch.Tensor, row_max: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+    mode: int, logits: bool, track_mass: bool, top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Runs one pivot search in place on (lo, hi). Returns (tau [B], mass of values >= tau [B]
+    int64 or None)."""
+    B = rows.shape[0]
+    mass = torch.empty(B, dtype=torch.int64, device=x.device) if track_mass else None
+    KernelLaunch(
+        sk.search_kernel, (B,),
+        dict(
+            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, lo_ptr=lo, hi_ptr=hi, mass_ptr=mass,
+            k_ptr=top_k, p_ptr=top_p, R=x.shape[0], V=x.shape[1],
+            MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, BLOCK_V=_search_block(x.shape[1]), PRECISE=precise_math(),
+        ),
+        name="search",
+    ).run()
+    return lo, mass
+
+
+def thresholds_triton(
+    x: torch.Tensor,  # [R, V], vocab stride 1
+    rows: torch.Tensor,  # [B] int64
+    logits: bool,
+    top_k: torch.Tensor | None,  # [B] int64, 0 = off
+    top_p: torch.Tensor | None,  # [B] fp32
+    min_p: torch.Tensor | None,  # [B] fp32
+    joint: bool,
+    split: VocabSplit,
+    need_kept_mass: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(tau [B] fp32: keep values >= tau, row max [B], kept mass [B] int64 when asked; the kept
+    mass is exact when top-p is the last filter or top-k the only one)."""
+    row_max, row_min = _row_stats(x, rows, logits, split)
+    tau = row_min.clone()
+    kept_mass = None
+    if top_k is not None:
+        hi = torch.where(top_k > 0, row_max, row_min)
+        tau, kept_mass = _search(
+            x, rows, row_max, row_min.clone(), hi, sk.MODE_COUNT, logits, need_kept_mass and top_p is None, top_k=top_k,
+        )
+    if top_p is not None:
+        lo = (row_min if joint or top_k is None else tau).clone()
+        tau_p, kept_mass = _search(x, rows, row_max, lo, row_max.clone(), sk.MODE_MASS, logits, True, top_p=top_p)
+        tau = torch.maximum(tau, tau_p)
+    if min_p is not None:
+        tau = torch.maximum(tau, torch.minimum(min_p * row_max, row_max))
+    return tau, row_max, kept_mass
+
+
+def sample_triton(
+    *,
+    x: torch.Tensor,  # [R, V] probabilities or logits (fp32/fp16/bf16)
+    rows: torch.Tensor,  # [B] int64 input row of each output
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+    logits: bool = False,
+    top_k: torch.Tensor | None = None,  # [B] int64, 0 = off
+    top_p: torch.Tensor | None = None,  # [B] fp32
+    min_p: torch.Tensor | None = None,  # [B] fp32
+    joint: bool = False,
+    split: VocabSplit | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel twin of :func:`spec_samplers.sampling.reference.sample_reference`. Returns (tokens
+    [B] int64, -1 where invalid; valid [B] bool)."""
+    R, V = x.shape
+    B = rows.shape[0]
+    device = x.device
+    if R == 0 or B == 0:
+        return torch.full((B,), -1, dtype=torch.int64, device=device), torch.zeros(B, dtype=torch.bool, device=device)
+    x = vocab_contiguous(x)
+    rows = rows.to(torch.int64).contiguous()
+    if split is None:
+        split = vocab_split(V, B, device)
+    tau, row_max, _ = thresholds_triton(x, rows, logits, top_k, top_p, min_p, joint, split)
+    NB = split.num_blocks
+    pkey = torch.empty((B, NB), dtype=torch.float32, device=device)
+    pidx = torch.empty((B, NB), dtype=torch.int32, device=device)
+    KernelLaunch(
+        sk.race_kernel, (B, NB),
+        dict(
+            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, tau_ptr=tau,
+            seed_ptr=seeds.to(torch.int64).contiguous(), offset_ptr=offsets.to(torch.int64).contiguous(),
+            key_ptr=pkey, idx_ptr=pidx, R=R, V=V, chunk=split.chunk, NB=NB,
+            LOGITS=logits, BLOCK_V=split.block_v, PRECISE=precise_math(),
+        ),
+        name="race",
+    ).run()
+    tokens = pidx.gather(1, torch.argmax(pkey, dim=1, keepdim=True))[:, 0].to(torch.int64)
+    valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
+    return torch.where(valid, tokens, -1), valid
+
+
+def renorm_triton(
+    *,
+    probs: torch.Tensor,  # [B, V] fp32/fp16/bf16
+    top_k: torch.Tensor | None = None,  # [B] int64, 0 = off
+    top_p: torch.Tensor | None = None,  # [B] fp32
+    out_dtype: torch.dtype = torch.float32,
+    split: VocabSplit | None = None,
+) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.sampling.reference.renorm_reference` (one filter)."""
+    B, V = probs.shape
+    out = torch.empty((B, V), dtype=out_dtype, device=probs.device)
+    if B == 0:
+        return out
+    probs = vocab_contiguous(probs)
+    rows = torch.arange(B, dtype=torch.int64, device=probs.device)
+    if split is None:
+        split = vocab_split(V, B, probs.device)
+    tau, _, kept_mass = thresholds_triton(probs, rows, False, top_k, top_p, None, False, split, need_kept_mass=True)
+    KernelLaunch(
+        sk.renorm_kernel, (B, split.num_blocks),
+        dict(
+            x_ptr=probs, stride_r=probs.stride(0), tau_ptr=tau, mass_ptr=kept_mass, out_ptr=out, stride_o=out.stride(0),
+            V=V, chunk=split.chunk, BLOCK_V=split.block_v,
+        ),
+        name="renorm",
+    ).run()
+    return out
+
+
+def mask_logits_triton(
+    *,
+    logits: torch.Tensor,  # [B, V] fp32/fp16/bf16
+    top_k: torch.Tensor,  # [B] int64, 0 = off
+    split: VocabSplit | None = None,
+) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.sampling.reference.mask_logits_reference`."""
+    B, V = logits.shape
+    out = torch.empty((B, V), dtype=logits.dtype, device=logits.device)
+    if B == 0:
+        return out
+    logits = vocab_contiguous(logits)
+    rows = torch.arange(B, dtype=torch.int64, device=logits.device)
+    if split is None:
+        split = vocab_split(V, B, logits.device)
+    tau, _, _ = thresholds_triton(logits, rows, True, top_k, None, None, False, split)
+    KernelLaunch(
+        sk.mask_kernel, (B, split.num_blocks),
+        dict(
+            x_ptr=logits, stride_r=logits.stride(0), tau_ptr=tau, out_ptr=out, stride_o=out.stride(0),
+            V=V, chunk=split.chunk, BLOCK_V=split.block_v,
+        ),
+        name="mask",
+    ).run()
+    return out
+
+
+def softmax_triton(
+    *,
+    logits: torch.Tensor,  # [B, V] fp32/fp16/bf16
+    temperature: torch.Tensor,  # [B] fp32 (0: one-hot of the argmax)
+    split: VocabSplit | None = None,
+) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.sampling.reference.softmax_reference` (equal up to
+    the rounding of the row sums, whose order differs). Returns [B, V] fp32."""
+    B, V = logits.shape
+    out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
+    if B == 0:
+        return out
+    logits = vocab_contiguous(logits)
+    rows = torch.arange(B, dtype=torch.int64, device=logits.device)
+    if split is None:
+        split = vocab_split(V, B, logits.device)
+    temperature = temperature.to(torch.float32).contiguous()
+    row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
+    KernelLaunch(
+        sk.softmax_kernel, (B, split.num_blocks),
+        dict(
+            x_ptr=logits, stride_r=logits.stride(0), temp_ptr=temperature, max_ptr=row_max, sum_ptr=row_sum,
+            argmax_ptr=argmax, out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=precise_math(),
+        ),
+        name="softmax",
+    ).run()
+    return out

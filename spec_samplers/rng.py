@@ -1,0 +1,355 @@
+"""Counter-based random numbers: Philox4x32-10 with the request seed as its 64-bit key.
+
+This is the one generator every PyTorch path and every kernel of spec_samplers mirrors bit for
+bit (``spec_samplers.kernels.rng`` is the Triton twin), so third-party kernels can reproduce our
+streams: every random word is a pure function of (seed, offset, counter, stream), never of the
+row index, batch neighbours or launch configuration.
+
+Generator
+---------
+Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC'11;
+the generator of cuRAND's ``curand_init(seed, subsequence, offset)`` family and of Triton's
+``tl.rand``), checked against the published Random123 known-answer vectors. One call maps a
+128-bit counter and a 64-bit key to four 32-bit words. :func:`random_words` fills them as::
+
+    key     = (seed lo32, seed hi32)                          # the request seed, all 64 bits
+    counter = (counter lo32,                                  # e.g. vocab index // 2
+               (counter >> 32) & 0xFFFFFF | stream << 24,     # e.g. position, and the stream
+               offset lo32, offset hi32)                      # the request's step offset
+
+Nothing is XOR-folded: distinct (seed, offset, counter, stream) give distinct Philox inputs, and
+Philox is a bijection of the counter for each key, so two requests share a word only if they
+share the seed, the offset, the counter and the stream. ``counter`` must lie in [0, 2**56) and
+``stream`` in [0, 256).
+
+The streams (docs/design.md section 4), all numbered here so that no two uses share one:
+
+* ``STREAM_ACCEPT``: counter = position i; words (0, 1) give the accept uniform of position i.
+* ``STREAM_RECOVER``: counter = position * 2**32 + vocab index // 2; an even vocab index takes
+  words (0, 1), an odd one words (2, 3): 64 random bits per vocabulary element, one Philox call
+  per two elements.
+* ``STREAM_SAMPLE`` / ``STREAM_ROW_SEED``: the sampling operations (:mod:`spec_samplers.rng_sampling`).
+* ``STREAM_DECODE_DRAFT`` / ``STREAM_DECODE_BONUS`` / ``STREAM_DECODE_STEP``: the decoding loop's
+  draft tokens, bonus tokens and plain autoregressive steps (:mod:`spec_samplers.decoding`), laid
+  out as ``STREAM_RECOVER`` (:func:`recover_exponentials` with ``stream=``).
+
+Words become fp32 numbers through :func:`uniform_from_words` (64 bits, all that matter in fp32)
+and :func:`exponential_from_words` (``-log1p(-u)``).
+
+PyTorch has no uint32 arithmetic on every device, so words live in int64 tensors; each 32x32-bit
+product is split into 16-bit halves of the multiplier (no intermediate reaches 2**49, nothing
+relies on overflow). The Triton mirror uses uint32 with ``tl.umulhi``.
+
+Precision (stated as module constants below, checked by exact counting in tests/test_rng.py)
+-----------------------------------------------------------------------------------------------
+``u = uniform_from_words(a, b)`` is the 64-bit fixed-point number n * 2**-64 (n = a * 2**32 +
+(b | 1)) rounded to fp32: three exactly representable pieces (24 + 24 + 16 bits) added smallest
+first, so u is a monotone function of n, lies in [UNIFORM_MIN, UNIFORM_MAX] = [2**-64, 1 - 2**-24]
+(clamped below 1) and for every fp32 x in (0, 1]::
+
+    |P(u < x) - x| <= UNIFORM_CDF_REL_ERR * x + 2**-64          (UNIFORM_CDF_REL_ERR = 2**-23)
+
+* Accept test: accept x_i iff u < q/p (fp32, correctly rounded division). P(accept) equals
+  min(1, q/p) within 2**-22 relative + 2**-64 absolute, down to q/p = 1e-18 (the old 24-bit
+  uniforms accepted q/p = 1e-9 58x too often). q >= p always accepts (u < 1 <= q/p), subnormal
+  p included.
+* Race: E = -log1p(-u) in [EXP_MIN, EXP_MAX] = [2**-64, 24 ln 2 = 16.64]. A token of weight w
+  among competitors of total weight W' wins with probability E_M[P(E < w M)], M ~ Exp(W')
+  (the competitors' min of E_j / w_j), so the race is exact up to (i) the CDF error of E at
+  small arguments: P(E < x) = x (1 +- 2**-21) + 2**-64 for x >= 2**-40, i.e. relative error
+  < RACE_TAIL_REL_ERR = 1e-6 for relative weights w / (w + W') >= 1e-12 (the issue's bar is 1%);
+  (ii) the cap EXP_MAX, which moves P(E > 16.64) = 6e-8 of an exponential's mass and changes win
+  probabilities by < 1e-6 relative; (iii) one rounding of each key (2**-24 relative).
+  The old 24-bit exponentials capped at 16.6 and bottomed at 6e-8, so tokens below 3.6e-9 of
+  the largest weight never won.
+* Keys are (w * RACE_SCALE) / E with RACE_SCALE = 2**32: every positive fp32 weight, subnormal
+  ones included (2**-149 * 2**32 / 16.64 > 2**-126), gives a positive normal key, so a row
+  whose only mass is subnormal still emits its supported token, and zero weights never win
+  against positive ones. Keys stay finite for weights <= 2**31 (probabilities are <= 1).
+
+Cost
+----
+Per Philox call: 10 rounds x 2 (32x32 -> 64-bit) multiplies = 20 wide multiplies (IMAD.WIDE,
+i.e. 40 32-bit multiplies: 20 mul.lo + 20 mul.hi) and 20 three-input XORs, for 4 words. The
+recovery pass uses 2 words per vocabulary element: 10 wide multiplies (20 32-bit multiply
+results) + 10 XORs + ~12 integer ops for the fp32 conversion per element, plus log1p and one
+division. On H100 (64 integer multiply-adds per clock per SM, 132 SMs, ~1.8 GHz: ~15e12 32-bit
+multiplies/s) that is ~0.75e12 elements/s from the multiplier alone, against 0.84e12
+elements/s that 3.35 TB/s delivers at bf16 with a draft row (4 bytes/element) and 0.42e12 at
+fp32 (8 bytes/element); H200 (4.8 TB/s): 1.2e12 bf16 elements/s. So at fp32 the recovery pass
+stays memory-bound with ~2x headroom; at bf16 the generator is at the same order as the memory
+floor (an estimate: no GPU was at hand to measure, see benchmarks/gpu_check.py). CPU (PyTorch
+path): see ``benchmarks/test_verification.py::test_rng_throughput``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+
+#: Philox4x32 multipliers and Weyl key increments (Random123)
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = 10
+
+#: counters lie in [0, 2**COUNTER_BITS); the stream takes the top 8 bits of counter word 1
+COUNTER_BITS = 56
+STREAM_BITS = 8
+
+#: stream of the accept/reject uniforms (counter = position)
+STREAM_ACCEPT = 0
+#: stream of the exponentials of the recovery race (counter = position * 2**32 + vocab // 2)
+STREAM_RECOVER = 1
+
+#: the sampling operations' race (counter = vocab index // 2) and per-row seeds (counter = row)
+STREAM_SAMPLE = 2
+STREAM_ROW_SEED = 3
+#: the decoding loop's draws (counters as STREAM_RECOVER)
+STREAM_DECODE_DRAFT = 4
+STREAM_DECODE_BONUS = 5
+STREAM_DECODE_STEP = 6
+
+#: seeds drawn for unseeded rows lie in [0, SEED_HIGH)
+SEED_HIGH = 2**62
+
+# --- precision constants (see the module docstring; tests/test_rng.py checks each) -------------
+#: random bits per accept uniform and per race exponential
+ACCEPT_BITS = 64
+RACE_BITS = 64
+#: smallest and largest uniform
+UNIFORM_MIN = 2.0**-64
+UNIFORM_MAX = 1.0 - 2.0**-24
+#: |P(u < x) - x| <= UNIFORM_CDF_REL_ERR * x + UNIFORM_MIN for fp32 x in (0, 1]
+UNIFORM_CDF_REL_ERR = 2.0**-23
+#: smallest and largest exponential (E = -log1p(-u))
+EXP_MIN = 2.0**-64
+EXP_MAX = 24 * math.log(2.0)
+#: keys are (weight * RACE_SCALE) / E: subnormal weights give normal keys
+RACE_SCALE = 2.0**32
+#: bound on the relative error of a race win probability, relative weights >= 1e-12
+RACE_TAIL_REL_ERR = 1e-6
+
+_TWO_POW_M24 = 2.0**-24
+_TWO_POW_M48 = 2.0**-48
+_TWO_POW_M64 = 2.0**-64
+
+
+def split64(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) uint32 words of an int64 tensor (two's complement for negatives)."""
+    v = v.to(torch.int64)
+    return v & MASK32, (v >> 32) & MASK32
+
+
+def _mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of m * x for x in [0, 2**32) held in int64, m a uint32 constant.
+
+    With m = mh * 2**16 + ml: m * x = (x * mh) * 2**16 + x * ml, each product < 2**48."""
+    p_lo = x * (m & 0xFFFF)
+    p_hi = x * (m >> 16)
+    hi = (p_hi + (p_lo >> 16)) >> 16
+    lo = (p_lo + ((p_hi & 0xFFFF) << 16)) & MASK32
+    return hi, lo
+
+
+def philox4x32(
+    c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox4x32-10 on int64 tensors holding uint32 words (broadcastable).
+
+    Returns the four output words (int64 in [0, 2**32)). Example (Random123 known answer)::
+
+        >>> z = torch.zeros((), dtype=torch.int64)
+        >>> [hex(int(w)) for w in philox4x32(z, z, z, z, z, z)]
+        ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
+    """
+    for r in range(PHILOX_ROUNDS):
+        # key of round r: the Weyl sequence k + r * W (mod 2**32), on the (small) key tensors
+        rk0 = (k0 + r * PHILOX_W0) & MASK32
+        rk1 = (k1 + r * PHILOX_W1) & MASK32
+        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0, lo1, hi0 ^ c3 ^ rk1, lo0
+    return c0, c1, c2, c3
+
+
+def _check_stream(stream: int) -> None:
+    if not isinstance(stream, int) or not 0 <= stream < 2**STREAM_BITS:
+        raise ValueError(f"stream: expected an int in [0, {2**STREAM_BITS}), got {stream!r}")
+
+
+def philox_words(
+    seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`random_words` as a tuple of four int64 tensors (no stacking copy)."""
+    _check_stream(stream)
+    k0, k1 = split64(seed)
+    o0, o1 = split64(offset)
+    counter = counter.to(torch.int64)
+    c0 = counter & MASK32
+    c1 = ((counter >> 32) & ((1 << (COUNTER_BITS - 32)) - 1)) | (stream << (COUNTER_BITS - 32))
+    return philox4x32(c0, c1, o0, o1, k0, k1)
+
+
+def random_words(seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
+    """The four 32-bit Philox4x32-10 words of (seed, offset, counter, stream).
+
+    seed, offset: int64 tensors (all 64 bits used; seed is the Philox key), broadcast against
+    counter: int64 tensor in [0, 2**56); stream: int in [0, 256). Philox counter words are
+    (counter lo32, (counter >> 32) | stream << 24, offset lo32, offset hi32), key words
+    (seed lo32, seed hi32). Returns int64 [*broadcast shape, 4] holding uint32 values. Every
+    PyTorch path and kernel of the package draws its randomness from this function (or its
+    Triton mirror ``spec_samplers.kernels.rng.random_words``), bit for bit.
+
+    Example::
+
+        >>> w = random_words(torch.tensor([7]), torch.tensor([0]), torch.arange(3), STREAM_RECOVER)
+        >>> w.shape, w.dtype
+        (torch.Size([3, 4]), torch.int64)
+    """
+    return torch.stack(philox_words(seed, offset, counter, stream), dim=-1)
+
+
+def uniform_from_words(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 uniform from two words (int64 tensors holding uint32): (a * 2**32 + (b | 1)) * 2**-64
+    rounded to fp32, clamped to [2**-64, 1 - 2**-24] (see the module docstring for its CDF).
+
+    The three pieces are exact in fp32 (24, 24 and 16 bits) and added smallest first, so the
+    result is monotone in the 64-bit integer and identical wherever IEEE fp32 addition is (an
+    FMA-contracted ``x * 2**-k + y`` rounds the same, the product being exact)."""
+    hi = (a >> 8).to(torch.float32) * _TWO_POW_M24
+    mid = (((a & 0xFF) << 16) | (b >> 16)).to(torch.float32) * _TWO_POW_M48
+    low = ((b | 1) & 0xFFFF).to(torch.float32) * _TWO_POW_M64
+    return torch.clamp_max(hi + (mid + low), UNIFORM_MAX)
+
+
+def exponential_from_words(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 Exp(1) sample -log1p(-u) from two words, in [EXP_MIN, EXP_MAX]: fine resolution near 0,
+    which is where the race decides whether a small-weight token wins."""
+    return -torch.log1p(-uniform_from_words(a, b))
+
+
+def accept_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
+    """Uniforms of the accept test (64 random bits each).
+
+    seeds, offsets: [B] int64. Returns [B, k] fp32; entry (b, i) is the uniform of position i
+    (stream STREAM_ACCEPT, counter i, words 0 and 1).
+
+    Example::
+
+        >>> accept_uniforms(torch.tensor([1, 2]), torch.tensor([0, 0]), 3).shape
+        torch.Size([2, 3])
+    """
+    pos = torch.arange(k, device=seeds.device, dtype=torch.int64)
+    w0, w1, _, _ = philox_words(seeds[:, None], offsets[:, None], pos[None, :], STREAM_ACCEPT)
+    return uniform_from_words(w0, w1)
+
+
+def recover_exponentials(
+    seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_RECOVER
+) -> torch.Tensor:
+    """Exponentials of the recovery race (64 random bits each).
+
+    seeds, offsets, positions: [N] int64 (positions in [0, 2**24)). Returns [N, vocab_size] fp32;
+    element v of row r uses counter positions[r] * 2**32 + v // 2 of stream STREAM_RECOVER,
+    words (0, 1) for even v and (2, 3) for odd v.
+
+    Example::
+
+        >>> one = torch.tensor([5])
+        >>> recover_exponentials(one, one * 0, one * 0, 7).shape
+        torch.Size([1, 7])
+    """
+    n = seeds.shape[0]
+    half = (vocab_size + 1) // 2
+    pairs = torch.arange(half, device=seeds.device, dtype=torch.int64)
+    counter = (positions.to(torch.int64)[:, None] << 32) + pairs[None, :]
+    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
+    exps = torch.stack((exponential_from_words(w0, w1), exponential_from_words(w2, w3)), dim=-1)
+    return exps.reshape(n, 2 * half)[:, :vocab_size]
+
+
+def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Exponential race: argmax_x (weights[x] * RACE_SCALE) / E[x], a sample of weights / sum.
+
+    weights: [N, V] fp32 >= 0 (finite); exponentials: [N, V] fp32 in [EXP_MIN, EXP_MAX]. The
+    scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
+    Ties go to the lowest index. Returns [N] int64.
+
+    Example::
+
+        >>> race(torch.tensor([[0.0, 1.4e-45, 0.0]]), torch.ones(1, 3)).tolist()
+        [1]
+    """
+    return torch.argmax((weights * RACE_SCALE) / exponentials, dim=-1)
+
+
+def _race_eager(
+    weights: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    return race(weights, recover_exponentials(seeds, offsets, positions, weights.shape[1]))
+
+
+#: environment variable: "0" disables the compiled CPU race (the eager path gives the same words)
+COMPILE_ENV = "SPEC_SAMPLERS_COMPILE"
+#: the compiled CPU race runs from this many [N, V] elements up; below it eager ops are fast enough
+#: and small calls (tests, tiny batches) never pay the one-off compile (~15-45 s on first use)
+COMPILE_MIN_ELEMENTS = 1 << 18
+
+_compiled_race: Callable[..., torch.Tensor] | None = None
+_compile_failed = False
+
+
+def _use_compiled(weights: torch.Tensor) -> bool:
+    return (
+        weights.device.type == "cpu"
+        and weights.numel() >= COMPILE_MIN_ELEMENTS
+        and not _compile_failed
+        and os.environ.get(COMPILE_ENV, "1") != "0"
+        and not torch.compiler.is_compiling()  # inside a caller's torch.compile: let it trace us
+    )
+
+
+def recovery_race(
+    weights: torch.Tensor,  # [N, V] fp32 >= 0
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    positions: torch.Tensor,  # [N] int64
+) -> torch.Tensor:
+    """``race(weights, recover_exponentials(seeds, offsets, positions, V))`` without the [N, V]
+    exponentials. Returns [N] int64.
+
+    On the CPU, from COMPILE_MIN_ELEMENTS elements up, this runs as one torch.compile'd loop (the
+    Philox rounds as separate int64 tensor ops cost ~200 passes over [N, V/2]; fused they are
+    ~20x faster). Integer words and uniforms are bit-identical to the eager path by construction
+    (integer ops, exact fp32 conversions and power-of-two scalings); if compiling fails (no C++
+    compiler, ...) a warning is issued once and the eager path is used. Set SPEC_SAMPLERS_COMPILE=0
+    to always use the eager path.
+
+    Example::
+
+        >>> w = torch.tensor([[0.0, 0.25, 0.75]])
+        >>> one = torch.tensor([3])
+        >>> int(recovery_race(w, one, one * 0, one * 0)) in (1, 2)
+        True
+    """
+    global _compiled_race, _compile_failed
+    if _use_compiled(weights):
+        try:
+            if _compiled_race is None:
+                _compiled_race = torch.compile(_race_eager, dynamic=True)
+            return _compiled_race(weights, seeds, offsets, positions)
+        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+            _compile_failed = True
+            warnings.warn(
+                f"spec_samplers.rng: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
+                "using the eager path", RuntimeWarning, stacklevel=2,
+            )
+    return _race_eager(weights, seeds, offsets, positions)

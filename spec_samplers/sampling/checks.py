@@ -1,0 +1,215 @@
+"""Argument checks and canonical forms of the FlashInfer-compatible sampling operations.
+
+Metadata (types, ranks, shapes, dtypes, devices) and Python scalars are checked on every call at
+no device cost. Values inside tensors (NaN in the inputs, per-request parameters out of range,
+``indices`` out of range) need a host synchronisation, so they are checked only when the caller
+asks with ``check_nan=True``; without it, out-of-range values have a defined, safe meaning (see
+:func:`canonical_top_p` and friends) and never address memory out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from spec_samplers.errors import input_error
+from spec_samplers.rng_sampling import derive_row_seeds
+from spec_samplers.sampling.reference import MAX_VOCAB_SIZE
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PARAM_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INT_DTYPES = (torch.int32, torch.int64)
+#: seeds drawn for ``seed=None`` lie in [0, SEED_HIGH)
+SEED_HIGH = 2**62
+FILTER_ORDERS = ("top_k_first", "joint")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}"
+
+
+def check_matrix(name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+    """A [N, V] tensor of one of ``dtypes`` with 1 <= V < MAX_VOCAB_SIZE."""
+    if not isinstance(t, torch.Tensor):
+        raise input_error(name, "a torch.Tensor", type(t).__name__)
+    if t.dim() != 2:
+        raise input_error(name, "a 2-d tensor (batch_size, vocab_size)", _shape(t))
+    if t.dtype not in dtypes:
+        raise input_error(name, "dtype in " + ", ".join(str(d) for d in dtypes), t.dtype)
+    if not 1 <= t.shape[1] < MAX_VOCAB_SIZE:
+        raise input_error(name, f"a vocabulary size in [1, {MAX_VOCAB_SIZE})", t.shape[1])
+    return t
+
+
+def check_no_nan(name: str, t: torch.Tensor) -> None:
+    """``check_nan=True``: no NaN entries (synchronises with the host)."""
+    if t.numel() and bool(torch.isnan(t).any()):
+        raise input_error(name, "no NaN entries (check_nan=True)", "NaN entries")
+
+
+def resolve_rows(
+    indices: object, num_input_rows: int, device: torch.device, check_values: bool, input_name: str
+) -> tuple[torch.Tensor, int, torch.dtype]:
+    """(rows [B] int64: the input row of each output, B, output dtype). Without ``indices`` the
+    outputs are the input rows and int32; with it, one output per entry, of its dtype."""
+    if indices is None:
+        return torch.arange(num_input_rows, device=device, dtype=torch.int64), num_input_rows, torch.int32
+    if not isinstance(indices, torch.Tensor):
+        raise input_error("indices", "a torch.Tensor or None", type(indices).__name__)
+    if indices.dim() != 1:
+        raise input_error("indices", "a 1-d tensor (batch_size,)", _shape(indices))
+    if indices.dtype not in INT_DTYPES:
+        raise input_error("indices", "dtype torch.int32 or torch.int64", indices.dtype)
+    if indices.device != device:
+        raise input_error("indices", f"device {device} (that of {input_name})", f"device {indices.device}")
+    if check_values and indices.numel():
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= num_input_rows:
+            raise input_error("indices", f"row indices in [0, {num_input_rows}) ({input_name} rows)", lo if lo < 0 else hi)
+    return indices.to(torch.int64), indices.shape[0], indices.dtype
+
+
+def _param_tensor(
+    name: str, t: torch.Tensor, batch_size: int, device: torch.device, dtypes: tuple[torch.dtype, ...]
+) -> torch.Tensor:
+    if t.dim() != 1 or t.shape[0] != batch_size:
+        raise input_error(name, f"a scalar or a tensor of shape ({batch_size},) (one per output)", _shape(t))
+    if t.dtype not in dtypes:
+        raise input_error(name, "dtype in " + ", ".join(str(d) for d in dtypes), t.dtype)
+    if t.device != device:
+        raise input_error(name, f"device {device}", f"device {t.device}")
+    return t
+
+
+def _float_scalar(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise input_error(name, "a float or a tensor", type(value).__name__)
+    return float(value)
+
+
+def canonical_top_k(top_k: object, batch_size: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[B] int64 top_k; 0 means "keep every token" (FlashInfer: top_k <= 0 or >= V disables)."""
+    if isinstance(top_k, torch.Tensor):
+        t = _param_tensor("top_k", top_k, batch_size, device, INT_DTYPES).to(torch.int64)
+    else:
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise input_error("top_k", "an int or an int tensor", type(top_k).__name__)
+        t = torch.full((batch_size,), top_k, dtype=torch.int64, device=device)
+    return torch.where((t <= 0) | (t >= vocab_size), 0, t)
+
+
+def canonical_top_p(top_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor:
+    """[B] fp32 top_p in (0, 1]. Unchecked tensor values: NaN and values > 1 keep everything,
+    values <= 0 keep only the most probable tokens."""
+    if isinstance(top_p, torch.Tensor):
+        t = _param_tensor("top_p", top_p, batch_size, device, PARAM_FLOAT_DTYPES).to(torch.float32)
+        if check_values and batch_size:
+            bad = ~((t > 0) & (t <= 1))
+            if bool(bad.any()):
+                raise input_error("top_p", "values in (0, 1]", float(t[bad][0]))
+        return torch.where(torch.isnan(t) | (t > 1), 1.0, t)
+    value = _float_scalar("top_p", top_p)
+    if not 0.0 < value <= 1.0:
+        raise input_error("top_p", "a value in (0, 1]", value)
+    return torch.full((batch_size,), value, dtype=torch.float32, device=device)
+
+
+def canonical_min_p(min_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor:
+    """[B] fp32 min_p in [0, 1]. Unchecked tensor values: NaN counts as 0 (keep everything);
+    values > 1 keep only the most probable tokens, negative values keep everything."""
+    if isinstance(min_p, torch.Tensor):
+        t = _param_tensor("min_p", min_p, batch_size, device, PARAM_FLOAT_DTYPES).to(torch.float32)
+        if check_values and batch_size:
+            bad = ~((t >= 0) & (t <= 1))
+            if bool(bad.any()):
+                raise input_error("min_p", "values in [0, 1]", float(t[bad][0]))
+        return torch.where(torch.isnan(t), 0.0, t)
+    value = _float_scalar("min_p", min_p)
+    if not 0.0 <= value <= 1.0:
+        raise input_error("min_p", "a value in [0, 1]", value)
+    return torch.full((batch_size,), value, dtype=torch.float32, device=device)
+
+
+def canonical_temperature(
+    temperature: object, batch_size: int, device: torch.device, check_values: bool
+) -> torch.Tensor:
+    """[B] fp32 temperature >= 0 (0: one-hot of the argmax). Unchecked tensor values that are not
+    finite or negative act as 1."""
+    if temperature is None:
+        return torch.ones((batch_size,), dtype=torch.float32, device=device)
+    if isinstance(temperature, torch.Tensor):
+        t = _param_tensor("temperature", temperature, batch_size, device, PARAM_FLOAT_DTYPES).to(torch.float32)
+        if check_values and batch_size:
+            bad = ~(torch.isfinite(t) & (t >= 0))
+            if bool(bad.any()):
+                raise input_error("temperature", "finite values >= 0 (0 = one-hot of the argmax)", float(t[bad][0]))
+        return torch.where(torch.isfinite(t) & (t >= 0), t, 1.0)
+    value = _float_scalar("temperature", temperature)
+    if not (math.isfinite(value) and value >= 0):
+        raise input_error("temperature", "a finite value >= 0 (0 = one-hot of the argmax)", value)
+    return torch.full((batch_size,), value, dtype=torch.float32, device=device)
+
+
+def check_filter_order(filter_apply_order: object) -> bool:
+    """True for "joint", False for "top_k_first"."""
+    if filter_apply_order not in FILTER_ORDERS:
+        raise input_error("filter_apply_order", " or ".join(map(repr, FILTER_ORDERS)), repr(filter_apply_order))
+    return filter_apply_order == "joint"
+
+
+def _int64_scalar(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise input_error(name, "an int, an int64 tensor or None", type(value).__name__)
+    if not -(2**63) <= value < 2**64:
+        raise input_error(name, "a value in [-2**63, 2**64)", value)
+    return value - 2**64 if value >= 2**63 else value  # uint64 seeds as their int64 bit pattern
+
+
+def _seed_tensor(name: str, t: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
+    if t.dim() != 1 or t.shape[0] not in (1, batch_size):
+        raise input_error(name, f"a 1-d tensor of length 1 or {batch_size}", _shape(t))
+    if t.dtype not in INT_DTYPES:
+        raise input_error(name, "dtype torch.int64 (or torch.int32)", t.dtype)
+    if t.device != device:
+        raise input_error(name, f"device {device}", f"device {t.device}")
+    return t.to(torch.int64)
+
+
+def resolve_seeds(
+    seed: object, offset: object, generator: object, batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row (seeds [B] int64, offsets [B] int64) on ``device``, without host
+    synchronisation.
+
+    * seed and offset as [B] tensors: row b uses (seed[b], offset[b]), so its token depends on
+      nothing else (FlashInfer reads element 0 only);
+    * a scalar seed (a Python int, or a length-1 tensor when B > 1) with a scalar offset: one
+      stream for the batch, as FlashInfer; the rows get distinct seeds derived from (seed, offset,
+      row) (:func:`spec_samplers.rng_sampling.derive_row_seeds`);
+    * seed None: one seed per row drawn from ``generator`` (torch's default generator of the
+      device when None), which advances it; offset (default 0) is used as given.
+    A missing offset is 0 (FlashInfer draws both from the generator when either is None).
+    """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise input_error("generator", "a torch.Generator or None", type(generator).__name__)
+    if offset is None:
+        offsets = torch.zeros((1,), dtype=torch.int64, device=device)
+    elif isinstance(offset, torch.Tensor):
+        offsets = _seed_tensor("offset", offset, batch_size, device)
+    else:
+        offsets = torch.full((1,), _int64_scalar("offset", offset), dtype=torch.int64, device=device)
+    if seed is None:
+        gen_device = generator.device if generator is not None else device
+        seeds = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, generator=generator, device=gen_device)
+        return seeds.to(device), offsets.expand(batch_size).contiguous()
+    if isinstance(seed, torch.Tensor):
+        seeds = _seed_tensor("seed", seed, batch_size, device)
+    else:
+        seeds = torch.full((1,), _int64_scalar("seed", seed), dtype=torch.int64, device=device)
+    if seeds.shape[0] == batch_size and (isinstance(seed, torch.Tensor) or batch_size == 0):
+        return seeds, offsets.expand(batch_size).contiguous()
+    if offsets.shape[0] != 1:
+        # per-row offsets with one shared seed: each row keeps its own offset, seeds still decorrelated
+        return derive_row_seeds(seeds, torch.zeros((), dtype=torch.int64, device=device), batch_size), offsets
+    return derive_row_seeds(seeds, offsets, batch_size), offsets.expand(batch_size).contiguous()

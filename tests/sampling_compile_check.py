@@ -1,0 +1,67 @@
+"""Compile every reachable variant of the sampling kernels for sm_90 without a GPU (as
+tests/kernel_compile_check.py does for the verification kernels).
+
+The launchers of spec_samplers.kernels.sampling_launch run on meta tensors with
+``KernelLaunch.run`` recording instead of launching (their torch glue runs on meta tensors too),
+for every input kind a caller can reach (probabilities or logits, each filter combination, the
+renorm / mask / softmax outputs, fp32 and bf16); each distinct (kernel, argument types,
+constexpr values) is compiled once.
+
+Run as a script with TRITON_INTERPRET unset (tests/test_sampling_kernels.py does that)."""
+
+import itertools
+import os
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from kernel_compile_check import TARGET, signature  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from spec_samplers.kernels import launch_common  # noqa: E402
+from spec_samplers.kernels import sampling_launch as sl  # noqa: E402
+from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
+
+META = torch.device("meta")
+
+
+def record_launches() -> list:
+    recorded = []
+    launch_common.KernelLaunch.run = lambda self: recorded.append(self)  # record, do not launch
+    B, V = 4, 5000
+    split = plan_vocab_split(V, B, 8, 1024)
+    i64 = dict(dtype=torch.int64, device=META)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.empty(B, V, dtype=dtype, device=META)
+        rows, seeds = torch.empty(B, **i64), torch.empty(B, **i64)
+        k, p = torch.empty(B, **i64), torch.empty(B, device=META)
+        for logits, use_k, use_p, use_m, joint in itertools.product((False, True), repeat=5):
+            if joint and not (use_k and use_p):
+                continue
+            sl.sample_triton(
+                x=x, rows=rows, seeds=seeds, offsets=seeds, logits=logits, top_k=k if use_k else None,
+                top_p=p if use_p else None, min_p=p if use_m else None, joint=joint, split=split,
+            )
+        for out_dtype in (torch.float32, dtype):
+            sl.renorm_triton(probs=x, top_k=k, out_dtype=out_dtype, split=split)
+            sl.renorm_triton(probs=x, top_p=p, out_dtype=out_dtype, split=split)
+        sl.mask_logits_triton(logits=x, top_k=k, split=split)
+        sl.softmax_triton(logits=x, temperature=p, split=split)
+    return recorded
+
+
+def main():
+    seen = set()
+    for launch in record_launches():
+        sig, consts = signature(launch.kernel, launch.args)
+        key = (launch.name, tuple(sorted(sig.items())), tuple(sorted((k[0], repr(v)) for k, v in consts.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
+    print(f"compiled all sampling kernel variants for sm_90: {len(seen)} variants")
+
+
+if __name__ == "__main__":
+    main()

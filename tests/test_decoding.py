@@ -1,0 +1,242 @@
+"""End to end: speculative decoding on tiny transformers Llama models (CPU, no downloads).
+
+Statistical checks (fixed seeds, so deterministic; the rates are per test at a random seed):
+* the joint law of the first two generated tokens equals the target's autoregressive joint under
+  the same SamplingParams, computed exactly from the target: chi-square, false-failure rate
+  CHI2_ALPHA = 1e-3;
+* a lossless sampler accepts, on average, sum_x min(p'(x), q'(x)) of each draft it judges: the
+  accepted count is a sum of independent-given-the-past Bernoulli trials with those means, so
+  it lies within Z_BOUND = 5 standard errors (variance <= judged / 4) of the expectation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+from stats_helpers import CHI2_ALPHA, Z_BOUND, chi2_pvalue
+from tiny_models import noisy_copy, tiny_llama
+
+from spec_samplers import SamplingParams, available_samplers, get_sampler
+from spec_samplers.decoding import (
+    AutoregressiveInferencer,
+    Inferencer,
+    KVCache,
+    SampleStrategy,
+    SlotKVCache,
+    SpeculativeDecoder,
+    generate_autoregressive,
+)
+from spec_samplers.integrations.transformers import HFLanguageModel
+from spec_samplers.sampling_params import process_logits
+
+V = 12
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(0, vocab_size=V)
+    draft = noisy_copy(target, 0.5, seed=1)
+    return target, draft
+
+
+def lossless_samplers() -> list[str]:
+    """Every registered sampler that declares itself lossless (block verification too, once registered)."""
+    return [name for name, info in available_samplers().items() if getattr(info.load(), "lossless", None) is True]
+
+
+@pytest.mark.parametrize("name", lossless_samplers())
+def test_first_two_tokens_follow_the_target_joint(pair, name):
+    target, draft = pair
+    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.02)
+    prompt = [3, 5, 7]
+    N = 3000
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target), HFLanguageModel(draft), sampler=name, num_speculative_tokens=2
+    )
+    out = decoder.generate(torch.tensor([prompt] * N), max_new_tokens=2, sampling_params=params, seed=11)
+    assert out.token_ids.shape == (N, 2) and bool((out.token_ids >= 0).all())
+    # exact joint of the target: q'(x1 | prompt) q'(x2 | prompt, x1)
+    with torch.no_grad():
+        q1 = process_logits(target(torch.tensor([prompt])).logits[:, -1], params)[0]  # [V]
+        context = torch.cat([torch.tensor([prompt] * V), torch.arange(V)[:, None]], dim=1)  # [V, P+1]
+        q2 = process_logits(target(context).logits[:, -1], params)  # [V, V], row x1
+    joint = (q1[:, None] * q2).flatten()
+    cells = out.token_ids[:, 0] * V + out.token_ids[:, 1]
+    assert chi2_pvalue(cells, joint) > CHI2_ALPHA
+    # acceptance of the judged drafts matches sum_x min(p', q') (lossless theory)
+    verified = sum(s.num_verified for s in out.stats)
+    accepted = sum(s.num_accepted for s in out.stats)
+    expected = sum(s.expected_accepted for s in out.stats)
+    assert 0 < accepted < verified
+    assert abs(accepted - expected) <= Z_BOUND * math.sqrt(verified / 4)
+
+
+def test_greedy_equals_the_targets_own_generate(pair):
+    target, draft = pair
+    prompts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 0]])
+    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=3)
+    out = decoder.generate(prompts, max_new_tokens=16, sampling_params=SamplingParams(temperature=0))
+    with torch.no_grad():
+        ref = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16, do_sample=False)
+    assert torch.equal(out.token_ids, ref[:, prompts.shape[1] :])
+    assert 0 < out.acceptance_rate < 1
+    ar = generate_autoregressive(HFLanguageModel(target), prompts, 16, SamplingParams(temperature=0))
+    assert torch.equal(ar.token_ids, out.token_ids)
+
+
+def test_batched_equals_one_request_at_a_time(pair, monkeypatch):
+    target, draft = pair
+    compactions = []
+    original = SlotKVCache.compact
+
+    def spy(self, num_slots=None):
+        compactions.append(num_slots)
+        original(self, num_slots)
+
+    monkeypatch.setattr(SlotKVCache, "compact_min_slots", 1)  # compact as soon as a slot can be freed
+    monkeypatch.setattr(SlotKVCache, "compact", spy)
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [11, 3]]
+    params = [
+        SamplingParams(temperature=0.8, seed=1),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0, top_k=5, seed=3),
+        SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05, seed=4),
+    ]
+    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=3)
+    batched = decoder.generate(prompts, max_new_tokens=14, sampling_params=params)
+    accepted_per_round = {tuple(s.accepted_per_position) for s in batched.stats}
+    assert len(accepted_per_round) > 1, "rows should accept different numbers of drafts"
+    assert compactions, "the per-request crops should have compacted a cache"
+    for b, (prompt, p) in enumerate(zip(prompts, params)):
+        alone = decoder.generate([prompt], max_new_tokens=14, sampling_params=[p])
+        assert alone.token_ids[0].tolist() == batched.token_ids[b].tolist(), f"request {b}"
+        # statistics agree; sum_x min(p', q') only to rounding (batched matmuls round differently)
+        assert alone.stats[0].expected_accepted == pytest.approx(batched.stats[b].expected_accepted, rel=1e-5)
+        assert dataclasses.replace(alone.stats[0], expected_accepted=0.0) == dataclasses.replace(
+            batched.stats[b], expected_accepted=0.0
+        )
+
+
+def test_eos_and_max_new_tokens_per_request(pair):
+    target, draft = pair
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    greedy = SamplingParams(temperature=0)
+    plain = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=4)
+    free = plain.generate(prompts, max_new_tokens=9, sampling_params=greedy)
+    row0 = free.token_ids[0].tolist()
+    eos = next(t for i, t in enumerate(row0) if i >= 2 and t not in row0[:i])  # first new id at step >= 2
+    stop_at = row0.index(eos)
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target, eos_token_id=eos), HFLanguageModel(draft), num_speculative_tokens=4
+    )
+    out = decoder.generate(prompts, max_new_tokens=9, sampling_params=greedy)
+    for b in range(3):
+        ref = free.token_ids[b].tolist()
+        n = ref.index(eos) + 1 if eos in ref else 9
+        assert out.token_ids[b].tolist() == ref[:n] + [-1] * (9 - n)
+        assert out.stats[b].num_generated == n and out.stats[b].finished_by_eos == (eos in ref)
+    assert out.stats[0].num_generated == stop_at + 1 < 9
+    # max_new_tokens cuts the last round short (k + 1 = 5 tokens per round at most)
+    short = plain.generate(prompts, max_new_tokens=3, sampling_params=greedy)
+    assert torch.equal(short.token_ids, free.token_ids[:, :3])
+    assert plain.generate(prompts, max_new_tokens=0).token_ids.shape == (3, 0)
+
+
+def test_model_without_eos_generates_to_max_new_tokens(pair):
+    target, draft = pair
+    model = HFLanguageModel(target)
+    assert isinstance(model.new_kv_cache(), KVCache)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        _ = model.eos_token_id
+    out = SpeculativeDecoder(model, HFLanguageModel(draft), num_speculative_tokens=2).generate(
+        torch.tensor([[1, 2]]), max_new_tokens=11, sampling_params=SamplingParams(seed=5)
+    )
+    assert out.stats[0].num_generated == 11 and bool((out.token_ids >= 0).all())
+
+
+def test_typical_acceptance_runs_and_reports_acceptance(pair):
+    target, draft = pair
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target), HFLanguageModel(draft), sampler="typical_acceptance_sampler", num_speculative_tokens=3
+    )
+    out = decoder.generate(prompts, max_new_tokens=12, sampling_params=SamplingParams(temperature=1.0), seed=0)
+    for s in out.stats:
+        assert s.num_generated == 12 and 0 <= s.num_accepted <= s.num_verified <= s.num_drafted == 3 * s.num_rounds
+        per_position = s.acceptance_per_position
+        assert all(a >= b for a, b in itertools.pairwise(per_position))  # position i needs i - 1 accepted
+    assert 0 < out.acceptance_rate < 1
+    # greedy targets are one-hot, which typical acceptance accepts exactly when the draft is the argmax
+    greedy = decoder.generate(prompts, max_new_tokens=12, sampling_params=SamplingParams(temperature=0))
+    with torch.no_grad():
+        ref = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=12, do_sample=False)
+    assert torch.equal(greedy.token_ids, ref[:, 3:])
+
+
+def test_sampler_instance_and_seed_argument(pair):
+    target, draft = pair
+    sampler = get_sampler("rejection_sampler")
+    decoder = SpeculativeDecoder(
+        HFLanguageModel(target), HFLanguageModel(draft), sampler=sampler, num_speculative_tokens=2
+    )
+    a = decoder.generate(torch.tensor([[1, 2], [1, 2]]), max_new_tokens=6, seed=3)
+    b = decoder.generate(torch.tensor([[1, 2], [1, 2]]), max_new_tokens=6, seed=3)
+    assert torch.equal(a.token_ids, b.token_ids)
+    assert sampler.num_draft_tokens > 0  # the instance did the verification
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        decoder.generate(torch.tensor([[1, V]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="sampling_params"):
+        decoder.generate(torch.tensor([[1, 2]]), max_new_tokens=2, sampling_params=[SamplingParams()] * 2)
+
+
+def test_draft_with_a_smaller_vocabulary(pair):
+    target, _ = pair
+    draft = tiny_llama(2, vocab_size=V - 3, layers=1)  # the target can emit ids the draft lacks
+    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=2)
+    out = decoder.generate(
+        torch.tensor([[1, 2, 3]] * 8), max_new_tokens=10, sampling_params=SamplingParams(seed=1), seed=1
+    )
+    assert bool((out.token_ids >= 0).all()) and bool((out.token_ids < V).all())
+    greedy = decoder.generate(
+        torch.tensor([[1, 2, 3]]), max_new_tokens=10, sampling_params=SamplingParams(temperature=0)
+    )
+    with torch.no_grad():
+        ref = target.generate(
+            torch.tensor([[1, 2, 3]]),
+            attention_mask=torch.ones(1, 3, dtype=torch.long),
+            max_new_tokens=10,
+            do_sample=False,
+        )
+    assert torch.equal(greedy.token_ids, ref[:, 3:])
+
+
+def test_autoregressive_inferencer_prefill_and_decode(pair):
+    target, _ = pair
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    free = generate_autoregressive(HFLanguageModel(target), prompts, 8, SamplingParams(temperature=0))
+    row0 = free.token_ids[0].tolist()
+    eos = row0[3] if row0[3] not in row0[:3] else row0[0]
+    model = HFLanguageModel(target, eos_token_id=eos)
+    inferencer = AutoregressiveInferencer(model)
+    assert isinstance(inferencer, Inferencer)
+    cache = model.new_kv_cache()
+    strategy = SampleStrategy(SamplingParams(temperature=0), batch_size=2)
+    first = inferencer.prefill(prompts, cache, strategy)
+    assert first.token_ids.shape == (2, 1) and first.token_logits.shape == (2, 3, V)
+    rest = inferencer.decode(first.token_ids, cache, 7, strategy)
+    n = rest.token_ids.shape[1]
+    assert rest.token_logits.shape == (2, n, V)
+    got = torch.cat([first.token_ids, rest.token_ids], dim=1)
+    for b in range(2):
+        ref = free.token_ids[b].tolist()
+        stop = ref.index(eos) + 1 if eos in ref else 8
+        assert got[b, :stop].tolist() == ref[:stop] and bool((got[b, stop:] == -1).all())
+    assert n == 7 or all(eos in free.token_ids[b].tolist() for b in range(2))  # stops once every row has an EOS
+    with pytest.raises(ValueError, match="query_token_ids"):
+        inferencer.decode(prompts, cache, 2, strategy)

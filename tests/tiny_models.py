@@ -1,0 +1,68 @@
+"""Tiny Llama-style model pairs and a character tokenizer, built offline for the decoding tests.
+
+Weights use a large initializer range so next-token distributions are far from uniform; the
+draft is the target with noise added to every weight, so acceptance is neither 0 nor 1.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+CHARS = "abcdefghijklmnopqrstuv "  # ids 2.. (0 = <unk>, 1 = <eos>)
+
+
+def tiny_llama(seed: int, vocab_size: int = 16, hidden: int = 16, layers: int = 2, eos_token_id: int | None = None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def noisy_copy(model, scale: float, seed: int):
+    """The model with N(0, (scale * std of each weight)^2) noise added: a draft that agrees in part."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * (p.std() if p.numel() > 1 else 1.0))
+    return draft.eval()
+
+
+def char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def save_pair(directory, draft_noise: float = 0.5) -> tuple[str, str]:
+    """Save a tiny target/draft pair with the character tokenizer (vocabulary 25, EOS id 1) under
+    ``directory``; returns the two model directories."""
+    target = tiny_llama(0, vocab_size=len(CHARS) + 2, hidden=32, eos_token_id=1)
+    draft = noisy_copy(target, draft_noise, seed=1)
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        path = directory / name
+        model.save_pretrained(path)
+        char_tokenizer().save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]
