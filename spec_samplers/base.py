@@ -143,7 +143,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_draft_tokens: int = 0
 
     def extra_repr(self) -> str:
-        options = [f"strict_mode={self._strict_mode}", f"check_values={self._check_values}", f"backend={self.backend!r}"]
+        options = [
+            f"strict_mode={self._strict_mode}", f"check_values={self._check_values}", f"backend={self.backend!r}"
+        ]
         if self.use_flashinfer:
             options.append("use_flashinfer=True")
         return ", ".join(options + [f"{k}={v!r}" for k, v in self.op_options().items()])

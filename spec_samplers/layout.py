@@ -54,7 +54,8 @@ class RowLayout:
         vocab_size: int,
     ) -> RowLayout:
         # [B] metadata is read as contiguous by the kernels: a strided or expanded view is copied
-        return cls(True, cu_num_draft_tokens.shape[0], max_spec_len, vocab_size, num_tokens, cu_num_draft_tokens.contiguous())
+        cu = cu_num_draft_tokens.contiguous()
+        return cls(True, cu.shape[0], max_spec_len, vocab_size, num_tokens, cu)
 
     def spans(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(start [B], num_draft [B]) int64: request b's first flat row and k_b, with k_b = -1 for a

@@ -308,5 +308,7 @@ def typical_reference(batch: VerifyBatch, posterior_threshold: float, posterior_
     -1 (no token); a malformed ragged request emits no token.
     """
     f = flat_inputs(batch)
-    out = _typical_core(f.target, f.target_rows, f.num_draft, f.draft_ids, f.bonus, posterior_threshold, posterior_alpha)
+    out = _typical_core(
+        f.target, f.target_rows, f.num_draft, f.draft_ids, f.bonus, posterior_threshold, posterior_alpha
+    )
     return _drop_malformed(out, f.num_draft)

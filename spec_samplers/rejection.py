@@ -48,4 +48,6 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         check_values: bool = False,
         use_flashinfer: bool | None = None,
     ):
-        super().__init__(strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer)
+        super().__init__(
+            strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer
+        )

@@ -63,7 +63,9 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
         check_values: bool = False,
         use_flashinfer: bool | None = None,
     ):
-        super().__init__(strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer)
+        super().__init__(
+            strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer
+        )
         self.posterior_threshold = _check_option("posterior_threshold", posterior_threshold)
         self.posterior_alpha = _check_option("posterior_alpha", posterior_alpha)
 

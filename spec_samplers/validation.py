@@ -177,7 +177,8 @@ def check_temperature(temperature: object, batch_size: int, device: torch.device
         bad = ~(torch.isfinite(temperature) & (temperature >= 0))
         if bool(bad.any()):
             index = _first_index(bad)
-            raise input_error("temperature", "finite values >= 0 (0 = greedy)", f"{float(temperature[index])} at {_where(index)}")
+            actual = f"{float(temperature[index])} at {_where(index)}"
+            raise input_error("temperature", "finite values >= 0 (0 = greedy)", actual)
 
 
 def check_token_ids(vocab_size: int, bonus_token_ids: torch.Tensor, draft_token_ids: torch.Tensor) -> None:
@@ -281,7 +282,8 @@ def check_ragged_values(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_
     negative = counts < 0
     if bool(negative.any()):
         b = _first_index(negative)[0]
-        raise input_error(name, "a non-decreasing cumulative sum from >= 0", f"entry {b} = {int(cu[b])} after {int(cu[b] - counts[b])}")
+        actual = f"entry {b} = {int(cu[b])} after {int(cu[b] - counts[b])}"
+        raise input_error(name, "a non-decreasing cumulative sum from >= 0", actual)
     too_long = counts > max_spec_len
     if bool(too_long.any()):
         b = _first_index(too_long)[0]

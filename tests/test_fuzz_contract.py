@@ -37,8 +37,19 @@ SEED = int(os.environ.get("FUZZ_SEED", "20260509"))
 NUM_CASES = int(os.environ.get("FUZZ_CASES", "60"))
 INF, NAN = float("inf"), float("nan")
 ARGUMENTS = {
-    "target_with_bonus_probs", "target_probs", "target_logits", "draft_probs", "draft_logits", "draft_token_ids",
-    "bonus_token_ids", "cu_num_draft_tokens", "max_spec_len", "temperature", "seeds", "offsets", "is_greedy",
+    "target_with_bonus_probs",
+    "target_probs",
+    "target_logits",
+    "draft_probs",
+    "draft_logits",
+    "draft_token_ids",
+    "bonus_token_ids",
+    "cu_num_draft_tokens",
+    "max_spec_len",
+    "temperature",
+    "seeds",
+    "offsets",
+    "is_greedy",
 }
 ENTRIES = ("forward", "forward_ragged", "forward_from_logits", "forward_ragged_from_logits")
 
@@ -123,8 +134,12 @@ def make_case(rng: random.Random, gen: torch.Generator) -> dict:
     if id_dtype == torch.int32:
         ids, bonus = ids.clamp(-(2**31), 2**31 - 1).int(), bonus.clamp(-(2**31), 2**31 - 1).int()
     kwargs: dict = {}
-    args: list = [bend(target, rng), bend(bonus if not ragged or rng.random() < 0.5 else bonus[:, 0], rng),
-                  bend(draft, rng), bend(ids, rng)]
+    args: list = [
+        bend(target, rng),
+        bend(bonus if not ragged or rng.random() < 0.5 else bonus[:, 0], rng),
+        bend(draft, rng),
+        bend(ids, rng),
+    ]
     cu = torch.tensor(counts, dtype=torch.int64).cumsum(0) if B else torch.zeros(0, dtype=torch.int64)
     max_spec_len = K
     if ragged:
@@ -156,8 +171,19 @@ def make_case(rng: random.Random, gen: torch.Generator) -> dict:
         if not logits and rng.random() < 0.4:
             kwargs["is_greedy"] = bend(torch.rand(B, generator=gen) < 0.5, rng)
     options = dict(strict_mode=rng.random() < 0.3, check_values=rng.random() < 0.2)
-    return dict(sampler=sampler, entry=entry, args=args, kwargs=kwargs, options=options,
-                B=B, K=K, V=V, ragged=ragged, logits=logits, max_spec_len=max_spec_len)
+    return dict(
+        sampler=sampler,
+        entry=entry,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        B=B,
+        K=K,
+        V=V,
+        ragged=ragged,
+        logits=logits,
+        max_spec_len=max_spec_len,
+    )
 
 
 def run(case: dict, backend: str) -> torch.Tensor | Exception:
@@ -259,7 +285,9 @@ def test_fuzz_contract():
     stats = {"ok": 0, "error": 0}
     for n in range(NUM_CASES):
         case = make_case(rng, gen)
-        where = f"case {n} ({case['sampler']}.{case['entry']}, B={case['B']} K={case['K']} V={case['V']} {case['options']})"
+        where = (
+            f"case {n} ({case['sampler']}.{case['entry']}, B={case['B']} K={case['K']} V={case['V']} {case['options']})"
+        )
         results = [run(case, backend) for backend in ("torch", "triton")]
         for backend, res in zip(("torch", "triton"), results):
             if isinstance(res, Exception):
@@ -282,5 +310,3 @@ def test_fuzz_contract():
     assert problems == [], "\n".join(problems)
     # the fuzz must exercise both outcomes
     assert stats["ok"] >= NUM_CASES // 3 and stats["error"] >= 3, stats
-
-

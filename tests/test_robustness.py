@@ -56,8 +56,11 @@ def strided(t: torch.Tensor) -> torch.Tensor:
 def test_strided_seeds_offsets_greedy_match_contiguous_on_both_backends(which):
     q, p, ids, bonus = probs_case(B=4, K=2, V=16, seed=4)
     p = 0.5 * p + 0.5 * q[:, :2]  # close drafts: some accepted, so every uniform matters
-    kw = dict(seeds=torch.tensor([1, 2, 3, 4]), offsets=torch.tensor([5, 0, 7, 1]),
-              is_greedy=torch.tensor([False, True, False, False]))
+    kw = dict(
+        seeds=torch.tensor([1, 2, 3, 4]),
+        offsets=torch.tensor([5, 0, 7, 1]),
+        is_greedy=torch.tensor([False, True, False, False]),
+    )
     expected = RejectionSampler(backend="torch")(q, bonus, p, ids, **kw)
     bent = {k: strided(v) if which in (k, "all") else v for k, v in kw.items()}
     got = both(RejectionSampler, lambda s: s(q, strided(bonus), p, ids, **bent))
@@ -70,7 +73,8 @@ def test_expanded_seeds_and_temperature_are_not_read_past_their_storage():
     seed = torch.tensor([77]).expand(3)  # stride 0: one element of storage
     temp = torch.tensor([0.7]).expand(3)
     expected = RejectionSampler(backend="torch").forward_from_logits(
-        logits, bonus, torch.log(p), ids, torch.full((3,), 0.7), seeds=torch.full((3,), 77))
+        logits, bonus, torch.log(p), ids, torch.full((3,), 0.7), seeds=torch.full((3,), 77)
+    )
     got = both(RejectionSampler, lambda s: s.forward_from_logits(logits, bonus, torch.log(p), ids, temp, seeds=seed))
     assert torch.equal(got, expected)
 
@@ -80,14 +84,23 @@ def test_strided_ragged_counts_and_bonus():
     flat_q, flat_p, flat_ids = q[:, :2].reshape(-1, 16), p.reshape(-1, 16), ids.reshape(-1)
     cu = torch.tensor([2, 4, 6])
     seeds = torch.tensor([4, 5, 6])
-    expected = RejectionSampler(backend="torch").forward_ragged(flat_q, bonus[:, 0], flat_p, flat_ids, cu, 2, seeds=seeds)
+    expected = RejectionSampler(backend="torch").forward_ragged(
+        flat_q, bonus[:, 0], flat_p, flat_ids, cu, 2, seeds=seeds
+    )
     cu_strided = strided(cu)
     bonus_strided = strided(bonus[:, 0])
     for cls in (RejectionSampler,):
-        got = both(cls, lambda s: s.forward_ragged(flat_q, bonus_strided, flat_p, flat_ids, cu_strided, 2, seeds=strided(seeds)))
+        got = both(
+            cls,
+            lambda s: s.forward_ragged(flat_q, bonus_strided, flat_p, flat_ids, cu_strided, 2, seeds=strided(seeds)),
+        )
         assert torch.equal(got, expected)
-    typ = both(TypicalAcceptanceSampler, lambda s: s.forward_ragged(flat_q, bonus_strided, None, flat_ids, cu_strided, 2))
-    assert torch.equal(typ, TypicalAcceptanceSampler(backend="torch").forward_ragged(flat_q, bonus[:, 0], None, flat_ids, cu, 2))
+    typ = both(
+        TypicalAcceptanceSampler, lambda s: s.forward_ragged(flat_q, bonus_strided, None, flat_ids, cu_strided, 2)
+    )
+    assert torch.equal(
+        typ, TypicalAcceptanceSampler(backend="torch").forward_ragged(flat_q, bonus[:, 0], None, flat_ids, cu, 2)
+    )
 
 
 def test_expanded_target_rows_and_vocab():
@@ -105,8 +118,14 @@ def test_expanded_target_rows_and_vocab():
 
 
 def test_issue_example_counts_past_T_emit_no_token():
-    args = (torch.full((1, 5), 0.2), torch.tensor([0]), torch.tensor([[0.01, 0.01, 0.9, 0.04, 0.04]]),
-            torch.tensor([0]), torch.tensor([2]), 2)
+    args = (
+        torch.full((1, 5), 0.2),
+        torch.tensor([0]),
+        torch.tensor([[0.01, 0.01, 0.9, 0.04, 0.04]]),
+        torch.tensor([0]),
+        torch.tensor([2]),
+        2,
+    )
     out = both(RejectionSampler, lambda s: s.forward_ragged(*args, seeds=torch.tensor([0])))
     assert out.tolist() == [[-1, -1, -1]]
     with pytest.raises(SpecSamplerInputError, match="cu_num_draft_tokens: expected a last entry equal to T = 1, got 2"):
@@ -135,7 +154,8 @@ def test_malformed_requests_emit_no_token_identically(cu, K, malformed, logits):
     cu_t = torch.tensor(cu)
     temperature = torch.tensor([1.0, 0.5, 0.0])
     for cls in (RejectionSampler, TypicalAcceptanceSampler):
-        def call(s):
+
+        def call(s, cls=cls):
             kw = {"seeds": torch.tensor([3, 4, 5])} if cls is RejectionSampler else {}
             if logits:
                 return s.forward_ragged_from_logits(target, bonus, draft, ids, cu_t, K, temperature, **kw)
@@ -152,34 +172,60 @@ def test_malformed_requests_emit_no_token_identically(cu, K, malformed, logits):
 
 
 def test_empty_batch_with_rows():
-    out = both(RejectionSampler, lambda s: s.forward_ragged(
-        torch.full((3, 4), 0.25), torch.zeros(0, dtype=torch.long), None, torch.zeros(3, dtype=torch.long),
-        torch.zeros(0, dtype=torch.long), 2))
+    out = both(
+        RejectionSampler,
+        lambda s: s.forward_ragged(
+            torch.full((3, 4), 0.25),
+            torch.zeros(0, dtype=torch.long),
+            None,
+            torch.zeros(3, dtype=torch.long),
+            torch.zeros(0, dtype=torch.long),
+            2,
+        ),
+    )
     assert out.shape == (0, 3)
-    with pytest.raises(SpecSamplerInputError, match=r"cu_num_draft_tokens: expected a last entry equal to T = 3 \(B = 0 needs T = 0\)"):
+    with pytest.raises(
+        SpecSamplerInputError, match=r"cu_num_draft_tokens: expected a last entry equal to T = 3 \(B = 0 needs T = 0\)"
+    ):
         RejectionSampler(strict_mode=True).forward_ragged(
-            torch.full((3, 4), 0.25), torch.zeros(0, dtype=torch.long), None, torch.zeros(3, dtype=torch.long),
-            torch.zeros(0, dtype=torch.long), 2)
+            torch.full((3, 4), 0.25),
+            torch.zeros(0, dtype=torch.long),
+            None,
+            torch.zeros(3, dtype=torch.long),
+            torch.zeros(0, dtype=torch.long),
+            2,
+        )
 
 
 # -- finding 3: logits edge cases ---------------------------------------------------------------
 
 
 def test_probs_from_logits_limits():
-    x = torch.tensor([
-        [0.0, INF, INF, 1.0],  # +inf entries share the mass
-        [0.0, 1.0, 2.0, -INF],  # T = +inf: uniform over the finite entries
-        [-INF, -INF, -INF, -INF],  # no distribution
-        [0.0, 0.0, 0.0, 3e38],  # x / T overflows fp32: still one-hot at 3
-        [1.0, 2.0, 2.0, 0.0],  # T tiny: the maxima share
-        [float("nan"), 0.0, -INF, 0.0],  # NaN counts as -inf
-    ])
+    x = torch.tensor(
+        [
+            [0.0, INF, INF, 1.0],  # +inf entries share the mass
+            [0.0, 1.0, 2.0, -INF],  # T = +inf: uniform over the finite entries
+            [-INF, -INF, -INF, -INF],  # no distribution
+            [0.0, 0.0, 0.0, 3e38],  # x / T overflows fp32: still one-hot at 3
+            [1.0, 2.0, 2.0, 0.0],  # T tiny: the maxima share
+            [float("nan"), 0.0, -INF, 0.0],  # NaN counts as -inf
+        ]
+    )
     t = torch.tensor([1.0, INF, 1.0, 0.5, 1e-38, 1.0])
     q = probs_from_logits(x, t)
-    assert torch.equal(q, torch.tensor([
-        [0.0, 0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, 1.0], [0.0, 0.5, 0.5, 0.0],
-        [0.0, 0.5, 0.0, 0.5],
-    ]))
+    assert torch.equal(
+        q,
+        torch.tensor(
+            [
+                [0.0, 0.5, 0.5, 0.0],
+                [1 / 3, 1 / 3, 1 / 3, 0.0],
+                [0.0] * 4,
+                [0.0, 0.0, 0.0, 1.0],
+                [0.0, 0.5, 0.5, 0.0],
+                [0.0, 0.5, 0.0, 0.5],
+            ]
+        ),
+    )
     greedy = probs_from_logits(x[2:4], torch.zeros(2))
     assert torch.equal(greedy, torch.tensor([[0.0] * 4, [0.0, 0.0, 0.0, 1.0]]))
 
@@ -200,11 +246,18 @@ def test_logits_edge_rows(cls, row, temp, expected):
     lg[0, 0] = torch.tensor(row)
     kw = {"seeds": torch.tensor([0])} if cls is RejectionSampler else {}
     # the draft (token 1) has probability 0 under q: rejected; the token at position 0 comes from row 0
-    out = both(cls, lambda s: s.forward_from_logits(lg, torch.tensor([[0]]), None, torch.tensor([[1]]), torch.tensor([temp]), **kw))
+    out = both(
+        cls,
+        lambda s: s.forward_from_logits(lg, torch.tensor([[0]]), None, torch.tensor([[1]]), torch.tensor([temp]), **kw),
+    )
     assert out.tolist() == [[expected, -1]]
     if expected == -1:
-        with pytest.raises(SpecSamplerInputError, match=r"target_logits: expected rows with a finite logit .*row \[0, 0\] all -inf"):
-            cls(check_values=True).forward_from_logits(lg, torch.tensor([[0]]), None, torch.tensor([[1]]), torch.tensor([temp]))
+        with pytest.raises(
+            SpecSamplerInputError, match=r"target_logits: expected rows with a finite logit .*row \[0, 0\] all -inf"
+        ):
+            cls(check_values=True).forward_from_logits(
+                lg, torch.tensor([[0]]), None, torch.tensor([[1]]), torch.tensor([temp])
+            )
 
 
 @pytest.mark.parametrize("cls", [RejectionSampler, TypicalAcceptanceSampler])
@@ -212,7 +265,12 @@ def test_infinite_temperature_is_uniform_over_finite_logits(cls):
     lg = torch.tensor([[[0.0, 50.0, -INF, -30.0], [0.0, 0.0, 0.0, 0.0]]])
     kw = {"seeds": torch.tensor([9])} if cls is RejectionSampler else {}
     for draft, accepted in ((0, True), (2, False)):  # q = (1/3, 1/3, 0, 1/3)
-        out = both(cls, lambda s: s.forward_from_logits(lg, torch.tensor([[1]]), None, torch.tensor([[draft]]), torch.tensor([INF]), **kw))
+        out = both(
+            cls,
+            lambda s, draft=draft: s.forward_from_logits(
+                lg, torch.tensor([[1]]), None, torch.tensor([[draft]]), torch.tensor([INF]), **kw
+            ),
+        )
         if accepted and cls is TypicalAcceptanceSampler:  # q(0) = 1/3 clears the threshold
             assert out.tolist() == [[0, 1]]
         else:  # rejection accepts 0 with probability 1/3; a recovery never picks token 2 (q = 0)
@@ -229,8 +287,17 @@ def test_probability_rows_without_mass_emit_no_token(cls):
     out = both(cls, lambda s: s(q, torch.tensor([[0], [5]]), None, torch.tensor([[0], [1]]), **kw))
     assert out.tolist() == [[-1, -1], [-1, -1]]
     if cls is RejectionSampler:  # greedy rows: argmax 0 of an all-zero row is never accepted
-        greedy = both(cls, lambda s: s(q, torch.tensor([[0], [5]]), None, torch.tensor([[0], [0]]),
-                                       seeds=torch.tensor([1, 2]), is_greedy=torch.tensor([True, True])))
+        greedy = both(
+            cls,
+            lambda s: s(
+                q,
+                torch.tensor([[0], [5]]),
+                None,
+                torch.tensor([[0], [0]]),
+                seeds=torch.tensor([1, 2]),
+                is_greedy=torch.tensor([True, True]),
+            ),
+        )
         assert greedy.tolist() == [[-1, -1], [-1, -1]]
 
 
@@ -241,7 +308,9 @@ def test_subnormal_only_row_emits_its_only_token():
     t = torch.zeros(1, 2, 4)
     t[0, 0, 2] = 1.4e-45
     t[0, 1, 0] = 1
-    out = both(RejectionSampler, lambda s: s(t, torch.tensor([[0]]), None, torch.tensor([[1]]), seeds=torch.tensor([2])))
+    out = both(
+        RejectionSampler, lambda s: s(t, torch.tensor([[0]]), None, torch.tensor([[1]]), seeds=torch.tensor([2]))
+    )
     assert out.tolist() == [[2, -1]]
 
 
@@ -250,8 +319,10 @@ def test_subnormal_only_row_emits_its_only_token():
 
 def test_typical_issue_example_agrees():
     q = torch.softmax(torch.randn(2, 100, generator=torch.Generator().manual_seed(104)) * 1.5, -1)[None]
-    out = both(lambda backend: TypicalAcceptanceSampler(1.0, 2.330611472490791, backend=backend),
-               lambda s: s(q, torch.tensor([[0]]), None, torch.tensor([[31]])))
+    out = both(
+        lambda backend: TypicalAcceptanceSampler(1.0, 2.330611472490791, backend=backend),
+        lambda s: s(q, torch.tensor([[0]]), None, torch.tensor([[31]])),
+    )
     assert out.tolist() == [[31, 0]]  # q(31) = 0.0434 is above the float64 threshold
 
 
@@ -271,8 +342,10 @@ def test_typical_300_constructed_near_ties_agree():
     bonus = torch.zeros(1, 1, dtype=torch.long)
     mismatches = []
     for i in range(n):
-        outs = [TypicalAcceptanceSampler(1.0, float(alpha[i]), backend=b)(rows[i : i + 1], bonus, None, x[i].view(1, 1))
-                for b in BACKENDS]
+        outs = [
+            TypicalAcceptanceSampler(1.0, float(alpha[i]), backend=b)(rows[i : i + 1], bonus, None, x[i].view(1, 1))
+            for b in BACKENDS
+        ]
         if not torch.equal(*outs):
             mismatches.append((i, outs))
     assert mismatches == []
@@ -294,14 +367,21 @@ def test_meta_tensors(cls):
 
 def test_huge_max_spec_len_is_rejected_before_allocating():
     with pytest.raises(SpecSamplerInputError, match=r"max_spec_len: expected an int in \[0, 1024\], got 1099511627776"):
-        RejectionSampler().forward_ragged(torch.full((1, 5), 0.2), torch.tensor([0]), None, torch.tensor([0]),
-                                          torch.tensor([1]), 2**40)
+        RejectionSampler().forward_ragged(
+            torch.full((1, 5), 0.2), torch.tensor([0]), None, torch.tensor([0]), torch.tensor([1]), 2**40
+        )
 
 
 def test_strict_errors_name_the_element():
     q, p, ids, bonus = probs_case()
     ids[2, 1] = 99
-    with pytest.raises(SpecSamplerInputError, match=r"draft_token_ids: expected token ids in \[0, 16\), got id 99 at \[2, 1\]"):
+    with pytest.raises(
+        SpecSamplerInputError, match=r"draft_token_ids: expected token ids in \[0, 16\), got id 99 at \[2, 1\]"
+    ):
         RejectionSampler(strict_mode=True)(q, bonus, p, ids)
-    with pytest.raises(SpecSamplerInputError, match=r"temperature: expected finite values >= 0 \(0 = greedy\), got nan at \[1\]"):
-        RejectionSampler(strict_mode=True).forward_from_logits(q, bonus, p, ids.clamp(max=15), torch.tensor([1.0, float("nan"), 1.0]))
+    with pytest.raises(
+        SpecSamplerInputError, match=r"temperature: expected finite values >= 0 \(0 = greedy\), got nan at \[1\]"
+    ):
+        RejectionSampler(strict_mode=True).forward_from_logits(
+            q, bonus, p, ids.clamp(max=15), torch.tensor([1.0, float("nan"), 1.0])
+        )

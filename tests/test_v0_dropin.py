@@ -113,8 +113,11 @@ def test_create_output_matches_v0_on_non_prefix_acceptance_and_missing_last_draf
 @pytest.mark.parametrize("cls", [RejectionSampler, TypicalAcceptanceSampler])
 def test_v0_strict_mode_accepts_unnormalised_targets_and_rejects_bad_ids(cls):
     target, bonus, draft, ids = rand_inputs(2)
-    make = (lambda **kw: cls(strict_mode=True, use_flashinfer=True, **kw)) if cls is RejectionSampler else (
-        lambda **kw: cls(0.03, 0.9, strict_mode=True, **kw))
+    make = (
+        (lambda **kw: cls(strict_mode=True, use_flashinfer=True, **kw))
+        if cls is RejectionSampler
+        else (lambda **kw: cls(0.03, 0.9, strict_mode=True, **kw))
+    )
     sampler = make()
     sampler.init_tensors("cpu")
     out = sampler(target, bonus, draft, ids)  # V0's tests feed torch.rand targets in strict mode

@@ -39,7 +39,8 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # scaled_exp(m, m_new) rescales the running sum: 0 while it is empty (no NaN from
         # -inf - -inf), 0 for finite entries once a +inf entry appears, 1 between +inf maxima
-        s = s * scaled_exp(m, m_new, temp, PRECISE) + tl.sum(tl.where(mask, scaled_exp(x, m_new, temp, PRECISE), 0.0), axis=0)
+        e = tl.where(mask, scaled_exp(x, m_new, temp, PRECISE), 0.0)
+        s = s * scaled_exp(m, m_new, temp, PRECISE) + tl.sum(e, axis=0)
         m = m_new
         best, best_idx = fold_argmax(x, start, best, best_idx)
     return m, s, best, best_idx
