@@ -31,7 +31,7 @@ def _grid() -> list[tuple[int, int]]:
     return [(b, v) for v in Vs for b in Bs]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bandwidth(device: torch.device) -> float:
     return so.copy_bandwidth(device)
 
@@ -43,8 +43,12 @@ def _inputs(B: int, V: int, device: torch.device) -> dict[str, torch.Tensor]:
 
 #: chain_speculative_sampling has no sort-based PyTorch counterpart (benchmarks/test_verification.py
 #: times the rejection-sampling baselines)
-CASES = [(op, impl) for op in so.OPS for impl in ("ours", "torch", "flashinfer")
-         if not (op == "chain_speculative_sampling" and impl == "torch")]
+CASES = [
+    (op, impl)
+    for op in so.OPS
+    for impl in ("ours", "torch", "flashinfer")
+    if not (op == "chain_speculative_sampling" and impl == "torch")
+]
 
 
 @pytest.mark.parametrize("op, impl", CASES, ids=[f"{o}-{i}" for o, i in CASES])
@@ -73,4 +77,6 @@ def test_sampling_op(benchmark, op, impl, shape):
     stats = getattr(benchmark, "stats", None)
     if stats is not None and getattr(stats, "stats", None) is not None:
         median = stats.stats.median
-        benchmark.extra_info.update({"gbps": nbytes / median / 1e9, "floor_share": nbytes / _bandwidth(device) / median})
+        benchmark.extra_info.update(
+            {"gbps": nbytes / median / 1e9, "floor_share": nbytes / _bandwidth(device) / median}
+        )

@@ -62,24 +62,39 @@ first, so u is a monotone function of n, lies in [UNIFORM_MIN, UNIFORM_MAX] = [2
   probabilities by < 1e-6 relative; (iii) one rounding of each key (2**-24 relative).
   The old 24-bit exponentials capped at 16.6 and bottomed at 6e-8, so tokens below 3.6e-9 of
   the largest weight never won.
-* Keys are (w * RACE_SCALE) / E with RACE_SCALE = 2**32: every positive fp32 weight, subnormal
+* Keys are w * (RACE_SCALE / E) with RACE_SCALE = 2**32 (one correctly rounded division per
+  element, shared by every race over that element): every positive fp32 weight, subnormal
   ones included (2**-149 * 2**32 / 16.64 > 2**-126), gives a positive normal key, so a row
   whose only mass is subnormal still emits its supported token, and zero weights never win
   against positive ones. Keys stay finite for weights <= 2**31 (probabilities are <= 1).
 
 Cost
 ----
-Per Philox call: 10 rounds x 2 (32x32 -> 64-bit) multiplies = 20 wide multiplies (IMAD.WIDE,
-i.e. 40 32-bit multiplies: 20 mul.lo + 20 mul.hi) and 20 three-input XORs, for 4 words. The
-recovery pass uses 2 words per vocabulary element: 10 wide multiplies (20 32-bit multiply
-results) + 10 XORs + ~12 integer ops for the fp32 conversion per element, plus log1p and one
-division. On H100 (64 integer multiply-adds per clock per SM, 132 SMs, ~1.8 GHz: ~15e12 32-bit
-multiplies/s) that is ~0.75e12 elements/s from the multiplier alone, against 0.84e12
-elements/s that 3.35 TB/s delivers at bf16 with a draft row (4 bytes/element) and 0.42e12 at
-fp32 (8 bytes/element); H200 (4.8 TB/s): 1.2e12 bf16 elements/s. So at fp32 the recovery pass
-stays memory-bound with ~2x headroom; at bf16 the generator is at the same order as the memory
-floor (an estimate: no GPU was at hand to measure, see benchmarks/gpu_check.py). CPU (PyTorch
-path): see ``benchmarks/test_verification.py::test_rng_throughput``.
+One Philox call = 10 rounds x 2 (32 x 32 -> 64-bit) products = 40 32-bit multiplies (20 mul.lo,
+20 mul.hi: IMAD / IMAD.HI) and 20 three-input XORs (LOP3), for 4 words. The recovery pass spends
+2 words per vocabulary element, so per element: 20 integer multiplies + 10 XORs, ~12 integer ops
+and 3 int->fp32 conversions for the uniform, log1p (~15 instructions), one division (~10) shared
+by the residual and q races, then 2 multiplies and the argmax folds: ~45 instructions of
+generator in ~90 per element.
+
+GPU (estimate; no GPU was at hand for this measurement): H100 SXM has 132 SMs x ~1.8 GHz x 64
+integer multiplies per clock per SM = ~15e12 multiplies/s, i.e. ~0.75e12 elements/s from the
+multiplier alone, and 128 issued lane-instructions per clock per SM = ~30e12/s, i.e. ~0.33e12
+elements/s at ~90 instructions per element. The byte floor of the pass (one q row and one p row
+per request) delivers 0.84e12 elements/s at bf16 (4 bytes/element at 3.35 TB/s; H200 at 4.8
+TB/s: 1.2e12) and 0.42e12 at fp32. So the multiplies alone fit under the fp32 floor and come
+close to the bf16 one, but by instruction count the pass is issue-bound by up to ~2.5x (H100) /
+~3.6x (H200) at bf16 and ~1.3x at fp32: ~30 us instead of ~12 us for B = 64 rows of a 152k
+vocabulary at bf16. (The lowbias32 hash it replaces, 4 multiplies and ~60 instructions per
+element, was issue-bound at bf16 by the same estimate, ~1.7x.) ``benchmarks/test_rng.py``
+(``race_triton``: the generator's own rate, reported as the bf16 bandwidth it can feed) measures
+this on a GPU. If the measurement confirms it, Philox4x32-7 (the fewest rounds Random123 reports
+as Crush-resistant) would cut the generator's share by 30%.
+
+CPU (PyTorch path, 1 thread, busy 2-core machine, ``benchmarks/test_rng.py``): Philox as separate
+int64 tensor ops makes ~7e6 words/s (~280 ns per element), which is why the CPU race runs as one
+torch.compile'd loop (:func:`recovery_race`): ~130e6 words/s, ~15 ns per element including the
+exponential, the key and the argmax.
 """
 
 from __future__ import annotations
@@ -132,7 +147,7 @@ UNIFORM_CDF_REL_ERR = 2.0**-23
 #: smallest and largest exponential (E = -log1p(-u))
 EXP_MIN = 2.0**-64
 EXP_MAX = 24 * math.log(2.0)
-#: keys are (weight * RACE_SCALE) / E: subnormal weights give normal keys
+#: keys are weight * (RACE_SCALE / E): subnormal weights give normal keys
 RACE_SCALE = 2.0**32
 #: bound on the relative error of a race win probability, relative weights >= 1e-12
 RACE_TAIL_REL_ERR = 1e-6
@@ -277,7 +292,7 @@ def recover_exponentials(
 
 
 def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x (weights[x] * RACE_SCALE) / E[x], a sample of weights / sum.
+    """Exponential race: argmax_x weights[x] * (RACE_SCALE / E[x]), a sample of weights / sum.
 
     weights: [N, V] fp32 >= 0 (finite); exponentials: [N, V] fp32 in [EXP_MIN, EXP_MAX]. The
     scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
@@ -288,7 +303,9 @@ def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
         >>> race(torch.tensor([[0.0, 1.4e-45, 0.0]]), torch.ones(1, 3)).tolist()
         [1]
     """
-    return torch.argmax((weights * RACE_SCALE) / exponentials, dim=-1)
+    # a tensor numerator: `scalar / tensor` would be reciprocal-then-multiply (two roundings)
+    scale = torch.full((), RACE_SCALE, dtype=exponentials.dtype, device=exponentials.device)
+    return torch.argmax(weights * (scale / exponentials), dim=-1)
 
 
 def _race_eager(

@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 
 from spec_samplers import rng
-
 from spec_samplers.rng import STREAM_ROW_SEED, STREAM_SAMPLE  # numbered in rng, with every other stream
 
 
@@ -88,8 +87,11 @@ def sample_race(
     failed compile falls back to the eager path)."""
     global _compiled_race, _compile_failed
     use_compiled = (
-        weights.device.type == "cpu" and weights.numel() >= rng.COMPILE_MIN_ELEMENTS and not _compile_failed
-        and os.environ.get(rng.COMPILE_ENV, "1") != "0" and not torch.compiler.is_compiling()
+        weights.device.type == "cpu"
+        and weights.numel() >= rng.COMPILE_MIN_ELEMENTS
+        and not _compile_failed
+        and os.environ.get(rng.COMPILE_ENV, "1") != "0"
+        and not torch.compiler.is_compiling()
     )
     if use_compiled:
         try:
@@ -100,7 +102,9 @@ def sample_race(
             _compile_failed = True
             warnings.warn(
                 f"spec_samplers.rng_sampling: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
-                "using the eager path", RuntimeWarning, stacklevel=2,
+                "using the eager path",
+                RuntimeWarning,
+                stacklevel=2,
             )
     return _race_eager(weights, seeds, offsets)
 

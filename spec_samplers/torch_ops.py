@@ -9,8 +9,8 @@ from spec_samplers import rng
 
 def clean_probs(x: torch.Tensor) -> torch.Tensor:
     """fp32 copy of x with NaN, Inf and negative entries set to 0 (non-strict safety)."""
-    x = x.to(torch.float32)
-    return torch.where(torch.isfinite(x) & (x > 0), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    # two passes instead of isfinite/gt/and/where's seven (this runs on [B, V] rows)
+    return x.to(torch.float32).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0.0)
 
 
 def valid_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

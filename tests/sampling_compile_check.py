@@ -40,8 +40,16 @@ def record_launches() -> list:
             if joint and not (use_k and use_p):
                 continue
             sl.sample_triton(
-                x=x, rows=rows, seeds=seeds, offsets=seeds, logits=logits, top_k=k if use_k else None,
-                top_p=p if use_p else None, min_p=p if use_m else None, joint=joint, split=split,
+                x=x,
+                rows=rows,
+                seeds=seeds,
+                offsets=seeds,
+                logits=logits,
+                top_k=k if use_k else None,
+                top_p=p if use_p else None,
+                min_p=p if use_m else None,
+                joint=joint,
+                split=split,
             )
         for out_dtype in (torch.float32, dtype):
             sl.renorm_triton(probs=x, top_k=k, out_dtype=out_dtype, split=split)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import triton
 import triton.language as tl
+from conftest import DEVICE  # noqa: E402
 
 from spec_samplers import rng
 from spec_samplers.kernels.backend import interpreting
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
-from conftest import DEVICE
 
 
 @triton.jit
@@ -78,7 +77,8 @@ def test_uniform_conversion_matches_at_the_edges():
     a = [0, 0, 0, 1, 255, 256, 2**24 - 1, 2**24, 2**24 + 1, 2**31, M32 - 128, M32 - 127, M32, M32]
     b = [0, 1, M32, 0, M32, 0, M32, 2**31, 2**16, 123, M32, 0, 0, M32]
     g = torch.Generator().manual_seed(5)
-    a = torch.tensor(a + torch.randint(0, 2**32, (50,), generator=g).tolist() + torch.randint(0, 300, (50,), generator=g).tolist())
+    a = torch.tensor(a + torch.randint(0, 2**32, (50,), generator=g).tolist()
+                     + torch.randint(0, 300, (50,), generator=g).tolist())
     b = torch.tensor(b + torch.randint(0, 2**32, (100,), generator=g).tolist())
     out = torch.empty(a.shape[0], dtype=torch.float32, device=DEVICE)
     _uniform_kernel[(triton.cdiv(a.shape[0], 64),)](a.to(DEVICE), b.to(DEVICE), out, a.shape[0], BLOCK=64)

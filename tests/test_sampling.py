@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 import spec_samplers.sampling as sampling
 from spec_samplers.errors import SpecSamplerInputError
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.reference import rejection_reference
 from spec_samplers.sampling import reference as ref
-from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 N = 24000  # draws per call (split over the cases of the call)
 
@@ -30,8 +30,12 @@ SKEWED = [0.05, 0.6, 0.05, 0.05, 0.1, 0.1, 0.01, 0.01, 0.01, 0.02]
 
 
 def expected_kept(
-    p: torch.Tensor, top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-    joint: bool = False, order: torch.Tensor | None = None,
+    p: torch.Tensor,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    joint: bool = False,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[V] bool from the definitions (float64; ``order``: the values top-k ranks, default p)."""
     p = p.double()
@@ -60,7 +64,8 @@ def check_cases(tokens: torch.Tensor, case_of_output: torch.Tensor, laws: list[t
     for c, expected in enumerate(laws):
         got = tokens[case_of_output == c].to(torch.int64)
         pval = chi2_pvalue(got, expected)
-        assert pval > CHI2_ALPHA, f"case {c}: chi-square p = {pval:.2e}, counts {torch.bincount(got, minlength=expected.numel()).tolist()}, expected {expected.tolist()}"
+        counts = torch.bincount(got, minlength=expected.numel()).tolist()
+        assert pval > CHI2_ALPHA, f"case {c}: chi-square p = {pval:.2e}, counts {counts}, expected {expected.tolist()}"
 
 
 def batch_of_cases(rows: list[list[float]], num_cases: int, dtype=torch.float32):
@@ -97,7 +102,9 @@ def test_sampling_from_logits_distribution():
     case = torch.arange(N) % 2
     tokens = sampling.sampling_from_logits(logits, indices=case, seed=123, offset=5)
     assert tokens.dtype == torch.int64  # the dtype of indices
-    check_cases(tokens, case, [law(torch.softmax(logits[c].double(), -1), torch.ones(10, dtype=torch.bool)) for c in range(2)])
+    check_cases(
+        tokens, case, [law(torch.softmax(logits[c].double(), -1), torch.ones(10, dtype=torch.bool)) for c in range(2)]
+    )
 
 
 @pytest.mark.parametrize("scalar", [False, True])
@@ -116,7 +123,9 @@ def test_top_p_distribution():
     ps = [0.4, 0.75, 0.65, 0.3]  # TIED 0.4: {0.3, 0.2, 0.2} (the tie stays); 0.75: + the 0.1 pair
     case = torch.arange(N) % 4
     seeds, offsets = seeds_for(N, 3)
-    tokens = sampling.top_p_sampling_from_probs(probs, per_output(ps, case, torch.float32), indices=case, seed=seeds, offset=offsets)
+    tokens = sampling.top_p_sampling_from_probs(
+        probs, per_output(ps, case, torch.float32), indices=case, seed=seeds, offset=offsets
+    )
     check_cases(tokens, case, [law(probs[c], expected_kept(probs[c], top_p=ps[c])) for c in range(4)])
     assert expected_kept(probs[0], top_p=0.4).sum() == 3 and expected_kept(probs[1], top_p=0.75).sum() == 5
 
@@ -126,7 +135,9 @@ def test_min_p_distribution():
     mps = [0.5, 0.1, 1.0]  # TIED: >= 0.15 -> {0.3, 0.2, 0.2}; SKEWED: >= 0.06; FLAT: all 8 tied at the max
     case = torch.arange(N) % 3
     seeds, offsets = seeds_for(N, 4)
-    tokens = sampling.min_p_sampling_from_probs(probs, per_output(mps, case, torch.float32), indices=case, seed=seeds, offset=offsets)
+    tokens = sampling.min_p_sampling_from_probs(
+        probs, per_output(mps, case, torch.float32), indices=case, seed=seeds, offset=offsets
+    )
     check_cases(tokens, case, [law(probs[c], expected_kept(probs[c], min_p=mps[c])) for c in range(3)])
 
 
@@ -137,8 +148,13 @@ def test_top_k_top_p_from_probs_distribution(order):
     case = torch.arange(N) % 3
     seeds, offsets = seeds_for(N, 5)
     tokens = sampling.top_k_top_p_sampling_from_probs(
-        probs, per_output(ks, case, torch.int64), per_output(ps, case, torch.float32), indices=case,
-        filter_apply_order=order, seed=seeds, offset=offsets,
+        probs,
+        per_output(ks, case, torch.int64),
+        per_output(ps, case, torch.float32),
+        indices=case,
+        filter_apply_order=order,
+        seed=seeds,
+        offset=offsets,
     )
     joint = order == "joint"
     laws = [law(probs[c], expected_kept(probs[c], top_k=ks[c], top_p=ps[c], joint=joint)) for c in range(3)]
@@ -147,13 +163,19 @@ def test_top_k_top_p_from_probs_distribution(order):
 
 @pytest.mark.parametrize("order", ["top_k_first", "joint"])
 def test_top_k_top_p_from_logits_distribution(order):
-    logits = torch.tensor([[2.0, 1.0, 1.0, 0.5, 0.5, 0.0, -1.0, float("-inf")],
-                           [0.0, 3.0, 0.0, 1.0, 2.0, 2.0, -2.0, 1.0]])
+    logits = torch.tensor(
+        [[2.0, 1.0, 1.0, 0.5, 0.5, 0.0, -1.0, float("-inf")], [0.0, 3.0, 0.0, 1.0, 2.0, 2.0, -2.0, 1.0]]
+    )
     ks, ps = [3, 4], [0.6, 0.9]
     case = torch.arange(N) % 2
     tokens = sampling.top_k_top_p_sampling_from_logits(
-        logits, per_output(ks, case, torch.int32), per_output(ps, case, torch.float64), indices=case,
-        filter_apply_order=order, seed=99, offset=1,
+        logits,
+        per_output(ks, case, torch.int32),
+        per_output(ps, case, torch.float64),
+        indices=case,
+        filter_apply_order=order,
+        seed=99,
+        offset=1,
     )
     laws = []
     for c in range(2):
@@ -213,14 +235,18 @@ def test_renorm_then_sample_is_the_fused_op():
 
 
 def test_top_k_mask_logits_exact():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, float("nan"), -1.0],
-                           [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                           [float("-inf"), 5.0, float("-inf"), float("inf"), 1.0, 2.0]])
+    logits = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 2.0, float("nan"), -1.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [float("-inf"), 5.0, float("-inf"), float("inf"), 1.0, 2.0],
+        ]
+    )
     out = sampling.top_k_mask_logits(logits, torch.tensor([2, 1, 3]))
     inf = float("inf")
-    expected = torch.tensor([[-inf, 3.0, 3.0, -inf, -inf, -inf],
-                             [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                             [-inf, 5.0, -inf, inf, -inf, 2.0]])
+    expected = torch.tensor(
+        [[-inf, 3.0, 3.0, -inf, -inf, -inf], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [-inf, 5.0, -inf, inf, -inf, 2.0]]
+    )
     assert torch.equal(out, expected)
     half = sampling.top_k_mask_logits(logits.half(), 2)
     assert half.dtype == torch.float16 and torch.equal(half.float()[0], expected[0])
@@ -253,7 +279,9 @@ def test_per_row_seeds_do_not_depend_on_neighbours():
     permuted = sampling.top_p_sampling_from_probs(probs[perm], top_p[perm], seed=seeds[perm], offset=offsets[perm])
     assert torch.equal(permuted, batch[perm])
     for b in range(6):
-        alone = sampling.top_p_sampling_from_probs(probs, top_p[b : b + 1], indices=torch.tensor([b]), seed=seeds[b : b + 1], offset=offsets[b : b + 1])
+        alone = sampling.top_p_sampling_from_probs(
+            probs, top_p[b : b + 1], indices=torch.tensor([b]), seed=seeds[b : b + 1], offset=offsets[b : b + 1]
+        )
         assert int(alone) == int(batch[b])
     # a neighbour's data changes nothing
     other = probs.clone()
@@ -269,7 +297,9 @@ def test_scalar_seed_rows_are_distinct_streams():
     assert torch.equal(a, b)
     c = sampling.sampling_from_probs(probs, indices=torch.zeros(64, dtype=torch.int64), seed=5, offset=1)
     assert (a != c).sum() > 50
-    one = sampling.sampling_from_probs(probs, indices=torch.zeros(64, dtype=torch.int64), seed=torch.tensor([5]), offset=torch.tensor([0]))
+    one = sampling.sampling_from_probs(
+        probs, indices=torch.zeros(64, dtype=torch.int64), seed=torch.tensor([5]), offset=torch.tensor([0])
+    )
     assert torch.equal(one, a)  # a length-1 tensor is FlashInfer's scalar form
 
 
@@ -314,12 +344,21 @@ def test_chain_speculative_sampling_is_the_rejection_sampler():
     out, acc2, emi2 = sampling.chain_speculative_sampling(draft, ids, target, acc, emi, seed=seeds, offset=offsets)
     assert out.dtype == torch.int32 and out.shape == (B, n + 1) and acc2 is acc and emi2 is emi
     bonus = torch.full((B, 1), -1)
-    assert torch.equal(out, rejection_reference(VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=offsets)).to(torch.int32))
+    assert torch.equal(
+        out,
+        rejection_reference(VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=offsets)).to(
+            torch.int32
+        ),
+    )
     emitted = (out != -1).sum(1) - 1
     assert torch.equal(emi - 20, emitted.to(torch.int32))
     assert bool(((acc - 10) >= emitted).all()) and bool(((acc - 10) <= n).all())
     # the accepted prefix is accepted; where a draft was rejected, accepted - emitted counts later passes
-    assert bool((out[:, :n][torch.arange(n)[None, :] < emitted[:, None]] == ids[torch.arange(n)[None, :] < emitted[:, None]]).all())
+    assert bool(
+        (
+            out[:, :n][torch.arange(n)[None, :] < emitted[:, None]] == ids[torch.arange(n)[None, :] < emitted[:, None]]
+        ).all()
+    )
 
 
 def test_chain_counters_have_flashinfer_meaning():
@@ -332,11 +371,18 @@ def test_chain_counters_have_flashinfer_meaning():
     a = torch.minimum(p, q[:n]).sum(-1).double()  # acceptance per position
     draft = p.expand(rows, n, V)
     ids = torch.stack([torch.multinomial(p[i], rows, replacement=True, generator=g) for i in range(n)], 1)
-    out, acc, emi = sampling.chain_speculative_sampling(draft, ids, q.expand(rows, n + 1, V), seed=torch.arange(rows), offset=torch.zeros(rows, dtype=torch.int64))
-    for got, want in ((acc.double().mean() / n, float(a.mean())), (emi.double().mean() / n, float(sum(torch.cumprod(a, 0))) / n)):
+    out, acc, emi = sampling.chain_speculative_sampling(
+        draft, ids, q.expand(rows, n + 1, V), seed=torch.arange(rows), offset=torch.zeros(rows, dtype=torch.int64)
+    )
+    for got, want in (
+        (acc.double().mean() / n, float(a.mean())),
+        (emi.double().mean() / n, float(sum(torch.cumprod(a, 0))) / n),
+    ):
         assert abs(float(got) - want) < binomial_bound(want, rows * n) * 2, (float(got), want)
     # all drafts accepted (p = q): the last token is a sample of the bonus row q[n]
-    out, acc, emi = sampling.chain_speculative_sampling(q[:n].expand(rows, n, V), ids, q.expand(rows, n + 1, V), seed=3, offset=0)
+    out, acc, emi = sampling.chain_speculative_sampling(
+        q[:n].expand(rows, n, V), ids, q.expand(rows, n + 1, V), seed=3, offset=0
+    )
     assert bool((emi == n).all()) and bool((acc == n).all())
     assert chi2_pvalue(out[:, n].long(), q[n]) > CHI2_ALPHA
 
@@ -368,13 +414,26 @@ def test_chain_counters_have_flashinfer_meaning():
         (lambda p: sampling.sampling_from_probs(p, seed=1, offset=torch.zeros(5, dtype=torch.int64)), "offset"),
         (lambda p: sampling.sampling_from_probs(p, seed=2**64), "seed"),
         (lambda p: sampling.sampling_from_probs(p, generator=3), "generator"),
-        (lambda p: sampling.top_k_top_p_sampling_from_probs(p, 2, 0.9, filter_apply_order="top_p_first"), "filter_apply_order"),
+        (
+            lambda p: sampling.top_k_top_p_sampling_from_probs(p, 2, 0.9, filter_apply_order="top_p_first"),
+            "filter_apply_order",
+        ),
         (lambda p: sampling.softmax(p, temperature=-1.0), "temperature"),
         (lambda p: sampling.softmax(p, temperature=torch.ones(3)), "temperature"),
-        (lambda p: sampling.chain_speculative_sampling(p[:, None], torch.zeros(2, 1, dtype=torch.int64), p[:, None]), "target_probs"),
-        (lambda p: sampling.chain_speculative_sampling(p[:, None], torch.zeros(2, 1), p[:, None].expand(2, 2, 4)), "draft_token_ids"),
-        (lambda p: sampling.chain_speculative_sampling(
-            p[:, None], torch.zeros(2, 1, dtype=torch.int64), p[:, None].expand(2, 2, 4), torch.zeros(3)), "maybe_output_accepted_token_num"),
+        (
+            lambda p: sampling.chain_speculative_sampling(p[:, None], torch.zeros(2, 1, dtype=torch.int64), p[:, None]),
+            "target_probs",
+        ),
+        (
+            lambda p: sampling.chain_speculative_sampling(p[:, None], torch.zeros(2, 1), p[:, None].expand(2, 2, 4)),
+            "draft_token_ids",
+        ),
+        (
+            lambda p: sampling.chain_speculative_sampling(
+                p[:, None], torch.zeros(2, 1, dtype=torch.int64), p[:, None].expand(2, 2, 4), torch.zeros(3)
+            ),
+            "maybe_output_accepted_token_num",
+        ),
     ],
 )
 def test_bad_input_names_the_argument(call, argument):
@@ -408,7 +467,14 @@ def test_fast_cpu_path_matches_the_definition():
     m = torch.rand(2 * B, generator=g) * 0.3
     for logits in (False, True):
         xx = torch.log(x) if logits else x
-        for kw in (dict(), dict(top_k=k), dict(top_p=p), dict(min_p=m), dict(top_k=k, top_p=p), dict(top_k=k, top_p=p, joint=True)):
+        for kw in (
+            dict(),
+            dict(top_k=k),
+            dict(top_p=p),
+            dict(min_p=m),
+            dict(top_k=k, top_p=p),
+            dict(top_k=k, top_p=p, joint=True),
+        ):
             slow = ref.sample_reference(xx, rows, seeds, offsets, logits, **kw, fast=False)
             fast = ref.sample_reference(xx, rows, seeds, offsets, logits, **kw, fast=True)
             assert torch.equal(slow[0], fast[0]) and torch.equal(slow[1], fast[1]), (logits, list(kw))

@@ -79,8 +79,10 @@ def test_sample_kernel_equals_reference(filters, logits, split):
     top_k, top_p, min_p, seeds, offsets = _params(B, V, seed=3)
     rows = torch.tensor([0, 3, 1, 2], device=DEVICE)
     kw = dict(
-        top_k=top_k if filters.get("top_k") else None, top_p=top_p if filters.get("top_p") else None,
-        min_p=min_p if filters.get("min_p") else None, joint=bool(filters.get("joint")),
+        top_k=top_k if filters.get("top_k") else None,
+        top_p=top_p if filters.get("top_p") else None,
+        min_p=min_p if filters.get("min_p") else None,
+        joint=bool(filters.get("joint")),
     )
     want = ref.sample_reference(x, rows, seeds, offsets, logits, **kw, fast=False)
     got = sl.sample_triton(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, split=_split(V, B, split), **kw)
@@ -94,7 +96,9 @@ def test_sample_kernel_half_precision_and_indices(dtype):
     top_k, top_p, _, seeds, offsets = _params(4, V, seed=4)
     rows = torch.tensor([2, 0, 7, -1], device=DEVICE)  # out-of-range rows read nothing
     want = ref.sample_reference(x, rows, seeds, offsets, False, top_k=top_k, top_p=top_p, fast=False)
-    got = sl.sample_triton(x=x, rows=rows, seeds=seeds, offsets=offsets, top_k=top_k, top_p=top_p, split=_split(V, 4, SPLITS[0]))
+    got = sl.sample_triton(
+        x=x, rows=rows, seeds=seeds, offsets=offsets, top_k=top_k, top_p=top_p, split=_split(V, 4, SPLITS[0])
+    )
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert got[0][2:].tolist() == [-1, -1]
 
@@ -125,7 +129,15 @@ def test_pivot_search_finds_the_exact_threshold(kind):
     for kw in (dict(top_k=top_k), dict(top_p=top_p), dict(top_k=top_k, top_p=top_p)):
         want, want_mass = ref.filter_threshold(values, weights, kw.get("top_k"), kw.get("top_p"), None, fast=False)
         got, _, got_mass = sl.thresholds_triton(
-            xs, rows, logits, kw.get("top_k"), kw.get("top_p"), None, False, split, need_kept_mass=len(kw) == 1,
+            xs,
+            rows,
+            logits,
+            kw.get("top_k"),
+            kw.get("top_p"),
+            None,
+            False,
+            split,
+            need_kept_mass=len(kw) == 1,
         )
         assert torch.equal(got, want), (kw.keys(), got, want)
         if len(kw) == 1:
@@ -144,7 +156,9 @@ def test_search_needs_at_most_max_passes():
     for k in range(1, V + 1):
         top_k = torch.tensor([k], device=DEVICE)
         want, _ = ref.filter_threshold(values, weights, top_k, None, None)
-        got, _, _ = sl.thresholds_triton(x, torch.zeros(1, dtype=torch.int64, device=DEVICE), True, top_k, None, None, False, _split(V, 1, SPLITS[1]))
+        got, _, _ = sl.thresholds_triton(
+            x, torch.zeros(1, dtype=torch.int64, device=DEVICE), True, top_k, None, None, False, _split(V, 1, SPLITS[1])
+        )
         assert torch.equal(got, want), k
 
 
@@ -156,9 +170,14 @@ def test_renorm_and_mask_kernels_are_exact(dtype, split):
     logits = _rows("logits", B, V, seed=8, dtype=dtype)
     top_k, top_p, _, _, _ = _params(B, V, seed=5)
     s = _split(V, B, split)
-    assert torch.equal(sl.renorm_triton(probs=probs, top_k=top_k, out_dtype=dtype, split=s), ref.renorm_reference(probs, top_k, None, dtype))
+    assert torch.equal(
+        sl.renorm_triton(probs=probs, top_k=top_k, out_dtype=dtype, split=s),
+        ref.renorm_reference(probs, top_k, None, dtype),
+    )
     assert torch.equal(sl.renorm_triton(probs=probs, top_p=top_p, split=s), ref.renorm_reference(probs, None, top_p))
-    assert torch.equal(sl.mask_logits_triton(logits=logits, top_k=top_k, split=s), ref.mask_logits_reference(logits, top_k))
+    assert torch.equal(
+        sl.mask_logits_triton(logits=logits, top_k=top_k, split=s), ref.mask_logits_reference(logits, top_k)
+    )
 
 
 @pytest.mark.parametrize("split", SPLITS, ids=["split3", "split1"])
@@ -184,11 +203,15 @@ def test_public_api_backends_agree():
     calls = [
         lambda **b: sampling.sampling_from_probs(probs, seed=seeds, offset=offsets, return_valid=True, **b),
         lambda **b: sampling.sampling_from_logits(logits, indices=idx, seed=s4, offset=o4, **b),
-        lambda **b: sampling.top_k_sampling_from_probs(probs, torch.tensor([1, 5, 0], device=DEVICE), seed=7, offset=3, **b),
+        lambda **b: sampling.top_k_sampling_from_probs(
+            probs, torch.tensor([1, 5, 0], device=DEVICE), seed=7, offset=3, **b
+        ),
         lambda **b: sampling.top_p_sampling_from_probs(probs, 0.8, indices=idx, seed=s4, offset=o4, **b),
         lambda **b: sampling.min_p_sampling_from_probs(probs, 0.2, seed=seeds, offset=offsets, **b),
         lambda **b: sampling.top_k_top_p_sampling_from_logits(logits, 5, 0.9, seed=seeds, offset=offsets, **b),
-        lambda **b: sampling.top_k_top_p_sampling_from_probs(probs, 4, 0.6, filter_apply_order="joint", seed=seeds, offset=offsets, **b),
+        lambda **b: sampling.top_k_top_p_sampling_from_probs(
+            probs, 4, 0.6, filter_apply_order="joint", seed=seeds, offset=offsets, **b
+        ),
         lambda **b: sampling.top_k_renorm_probs(probs, 3, **b),
         lambda **b: sampling.top_p_renorm_probs(probs, 0.7, **b),
         lambda **b: sampling.top_k_mask_logits(logits, 4, **b),
@@ -196,13 +219,20 @@ def test_public_api_backends_agree():
     for i, call in enumerate(calls):
         a, b = call(backend="triton"), call(backend="torch")
         a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
-        assert all(torch.equal(x, y) for x, y in zip(a, b)), i
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), i
     d = torch.softmax(torch.randn(B, 2, V), -1).to(DEVICE)
     t = torch.softmax(torch.randn(B, 3, V), -1).to(DEVICE)
     ids = torch.randint(0, V, (B, 2), device=DEVICE)
     a = sampling.chain_speculative_sampling(d, ids, t, seed=seeds, offset=offsets, backend="triton")
     b = sampling.chain_speculative_sampling(d, ids, t, seed=seeds, offset=offsets, backend="torch")
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_gpu_check_hook_runs():
+    """bench.sampling_ops.check_backends_agree (what gpu_check can call at real sizes) on a tiny shape."""
+    from spec_samplers.bench.sampling_ops import check_backends_agree
+
+    assert check_backends_agree(DEVICE, 2, 64) == []
 
 
 def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
@@ -214,7 +244,10 @@ def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("sampling_compile_check.py"))],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "compiled all sampling kernel variants" in proc.stdout

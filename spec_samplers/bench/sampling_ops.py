@@ -37,9 +37,17 @@ MIN_P = 0.05
 CHAIN_N = 4
 
 OPS = (
-    "softmax", "sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs",
-    "top_p_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_logits",
-    "top_k_top_p_sampling_from_probs", "top_p_renorm_probs", "top_k_renorm_probs", "top_k_mask_logits",
+    "softmax",
+    "sampling_from_probs",
+    "sampling_from_logits",
+    "top_k_sampling_from_probs",
+    "top_p_sampling_from_probs",
+    "min_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_renorm_probs",
+    "top_k_renorm_probs",
+    "top_k_mask_logits",
     "chain_speculative_sampling",
 )
 
@@ -99,7 +107,11 @@ def _inputs(B: int, V: int, device: torch.device, seed: int) -> dict[str, torch.
     target = torch.softmax(torch.randn(B, n + 1, V, generator=g) * 3.0, dim=-1).to(device)
     ids = torch.randint(0, V, (B, n), generator=g).to(device)
     return {
-        "logits": logits, "probs": probs, "draft": draft, "target": target, "ids": ids,
+        "logits": logits,
+        "probs": probs,
+        "draft": draft,
+        "target": target,
+        "ids": ids,
         "k": torch.full((B,), TOP_K, dtype=torch.int32, device=device),
         "p": torch.full((B,), TOP_P, dtype=torch.float32, device=device),
         "seed": torch.arange(B, dtype=torch.int64, device=device),
@@ -113,37 +125,62 @@ def _calls(op: str, x: dict[str, torch.Tensor], backend: str) -> tuple[Callable[
 
     probs, logits, k, p = x["probs"], x["logits"], x["k"], x["p"]
     B, V = probs.shape
-    rng = dict(seed=x["seed"], offset=x["offset"], backend=backend)
+    rng: dict[str, Any] = dict(seed=x["seed"], offset=x["offset"], backend=backend)
     read = B * V * probs.element_size()
     sample_bytes = read + B * 4
     table: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {
         "softmax": (lambda: s.softmax(logits, 1.0, backend=backend), lambda: torch.softmax(logits, dim=-1), 2 * read),
         "sampling_from_probs": (lambda: s.sampling_from_probs(probs, **rng), lambda: torch_race(probs), sample_bytes),
         "sampling_from_logits": (
-            lambda: s.sampling_from_logits(logits, **rng), lambda: torch_race(torch.softmax(logits, -1)), sample_bytes),
+            lambda: s.sampling_from_logits(logits, **rng),
+            lambda: torch_race(torch.softmax(logits, -1)),
+            sample_bytes,
+        ),
         "top_k_sampling_from_probs": (
-            lambda: s.top_k_sampling_from_probs(probs, k, **rng), lambda: torch_race(torch_top_k_probs(probs, k)), sample_bytes),
+            lambda: s.top_k_sampling_from_probs(probs, k, **rng),
+            lambda: torch_race(torch_top_k_probs(probs, k)),
+            sample_bytes,
+        ),
         "top_p_sampling_from_probs": (
-            lambda: s.top_p_sampling_from_probs(probs, p, **rng), lambda: torch_race(torch_top_p_probs(probs, p)), sample_bytes),
+            lambda: s.top_p_sampling_from_probs(probs, p, **rng),
+            lambda: torch_race(torch_top_p_probs(probs, p)),
+            sample_bytes,
+        ),
         "min_p_sampling_from_probs": (
             lambda: s.min_p_sampling_from_probs(probs, MIN_P, **rng),
-            lambda: torch_race(probs.masked_fill(probs < MIN_P * probs.amax(-1, keepdim=True), 0.0)), sample_bytes),
+            lambda: torch_race(probs.masked_fill(probs < MIN_P * probs.amax(-1, keepdim=True), 0.0)),
+            sample_bytes,
+        ),
         "top_k_top_p_sampling_from_logits": (
             lambda: s.top_k_top_p_sampling_from_logits(logits, k, p, **rng),
-            lambda: torch_race(torch.softmax(torch_top_k_top_p(logits, k, p), -1)), sample_bytes),
+            lambda: torch_race(torch.softmax(torch_top_k_top_p(logits, k, p), -1)),
+            sample_bytes,
+        ),
         "top_k_top_p_sampling_from_probs": (
             lambda: s.top_k_top_p_sampling_from_probs(probs, k, p, **rng),
-            lambda: torch_race(torch_top_p_probs(_renorm(torch_top_k_probs(probs, k)), p)), sample_bytes),
+            lambda: torch_race(torch_top_p_probs(_renorm(torch_top_k_probs(probs, k)), p)),
+            sample_bytes,
+        ),
         "top_p_renorm_probs": (
-            lambda: s.top_p_renorm_probs(probs, p, backend=backend), lambda: _renorm(torch_top_p_probs(probs, p)), 2 * read),
+            lambda: s.top_p_renorm_probs(probs, p, backend=backend),
+            lambda: _renorm(torch_top_p_probs(probs, p)),
+            2 * read,
+        ),
         "top_k_renorm_probs": (
-            lambda: s.top_k_renorm_probs(probs, k, backend=backend), lambda: _renorm(torch_top_k_probs(probs, k)), 2 * read),
+            lambda: s.top_k_renorm_probs(probs, k, backend=backend),
+            lambda: _renorm(torch_top_k_probs(probs, k)),
+            2 * read,
+        ),
         "top_k_mask_logits": (
             lambda: s.top_k_mask_logits(logits, k, backend=backend),
-            lambda: torch_top_k_top_p(logits, k, None), 2 * read),
+            lambda: torch_top_k_top_p(logits, k, None),
+            2 * read,
+        ),
         "chain_speculative_sampling": (
             lambda: s.chain_speculative_sampling(x["draft"], x["ids"], x["target"], **rng),
-            lambda: None, 2 * read),
+            lambda: None,
+            2 * read,
+        ),
     }
     return table[op]
 
@@ -212,7 +249,9 @@ def run(
                         progress(f"{op} B={B} V={V} {name}")
                     t = time_call(fn, device, min_time_s=min_time_s, min_repeats=1, warmup=1)["time_s"]
                     entry[name] = {
-                        "time_s": t, "gbps": nbytes / t / 1e9, "floor_share": nbytes / bandwidth / t,
+                        "time_s": t,
+                        "gbps": nbytes / t / 1e9,
+                        "floor_share": nbytes / bandwidth / t,
                     }
                 entries.append(entry)
                 synchronize(device)
@@ -233,11 +272,19 @@ def render(result: dict[str, Any]) -> str:
                 row += ["-", "-", "-"]
         row.append(f"{e['torch']['time_s'] / e['ours']['time_s']:.2f}x" if "torch" in e else "-")
         rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)] if rows else [len(h) for h in headers]
-    lines = ["  ".join(h.rjust(w) if i > 0 else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
+    widths = (
+        [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)] if rows else [len(h) for h in headers]
+    )
+    lines = [
+        "  ".join(h.rjust(w) if i > 0 else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))
+    ]
     for r in rows:
-        lines.append("  ".join(c.rjust(w) if i > 0 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    return f"copy bandwidth {result['bandwidth_gbps']:.1f} GB/s (floor share = bytes / bandwidth / time)\n" + "\n".join(lines)
+        lines.append(
+            "  ".join(c.rjust(w) if i > 0 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        )
+    return f"copy bandwidth {result['bandwidth_gbps']:.1f} GB/s (floor share = bytes / bandwidth / time)\n" + "\n".join(
+        lines
+    )
 
 
 def main(args: Any) -> int:
@@ -256,14 +303,30 @@ def main(args: Any) -> int:
     if args.quick:
         batch_sizes, vocabs = (1, 4), (2048,)
     start = time.perf_counter()
-    result = run(device, tuple(batch_sizes), tuple(vocabs), ops, min_time_s=min_time,
-                 progress=(lambda m: print(m, file=sys.stderr)) if args.progress else None)
+    result = run(
+        device,
+        tuple(batch_sizes),
+        tuple(vocabs),
+        ops,
+        min_time_s=min_time,
+        progress=(lambda m: print(m, file=sys.stderr)) if args.progress else None,
+    )
     document = {
         "schema": "spec-samplers-sampling-bench/1",
         "machine": report.machine_info(device),
-        "config": {"batch_sizes": list(batch_sizes), "vocabs": list(vocabs), "ops": list(ops), "min_time_s": min_time,
-                   "top_k": TOP_K, "top_p": TOP_P, "min_p": MIN_P, "chain_n": CHAIN_N, "threads": torch.get_num_threads(),
-                   "full": full, "wall_s": None},
+        "config": {
+            "batch_sizes": list(batch_sizes),
+            "vocabs": list(vocabs),
+            "ops": list(ops),
+            "min_time_s": min_time,
+            "top_k": TOP_K,
+            "top_p": TOP_P,
+            "min_p": MIN_P,
+            "chain_n": CHAIN_N,
+            "threads": torch.get_num_threads(),
+            "full": full,
+            "wall_s": None,
+        },
         **result,
     }
     document["config"]["wall_s"] = round(time.perf_counter() - start, 1)
@@ -272,3 +335,24 @@ def main(args: Any) -> int:
         report.write_json(args.json, document)
         print(f"\nwrote {args.json}")
     return 0
+
+
+def check_backends_agree(device: torch.device, batch_size: int, vocab_size: int, seed: int = 0) -> list[str]:
+    """Runs every op on backend="triton" and backend="torch" on the same inputs, seeds and offsets
+    (real sizes on a GPU; benchmarks/gpu_check.py can call it) and returns the ops whose outputs
+    differ: tokens, validity, renormalised probabilities and masked logits must be equal, softmax
+    within 1e-6. An empty list means the kernels reproduced the reference."""
+    x = _inputs(batch_size, vocab_size, device, seed)
+    bad = []
+    for op in OPS:
+        outs = []
+        for backend in ("triton", "torch"):
+            out = _calls(op, x, backend)[0]()
+            outs.append(out if isinstance(out, tuple) else (out,))
+        if op == "softmax":
+            same = torch.allclose(outs[0][0], outs[1][0], atol=1e-6, rtol=1e-5)
+        else:
+            same = all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
+        if not same:
+            bad.append(op)
+    return bad

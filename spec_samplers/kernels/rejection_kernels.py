@@ -23,8 +23,8 @@ import triton.language as tl
 from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
 from spec_samplers.constants import RESIDUAL_MASS_EPS
+from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
@@ -209,10 +209,12 @@ def residual_partials_kernel(
             mass += tl.sum(r, axis=0)
             qmax = tl.maximum(qmax, tl.max(q, axis=0))
             # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
-            w0, w1, w2, w3 = random_words(seed, offset, (j << 32) + s // 2 + tl.arange(0, BLOCK_V // 2), _STREAM_RECOVER)
+            pairs = (j << 32) + s // 2 + tl.arange(0, BLOCK_V // 2)
+            w0, w1, w2, w3 = random_words(seed, offset, pairs, _STREAM_RECOVER)
             e = tl.interleave(exponential_from_words(w0, w1, PRECISE), exponential_from_words(w2, w3, PRECISE))
-            rk = tl.where(m, tl.math.div_rn(r * _RACE_SCALE, e), -1.0)
-            qk = tl.where(m, tl.math.div_rn(q * _RACE_SCALE, e), -1.0)
+            inv = tl.math.div_rn(tl.full(e.shape, _RACE_SCALE, tl.float32), e)  # one division, both races
+            rk = tl.where(m, r * inv, -1.0)
+            qk = tl.where(m, q * inv, -1.0)
             best_r, best_r_idx = fold_argmax(rk, s, best_r, best_r_idx)
             best_q, best_q_idx = fold_argmax(qk, s, best_q, best_q_idx)
         slot = b * NB + blk

@@ -58,9 +58,10 @@ def random_words(seed, offset, counter, STREAM: tl.constexpr):
     c3 = (offset >> 32).to(tl.uint32)
     k0 = seed.to(tl.uint32)
     k1 = (seed >> 32).to(tl.uint32)
-    # give every operand the counter's shape (the key may be a scalar)
+    # counter words in the counter's shape; the key stays as given (a scalar key keeps its
+    # per-round Weyl increments scalar instead of one add per lane)
     zero = c0 * 0
-    return philox4x32(c0, c1 + zero, c2 + zero, c3 + zero, k0 + zero, k1 + zero)
+    return philox4x32(c0, c1 + zero, c2 + zero, c3 + zero, k0, k1)
 
 
 @triton.jit

@@ -143,13 +143,22 @@ def row_max_ref(max_ptr, b):
 # engine step to the next: not specialising on them keeps the compiled variants bounded.
 @triton.jit(do_not_specialize=["R", "chunk", "NB"])
 def stats_kernel(
-    x_ptr, stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    x_ptr,
+    stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
     rows_ptr,  # [B] int64 input row of each output
     temp_ptr,  # [B] fp32 softmax temperature (SOFTMAX only; <= 0 acts as 1)
-    max_ptr, min_ptr, sum_ptr,  # [B, NB] fp32 partials (sum: SOFTMAX only)
+    max_ptr,
+    min_ptr,
+    sum_ptr,  # [B, NB] fp32 partials (sum: SOFTMAX only)
     amax_ptr,  # [B, NB] int32 partial argmax of the values (SOFTMAX only: the T = 0 one-hot)
-    R, V, chunk, NB,
-    LOGITS: tl.constexpr, SOFTMAX: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    R,
+    V,
+    chunk,
+    NB,
+    LOGITS: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
@@ -213,16 +222,22 @@ def _mass_at_least(base, V, lo, m_ref, LOGITS: tl.constexpr, BLOCK_V: tl.constex
 
 @triton.jit(do_not_specialize=["R"])
 def search_kernel(
-    x_ptr, stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    x_ptr,
+    stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
     rows_ptr,  # [B] int64 input row of each output
     max_ptr,  # [B] fp32 row max (LOGITS: the weights' reference)
-    lo_ptr, hi_ptr,  # [B] fp32 in/out: the search interval (lo >= hi: settled; lo is tau)
+    lo_ptr,
+    hi_ptr,  # [B] fp32 in/out: the search interval (lo >= hi: settled; lo is tau)
     mass_ptr,  # [B] int64 out (TRACK_MASS): mass of the values >= the final lo
     k_ptr,  # [B] int64 top_k (MODE_COUNT)
     p_ptr,  # [B] fp32 top_p (MODE_MASS)
-    R, V,
-    MODE: tl.constexpr, LOGITS: tl.constexpr, TRACK_MASS: tl.constexpr,
-    BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    R,
+    V,
+    MODE: tl.constexpr,
+    LOGITS: tl.constexpr,
+    TRACK_MASS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     """tau of one filter for output row b: the smallest row value v >= lo with
     MODE_COUNT: #(values > v) < k; MODE_MASS: M(> v) < top_p * M(>= lo) or M(> v) = 0.
@@ -293,14 +308,22 @@ def search_kernel(
 
 @triton.jit(do_not_specialize=["R", "chunk", "NB"])
 def race_kernel(
-    x_ptr, stride_r,  # [R, V] fp32/fp16/bf16
+    x_ptr,
+    stride_r,  # [R, V] fp32/fp16/bf16
     rows_ptr,  # [B] int64
     max_ptr,  # [B] fp32 row max (LOGITS)
     tau_ptr,  # [B] fp32: the kept tokens are the values >= tau
-    seed_ptr, offset_ptr,  # [B] int64 per output row
-    key_ptr, idx_ptr,  # [B, NB] fp32 / int32 block partials of the race
-    R, V, chunk, NB,
-    LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    seed_ptr,
+    offset_ptr,  # [B] int64 per output row
+    key_ptr,
+    idx_ptr,  # [B, NB] fp32 / int32 block partials of the race
+    R,
+    V,
+    chunk,
+    NB,
+    LOGITS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
@@ -330,11 +353,14 @@ def race_kernel(
 
 @triton.jit(do_not_specialize=["chunk"])
 def renorm_kernel(
-    x_ptr, stride_r,  # [B, V] fp32/fp16/bf16 probabilities
+    x_ptr,
+    stride_r,  # [B, V] fp32/fp16/bf16 probabilities
     tau_ptr,  # [B] fp32
     mass_ptr,  # [B] int64 kept mass
-    out_ptr, stride_o,  # [B, V] output dtype
-    V, chunk,
+    out_ptr,
+    stride_o,  # [B, V] output dtype
+    V,
+    chunk,
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -355,10 +381,13 @@ def renorm_kernel(
 
 @triton.jit(do_not_specialize=["chunk"])
 def mask_kernel(
-    x_ptr, stride_r,  # [B, V] fp32/fp16/bf16 logits
+    x_ptr,
+    stride_r,  # [B, V] fp32/fp16/bf16 logits
     tau_ptr,  # [B] fp32
-    out_ptr, stride_o,  # [B, V] dtype of the logits
-    V, chunk,
+    out_ptr,
+    stride_o,  # [B, V] dtype of the logits
+    V,
+    chunk,
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -377,13 +406,17 @@ def mask_kernel(
 
 @triton.jit(do_not_specialize=["chunk"])
 def softmax_kernel(
-    x_ptr, stride_r,  # [B, V] fp32/fp16/bf16 logits
+    x_ptr,
+    stride_r,  # [B, V] fp32/fp16/bf16 logits
     temp_ptr,  # [B] fp32 (0: one-hot of the argmax; < 0 acts as 1)
-    max_ptr, sum_ptr,  # [B] fp32 row max of x / T and sum of exp(x / T - max)
+    max_ptr,
+    sum_ptr,  # [B] fp32 row max of x / T and sum of exp(x / T - max)
     argmax_ptr,  # [B] int64 argmax of the logits (used where T == 0)
     out_ptr,  # [B, V] fp32, contiguous
-    V, chunk,
-    BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    V,
+    chunk,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)

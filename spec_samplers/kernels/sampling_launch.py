@@ -38,18 +38,31 @@ def _row_stats(
     argmax [B] int64). A missing row has max -inf and min +inf."""
     B = rows.shape[0]
     NB = split.num_blocks
-    f32 = dict(dtype=torch.float32, device=x.device)
-    pmax, pmin = torch.empty((B, NB), **f32), torch.empty((B, NB), **f32)
+    pmax = torch.empty((B, NB), dtype=torch.float32, device=x.device)
+    pmin = torch.empty((B, NB), dtype=torch.float32, device=x.device)
     softmax = temperature is not None
-    psum = torch.empty((B, NB), **f32) if softmax else None
+    psum = torch.empty((B, NB), dtype=torch.float32, device=x.device) if softmax else None
     pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
     KernelLaunch(
-        sk.stats_kernel, (B, NB),
+        sk.stats_kernel,
+        (B, NB),
         dict(
-            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, temp_ptr=temperature,
-            max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx,
-            R=x.shape[0], V=x.shape[1], chunk=split.chunk, NB=NB,
-            LOGITS=logits, SOFTMAX=softmax, BLOCK_V=split.block_v, PRECISE=precise_math(),
+            x_ptr=x,
+            stride_r=x.stride(0),
+            rows_ptr=rows,
+            temp_ptr=temperature,
+            max_ptr=pmax,
+            min_ptr=pmin,
+            sum_ptr=psum,
+            amax_ptr=pidx,
+            R=x.shape[0],
+            V=x.shape[1],
+            chunk=split.chunk,
+            NB=NB,
+            LOGITS=logits,
+            SOFTMAX=softmax,
+            BLOCK_V=split.block_v,
+            PRECISE=precise_math(),
         ),
         name="stats",
     ).run()
@@ -67,19 +80,41 @@ def _row_stats(
 
 
 def _search(
-    x: torch.Tensor, rows: torch.Tensor, row_max: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-    mode: int, logits: bool, track_mass: bool, top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    row_max: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    mode: int,
+    logits: bool,
+    track_mass: bool,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Runs one pivot search in place on (lo, hi). Returns (tau [B], mass of values >= tau [B]
     int64 or None)."""
     B = rows.shape[0]
     mass = torch.empty(B, dtype=torch.int64, device=x.device) if track_mass else None
     KernelLaunch(
-        sk.search_kernel, (B,),
+        sk.search_kernel,
+        (B,),
         dict(
-            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, lo_ptr=lo, hi_ptr=hi, mass_ptr=mass,
-            k_ptr=top_k, p_ptr=top_p, R=x.shape[0], V=x.shape[1],
-            MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, BLOCK_V=_search_block(x.shape[1]), PRECISE=precise_math(),
+            x_ptr=x,
+            stride_r=x.stride(0),
+            rows_ptr=rows,
+            max_ptr=row_max,
+            lo_ptr=lo,
+            hi_ptr=hi,
+            mass_ptr=mass,
+            k_ptr=top_k,
+            p_ptr=top_p,
+            R=x.shape[0],
+            V=x.shape[1],
+            MODE=mode,
+            LOGITS=logits,
+            TRACK_MASS=track_mass,
+            BLOCK_V=_search_block(x.shape[1]),
+            PRECISE=precise_math(),
         ),
         name="search",
     ).run()
@@ -105,7 +140,15 @@ def thresholds_triton(
     if top_k is not None:
         hi = torch.where(top_k > 0, row_max, row_min)
         tau, kept_mass = _search(
-            x, rows, row_max, row_min.clone(), hi, sk.MODE_COUNT, logits, need_kept_mass and top_p is None, top_k=top_k,
+            x,
+            rows,
+            row_max,
+            row_min.clone(),
+            hi,
+            sk.MODE_COUNT,
+            logits,
+            need_kept_mass and top_p is None,
+            top_k=top_k,
         )
     if top_p is not None:
         lo = (row_min if joint or top_k is None else tau).clone()
@@ -145,12 +188,25 @@ def sample_triton(
     pkey = torch.empty((B, NB), dtype=torch.float32, device=device)
     pidx = torch.empty((B, NB), dtype=torch.int32, device=device)
     KernelLaunch(
-        sk.race_kernel, (B, NB),
+        sk.race_kernel,
+        (B, NB),
         dict(
-            x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, max_ptr=row_max, tau_ptr=tau,
-            seed_ptr=seeds.to(torch.int64).contiguous(), offset_ptr=offsets.to(torch.int64).contiguous(),
-            key_ptr=pkey, idx_ptr=pidx, R=R, V=V, chunk=split.chunk, NB=NB,
-            LOGITS=logits, BLOCK_V=split.block_v, PRECISE=precise_math(),
+            x_ptr=x,
+            stride_r=x.stride(0),
+            rows_ptr=rows,
+            max_ptr=row_max,
+            tau_ptr=tau,
+            seed_ptr=seeds.to(torch.int64).contiguous(),
+            offset_ptr=offsets.to(torch.int64).contiguous(),
+            key_ptr=pkey,
+            idx_ptr=pidx,
+            R=R,
+            V=V,
+            chunk=split.chunk,
+            NB=NB,
+            LOGITS=logits,
+            BLOCK_V=split.block_v,
+            PRECISE=precise_math(),
         ),
         name="race",
     ).run()
@@ -178,10 +234,18 @@ def renorm_triton(
         split = vocab_split(V, B, probs.device)
     tau, _, kept_mass = thresholds_triton(probs, rows, False, top_k, top_p, None, False, split, need_kept_mass=True)
     KernelLaunch(
-        sk.renorm_kernel, (B, split.num_blocks),
+        sk.renorm_kernel,
+        (B, split.num_blocks),
         dict(
-            x_ptr=probs, stride_r=probs.stride(0), tau_ptr=tau, mass_ptr=kept_mass, out_ptr=out, stride_o=out.stride(0),
-            V=V, chunk=split.chunk, BLOCK_V=split.block_v,
+            x_ptr=probs,
+            stride_r=probs.stride(0),
+            tau_ptr=tau,
+            mass_ptr=kept_mass,
+            out_ptr=out,
+            stride_o=out.stride(0),
+            V=V,
+            chunk=split.chunk,
+            BLOCK_V=split.block_v,
         ),
         name="renorm",
     ).run()
@@ -205,10 +269,17 @@ def mask_logits_triton(
         split = vocab_split(V, B, logits.device)
     tau, _, _ = thresholds_triton(logits, rows, True, top_k, None, None, False, split)
     KernelLaunch(
-        sk.mask_kernel, (B, split.num_blocks),
+        sk.mask_kernel,
+        (B, split.num_blocks),
         dict(
-            x_ptr=logits, stride_r=logits.stride(0), tau_ptr=tau, out_ptr=out, stride_o=out.stride(0),
-            V=V, chunk=split.chunk, BLOCK_V=split.block_v,
+            x_ptr=logits,
+            stride_r=logits.stride(0),
+            tau_ptr=tau,
+            out_ptr=out,
+            stride_o=out.stride(0),
+            V=V,
+            chunk=split.chunk,
+            BLOCK_V=split.block_v,
         ),
         name="mask",
     ).run()
@@ -234,10 +305,20 @@ def softmax_triton(
     temperature = temperature.to(torch.float32).contiguous()
     row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
     KernelLaunch(
-        sk.softmax_kernel, (B, split.num_blocks),
+        sk.softmax_kernel,
+        (B, split.num_blocks),
         dict(
-            x_ptr=logits, stride_r=logits.stride(0), temp_ptr=temperature, max_ptr=row_max, sum_ptr=row_sum,
-            argmax_ptr=argmax, out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=precise_math(),
+            x_ptr=logits,
+            stride_r=logits.stride(0),
+            temp_ptr=temperature,
+            max_ptr=row_max,
+            sum_ptr=row_sum,
+            argmax_ptr=argmax,
+            out_ptr=out,
+            V=V,
+            chunk=split.chunk,
+            BLOCK_V=split.block_v,
+            PRECISE=precise_math(),
         ),
         name="softmax",
     ).run()

@@ -8,14 +8,13 @@ reference (:mod:`spec_samplers.sampling.reference`) elsewhere; the keyword-only 
 Both give the same tokens on the same inputs, seeds and offsets.
 
 Semantics and randomness: :mod:`spec_samplers.sampling.reference`. Differences from FlashInfer
-are listed in docs/sampling.md.
+are listed in the README ("FlashInfer-compatible sampling operations").
 """
 
 from __future__ import annotations
 
 import torch
 
-from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.sampling import checks
 from spec_samplers.sampling import reference as ref
@@ -167,7 +166,9 @@ def top_p_sampling_from_probs(
         >>> import torch, spec_samplers.sampling as sampling
         >>> tokens = sampling.top_p_sampling_from_probs(torch.softmax(torch.randn(4, 50), -1), 0.9)
     """
-    return _sample("probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_p=top_p)
+    return _sample(
+        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_p=top_p
+    )
 
 
 def top_k_sampling_from_probs(
@@ -189,9 +190,12 @@ def top_k_sampling_from_probs(
     Example::
 
         >>> import torch, spec_samplers.sampling as sampling
-        >>> tokens = sampling.top_k_sampling_from_probs(torch.softmax(torch.randn(4, 50), -1), torch.tensor([1, 5, 10, 0]))
+        >>> probs = torch.softmax(torch.randn(4, 50), -1)
+        >>> tokens = sampling.top_k_sampling_from_probs(probs, torch.tensor([1, 5, 10, 0]))
     """
-    return _sample("probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_k=top_k)
+    return _sample(
+        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, top_k=top_k
+    )
 
 
 def min_p_sampling_from_probs(
@@ -215,7 +219,9 @@ def min_p_sampling_from_probs(
         >>> import torch, spec_samplers.sampling as sampling
         >>> tokens = sampling.min_p_sampling_from_probs(torch.softmax(torch.randn(4, 50), -1), 0.05)
     """
-    return _sample("probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, min_p=min_p)
+    return _sample(
+        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend, min_p=min_p
+    )
 
 
 def top_k_top_p_sampling_from_logits(
@@ -243,8 +249,19 @@ def top_k_top_p_sampling_from_logits(
     """
     joint = checks.check_filter_order(filter_apply_order)
     out = _sample(
-        "logits", logits, True, indices, generator, check_nan, seed, offset, False, backend,
-        top_k=top_k, top_p=top_p, joint=joint,
+        "logits",
+        logits,
+        True,
+        indices,
+        generator,
+        check_nan,
+        seed,
+        offset,
+        False,
+        backend,
+        top_k=top_k,
+        top_p=top_p,
+        joint=joint,
     )
     assert isinstance(out, torch.Tensor)
     return out
@@ -276,12 +293,25 @@ def top_k_top_p_sampling_from_probs(
     """
     joint = checks.check_filter_order(filter_apply_order)
     return _sample(
-        "probs", probs, False, indices, generator, check_nan, seed, offset, return_valid, backend,
-        top_k=top_k, top_p=top_p, joint=joint,
+        "probs",
+        probs,
+        False,
+        indices,
+        generator,
+        check_nan,
+        seed,
+        offset,
+        return_valid,
+        backend,
+        top_k=top_k,
+        top_p=top_p,
+        joint=joint,
     )
 
 
-def _renorm(probs: torch.Tensor, top_k: object, top_p: object, out_dtype: torch.dtype | None, backend: str) -> torch.Tensor:
+def _renorm(
+    probs: torch.Tensor, top_k: object, top_p: object, out_dtype: torch.dtype | None, backend: str
+) -> torch.Tensor:
     checks.check_matrix("probs", probs)
     B, V = probs.shape
     k = None if top_k is None else checks.canonical_top_k(top_k, B, V, probs.device)

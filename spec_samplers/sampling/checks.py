@@ -13,9 +13,9 @@ import math
 
 import torch
 
+from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from spec_samplers.errors import input_error
 from spec_samplers.rng_sampling import derive_row_seeds
-from spec_samplers.sampling.reference import MAX_VOCAB_SIZE
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PARAM_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -66,7 +66,9 @@ def resolve_rows(
     if check_values and indices.numel():
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0 or hi >= num_input_rows:
-            raise input_error("indices", f"row indices in [0, {num_input_rows}) ({input_name} rows)", lo if lo < 0 else hi)
+            raise input_error(
+                "indices", f"row indices in [0, {num_input_rows}) ({input_name} rows)", lo if lo < 0 else hi
+            )
     return indices.to(torch.int64), indices.shape[0], indices.dtype
 
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import torch
 
 from spec_samplers import rng_sampling
-from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS as MASS_BITS, SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
+from spec_samplers.constants import FLOAT32_MAX
+from spec_samplers.constants import SAMPLING_MASS_BITS as MASS_BITS
 from spec_samplers.torch_ops import clean_probs
 
 MASS_SCALE = float(2**MASS_BITS)
@@ -169,8 +170,10 @@ def softmax_reference(
         fast = logits.device.type == "cpu"
     t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=logits.device))
     if fast and logits.shape[0]:
-        probs = torch.softmax(logits.to(torch.float32) / t[:, None], dim=-1)
-        special = torch.nonzero((temperature == 0) | ~torch.isfinite(logits).all(dim=-1)).flatten()
+        x = logits.to(torch.float32)
+        probs = torch.softmax(x if bool((t == 1).all()) else x / t[:, None], dim=-1)
+        lo, hi = torch.aminmax(x, dim=-1)  # NaN propagates: one pass finds the non-finite rows
+        special = torch.nonzero((temperature == 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)).flatten()
         if special.numel():
             probs[special] = softmax_reference(logits[special], temperature[special], fast=False)
         return probs
@@ -227,7 +230,9 @@ def sample_reference(
     R, V = x.shape
     B = rows.shape[0]
     if R == 0:
-        return torch.full((B,), -1, dtype=torch.int64, device=x.device), torch.zeros(B, dtype=torch.bool, device=x.device)
+        return torch.full((B,), -1, dtype=torch.int64, device=x.device), torch.zeros(
+            B, dtype=torch.bool, device=x.device
+        )
     if fast is None:
         fast = x.device.type == "cpu"
     row_ok = (rows >= 0) & (rows < R)

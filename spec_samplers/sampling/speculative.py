@@ -43,7 +43,8 @@ def chain_speculative_sampling(
         >>> B, n, V = 2, 3, 16
         >>> draft = torch.softmax(torch.randn(B, n, V), -1)
         >>> ids = torch.multinomial(draft.view(-1, V), 1).view(B, n)
-        >>> out, accepted, emitted = sampling.chain_speculative_sampling(draft, ids, torch.softmax(torch.randn(B, n + 1, V), -1))
+        >>> target = torch.softmax(torch.randn(B, n + 1, V), -1)
+        >>> out, accepted, emitted = sampling.chain_speculative_sampling(draft, ids, target)
     """
     from spec_samplers.layout import VerifyBatch
     from spec_samplers.reference import rejection_accepts_reference
@@ -56,12 +57,16 @@ def chain_speculative_sampling(
     bonus = torch.full((B, 1), -1, dtype=torch.int64, device=device)  # none given: sample the bonus row
     check_metadata(target_probs, bonus, draft_probs, draft_token_ids, "target_probs", "draft_probs")
     counters = []
-    for name, t in (("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
-                    ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num)):
+    for name, t in (
+        ("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
+        ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num),
+    ):
         if t is None:
             t = torch.zeros(B, dtype=torch.int32, device=device)
         elif not isinstance(t, torch.Tensor) or tuple(t.shape) != (B,) or t.device != device:
-            raise input_error(name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__))
+            raise input_error(
+                name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__)
+            )
         counters.append(t)
     seeds, offsets = checks.resolve_seeds(seed, offset, generator, B, device)
     batch = VerifyBatch.padded(target_probs, bonus, draft_probs, draft_token_ids, seeds=seeds, offsets=offsets)
