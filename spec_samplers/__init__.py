@@ -1,5 +1,6 @@
 """spec-samplers: the verification step of speculative decoding as a swappable part."""
 
+from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.base import (
     SpecDecodeBaseSampler,
     SpecDecodeDeterministicBaseSampler,
@@ -15,6 +16,7 @@ from spec_samplers.typical import TypicalAcceptanceSampler
 from spec_samplers._version import __version__
 
 __all__ = [
+    "BlockVerificationSampler",
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
     "SamplingParams",

@@ -20,7 +20,7 @@ from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
-__all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "rejection_reference", "typical_reference", "flat_inputs",
+__all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "block_reference", "rejection_reference", "typical_reference", "flat_inputs",
            "typical_accepts", "typical_threshold"]
 
 
@@ -310,5 +310,165 @@ def typical_reference(batch: VerifyBatch, posterior_threshold: float, posterior_
     f = flat_inputs(batch)
     out = _typical_core(
         f.target, f.target_rows, f.num_draft, f.draft_ids, f.bonus, posterior_threshold, posterior_alpha
+    )
+    return _drop_malformed(out, f.num_draft)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block verification (Sun et al. 2024, "Block Verification Accelerates Speculative Decoding",
+# Algorithm 2). Notation (0-indexed, q = target, p = draft): request b has k_b drafts
+# x_0 .. x_{k_b-1}; q_i, p_i are the distributions at position i (q_{k_b}: the bonus row).
+#
+# * running ratio of the prefix of length m: rho_0 = 1, rho_{m+1} = min(rho_m q_m(x_m) / p_m(x_m), 1)
+#   (0 once a draft is out of range or has p_m(x_m) = 0: such a token was never a sample of p);
+# * residual mass at position m: Z_m = sum_x (rho_m q_m(x) - p_m(x))+ (point-mass drafts: the
+#   closed form rho_m (1 - q_m(x_m)));
+# * threshold of "the block may end after m drafts", m = 1 .. k_b: h_m = Z_m / (Z_m + 1 - rho_m)
+#   (1 when rho_m = 1) if position m has a valid draft, else rho_m (the block's last position,
+#   m = k_b, and a position whose draft is out of range: the block is cut there, as vLLM does at
+#   its -1 placeholder);
+# * accepted length tau = the largest m with u_m < h_m (0 if none): a later position can rescue
+#   an earlier failure, unlike token-wise rejection (strict < so that h = 0 never passes; the
+#   paper's u <= h differs only on a null set);
+# * emitted token at tau: a sample of (rho_tau q_tau - p_tau)+ normalised if position tau has a
+#   valid draft (q_tau if that residual has no mass), q_tau if its draft is out of range, the bonus
+#   token if tau = k_b.
+#
+# Lossless for the whole block, and P(tau >= i) = E_{x ~ p}[rho_i], never below token-wise
+# rejection's prod min(1, q/p) (tests/test_block_verification.py checks both, exactly and
+# statistically). Random numbers are the rejection sampler's: u_m is the accept uniform of
+# position m - 1, the race at tau uses the recovery exponentials of position tau. The Python loops
+# run over the k positions, never over the batch.
+
+
+def running_ratios(ratio: torch.Tensor) -> torch.Tensor:
+    """ratio: [B, K] fp32 per-position q(x)/p(x) (0 for drafts that end the block).
+
+    Returns rho [B, K+1] fp32: rho[:, 0] = 1, rho[:, m+1] = min(rho[:, m] * ratio[:, m], 1)
+    (0 once rho reached 0, so 0 * inf never makes a NaN). The kernels evaluate the same
+    operations in the same order."""
+    B, K = ratio.shape
+    rho = [torch.ones(B, dtype=torch.float32, device=ratio.device)]
+    for m in range(K):
+        prev = rho[-1]
+        nxt = torch.minimum(prev * ratio[:, m], torch.ones((), device=ratio.device))
+        rho.append(torch.where(prev > 0, nxt, torch.zeros((), device=ratio.device)))
+    return torch.stack(rho, dim=1)
+
+
+def block_thresholds(mass: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """h = Z / (Z + (1 - rho)), 1 where rho >= 1 (then Z / Z or 0 / 0). Elementwise fp32."""
+    full = rho >= 1.0
+    one = torch.ones((), device=rho.device)
+    return torch.where(full, one, mass / torch.where(full, one, mass + (1.0 - rho)))
+
+
+def _block_core(
+    target_flat: torch.Tensor,  # [R, V] fp32/fp16/bf16
+    target_rows: torch.Tensor,  # [B, K+1] int64 row of (request, position), -1 = none
+    draft_flat: torch.Tensor | None,  # [R', V] or None (point-mass drafts)
+    draft_rows: torch.Tensor,  # [B, K] int64
+    num_draft: torch.Tensor,  # [B] int64, k_b <= K
+    draft_ids: torch.Tensor,  # [B, K] int (entries past k_b ignored)
+    bonus_token_ids: torch.Tensor,  # [B] int
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor | None,  # [B] int64
+    is_greedy: torch.Tensor | None,  # [B] bool
+) -> torch.Tensor:
+    B, K = draft_ids.shape
+    V = target_flat.shape[1]
+    device = target_flat.device
+    if offsets is None:
+        offsets = torch.zeros(B, dtype=torch.int64, device=device)
+    rows = torch.arange(B, device=device)
+    in_request = torch.arange(K, device=device)[None, :] < num_draft[:, None]  # [B, K]
+    draft_valid, drafts = valid_ids(draft_ids, V)
+    draft_valid = draft_valid & in_request
+
+    # Running ratios from gathered scalars.
+    q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
+    p_x = torch.ones_like(q_x) if draft_flat is None else _gather_scalars(draft_flat, draft_rows, drafts)
+    ok = draft_valid & (p_x > 0)
+    ratio = torch.where(ok, q_x / torch.where(ok, p_x, torch.ones_like(p_x)), torch.zeros_like(q_x))
+    rho = running_ratios(ratio)  # [B, K+1]
+
+    # Residual masses Z_m at positions with a valid draft (one vocabulary row per position for
+    # full drafts; a closed form for point-mass drafts), thresholds h_m for m = 1..K.
+    if draft_flat is None:
+        mass = (rho[:, :K] * (1.0 - q_x)).clamp_min(0.0)  # [B, K]
+    else:
+        masses = []
+        for m in range(K):
+            q_m = _gather_rows(target_flat, target_rows[:, m])  # [B, V]
+            p_m = _gather_rows(draft_flat, draft_rows[:, m])
+            masses.append((rho[:, m, None] * q_m - p_m).clamp_min(0.0).sum(dim=-1))
+        mass = torch.stack(masses, dim=1) if K else torch.zeros((B, 0), device=device)
+    h = torch.where(draft_valid, block_thresholds(mass, rho[:, :K]), rho[:, :K])  # position m's h at [:, m]
+    h = torch.cat([h[:, 1:], rho[:, K:]], dim=1)  # [B, K]: entry m-1 holds h_m
+    u = rng.accept_uniforms(seeds, offsets, K)  # [B, K]: entry m-1 tests h_m
+    m_idx = torch.arange(1, K + 1, device=device)[None, :]
+    stop = (u < h) & (m_idx <= num_draft[:, None])
+    if K:
+        tau = torch.where(stop, m_idx, torch.zeros_like(m_idx)).amax(dim=1)
+    else:
+        tau = torch.zeros(B, dtype=torch.int64, device=device)
+    if is_greedy is not None and K > 0:
+        target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
+        greedy_len = num_leading_accepted(draft_valid & (drafts == target_argmax) & (q_x > 0))
+        tau = torch.where(is_greedy, greedy_len, tau)
+
+    # One vocabulary row per request for the emitted token: position tau.
+    j = tau
+    has_draft = j < num_draft
+    jd = j.clamp(max=max(K - 1, 0))
+    q_j = _gather_rows(target_flat, target_rows[rows, j])  # [B, V]
+    rho_j = rho[rows, j]
+    resid = has_draft & draft_valid[rows, jd] if K else torch.zeros(B, dtype=torch.bool, device=device)
+    if K == 0:
+        residual = q_j
+    elif draft_flat is None:
+        scaled = rho_j[:, None] * q_j
+        x_j = drafts[rows, jd]
+        at_x = (scaled[rows, x_j] - 1.0).clamp_min(0.0)
+        scaled[rows, x_j] = at_x
+        residual = torch.where(resid[:, None], scaled, q_j)
+    else:
+        p_j = _gather_rows(draft_flat, torch.where(resid, draft_rows[rows, jd], -1))
+        residual = torch.where(resid[:, None], (rho_j[:, None] * q_j - p_j).clamp_min(0.0), q_j)
+    no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
+    residual = torch.where(no_mass[:, None], q_j, residual)
+    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
+    if is_greedy is not None:
+        recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
+    # A target row without probability mass has no token to give: -1 (no token) there.
+    recovered = torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
+
+    bonus_valid, bonus = valid_ids(bonus_token_ids, V)
+    has_bonus_row = target_rows[rows, j] >= 0
+    fallback = torch.where(has_bonus_row, recovered, torch.full_like(recovered, PLACEHOLDER_TOKEN_ID))
+    final = torch.where(has_draft, recovered, torch.where(bonus_valid, bonus, fallback))
+    return build_output(draft_ids, j, final)
+
+
+def block_reference(batch: VerifyBatch) -> torch.Tensor:
+    """Block verification (comments above). Returns [B, K+1] int64, -1 padded; an out-of-range
+    bonus id is handled as in :func:`rejection_reference`; greedy rows (``is_greedy`` or T == 0)
+    follow the argmax rule.
+
+    Example::
+
+        >>> from spec_samplers.layout import VerifyBatch
+        >>> q = torch.softmax(torch.randn(2, 4, 8), -1)             # [B, k+1, V]
+        >>> p = torch.softmax(torch.randn(2, 3, 8), -1)             # [B, k, V]
+        >>> ids = torch.multinomial(p.view(-1, 8), 1).view(2, 3)    # [B, k]
+        >>> batch = VerifyBatch.padded(q, ids[:, :1], p, ids, seeds=torch.tensor([1, 2]))
+        >>> block_reference(batch).shape
+        torch.Size([2, 4])
+    """
+    assert batch.seeds is not None, "block verification needs per-request seeds"
+    f = flat_inputs(batch)
+    out = _block_core(
+        f.target, f.target_rows, f.draft, f.draft_rows, f.num_draft, f.draft_ids, f.bonus,
+        batch.seeds, batch.offsets, f.is_greedy,
     )
     return _drop_malformed(out, f.num_draft)

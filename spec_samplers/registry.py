@@ -19,6 +19,7 @@ ENTRY_POINT_GROUP = "spec_samplers.samplers"
 BUILTIN_SAMPLERS = {
     "rejection_sampler": "spec_samplers.rejection:RejectionSampler",
     "typical_acceptance_sampler": "spec_samplers.typical:TypicalAcceptanceSampler",
+    "block_verification": "spec_samplers.block:BlockVerificationSampler",
 }
 
 

@@ -21,6 +21,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
+from spec_samplers.kernels.block_launch import plan_block  # noqa: E402
 from spec_samplers.kernels.rejection_launch import plan_rejection  # noqa: E402
 from spec_samplers.kernels.typical_launch import plan_typical  # noqa: E402
 from spec_samplers.layout import VerifyBatch  # noqa: E402
@@ -81,16 +82,18 @@ def main():
     seen = set()
     for batch in batches():
         split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 8, 1024)
-        launches = plan_rejection(batch, split)[0]
+        launches = plan_rejection(batch, split)[0] + plan_block(batch, split)[0]
         if batch.draft is None and batch.is_greedy is None:  # typical ignores drafts, seeds, greedy masks
             launches += plan_typical(batch, 0.09, 0.3, split)[0]
         for launch in launches:
             sig, consts = signature(launch.kernel, launch.args)
-            key = (launch.name, tuple(sorted(sig.items())), tuple(sorted((k[0], repr(v)) for k, v in consts.items())))
+            key = (launch.name, tuple(sorted(sig.items())), tuple(sorted((k[0], repr(v)) for k, v in consts.items())),
+                   tuple(sorted(launch.options.items())))
             if key in seen:
                 continue
             seen.add(key)
-            triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
+            triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET,
+                           options=launch.options or None)
     print(f"compiled all kernel variants for sm_90: {len(seen)} variants")
 
 

@@ -6,10 +6,11 @@ only build the batch (padded or ragged, probabilities or logits) from positional
 
 from __future__ import annotations
 
+from spec_samplers.kernels.block_launch import block_triton
 from spec_samplers.kernels.rejection_launch import rejection_triton
 from spec_samplers.kernels.typical_launch import typical_triton
 from spec_samplers.layout import VerifyBatch
-from spec_samplers.reference import rejection_reference, typical_reference
+from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 
 
 def _rejection(op, batch, split):
@@ -74,3 +75,17 @@ def _entries(rej_op, typ_op):
     typical_accept_from_logits_triton,
     typical_accept_ragged_from_logits_triton,
 ) = _entries(rejection_triton, typical_triton)
+
+# Block verification has rejection sampling's entries (seeds, offsets, greedy rows, logits).
+(
+    block_verify_reference,
+    block_verify_ragged_reference,
+    block_verify_from_logits_reference,
+    block_verify_ragged_from_logits_reference,
+) = _entries(block_reference, typical_reference)[:4]
+(
+    block_verify_triton,
+    block_verify_ragged_triton,
+    block_verify_from_logits_triton,
+    block_verify_ragged_from_logits_triton,
+) = _entries(block_triton, typical_triton)[:4]

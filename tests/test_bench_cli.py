@@ -43,7 +43,7 @@ def test_exit_code_and_tables(quick_run):
         assert header_line is not None, f"no table with columns {headers} in:\n{proc.stdout}"
         for column in headers:
             assert column in header_line
-    for name in ("rejection_sampler", "typical_acceptance_sampler"):
+    for name in ("rejection_sampler", "typical_acceptance_sampler", "block_verification"):
         assert any(line.startswith(name) for line in lines), f"{name} missing from the table"
     # the report fits 100 columns (detail is in the JSON)
     assert max(len(line) for line in lines) <= report.WIDTH, max(lines, key=len)
@@ -84,7 +84,9 @@ def test_json_schema(quick_run):
             assert set(e["z"]) == {"acceptance", "emitted"}
         if e["name"] == "typical_acceptance_sampler":
             assert e["theory"] is None and e["z"] is None
-    assert len(doc["timing"]) == 2 * len(doc["config"]["batch_sizes"])
+        if e["name"] == "block_verification":
+            assert set(e["theory"]) == {"alpha", "per_position", "acceptance", "emitted", "method", "stderr"}
+    assert len(doc["timing"]) == len(doc["samplers"]) * len(doc["config"]["batch_sizes"])
     for t in doc["timing"]:
         for key in ("time_s", "time_min_s", "bytes", "floor_bytes", "gbps", "batch_size", "vocab_size"):
             _check_number(t, key)
@@ -109,8 +111,20 @@ def test_lossless_theory_within_bound(quick_run):
     for e in lossless:
         assert abs(e["z"]["acceptance"]) < Z_BOUND, e
         assert abs(e["z"]["emitted"]) < Z_BOUND, e
-        recomputed = (e["acceptance"] - e["theory"]["acceptance"]) / max(e["acceptance_stderr"], 1 / e["rows"])
+        theory_se = e["theory"].get("stderr", {}).get("acceptance", 0.0)  # Monte Carlo theories only
+        se = (max(e["acceptance_stderr"], 1 / e["rows"]) ** 2 + theory_se**2) ** 0.5
+        recomputed = (e["acceptance"] - e["theory"]["acceptance"]) / se
         assert recomputed == pytest.approx(e["z"]["acceptance"])
+
+
+def test_block_vs_token_wise_table(quick_run):
+    """Every quick setting has a row comparing block verification with token-wise rejection."""
+    proc, doc, _ = quick_run
+    lines = proc.stdout.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith("setting") and "gain %" in line), None)
+    assert header is not None, proc.stdout
+    for s in doc["settings"]:
+        assert any(line.startswith(s["name"]) for line in lines[header + 2 : header + 2 + len(doc["settings"])]), s
 
 
 def test_typical_sweep_explorer(capsys, tmp_path):

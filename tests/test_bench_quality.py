@@ -48,6 +48,35 @@ def test_lossless_matches_theory(setting, sampler):
     assert m["tv_output"]["noise_floor"] < _tv_bound(target, rows)
 
 
+@pytest.mark.parametrize("setting", [
+    workloads.softmax_setting(1.0, 1.0, 300, 3),
+    workloads.sparse_setting(2.0, 10, 300, 3),
+    workloads.point_setting(1.0, 300, 3),
+], ids=lambda s: s.kind)
+def test_block_verification_matches_its_theory(setting):
+    """Block verification against its own theory (P(tau >= i) = E[rho_i], Monte Carlo; closed form
+    for point-mass drafts): z within quality.Z_BOUND (its stderr includes the Monte Carlo's), every
+    per-position rate within stats_helpers.binomial_bound, and above token-wise theory where the
+    drafts are distributions."""
+    from spec_samplers.block import BlockVerificationSampler
+
+    target, draft = workloads.make_pairs(setting, seed=4)
+    rows, k = 2000, 3
+    m = quality.measure(BlockVerificationSampler(), target, draft, k, rows, seed=6,
+                        point_mass_drafts=setting.point_mass_drafts, lossless=True, law="block")
+    assert m["theory"]["method"] == ("closed form" if setting.point_mass_drafts else "monte carlo")
+    assert abs(m["z"]["acceptance"]) < quality.Z_BOUND, m
+    assert abs(m["z"]["emitted"]) < quality.Z_BOUND, m
+    for measured, expected in zip(m["per_position"], m["theory"]["per_position"]):
+        assert abs(measured - expected) < binomial_bound(expected, m["rows"]), (measured, expected)
+    token = quality.lossless_theory(target, draft, k)
+    if not setting.point_mass_drafts:
+        assert m["theory"]["emitted"] > token["emitted"] + 0.01
+    else:
+        assert m["theory"]["emitted"] == pytest.approx(token["emitted"])
+    assert m["tv_output"]["estimate"] < _tv_bound(target, rows)
+
+
 def _typical_first_token_distribution(target: torch.Tensor, draft: torch.Tensor, threshold: float, alpha: float) -> torch.Tensor:
     """Exact distribution of typical acceptance's first emitted token: x ~ p is kept iff
     q(x) > min(threshold, alpha * exp(-H(q))), otherwise argmax q is emitted. [C, V]."""
@@ -143,7 +172,8 @@ def test_option_value_coercion():
     with pytest.raises(BenchError, match="strict_mode=yes: sampler 'rejection_sampler' expects True or False"):
         resolve_samplers(["rejection_sampler"], ["strict_mode=yes"])
     specs = resolve_samplers(None, ["posterior_alpha=0.2"])  # applies only to the sampler that has it
-    assert {s.name: s.options for s in specs} == {"rejection_sampler": {}, "typical_acceptance_sampler": {"posterior_alpha": 0.2}}
+    assert {s.name: s.options for s in specs} == {
+        "block_verification": {}, "rejection_sampler": {}, "typical_acceptance_sampler": {"posterior_alpha": 0.2}}
 
 
 def test_baseline_availability_reports_reasons():

@@ -15,6 +15,7 @@ from collections import defaultdict
 import torch
 
 from spec_samplers.kernels.backend import BLOCK_V_CHOICES, MAX_VOCAB_BLOCKS, plan_vocab_split
+from spec_samplers.kernels.block_launch import plan_block
 from spec_samplers.kernels.rejection_launch import plan_rejection
 from spec_samplers.kernels.typical_launch import plan_typical
 from spec_samplers.layout import VerifyBatch
@@ -47,7 +48,7 @@ def _variants(batch_sizes, ks, V, logits):
         for B in batch_sizes:
             batch = _batch(B, k, V, logits)
             split = plan_vocab_split(V, B, 4 * SMS, 1024)
-            launches = plan_rejection(batch, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0]
+            launches = plan_rejection(batch, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0] + plan_block(batch, split)[0]
             for launch in launches:
                 constexpr_names = _constexpr_names(launch.kernel)
                 flags = tuple(sorted((n, v) for n, v in launch.args.items() if n in constexpr_names and not n.startswith("BLOCK")))
@@ -57,7 +58,7 @@ def _variants(batch_sizes, ks, V, logits):
 
 
 def test_compiled_variants_stay_bounded_as_the_batch_size_changes():
-    vocab_pass = {"residual_partials", "argmax_partials", "softmax_partials", "typical_partials"}
+    vocab_pass = {"residual_partials", "argmax_partials", "softmax_partials", "typical_partials", "block_partials"}
     for V in (32000, 128256, 152064):
         for logits in (False, True):
             fixed_k = _variants(range(1, 1025), [4], V, logits)

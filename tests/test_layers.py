@@ -24,7 +24,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
          "spec_samplers.sampling.api", "spec_samplers.sampling.checks", "spec_samplers.logits_processor",
          "spec_samplers.sampling_params")),
     (4, ("spec_samplers.base",)),
-    (5, ("spec_samplers.rejection", "spec_samplers.typical", "spec_samplers.sampling")),
+    (5, ("spec_samplers.rejection", "spec_samplers.typical", "spec_samplers.block", "spec_samplers.sampling")),
     (6, ("spec_samplers.registry",)),
     (7, ("spec_samplers.integrations", "spec_samplers.decoding")),
     (8, ("spec_samplers.bench",)),

@@ -1,4 +1,5 @@
-"""The vLLM plugin's registration and configuration, with the real vLLM 0.32 (CPU)."""
+"""The vLLM plugin's registration and configuration, with the real vLLM 0.33 (CPU; 0.32 through
+.ci/check_vllm_032)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 from vllm_support import (
     V1_MODULE,
     V2_MODULE,
+    VLLM_033,
+    engine_config,
     is_vllm_function,
     make_model_dir,
     ngram_spec,
@@ -23,26 +26,13 @@ from vllm_support import (
 import spec_samplers.integrations.vllm as plugin
 from spec_samplers.integrations.vllm import plugin as plugin_impl
 from spec_samplers.integrations.vllm.config import SpecSamplersConfigError, choice_from_vllm_config
+from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.typical import TypicalAcceptanceSampler
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def engine_config(model_dir: str, additional_config: dict | None, **spec_overrides):
-    """A real VllmConfig, built by vLLM's EngineArgs as `LLM(...)` builds it."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    args = EngineArgs(
-        model=model_dir,
-        skip_tokenizer_init=True,
-        max_model_len=128,
-        speculative_config={**ngram_spec(), **spec_overrides},
-        additional_config=additional_config or {},
-    )
-    return args.create_engine_config()
 
 
 def cli_engine_config(model_dir: str, additional_config_json: str):
@@ -66,7 +56,10 @@ def build_vllm_rejection_samplers(vllm_config):
 
     v1, v2 = seam_module(V1_MODULE), seam_module(V2_MODULE)
     with set_current_vllm_config(vllm_config):
-        v1.RejectionSampler(_BonusSamplerStub())
+        if VLLM_033:  # 0.33's V1 model runner passes the speculative config and device too
+            v1.RejectionSampler(_BonusSamplerStub(), vllm_config.speculative_config, torch.device("cpu"))
+        else:
+            v1.RejectionSampler(_BonusSamplerStub())
         v2.RejectionSampler(None, vllm_config.speculative_config, torch.device("cpu"))
     return v1, v2
 
@@ -122,6 +115,18 @@ def test_engine_config_selects_sampler_with_options(model_dir, restore_seams):
     assert is_vllm_function(v1.rejection_sample) and is_vllm_function(v2.rejection_sample)
 
 
+@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic"])
+def test_block_verification_in_both_runners(model_dir, restore_seams, draft_sample_method):
+    """Our block verification is a sampler like the others: selected by name, in both runners,
+    whichever way vLLM drafts (vLLM's own 'block' method exists in Model Runner V2 only)."""
+    overrides = {"draft_sample_method": draft_sample_method} if VLLM_033 else {}
+    config = engine_config(model_dir, {"spec_samplers": {"acceptance_method": "block_verification"}}, **overrides)
+    v1, v2 = build_vllm_rejection_samplers(config)
+    for fn in (v1.rejection_sample, v2.rejection_sample):
+        assert isinstance(fn.__spec_samplers_sampler__, BlockVerificationSampler)
+    assert set(plugin.installed().values()) == {"block_verification()"}
+
+
 def test_serve_cli_additional_config(model_dir, restore_seams):
     config = cli_engine_config(model_dir, '{"spec_samplers": {"acceptance_method": "rejection_sampler"}}')
     assert config.additional_config == {"spec_samplers": {"acceptance_method": "rejection_sampler"}}
@@ -133,7 +138,7 @@ def test_serve_cli_additional_config(model_dir, restore_seams):
 @pytest.mark.parametrize(
     "section, message",
     [
-        ({"acceptance_method": "no_such_sampler"}, "available: rejection_sampler, typical_acceptance_sampler"),
+        ({"acceptance_method": "no_such_sampler"}, "available: block_verification, rejection_sampler, typical_acceptance_sampler"),
         ({"acceptance_method": "typical_acceptance_sampler", "posterior_alfa": 0.3}, "accepted options: posterior_threshold"),
         ({"acceptance_method": "typical_acceptance_sampler", "posterior_alpha": -1}, "posterior_alpha"),
         ({"posterior_alpha": 0.3}, "missing 'acceptance_method'"),
@@ -150,12 +155,43 @@ def test_bad_section_fails_at_engine_start(model_dir, restore_seams, section, me
     assert plugin.installed() == {}
 
 
-def test_conflicting_vllm_verification_mode_fails(model_dir):
-    config = engine_config(
-        model_dir, {"spec_samplers": {"acceptance_method": "rejection_sampler"}},
-        rejection_sample_method="synthetic", synthetic_acceptance_length=2.0,
-    )
-    with pytest.raises(SpecSamplersConfigError, match="rejection_sample_method='synthetic'"):
+CONFLICTING_MODES = [
+    dict(rejection_sample_method="synthetic", synthetic_acceptance_length=2.0),
+    dict(rejection_sample_method="block"),
+] + ([dict(rejection_sample_method="fly")] if VLLM_033 else [])
+
+
+@pytest.mark.parametrize("spec_overrides", CONFLICTING_MODES, ids=lambda d: d["rejection_sample_method"])
+def test_conflicting_vllm_verification_mode_fails(model_dir, restore_seams, spec_overrides):
+    method = spec_overrides["rejection_sample_method"]
+    config = engine_config(model_dir, {"spec_samplers": {"acceptance_method": "rejection_sampler"}}, **spec_overrides)
+    with pytest.raises(SpecSamplersConfigError, match=f"rejection_sample_method='{method}'"):
+        choice_from_vllm_config(config)
+    if method != "fly":  # (vLLM's V1 RejectionSampler refuses FLy on CPU by itself)
+        with pytest.raises(SpecSamplersConfigError, match=f"rejection_sample_method='{method}'"):
+            build_vllm_rejection_samplers(config)
+    assert plugin.installed() == {}
+    # Without our section, vLLM's own modes are untouched.
+    assert choice_from_vllm_config(engine_config(model_dir, None, **spec_overrides)) is None
+
+
+def test_vllm_block_mode_points_to_our_block_sampler(model_dir):
+    config = engine_config(model_dir, {"spec_samplers": {"acceptance_method": "block_verification"}},
+                           rejection_sample_method="block")
+    with pytest.raises(SpecSamplersConfigError, match='"acceptance_method": "block_verification"'):
+        choice_from_vllm_config(config)
+
+
+def test_watermarking_conflicts(model_dir):
+    """vLLM accepts a watermark_config only with model-based drafters (EAGLE, MTP, ...), which
+    need draft weights; the config is built with n-gram drafting and given vLLM's own
+    WatermarkConfig afterwards (the plugin reads only that attribute)."""
+    from vllm.config import WatermarkConfig
+
+    config = engine_config(model_dir, {"spec_samplers": {"acceptance_method": "rejection_sampler"}})
+    assert choice_from_vllm_config(config) is not None
+    config.watermark_config = WatermarkConfig(key=1234)
+    with pytest.raises(SpecSamplersConfigError, match="watermark_config"):
         choice_from_vllm_config(config)
 
 
@@ -194,7 +230,11 @@ def test_loading_twice_is_harmless(model_dir, restore_seams, monkeypatch):
 def test_unsupported_version_changes_nothing(monkeypatch):
     assert plugin_impl.version_supported("0.32.0")
     assert plugin_impl.version_supported("0.32.3.dev12+gabc")
-    assert not plugin_impl.version_supported("0.33.0")
+    assert plugin_impl.version_supported("0.33.0")
+    assert plugin_impl.version_supported("0.33.2rc1")
+    assert plugin_impl.version_supported(plugin_impl.vllm_version())  # the installed one
+    assert not plugin_impl.version_supported("0.34.0")
+    assert not plugin_impl.version_supported("0.31.9")
     assert not plugin_impl.version_supported("0.9.2")
     assert not plugin_impl.version_supported(None)
 
@@ -213,7 +253,7 @@ def test_unsupported_version_changes_nothing(monkeypatch):
         plugin_impl.logger.removeHandler(handler)
     assert hooked == []
     assert [r.getMessage() for r in records] == [
-        "spec_samplers: vLLM 0.40.1 is not supported (supported: vllm>=0.32,<0.33); vLLM's own rejection sampler stays"
+        "spec_samplers: vLLM 0.40.1 is not supported (supported: vllm>=0.32,<0.34); vLLM's own rejection sampler stays"
     ]
 
 

@@ -16,7 +16,9 @@ import torch
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 from vllm_support import (
     V1_MODULE,
+    VLLM_033,
     call_v1,
+    completed_block_pvalue,
     check_layout,
     install,
     restore_seams,  # noqa: F401  (fixture)
@@ -92,6 +94,10 @@ def test_vllm_forward_all_greedy_end_to_end(restore_seams):
     sampler.synthetic_mode = False
     sampler.synthetic_conditional_rates = None
     sampler.use_fp64_gumbel = False
+    sampler.use_fly = False  # (0.33's forward passes FLy's settings along)
+    sampler.fly_window_size = None
+    sampler.fly_entropy_threshold = None
+    sampler.fly_entropy_top_k = 3
     drafts = [[1, 2, 3], [4], [5, 6]]
     md = spec_metadata(drafts)
     md.target_logits_indices = torch.tensor([0, 1, 2, 4, 6, 7])
@@ -266,10 +272,76 @@ def test_padded_path_for_v0_samplers_is_lossless_on_ragged_input(with_draft_prob
         assert abs(accepted - rate) < binomial_bound(rate, N)
 
 
-def test_synthetic_mode_stays_vllms():
+VLLM_ONLY = [dict(synthetic_mode=True)] + (
+    [dict(fly_window_size=1, fly_entropy_threshold=0.3, fly_entropy_top_k=3)] if VLLM_033 else [])
+
+
+@pytest.mark.parametrize("kwargs", VLLM_ONLY, ids=["synthetic", "fly"][: len(VLLM_ONLY)])
+def test_vllm_only_modes_stay_vllms(kwargs):
     calls = []
     seam = v1_runner.make_rejection_sample(RejectionSampler(), lambda *a, **kw: calls.append(kw) or "vllm")
     md = spec_metadata([[1]])
     result = seam(md.draft_token_ids, [1], 1, md.cu_num_draft_tokens, None, torch.zeros(1, 4),
-                  torch.zeros(1, 1, dtype=torch.int32), sampling_metadata([1.0]), synthetic_mode=True)
-    assert result == "vllm" and calls[0]["synthetic_mode"] is True
+                  torch.zeros(1, 1, dtype=torch.int32), sampling_metadata([1.0]), **kwargs)
+    assert result == "vllm"
+    for key, value in kwargs.items():
+        assert calls[0][key] == value
+    if "fly_window_size" not in kwargs:
+        assert "fly_window_size" not in calls[0]  # 0.32's function has no such parameter
+
+
+# --- block verification behind the V1 seam ----------------------------------------------------
+
+BLOCK = {"acceptance_method": "block_verification"}
+
+
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["probabilistic_drafts", "greedy_drafts"])
+def test_block_verification_is_lossless_for_whole_blocks(restore_seams, with_draft_probs):
+    """All requests draft k=2 tokens from the same per-position distributions (probabilistic
+    drafting: samples of p with vLLM's draft_probs; greedy drafting: one fixed block, no
+    draft_probs); vLLM's bonus token is a sample of the bonus row. The completed blocks have the
+    target's joint law: chi-square over all V^3 cells (false failure CHI2_ALPHA)."""
+    module = install(V1_MODULE, BLOCK)
+    V, K, N = 3, 2, 12000
+    gen = torch.Generator().manual_seed(71)
+    q = torch.softmax(torch.randn(K + 1, V, generator=gen) * 1.5, -1)
+    p = torch.softmax(torch.randn(K, V, generator=gen) * 1.5, -1)
+    if with_draft_probs:
+        drafts = torch.multinomial(p, N, replacement=True, generator=gen).t()  # [N, K]
+    else:
+        drafts = p.argmax(-1).expand(N, K)
+    md = spec_metadata(drafts.tolist())
+    bonus = torch.multinomial(q[K], N, replacement=True, generator=gen).to(torch.int32)[:, None]
+    torch.manual_seed(72)
+    out = call_v1(module, md, p.repeat(N, 1) if with_draft_probs else None, q[:K].log().repeat(N, 1), bonus,
+                  sampling_metadata([1.0] * N))
+    rows = check_layout(out, drafts.tolist(), V)
+    for b in range(N):
+        if len(rows[b]) == K + 1:
+            assert rows[b][-1] == bonus[b, 0]
+    assert completed_block_pvalue(out, q, gen) > CHI2_ALPHA
+
+
+def test_block_verification_greedy_rows_and_seeds(restore_seams):
+    module = install(V1_MODULE, BLOCK)
+    V = 16
+    drafts = [[1, 2, 3, 4], [5], [6, 7], [8, 9, 10], [], [11]]
+    md = spec_metadata(drafts)
+    logits = random_logits(md.draft_token_ids.shape[0], V, 73)
+    draft_probs = torch.softmax(random_logits(logits.shape[0], V, 74), -1)
+    bonus = torch.arange(6, dtype=torch.int32)[:, None]
+    temps = [0.0, 1.0, 0.0, 0.8, 1.0, 0.0]
+
+    def run(default_seed: int):
+        torch.manual_seed(default_seed)
+        gens = {1: torch.Generator().manual_seed(5), 3: torch.Generator().manual_seed(6)}
+        return call_v1(module, md, draft_probs, logits, bonus, sampling_metadata(temps, gens))
+
+    outs = [run(s) for s in range(4)]
+    check_layout(outs[0], drafts, V)
+    greedy = vllm_greedy_v1(drafts, logits, bonus[:, 0].tolist())
+    for out in outs:
+        for b, t in enumerate(temps):
+            if t == 0:
+                assert torch.equal(out[b], greedy[b])
+        assert torch.equal(out[[1, 3]], outs[0][[1, 3]])  # seeded rows reproduce

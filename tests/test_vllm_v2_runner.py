@@ -3,7 +3,8 @@ replaced.
 
 Model Runner V2 builds its verification inputs with Triton kernels (expand_idx_mapping,
 gather_draft_sampled), which need a GPU; the tests lay the tensors out as those kernels do
-(vllm_support.v2_inputs) and call the seam exactly as RejectionSampler._verify calls it.
+(vllm_support.v2_inputs) and call the seam exactly as RejectionSampler._verify calls it, or run
+vLLM's own RejectionSampler._verify_in_chunks around it (vllm_support.verify_in_chunks).
 """
 
 from __future__ import annotations
@@ -12,7 +13,19 @@ import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a 
 import pytest
 import torch
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
-from vllm_support import V2_MODULE, call_v2, install, restore_seams, v2_inputs  # noqa: F401
+from vllm_support import (  # noqa: F401
+    V2_MODULE,
+    VLLM_033,
+    call_v2,
+    completed_block_pvalue,
+    engine_config,
+    install,
+    make_model_dir,
+    restore_seams,
+    v2_inputs,
+    v2_rejection_sampler,
+    verify_in_chunks,
+)
 
 from spec_samplers.integrations.vllm import v2_runner
 from spec_samplers.rejection import RejectionSampler
@@ -206,11 +219,14 @@ def test_mixed_greedy_random_with_padded_v0_sampler(restore_seams):
     assert torch.equal(sampled, again)
 
 
-@pytest.mark.parametrize("kwargs", [
+VLLM_ONLY = [
     dict(synthetic_conditional_rates=torch.ones(2)),
     dict(use_block_verification=True),
     dict(contexts=torch.zeros(3, 1, dtype=torch.int64), watermarking=torch.ones(1, dtype=torch.bool), watermark_key=7),
-])
+] + ([dict(fly_window_size=1, fly_entropy_threshold=0.3, fly_entropy_top_k=3)] if VLLM_033 else [])
+
+
+@pytest.mark.parametrize("kwargs", VLLM_ONLY)
 def test_vllm_only_schemes_stay_vllms(kwargs):
     calls = []
     seam = v2_runner.make_rejection_sample(RejectionSampler(), lambda *a, **kw: calls.append((a, kw)) or "vllm")
@@ -221,3 +237,108 @@ def test_vllm_only_schemes_stay_vllms(kwargs):
     synthetic = kwargs.pop("synthetic_conditional_rates", None)
     assert seam(*args, synthetic, **kwargs) == "vllm"
     assert len(calls) == 1
+
+
+# --- block verification behind the seam, and vLLM's own chunked verification around it --------
+
+BLOCK = {"acceptance_method": "block_verification"}
+
+
+def _block_requests(R: int, V: int, K: int, seed: int, probabilistic: bool, temp: float = 0.8):
+    """R requests drafting K tokens each from the same per-position distributions: target rows
+    q [K+1, V] (processed logits = log q), draft logits [K, V] (p = softmax(logits / temp)).
+    Probabilistic drafting samples the drafts from p and passes the cached logits; greedy
+    drafting proposes the drafter's argmax (a point mass) and passes no draft logits."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.softmax(torch.randn(K + 1, V, generator=gen) * 1.5, -1)
+    draft_logits_row = torch.randn(K, V, generator=gen) * 1.5
+    p = torch.softmax(draft_logits_row / temp, -1)
+    seeds = torch.randint(0, 2**62, (R,), generator=gen)
+    if probabilistic:
+        drafts = torch.multinomial(p, R, replacement=True, generator=gen).t()  # [R, K]
+    else:
+        drafts = draft_logits_row.argmax(-1).expand(R, K)
+    requests = [dict(state=r, pos=40 + r % 7, drafts=drafts[r].tolist(), temperature=temp, seed=int(seeds[r]))
+                for r in range(R)]
+    inputs = v2_inputs(requests, V, K)
+    target_logits = q.log().repeat(R, 1)  # [R*(K+1), V]
+    draft_logits = draft_logits_row.expand(R, K, V).contiguous() if probabilistic else None
+    return q, p, inputs, target_logits, draft_logits, gen
+
+
+@pytest.mark.parametrize("probabilistic", [True, False], ids=["probabilistic_drafts", "greedy_drafts"])
+def test_block_verification_is_lossless_for_whole_blocks(restore_seams, probabilistic):
+    """Completed blocks (bonus drawn by the plugin included) have the target's joint law: chi-square
+    over all V^(K+1) cells (false failure CHI2_ALPHA at a random seed)."""
+    module = install(V2_MODULE, BLOCK)
+    V, K, R = 3, 2, 12000
+    q, p, inputs, target_logits, draft_logits, gen = _block_requests(R, V, K, seed=61, probabilistic=probabilistic)
+    sampled, num_sampled = call_v2(module, target_logits, draft_logits, inputs)
+    assert num_sampled.tolist() == (sampled != -1).sum(1).tolist()
+    assert bool((num_sampled < K + 1).any()) and bool((num_sampled == K + 1).any())
+    assert completed_block_pvalue(sampled, q, gen) > CHI2_ALPHA
+
+
+def test_block_verification_accepts_more_than_token_wise(restore_seams):
+    """Same requests, seeds and drafts: block verification's mean accepted length is not below
+    rejection's, and its first token still has law q_0 (chi-square)."""
+    V, K, R = 4, 3, 8000
+    q, p, inputs, target_logits, draft_logits, gen = _block_requests(R, V, K, seed=62, probabilistic=True)
+    block, n_block = call_v2(install(V2_MODULE, BLOCK), target_logits, draft_logits, inputs)
+    token, n_token = call_v2(install(V2_MODULE, REJECTION), target_logits, draft_logits, inputs)
+    assert chi2_pvalue(block[:, 0], q[0]) > CHI2_ALPHA
+    # (lengths in [1, K+1]: a difference of means over R rows has std <= K / sqrt(R); 5 std)
+    assert float(n_block.double().mean()) > float(n_token.double().mean()) - 5 * K / R**0.5
+
+
+def test_block_verification_greedy_rows_and_placeholders(restore_seams):
+    module = install(V2_MODULE, BLOCK)
+    V, K = 10, 3
+    gen = torch.Generator().manual_seed(63)
+    requests = [dict(state=s, pos=3 * s, drafts=torch.randint(0, V, (k,), generator=gen).tolist(), temperature=t, seed=s)
+                for s, (k, t) in enumerate([(3, 0.0), (2, 1.0), (0, 0.0), (3, 0.7)])]
+    requests[3]["drafts"][1] = -1  # vLLM's placeholder / a draft structured output forbids
+    inputs = v2_inputs(requests, V, K)
+    L = int(inputs["cu_num_logits"][-1])
+    target_logits = torch.randn(L, V, generator=gen)
+    sampled, num_sampled = call_v2(module, target_logits, torch.randn(4, K, V, generator=gen), inputs)
+    greedy = greedy_expected(requests, target_logits, K)
+    assert torch.equal(sampled[0], greedy[0]) and torch.equal(sampled[2], greedy[2])
+    assert int(num_sampled[3]) <= 2  # the block ends before the placeholder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tiny-llama-v2"))
+
+
+@pytest.mark.parametrize("name", ["block_verification", "rejection_sampler"])
+def test_vllm_verify_in_chunks_around_the_seam(model_dir, restore_seams, name):
+    """vLLM's RejectionSampler, built under an engine config naming our sampler (the plugin's
+    observer installs it), verifies through _verify_in_chunks: in one chunk or cut into chunks of
+    whole requests (as for large vocabularies), the tokens are the same, since every draw is keyed
+    by the request's seed and position."""
+    V, K, R = 16, 3, 9
+    gen = torch.Generator().manual_seed(64)
+    requests = [dict(state=(5 * r) % 11, pos=20 + 3 * r, drafts=torch.randint(0, V, (r % (K + 1),), generator=gen).tolist(),
+                     temperature=[0.0, 0.9, 1.2][r % 3], seed=100 + r) for r in range(R)]
+    inputs = v2_inputs(requests, V, K, max_num_reqs=11)
+    L = int(inputs["cu_num_logits"][-1])
+    target_logits = torch.randn(L, V, generator=gen)
+    draft_logits = torch.randn(11, K, V, generator=gen)
+    config = engine_config(model_dir, {"spec_samplers": {"acceptance_method": name}})
+    rejection_sampler = v2_rejection_sampler(config, inputs)
+    module = __import__(V2_MODULE, fromlist=["rejection_sample"])
+    assert type(module.rejection_sample.__spec_samplers_sampler__).__name__ == (
+        "BlockVerificationSampler" if name == "block_verification" else "RejectionSampler")
+    whole, n_whole = verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs, max_chunk_logits=L)
+    calls = rejection_sampler.sampler.calls
+    chunked, n_chunked = verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs, max_chunk_logits=5)
+    assert rejection_sampler.sampler.calls - calls > 2  # really cut into chunks
+    assert torch.equal(whole, chunked) and torch.equal(n_whole, n_chunked)
+    # and the same as calling the seam directly
+    direct, n_direct = call_v2(module, target_logits, draft_logits, inputs)
+    assert torch.equal(whole, direct) and torch.equal(n_whole, n_direct)
+    greedy = greedy_expected(requests, target_logits, K)
+    for r in range(0, R, 3):
+        assert torch.equal(whole[r], greedy[r])

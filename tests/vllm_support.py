@@ -3,7 +3,11 @@
 vLLM cannot run a model without a GPU, so the tests call the replaced seams directly, with inputs
 made by vLLM's own helpers where they run on CPU (SpecDecodeMetadata.make_dummy, SamplingMetadata,
 EngineArgs/VllmConfig) and, for Model Runner V2 whose input helpers are Triton kernels, with
-tensors laid out exactly as those kernels lay them out.
+tensors laid out exactly as those kernels lay them out; Model Runner V2's own
+``RejectionSampler._verify_in_chunks`` runs around the seam with a stand-in for its Sampler.
+
+The tests run against vLLM 0.33.x (what CI installs) and 0.32.x (.ci/check_vllm_032); calls
+pass exactly the keywords the installed version's callers pass (``VLLM_033``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ import torch  # noqa: E402
 pytest.importorskip("vllm", reason="needs the vllm extra: pip install -e '.[test,vllm]'")
 
 import spec_samplers.integrations.vllm as plugin  # noqa: E402
+
+
+def _vllm_minor() -> tuple[int, int]:
+    from importlib.metadata import version
+
+    major, minor = version("vllm").split(".")[:2]
+    return int(major), int(minor)
+
+
+#: the installed vLLM is 0.33.x (FLy keywords in both runners' calls, V1 RejectionSampler(sampler, spec_config, device))
+VLLM_033 = _vllm_minor() >= (0, 33)
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
 V2_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
@@ -44,6 +59,20 @@ def make_model_dir(root: Path) -> str:
 
 def ngram_spec(k: int = 3) -> dict:
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def engine_config(model_dir: str, additional_config: dict | None, **spec_overrides):
+    """A real VllmConfig, built by vLLM's EngineArgs as `LLM(...)` builds it (n-gram drafting)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=128,
+        speculative_config={**ngram_spec(), **spec_overrides},
+        additional_config=additional_config or {},
+    )
+    return args.create_engine_config()
 
 
 def seam_module(name: str):
@@ -114,7 +143,9 @@ def spec_metadata(draft_token_ids: list[list[int]]):
 
 
 def call_v1(module, metadata, draft_probs, target_logits, bonus_token_ids, sampling_md):
-    """The seam called exactly as vLLM's RejectionSampler.forward calls it."""
+    """The seam called exactly as vLLM's RejectionSampler.forward calls it (without synthetic mode
+    and FLy, which the plugin's config refuses)."""
+    fly = dict(fly_window_size=None, fly_entropy_threshold=None, fly_entropy_top_k=3) if VLLM_033 else {}
     return module.rejection_sample(
         metadata.draft_token_ids,
         metadata.num_draft_tokens,
@@ -124,6 +155,10 @@ def call_v1(module, metadata, draft_probs, target_logits, bonus_token_ids, sampl
         target_logits,
         bonus_token_ids,
         sampling_md,
+        synthetic_mode=False,
+        synthetic_conditional_rates=None,
+        use_fp64_gumbel=False,
+        **fly,
     )
 
 
@@ -198,7 +233,9 @@ def v2_inputs(requests: list[dict], vocab_size: int, num_speculative_steps: int,
 
 
 def call_v2(module, target_logits, draft_logits, inputs: dict):
-    """The seam called exactly as Model Runner V2's RejectionSampler._verify calls it."""
+    """The seam called exactly as Model Runner V2's RejectionSampler._verify calls it (standard
+    method, no watermark)."""
+    fly = dict(fly_window_size=0, fly_entropy_threshold=0.3, fly_entropy_top_k=3) if VLLM_033 else {}
     return module.rejection_sample(
         target_logits,
         draft_logits,
@@ -214,5 +251,100 @@ def call_v2(module, target_logits, draft_logits, inputs: dict):
         None,
         use_fp64=False,
         use_block_verification=False,
+        **fly,
     )
 
+
+# --- Model Runner V2's RejectionSampler around the seam ---------------------------------------
+
+
+class V2SamplerStandIn:
+    """What Model Runner V2's RejectionSampler reads from its Sampler on the verification path.
+    vLLM's real Sampler applies penalties, temperature, top-k/top-p with Triton kernels (GPU);
+    here the logits arrive already processed, so ``apply_sampling_params`` returns them."""
+
+    logprobs_mode = "raw_logprobs"
+    return_sampling_mask = False
+    use_fp64_gumbel = False
+    compute_nans = False
+
+    def __init__(self, temperature: torch.Tensor, seed: torch.Tensor):
+        from types import SimpleNamespace
+
+        self.sampling_states = SimpleNamespace(
+            temperature=SimpleNamespace(gpu=temperature), seeds=SimpleNamespace(gpu=seed),
+        )
+        self.calls = 0
+
+    def apply_sampling_params(self, logits, *args, **kwargs):
+        self.calls += 1
+        return logits
+
+
+def v2_input_batch(inputs: dict):
+    """The InputBatch fields RejectionSampler._verify_in_chunks reads, from v2_inputs(...)."""
+    from types import SimpleNamespace
+
+    cu = inputs["cu_num_logits"]
+    num_reqs = cu.shape[0] - 1
+    return SimpleNamespace(
+        num_reqs=num_reqs,
+        cu_num_logits=cu,
+        cu_num_logits_np=cu.numpy(),
+        idx_mapping=inputs["idx_mapping"],
+        idx_mapping_np=inputs["idx_mapping"].numpy(),
+        expanded_idx_mapping=inputs["expanded_idx_mapping"],
+        expanded_local_pos=inputs["expanded_local_pos"],
+        seq_lens_cpu_upper_bound=torch.zeros(num_reqs, dtype=torch.int32),
+    )
+
+
+def v2_rejection_sampler(vllm_config, inputs: dict):
+    """Model Runner V2's RejectionSampler built as its model runner builds it, inside
+    set_current_vllm_config (so the plugin's observer configures the seam from ``vllm_config``)."""
+    from vllm.config import set_current_vllm_config
+
+    module = seam_module(V2_MODULE)
+    with set_current_vllm_config(vllm_config):
+        return module.RejectionSampler(
+            V2SamplerStandIn(inputs["temperature"], inputs["seed"]), vllm_config.speculative_config, torch.device("cpu")
+        )
+
+
+def verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs: dict, max_chunk_logits: int):
+    """RejectionSampler._verify_in_chunks as RejectionSampler.__call__ calls it (no logprobs).
+    Returns (sampled [R, S+1], num_sampled [R])."""
+    from vllm.v1.worker.gpu.sample.states import NO_LOGPROBS
+
+    sampled, num_sampled, logprobs, _ = rejection_sampler._verify_in_chunks(
+        target_logits, v2_input_batch(inputs), draft_logits, inputs["draft_sampled"], inputs["pos"],
+        max_chunk_logits, NO_LOGPROBS,
+    )
+    assert logprobs is None
+    return sampled, num_sampled
+
+
+
+# --- whole-block losslessness (block verification) --------------------------------------------
+
+
+def completed_block_pvalue(out: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> float:
+    """Chi-square p-value of the completed blocks against the product of the targets.
+
+    out: [N, k+1] emitted tokens, -1 padded; q: [k+1, V] per-position targets that do not depend
+    on the prefix. Slots after the emitted tokens are filled with fresh target samples, so a
+    lossless verifier's completed rows have the law q_0 x ... x q_k over all V^(k+1) cells."""
+    from stats_helpers import chi2_pvalue
+
+    N, kp1 = out.shape
+    V = q.shape[1]
+    seq = out.to(torch.int64).clone()
+    for i in range(kp1):
+        missing = seq[:, i] == -1
+        if bool(missing.any()):
+            seq[missing, i] = torch.multinomial(q[i], int(missing.sum()), replacement=True, generator=gen)
+    cells = (seq * (V ** torch.arange(kp1 - 1, -1, -1))).sum(dim=1)
+    joint = q[0]
+    for i in range(1, kp1):
+        joint = (joint[:, None] * q[i][None, :]).reshape(-1)
+    return chi2_pvalue(cells, joint)

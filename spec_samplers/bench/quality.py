@@ -16,6 +16,15 @@ Rows are independent, so measured - theory is asymptotically normal with the rep
 error (sample std of the per-row count / sqrt(rows)); ``z`` is that difference in standard errors.
 |z| < 4.5 fails with probability 7e-6 for an exact sampler (two-sided normal tail).
 
+Block verification (a sampler whose class declares ``acceptance_law = "block"``): the accepted
+length tau satisfies P(tau >= i) = E_{x ~ p}[rho_i(x_1..x_i)] with the running ratio
+rho_i = min(rho_{i-1} q(x_i) / p(x_i), 1), rho_0 = 1 (Sun et al. 2024; checked exactly in
+tests/test_block_verification.py), so per_position[i] = mean_c E[rho_{i+1}],
+emitted = 1 + mean_c E[rho_1 + ... + rho_k]. No closed form: ``block_theory`` estimates the
+expectations by Monte Carlo (``BLOCK_THEORY_DRAWS`` draft blocks per context) and reports the
+estimate's standard error, which ``z`` adds to the measurement's. For point-mass drafts rho_i =
+q(x)^i: the token-wise closed form, exactly (block verification gains nothing there).
+
 Output quality: the total variation between the distribution of the first emitted token and the
 target, estimated per context from the empirical token frequencies over its rows and averaged
 over contexts. The estimate is biased upwards by sampling noise, so the same estimator is
@@ -54,6 +63,52 @@ def lossless_theory(target: torch.Tensor, draft: torch.Tensor, k: int) -> dict[s
         "per_position": per_position,
         "acceptance": sum(per_position) / k if k else 1.0,
         "emitted": 1.0 + sum(per_position),
+    }
+
+
+#: draft blocks per context of block_theory's Monte Carlo estimate (its stderr is ~1e-3 of a token)
+BLOCK_THEORY_DRAWS = 2**16
+
+
+def block_theory(
+    target: torch.Tensor,  # [C, V]
+    draft: torch.Tensor,  # [C, V]
+    k: int,
+    point_mass_drafts: bool = False,
+    draws: int = BLOCK_THEORY_DRAWS,
+    seed: int = 0,
+) -> dict[str, object]:
+    """Theory of block verification when each pair repeats at k positions (module docstring):
+    the keys of :func:`lossless_theory` plus ``method`` ("closed form" or "monte carlo") and
+    ``stderr`` {"acceptance", "emitted"} of the estimate (0 for the closed form)."""
+    if point_mass_drafts:
+        exact = {"method": "closed form", "stderr": {"acceptance": 0.0, "emitted": 0.0}}
+        return {**lossless_theory(target, draft, k), **exact}
+    C = target.shape[0]
+    q, p = target.double(), draft.double()
+    gen = torch.Generator().manual_seed(seed)
+    per_position = torch.zeros(k, dtype=torch.float64)
+    emitted_mean = emitted_var = 0.0
+    for c in range(C):
+        x = torch.multinomial(p[c], draws * k, replacement=True, generator=gen).view(draws, k)
+        ratio = q[c][x] / p[c][x]  # [draws, k]; drawn tokens have p > 0
+        rho = torch.ones(draws, dtype=torch.float64)
+        total = torch.zeros(draws, dtype=torch.float64)
+        for i in range(k):
+            rho = torch.minimum(rho * ratio[:, i], torch.ones(()))
+            per_position[i] += rho.mean() / C
+            total += rho
+        emitted_mean += float(total.mean()) / C
+        emitted_var += float(total.var()) / draws / C**2
+    a = torch.minimum(q, p).sum(dim=1).clamp(max=1.0)
+    emitted_se = emitted_var**0.5
+    return {
+        "alpha": float(a.mean()),
+        "per_position": per_position.tolist(),
+        "acceptance": emitted_mean / k if k else 1.0,
+        "emitted": 1.0 + emitted_mean,
+        "method": "monte carlo",
+        "stderr": {"acceptance": emitted_se / k if k else 0.0, "emitted": emitted_se},
     }
 
 
@@ -102,11 +157,15 @@ def measure(
     point_mass_drafts: bool = False,
     lossless: bool | None = None,
     first_token_law: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    law: str = "token",
 ) -> dict[str, object]:
     """Run ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
     every context repeated ``rows`` times and return the measured numbers (module docstring),
-    with the theory and z-scores when ``lossless``. ``first_token_law(target, draft) -> [C, V]``:
-    the exact law of the first emitted token, when known (``tv_output["exact"]``)."""
+    with the theory and z-scores when ``lossless``: token-wise rejection's law, or block
+    verification's when ``law == "block"``. ``first_token_law(target, draft) -> [C, V]``: the
+    exact law of the first emitted token, when known (``tv_output["exact"]``)."""
+    if law not in ("token", "block"):
+        raise ValueError(f"law: expected 'token' or 'block', got {law!r}")
     if rows < 2:
         raise ValueError(f"rows: expected >= 2, got {rows}")
     if k < 1:
@@ -166,16 +225,22 @@ def measure(
         law = first_token_law(target.to(dtype).float(), draft.to(dtype).float())
         result["tv_output"]["exact"] = float((0.5 * (law - target.double()).abs().sum(dim=1)).mean())  # type: ignore[index]
     if lossless:
-        theory = lossless_theory(target, draft, k)
+        if law == "block":
+            theory = block_theory(target, draft, k, point_mass_drafts, seed=seed)
+        else:
+            theory = lossless_theory(target, draft, k)
+        theory_se = theory.get("stderr", {"acceptance": 0.0, "emitted": 0.0})
         result["theory"] = theory
         result["z"] = {
-            "acceptance": _z(result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n),
-            "emitted": _z(result["emitted"], theory["emitted"], result["emitted_stderr"], n),
+            "acceptance": _z(result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n,
+                             theory_se["acceptance"]),
+            "emitted": _z(result["emitted"], theory["emitted"], result["emitted_stderr"], n, theory_se["emitted"]),
         }
     return result
 
 
-def _z(measured: float, expected: float, stderr: float, rows: int) -> float:
+def _z(measured: float, expected: float, stderr: float, rows: int, theory_stderr: float = 0.0) -> float:
     # When every row came out the same (e.g. all drafts accepted) the sample std is 0; one row's
-    # worth (1 / rows) is then the resolution of the measurement.
-    return (measured - expected) / max(stderr, 1.0 / rows)
+    # worth (1 / rows) is then the resolution of the measurement. A Monte Carlo theory's own
+    # error adds in quadrature.
+    return (measured - expected) / (max(stderr, 1.0 / rows) ** 2 + theory_stderr**2) ** 0.5

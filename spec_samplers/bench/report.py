@@ -12,7 +12,7 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
                  "batch_sizes": [int], "timing_vocab": int, "dtypes": [str], "min_time_s": float,
                  "from_file": str | null, "threads": int (torch CPU threads)},
       "samplers": [{"name": str, "options": {str: value}, "label": str,
-                    "lossless": bool | null, "swept": [str]}],
+                    "lossless": bool | null, "swept": [str], "law": "token" | "block"}],
       "settings": [{"name": str, "kind": "softmax" | "sparse" | "point" | "file",
                     "vocab_size": int, "contexts": int, "sigma": float, "temperature": float,
                     "top_k": int, "source": str}],
@@ -27,7 +27,9 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
                         "exact": float | null},  # first emitted token vs target (see quality);
                                               # exact where the law is computable (typical acceptance)
           "theory": null | {"alpha": float, "per_position": [k floats],
-                            "acceptance": float, "emitted": float},   # lossless samplers only
+                            "acceptance": float, "emitted": float,    # lossless samplers only
+                            "method": str, "stderr": {"acceptance": float, "emitted": float}},
+                                              # (method, stderr: block verification's theory only)
           "z": null | {"acceptance": float, "emitted": float}         # (measured - theory) / stderr
       }],
       "timing": [{                           # one per (timed sampler, dtype, batch size)
@@ -184,6 +186,37 @@ def timing_table(entries: Sequence[dict[str, object]]) -> str:
     return _table(TIMING_HEADERS, rows, [False] * 3 + [True] * 7)
 
 
+BLOCK_HEADERS = ("setting", "TV(p,q)", "token-wise", "theory", "block", "theory", "gain", "gain %", "theory gain %")
+#: registry names compared by block_vs_token_table
+TOKEN_WISE, BLOCK = "rejection_sampler", "block_verification"
+
+
+def block_vs_token_table(entries: Sequence[dict[str, object]]) -> str | None:
+    """Mean accepted drafts per step (emitted - 1) of token-wise rejection and block verification
+    on every setting both ran (default options only), with their theories and the gain; None when
+    the run lacks one of them."""
+    def by_setting(name: str) -> dict[str, dict[str, object]]:
+        return {e["setting"]["name"]: e for e in entries if e["name"] == name and not e["options"]}
+
+    token, block = by_setting(TOKEN_WISE), by_setting(BLOCK)
+    rows = []
+    for setting, t in token.items():
+        b = block.get(setting)
+        if b is None:
+            continue
+        t_len, b_len = t["emitted"] - 1.0, b["emitted"] - 1.0
+        theory = lambda e: None if e["theory"] is None else e["theory"]["emitted"] - 1.0  # noqa: E731
+        t_th, b_th = theory(t), theory(b)
+        th_gain = "-" if t_th is None or b_th is None or t_th <= 0 else f"{100.0 * (b_th - t_th) / t_th:+.1f}"
+        rows.append([
+            setting, _f(t["tv_draft_target"]), _f(t_len), _f(t_th), _f(b_len), _f(b_th),
+            f"{b_len - t_len:+.3f}", "-" if t_len <= 0 else f"{100.0 * (b_len - t_len) / t_len:+.1f}", th_gain,
+        ])
+    if not rows:
+        return None
+    return _table(BLOCK_HEADERS, rows, [False] + [True] * 8)
+
+
 def render(document: dict[str, object]) -> str:
     """The terminal report: acceptance (or the sweep summary), then timing."""
     machine, config = document["machine"], document["config"]
@@ -199,6 +232,12 @@ def render(document: dict[str, object]) -> str:
                   "emitted token vs target, exact where computable (floor 'exact'), else an estimate",
                   "whose floor is the same estimate on exact samples. Per-position rates: --json.",
                   "", acceptance_table(plain)]
+    block_table = block_vs_token_table(plain)
+    if block_table is not None:
+        parts += ["", "Block verification vs token-wise rejection: mean accepted drafts per step, same",
+                  "drafts and seeds; theory: token-wise closed form, block E[rho_1 + ... + rho_k] by",
+                  "Monte Carlo (closed form for point-mass drafts).",
+                  "", block_table]
     if swept:
         names = sorted({k for s in document["samplers"] if s["swept"] for k in s["swept"]})
         parts += ["", "Sweep: means over settings (per-setting rows in --json); TV out exact, or ~ an",

@@ -47,6 +47,7 @@ class SamplerSpec:
     sampler: torch.nn.Module
     swept: tuple[str, ...] = ()  # options set by a sweep
     timed: bool = True
+    law: str = "token"  # which lossless theory applies: "token" (rejection) or "block" (block verification)
 
     @property
     def label(self) -> str:
@@ -56,13 +57,19 @@ class SamplerSpec:
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "options": dict(self.options), "label": self.label,
-                "lossless": self.lossless, "swept": list(self.swept)}
+                "lossless": self.lossless, "swept": list(self.swept), "law": self.law}
 
 
 def is_lossless(cls: type) -> bool | None:
     """The sampler class's own ``lossless`` declaration (None when it declares none)."""
     declared = getattr(cls, "lossless", None)
     return declared if isinstance(declared, bool) else None
+
+
+def acceptance_law(cls: type) -> str:
+    """"block" for samplers that declare ``acceptance_law = "block"`` (block verification), else
+    "token": which lossless theory the quality run compares against."""
+    return "block" if getattr(cls, "acceptance_law", "token") == "block" else "token"
 
 
 def parse_option(text: str) -> tuple[str, object, str]:
@@ -135,7 +142,8 @@ def resolve_samplers(names: list[str] | None, option_texts: Iterable[str], sweep
                 sampler = classes[name](**options)
             except (TypeError, ValueError) as exc:
                 raise BenchError(f"--option for sampler {name!r}: {exc}") from exc
-            specs.append(SamplerSpec(name, options, is_lossless(classes[name]), sampler, tuple(grid), swept == timed_variant))
+            specs.append(SamplerSpec(name, options, is_lossless(classes[name]), sampler, tuple(grid), swept == timed_variant,
+                                     acceptance_law(classes[name])))
     return specs
 
 
@@ -196,7 +204,7 @@ def run(config: BenchConfig) -> dict[str, object]:
                     bar.set_postfix_str(f"{spec.name} {setting.name}", refresh=False)
                 measured = quality.measure(
                     spec.sampler, target, draft, config.k, config.rows, seed=config.seed, device=config.device,
-                    point_mass_drafts=setting.point_mass_drafts, lossless=spec.lossless,
+                    point_mass_drafts=setting.point_mass_drafts, lossless=spec.lossless, law=spec.law,
                     first_token_law=_first_token_law(spec.sampler),
                 )
                 acceptance.append({"sampler": spec.label, "name": spec.name, "options": dict(spec.options),

@@ -21,16 +21,18 @@ from spec_samplers.layout import RowLayout
 
 @dataclass
 class KernelLaunch:
-    """One planned kernel launch: ``kernel[grid](**args, num_warps=num_warps)``."""
+    """One planned kernel launch: ``kernel[grid](**args, num_warps=num_warps, **options)``."""
 
     kernel: Any  # a triton JITFunction
     grid: tuple[int, ...]
     args: dict[str, Any]
     num_warps: int = 4
     name: str = field(default="")
+    #: compile options beyond num_warps (e.g. enable_fp_fusion=False), also used by the compile check
+    options: dict[str, Any] = field(default_factory=dict)
 
     def run(self) -> None:
-        self.kernel[self.grid](**self.args, num_warps=self.num_warps)
+        self.kernel[self.grid](**self.args, num_warps=self.num_warps, **self.options)
 
 
 def run_all(launches: list[KernelLaunch]) -> None:

@@ -1,4 +1,4 @@
-"""vLLM 0.32 plugin: ``additional_config={"spec_samplers": {"acceptance_method": NAME, **options}}``
+"""vLLM 0.32 and 0.33 plugin: ``additional_config={"spec_samplers": {"acceptance_method": NAME, **options}}``
 replaces vLLM's verification step with a sampler from our registry, in both model runners.
 
 Entry point (pyproject.toml): ``vllm.general_plugins`` -> ``spec_samplers.integrations.vllm:register``.

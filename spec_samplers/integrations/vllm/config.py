@@ -26,8 +26,14 @@ from spec_samplers.registry import (
 CONFIG_KEY = "spec_samplers"
 #: the sampler's registry name (vLLM V0's speculative-config key)
 METHOD_KEY = "acceptance_method"
-#: vLLM's own verification modes that our samplers replace; others ("synthetic", "block") conflict
+#: vLLM's own verification modes that our samplers replace; the others ("synthetic", "block",
+#: "fly") are vLLM's own schemes and conflict
 REPLACEABLE_VLLM_METHODS = ("standard",)
+#: what to say instead, for vLLM's modes that have a counterpart here
+_COUNTERPARTS = {
+    "block": "for block verification in both runners use {\"acceptance_method\": \"block_verification\"} "
+    "with rejection_sample_method='standard'",
+}
 
 
 class SpecSamplersConfigError(ValueError):
@@ -111,9 +117,18 @@ def choice_from_vllm_config(vllm_config: object) -> SamplerChoice | None:
     spec = getattr(vllm_config, "speculative_config", None)
     method = getattr(spec, "rejection_sample_method", "standard") if spec is not None else "standard"
     if method not in REPLACEABLE_VLLM_METHODS:
+        hint = _COUNTERPARTS.get(method)
         raise SpecSamplersConfigError(
             f"additional_config[{CONFIG_KEY!r}] selects {choice.name!r}, but speculative_config."
             f"rejection_sample_method={method!r} asks for vLLM's own {method!r} verification; "
             f"use one or the other (our samplers replace only {', '.join(REPLACEABLE_VLLM_METHODS)!s})"
+            + (f"; {hint}" if hint else "")
+        )
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        # With a watermark configuration vLLM draws every resampled token with its keyed
+        # watermark draw inside verification; a replacement would drop the watermark.
+        raise SpecSamplersConfigError(
+            f"additional_config[{CONFIG_KEY!r}] selects {choice.name!r}, but the engine has a watermark_config: "
+            "vLLM's watermarked verification cannot be replaced; drop one of the two"
         )
     return choice

@@ -22,9 +22,12 @@ from spec_samplers.seeding import row_seeds
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., torch.Tensor]):
-    """A drop-in for vLLM's ``rejection_sample`` that verifies with ``sampler``.
+    """A drop-in for vLLM's ``rejection_sample`` (0.32 and 0.33 signatures) that verifies with
+    ``sampler``.
 
-    vLLM's synthetic mode (a benchmarking mode that ignores the distributions) stays vLLM's.
+    vLLM's synthetic mode (a benchmarking mode that ignores the distributions) and, in 0.33, FLy
+    (lossy deferred acceptance, ``fly_window_size``) stay vLLM's; the engine config refuses both
+    with our section, so these calls only come from code that bypasses it.
     """
     verifier = RaggedVerifier(sampler)
 
@@ -40,14 +43,22 @@ def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Calla
         synthetic_mode: bool = False,
         synthetic_conditional_rates: torch.Tensor | None = None,
         use_fp64_gumbel: bool = False,
+        fly_window_size: int | None = None,  # vLLM 0.33
+        fly_entropy_threshold: float | None = None,  # vLLM 0.33
+        fly_entropy_top_k: int = 3,  # vLLM 0.33
     ) -> torch.Tensor:
         """Returns [B, max_spec_len + 1] int32, -1 padded (vLLM's PLACEHOLDER_TOKEN_ID)."""
-        if synthetic_mode:
+        if synthetic_mode or fly_window_size is not None:
+            # (0.32's function has no fly_* parameters: pass them only when FLy is on)
+            fly = {} if fly_window_size is None else dict(
+                fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
+                fly_entropy_top_k=fly_entropy_top_k,
+            )
             return vllm_rejection_sample(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                 target_logits, bonus_token_ids, sampling_metadata,
                 synthetic_mode=synthetic_mode, synthetic_conditional_rates=synthetic_conditional_rates,
-                use_fp64_gumbel=use_fp64_gumbel,
+                use_fp64_gumbel=use_fp64_gumbel, **fly,
             )
         return verify(
             verifier, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,

@@ -1,11 +1,22 @@
-"""Seam in vLLM's Model Runner V2 (the default in 0.32): the name ``rejection_sample`` in
+"""Seam in vLLM's Model Runner V2 (the default in 0.32 and 0.33): the name ``rejection_sample`` in
 ``vllm.v1.worker.gpu.spec_decode.rejection_sampler`` (imported there from
 ``rejection_sampler_utils``).
 
-``RejectionSampler._verify`` applies the logits processors, penalties, temperature, min-p, top-k
-and top-p (``Sampler.apply_sampling_params``), calls this function, and the caller computes
+``RejectionSampler._verify_in_chunks`` cuts the batch into chunks of whole requests (at most 1 GB
+of fp32 logits each) and calls ``_verify`` per chunk, which applies the logits processors,
+penalties, temperature, min-p, top-k and top-p (``Sampler.apply_sampling_params``) and calls this
+function with the chunk's processed logits, chunk-relative ``cu_num_logits`` and the global
+``draft_logits`` / ``temperature`` / ``seed`` (indexed by request state); the caller computes
 logprobs from the processed logits, the accepted/rejected counts, the metrics and the async
-output. Replacing only this function keeps all of that vLLM's.
+output. Replacing only this function keeps all of that vLLM's, and every call is
+self-contained, so chunking needs nothing here. In 0.33 drafts that structured output forbids
+arrive as -1 (``invalid_drafts``), like the P/D placeholder.
+
+Drafting (``speculative_config.draft_sample_method``): "greedy" drafts are the drafter's argmax,
+a point mass, and vLLM passes ``draft_logits=None``, so the sampler gets point-mass drafts;
+"probabilistic" drafts are samples of softmax(draft logits / T), whose pre-temperature logits
+vLLM caches per request state and step and passes as ``draft_logits``: the sampler verifies
+against p = softmax(draft_logits / T), as vLLM's own kernel does.
 
 Layout (one request r = logits rows [cu[r], cu[r+1])): rows cu[r] .. cu[r+1]-2 score the n_r
 drafts, the last row is the bonus position; the draft scored by row i is ``draft_sampled[i + 1]``;
@@ -34,8 +45,9 @@ from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
     """A drop-in for Model Runner V2's ``rejection_sample`` that verifies with ``sampler``.
 
-    vLLM's synthetic mode, block verification and watermarking are vLLM's own verification
-    schemes, so calls that use them go to vLLM's function.
+    vLLM's synthetic mode, block verification, FLy (0.33) and watermarking are vLLM's own
+    verification schemes, so calls that use them go to vLLM's function (the engine config refuses
+    each of them together with our section, so such calls only come from code that bypasses it).
     """
     verifier = RaggedVerifier(sampler)
 
@@ -58,15 +70,24 @@ def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Calla
         watermarking: torch.Tensor | None = None,
         watermarking_skip_mask: torch.Tensor | None = None,
         watermark_key: int | None = None,
+        fly_window_size: int = 0,  # vLLM 0.33
+        fly_entropy_threshold: float = 0.3,  # vLLM 0.33
+        fly_entropy_top_k: int = 3,  # vLLM 0.33
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (sampled [R, S+1] int64, -1 padded; num_sampled [R] int32)."""
-        if synthetic_conditional_rates is not None or use_block_verification or contexts is not None:
+        vllm_only = synthetic_conditional_rates is not None or use_block_verification or contexts is not None
+        if vllm_only or fly_window_size > 0:
+            # (0.32's function has no fly_* parameters: pass them only when FLy is on)
+            fly = {} if fly_window_size <= 0 else dict(
+                fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
+                fly_entropy_top_k=fly_entropy_top_k,
+            )
             return vllm_rejection_sample(
                 target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
                 expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
                 synthetic_conditional_rates, use_fp64=use_fp64, use_block_verification=use_block_verification,
                 contexts=contexts, watermarking=watermarking, watermarking_skip_mask=watermarking_skip_mask,
-                watermark_key=watermark_key,
+                watermark_key=watermark_key, **fly,
             )
         return verify(
             verifier, target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,

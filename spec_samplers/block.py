@@ -1,0 +1,50 @@
+"""Lossless block verification (Sun et al. 2024, "Block Verification Accelerates Speculative
+Decoding"): the draft block is verified jointly, not token by token."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.reference import block_reference
+
+
+class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
+    """Block verification: with the running ratio rho_m = min(rho_{m-1} q(x)/p(x), 1) of each
+    draft prefix and the residual mass Z_m = sum (rho_m q_m - p_m)+, the accepted length is the
+    last m with u_m < h_m = Z_m / (Z_m + 1 - rho_m) (h = rho at the block's end), so a later
+    position can rescue an earlier failure; the next token is a sample of (rho_tau q - p)+, or
+    the bonus token when all k drafts pass. Lossless for the whole block, and its expected
+    accepted length is never below token-wise rejection's (:class:`RejectionSampler`) on the
+    same distributions. Greedy rows follow the argmax rule. Formulas and conventions: the block
+    verification section of :mod:`spec_samplers.reference`.
+
+    Same interface, options, seeds and output layout as :class:`RejectionSampler`. Cost: with
+    draft distributions, a vocabulary pass at every draft position (token-wise rejection: one,
+    only on rejection), because every threshold needs its position's residual mass; with
+    point-mass drafts the masses have a closed form and the cost is rejection's.
+
+    Args:
+        strict_mode: check token-id bounds and probability values too (synchronises with the host).
+        backend: "auto", "torch" or "triton", as for :class:`RejectionSampler`.
+
+    Example::
+
+        >>> import torch
+        >>> from spec_samplers import BlockVerificationSampler
+        >>> B, k, V = 2, 3, 8
+        >>> target = torch.softmax(torch.randn(B, k + 1, V), -1)   # [B, k+1, V]
+        >>> draft = torch.softmax(torch.randn(B, k, V), -1)        # [B, k, V]
+        >>> draft_ids = torch.multinomial(draft.view(-1, V), 1).view(B, k)
+        >>> bonus = torch.multinomial(target[:, -1], 1)             # [B, 1]
+        >>> out = BlockVerificationSampler()(target, bonus, draft, draft_ids)  # [B, k+1], -1 padded
+    """
+
+    lossless: ClassVar[bool] = True
+    #: the bench's lossless theory for this sampler (spec_samplers.bench.quality.block_theory)
+    acceptance_law: ClassVar[str] = "block"
+    reference_op = staticmethod(block_reference)
+    kernel_op = "spec_samplers.kernels.block_launch:block_triton"
+
+    def __init__(self, strict_mode: bool = False, backend: str = "auto"):
+        super().__init__(strict_mode=strict_mode, backend=backend)
