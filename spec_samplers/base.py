@@ -48,7 +48,8 @@ def _as_device(device: int | str | torch.device, device_type: str) -> torch.devi
 
 def _load(target: str) -> Callable[..., torch.Tensor]:
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    fn: Callable[..., torch.Tensor] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 def _check_one_of(temperature: torch.Tensor | None, sampling_params: object) -> None:
@@ -144,7 +145,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
 
     def extra_repr(self) -> str:
         options = [
-            f"strict_mode={self._strict_mode}", f"check_values={self._check_values}", f"backend={self.backend!r}"
+            f"strict_mode={self._strict_mode}",
+            f"check_values={self._check_values}",
+            f"backend={self.backend!r}",
         ]
         if self.use_flashinfer:
             options.append("use_flashinfer=True")
@@ -265,14 +268,23 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             offsets = None if offsets is None else offsets.to(torch.int64)
         if ragged:
             assert cu_num_draft_tokens is not None
-            layout = RowLayout.ragged_from(cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
+            layout = RowLayout.ragged_from(
+                cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size
+            )
         else:
             layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
         if sampling_params is not None:
             target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
         batch = VerifyBatch(
-            layout, target, draft, draft_token_ids, bonus_token_ids.reshape(shapes.batch_size),
-            seeds=seeds, offsets=offsets, is_greedy=is_greedy, temperature=temperature,
+            layout,
+            target,
+            draft,
+            draft_token_ids,
+            bonus_token_ids.reshape(shapes.batch_size),
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            temperature=temperature,
         )
         out = self.verify(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
@@ -289,7 +301,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         logits: bool = False,  # the float tensors are target_logits / draft_logits
     ) -> Shapes:
         names = ("target_logits", "draft_logits") if logits else ("target_with_bonus_probs", "draft_probs")
-        shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names)
+        shapes = validation.check_metadata(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names
+        )
         if self._strict_mode:
             validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
         if self._check_values:
@@ -402,8 +416,13 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded; an
         out-of-range bonus id becomes -1 (the layout has no bonus rows to resample from)."""
         return self._run(
-            "forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len,
+            "forward_ragged",
+            target_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
         )
 
     def forward_from_logits(
@@ -425,8 +444,13 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         vLLM's order (temperature, min-p, top-k, top-p, each renormalised), see
         :meth:`SpecDecodeStochasticBaseSampler.forward_from_logits`."""
         return self._run(
-            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            temperature=temperature, sampling_params=sampling_params,
+            "forward_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            temperature=temperature,
+            sampling_params=sampling_params,
         )
 
     def forward_ragged_from_logits(
@@ -444,8 +468,14 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
         Returns [B, K+1] int64, -1 padded."""
         return self._run(
-            "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
+            "forward_ragged_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
+            temperature=temperature,
             sampling_params=sampling_params,
         )
 
@@ -468,8 +498,16 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
     ) -> torch.Tensor:
         """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
         return self._run(
-            "forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True,
+            "forward",
+            target_with_bonus_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            stochastic=True,
         )
 
     def forward_ragged(
@@ -492,9 +530,18 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         bonus id outside [0, V) becomes -1 rather than a resample.
         """
         return self._run(
-            "forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True,
+            "forward_ragged",
+            target_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            stochastic=True,
         )
 
     def forward_from_logits(
@@ -532,9 +579,17 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
             ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
         """
         return self._run(
-            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            temperature=temperature, sampling_params=sampling_params,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+            "forward_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            temperature=temperature,
+            sampling_params=sampling_params,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            stochastic=True,
         )
 
     def forward_ragged_from_logits(
@@ -555,7 +610,17 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
         Returns [B, K+1] int64, -1 padded."""
         return self._run(
-            "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
-            sampling_params=sampling_params, seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+            "forward_ragged_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
+            temperature=temperature,
+            sampling_params=sampling_params,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            stochastic=True,
         )

@@ -20,8 +20,16 @@ from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
-__all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "block_reference", "rejection_reference", "typical_reference", "flat_inputs",
-           "typical_accepts", "typical_threshold"]
+__all__ = [
+    "ENTROPY_EPS",
+    "RESIDUAL_MASS_EPS",
+    "block_reference",
+    "rejection_reference",
+    "typical_reference",
+    "flat_inputs",
+    "typical_accepts",
+    "typical_threshold",
+]
 
 
 def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -216,8 +224,16 @@ def rejection_reference(batch: VerifyBatch) -> torch.Tensor:
     assert batch.seeds is not None, "rejection sampling needs per-request seeds"
     f = flat_inputs(batch)
     out = _rejection_core(
-        f.target, f.target_rows, f.draft, f.draft_rows, f.num_draft, f.draft_ids, f.bonus,
-        batch.seeds, batch.offsets, f.is_greedy,
+        f.target,
+        f.target_rows,
+        f.draft,
+        f.draft_rows,
+        f.num_draft,
+        f.draft_ids,
+        f.bonus,
+        batch.seeds,
+        batch.offsets,
+        f.is_greedy,
     )
     return _drop_malformed(out, f.num_draft)
 
@@ -468,7 +484,15 @@ def block_reference(batch: VerifyBatch) -> torch.Tensor:
     assert batch.seeds is not None, "block verification needs per-request seeds"
     f = flat_inputs(batch)
     out = _block_core(
-        f.target, f.target_rows, f.draft, f.draft_rows, f.num_draft, f.draft_ids, f.bonus,
-        batch.seeds, batch.offsets, f.is_greedy,
+        f.target,
+        f.target_rows,
+        f.draft,
+        f.draft_rows,
+        f.num_draft,
+        f.draft_ids,
+        f.bonus,
+        batch.seeds,
+        batch.offsets,
+        f.is_greedy,
     )
     return _drop_malformed(out, f.num_draft)

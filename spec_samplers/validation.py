@@ -64,7 +64,8 @@ def check_metadata(
     V = target_with_bonus_probs.shape[2]
     if target_with_bonus_probs.shape[:2] != (B, k + 1):
         raise input_error(
-            target_name, f"shape ({B}, {k + 1}, V) from draft_token_ids {(B, k)}",
+            target_name,
+            f"shape ({B}, {k + 1}, V) from draft_token_ids {(B, k)}",
             f"shape {tuple(target_with_bonus_probs.shape)}",
         )
     if V < 1:
@@ -77,7 +78,8 @@ def check_metadata(
         _check_tensor(draft_name, draft_probs, 3, PROBS_DTYPES)
         if tuple(draft_probs.shape) != (B, k, V):
             raise input_error(
-                draft_name, f"shape ({B}, {k}, {V}) (V from {target_name})",
+                draft_name,
+                f"shape ({B}, {k}, {V}) (V from {target_name})",
                 f"shape {tuple(draft_probs.shape)}",
             )
         tensors.append((draft_name, draft_probs))
@@ -143,7 +145,8 @@ def check_probs_values(name: str, probs: torch.Tensor) -> None:
     worst = _first_index(err == err.max())
     if float(err[worst]) > tol:
         raise input_error(
-            name, f"rows summing to 1 (tolerance {tol})",
+            name,
+            f"rows summing to 1 (tolerance {tol})",
             f"row {_where(worst)} summing to {float(sums[worst]):.7g} (the worst row)",
         )
 
@@ -242,7 +245,11 @@ def check_ragged_metadata(
     _check_tensor("draft_token_ids", draft_token_ids, 1, ID_DTYPES)
     _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, ID_DTYPES)
     if not isinstance(bonus_token_ids, torch.Tensor) or bonus_token_ids.dim() not in (1, 2):
-        raise input_error("bonus_token_ids", "a [B] or [B, 1] tensor", getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__))
+        raise input_error(
+            "bonus_token_ids",
+            "a [B] or [B, 1] tensor",
+            getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__),
+        )
     _check_tensor("bonus_token_ids", bonus_token_ids, bonus_token_ids.dim(), ID_DTYPES)
     T, V = target_probs.shape
     B = cu_num_draft_tokens.shape[0]
@@ -251,15 +258,23 @@ def check_ragged_metadata(
     if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or not 0 <= max_spec_len <= MAX_SPEC_LEN:
         raise input_error("max_spec_len", f"an int in [0, {MAX_SPEC_LEN}]", repr(max_spec_len))
     if draft_token_ids.shape[0] != T:
-        raise input_error("draft_token_ids", f"shape ({T},) (one per {target_name} row)", f"shape {tuple(draft_token_ids.shape)}")
+        raise input_error(
+            "draft_token_ids", f"shape ({T},) (one per {target_name} row)", f"shape {tuple(draft_token_ids.shape)}"
+        )
     if bonus_token_ids.shape[0] != B or (bonus_token_ids.dim() == 2 and bonus_token_ids.shape[1] != 1):
         raise input_error("bonus_token_ids", f"shape ({B},) or ({B}, 1)", f"shape {tuple(bonus_token_ids.shape)}")
     device = target_probs.device
-    tensors = [("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids), ("cu_num_draft_tokens", cu_num_draft_tokens)]
+    tensors = [
+        ("draft_token_ids", draft_token_ids),
+        ("bonus_token_ids", bonus_token_ids),
+        ("cu_num_draft_tokens", cu_num_draft_tokens),
+    ]
     if draft_probs is not None:
         _check_tensor(draft_name, draft_probs, 2, PROBS_DTYPES)
         if tuple(draft_probs.shape) != (T, V):
-            raise input_error(draft_name, f"shape ({T}, {V}) (that of {target_name})", f"shape {tuple(draft_probs.shape)}")
+            raise input_error(
+                draft_name, f"shape ({T}, {V}) (that of {target_name})", f"shape {tuple(draft_probs.shape)}"
+            )
         tensors.append((draft_name, draft_probs))
     for name, t in tensors:
         if t.device != device:

@@ -71,7 +71,9 @@ def test_metadata_errors(cls, strict, mutate, argument, fragment):
 def test_out_of_range_draft_ids(cls, bad_id):
     target, bonus, draft, ids = good()
     ids[1, 0] = bad_id
-    with pytest.raises(SpecSamplerInputError, match=rf"draft_token_ids: expected token ids in \[0, {V}\), got id {bad_id}"):
+    with pytest.raises(
+        SpecSamplerInputError, match=rf"draft_token_ids: expected token ids in \[0, {V}\), got id {bad_id}"
+    ):
         cls(strict_mode=True)(target, bonus, draft, ids)
     out = cls()(target, bonus, draft, ids)  # non-strict: rejected at that position
     assert_valid_output(out)
@@ -127,7 +129,8 @@ def test_rows_not_summing_to_one(cls):
     target[1, 2] *= 1.5
     with pytest.raises(
         SpecSamplerInputError,
-        match=r"target_with_bonus_probs: expected rows summing to 1 \(tolerance 0.001\), got row \[1, 2\] summing to 1.5 \(the worst row\)",
+        match=r"target_with_bonus_probs: expected rows summing to 1 \(tolerance 0.001\), "
+        r"got row \[1, 2\] summing to 1.5 \(the worst row\)",
     ):
         cls(check_values=True)(target, bonus, draft, ids)
     assert_valid_output(cls(strict_mode=True)(target, bonus, draft, ids))
@@ -162,7 +165,10 @@ def test_ragged_errors():
     flat_t, flat_d, flat_i = target[:, :K].reshape(-1, V), draft.reshape(-1, V), ids.reshape(-1)
     cu = torch.arange(1, B + 1) * K
     s = RejectionSampler(strict_mode=True)
-    with pytest.raises(SpecSamplerInputError, match="max_spec_len: expected counts|cu_num_draft_tokens: expected counts <= max_spec_len"):
+    with pytest.raises(
+        SpecSamplerInputError,
+        match="max_spec_len: expected counts|cu_num_draft_tokens: expected counts <= max_spec_len",
+    ):
         s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu, K - 1)
     with pytest.raises(SpecSamplerInputError, match=f"cu_num_draft_tokens: expected a last entry equal to T = {B * K}"):
         s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu - 1, K)

@@ -103,10 +103,17 @@ def test_init_tensors_and_properties():
 
 def test_batch_size_zero():
     sampler = RejectionSampler()
-    out = sampler(torch.zeros(0, 4, V), torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 3, V), torch.zeros(0, 3, dtype=torch.long))
+    out = sampler(
+        torch.zeros(0, 4, V),
+        torch.zeros(0, 1, dtype=torch.long),
+        torch.zeros(0, 3, V),
+        torch.zeros(0, 3, dtype=torch.long),
+    )
     assert out.shape == (0, 4) and out.dtype == torch.int64
     assert int(sampler.num_emitted_tokens) == 0
-    out = TypicalAcceptanceSampler()(torch.zeros(0, 4, V), torch.zeros(0, 1, dtype=torch.long), None, torch.zeros(0, 3, dtype=torch.long))
+    out = TypicalAcceptanceSampler()(
+        torch.zeros(0, 4, V), torch.zeros(0, 1, dtype=torch.long), None, torch.zeros(0, 3, dtype=torch.long)
+    )
     assert out.shape == (0, 4)
 
 

@@ -40,6 +40,7 @@ q_c(x) > threshold(H(q_c)) and argmax q_c otherwise (:func:`typical_first_token_
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ Z_BOUND = 4.5
 SamplerFn = Callable[..., torch.Tensor]
 
 
-def lossless_theory(target: torch.Tensor, draft: torch.Tensor, k: int) -> dict[str, object]:
+def lossless_theory(target: torch.Tensor, draft: torch.Tensor, k: int) -> dict[str, Any]:
     """target, draft: [C, V]. Theory of a lossless sampler that repeats each pair at k positions."""
     a = torch.minimum(target.double(), draft.double()).sum(dim=1).clamp(max=1.0)  # [C]
     per_position = [float((a ** (i + 1)).mean()) for i in range(k)]
@@ -77,7 +78,7 @@ def block_theory(
     point_mass_drafts: bool = False,
     draws: int = BLOCK_THEORY_DRAWS,
     seed: int = 0,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Theory of block verification when each pair repeats at k positions (module docstring):
     the keys of :func:`lossless_theory` plus ``method`` ("closed form" or "monte carlo") and
     ``stderr`` {"acceptance", "emitted"} of the estimate (0 for the closed form)."""
@@ -158,7 +159,7 @@ def measure(
     lossless: bool | None = None,
     first_token_law: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     law: str = "token",
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Run ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
     every context repeated ``rows`` times and return the measured numbers (module docstring),
     with the theory and z-scores when ``lossless``: token-wise rejection's law, or block
@@ -190,7 +191,9 @@ def measure(
         drf = None
         if not point_mass_drafts:
             drf = draft[ctx].to(device=device, dtype=dtype)[:, None, :].expand(-1, k, -1).contiguous()  # [M, k, V]
-        out = sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu().long()  # [M, k+1]
+        out = (
+            sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu().long()
+        )  # [M, k+1]
         first = out[:, 0]
         if out.shape != (stop - start, k + 1) or bool(((first < 0) | (first >= V)).any()):
             raise RuntimeError(
@@ -209,7 +212,7 @@ def measure(
     ref_counts = torch.zeros(C, V).scatter_add_(1, reference_ids, torch.ones(C, rows))
     tv_est = float(_empirical_tv(counts, target, rows).mean())
     tv_floor = float(_empirical_tv(ref_counts, target, rows).mean())
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "rows": n,
         "per_position": (per_position / n).tolist(),
         "acceptance": float(acc.mean()),
@@ -222,8 +225,8 @@ def measure(
         "z": None,
     }
     if first_token_law is not None:
-        law = first_token_law(target.to(dtype).float(), draft.to(dtype).float())
-        result["tv_output"]["exact"] = float((0.5 * (law - target.double()).abs().sum(dim=1)).mean())  # type: ignore[index]
+        exact_law = first_token_law(target.to(dtype).float(), draft.to(dtype).float())  # [C, V]
+        result["tv_output"]["exact"] = float((0.5 * (exact_law - target.double()).abs().sum(dim=1)).mean())
     if lossless:
         if law == "block":
             theory = block_theory(target, draft, k, point_mass_drafts, seed=seed)
@@ -232,8 +235,9 @@ def measure(
         theory_se = theory.get("stderr", {"acceptance": 0.0, "emitted": 0.0})
         result["theory"] = theory
         result["z"] = {
-            "acceptance": _z(result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n,
-                             theory_se["acceptance"]),
+            "acceptance": _z(
+                result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n, theory_se["acceptance"]
+            ),
             "emitted": _z(result["emitted"], theory["emitted"], result["emitted_stderr"], n, theory_se["emitted"]),
         }
     return result

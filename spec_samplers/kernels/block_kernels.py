@@ -259,9 +259,9 @@ def block_partials_kernel(
         slot = (b * (K + 1) + m) * NB + blk
         tl.store(part_mass_ptr + slot, mass_acc)
         tl.store(part_rkey_ptr + slot, best_r)
-        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))
+        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
         tl.store(part_qkey_ptr + slot, best_q)
-        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
+        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
         tl.store(part_qmax_ptr + slot, qmax)
 
 

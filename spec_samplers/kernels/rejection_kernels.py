@@ -20,10 +20,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
+from spec_samplers.constants import RESIDUAL_MASS_EPS
+from spec_samplers.kernels.common import (
+    clean,
+    combine_argmax,
+    draft_ids_at,
+    fold_argmax,
+    load_q,
+    request_span,
+    row_offset,
+)
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.constants import RESIDUAL_MASS_EPS
 from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
@@ -40,13 +48,33 @@ def load_probs(ptr, offs, mask):
 
 @triton.jit
 def random_accepts(
-    b, pos, start, n, K, V, num_rows,
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    ids_ptr, stride_ib, stride_ik,
-    seed, offset,
-    temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: T and [B, K+1] row statistics
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, PRECISE: tl.constexpr,
+    b,
+    pos,
+    start,
+    n,
+    K,
+    V,
+    num_rows,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    seed,
+    offset,
+    temp,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: T and [B, K+1] row statistics
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    LOGITS: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     """Accept test of the random rule at positions ``pos`` from gathered scalars only.
 
@@ -112,12 +140,20 @@ def bonus_info(bonus_ptr, stride_bonus, b, V):
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def argmax_partials_kernel(
-    target_ptr, stride_tb, stride_tk,  # target rows, vocab stride 1
+    target_ptr,
+    stride_tb,
+    stride_tk,  # target rows, vocab stride 1
     cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
     greedy_ptr,  # [B] bool
-    part_val_ptr, part_idx_ptr,  # [B, K+1, NB] fp32 / int32
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, BLOCK_V: tl.constexpr,
+    part_val_ptr,
+    part_idx_ptr,  # [B, K+1, NB] fp32 / int32
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
@@ -144,16 +180,45 @@ def argmax_partials_kernel(
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def residual_partials_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,  # target_ptr again when HAS_DRAFT is False
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr, part_qmax_ptr,  # [B, NB]
-    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,  # target_ptr again when HAS_DRAFT is False
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    seed_ptr,
+    offset_ptr,
+    greedy_ptr,
+    part_mass_ptr,
+    part_rkey_ptr,
+    part_ridx_ptr,
+    part_qkey_ptr,
+    part_qidx_ptr,
+    part_qmax_ptr,  # [B, NB]
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
@@ -161,9 +226,33 @@ def residual_partials_kernel(
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)
     accepted, ids, valid = random_accepts(
-        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-        RAGGED, HAS_DRAFT, LOGITS, PRECISE,
+        b,
+        pos,
+        start,
+        n,
+        K,
+        V,
+        num_rows,
+        target_ptr,
+        stride_tb,
+        stride_tk,
+        draft_ptr,
+        stride_db,
+        stride_dk,
+        ids_ptr,
+        stride_ib,
+        stride_ik,
+        seed,
+        offset,
+        temp,
+        t_max_ptr,
+        t_sum_ptr,
+        d_max_ptr,
+        d_sum_ptr,
+        RAGGED,
+        HAS_DRAFT,
+        LOGITS,
+        PRECISE,
     )
     j = first_rejection(accepted, pos, n, BLOCK_K)
     has_draft = j < n
@@ -220,9 +309,9 @@ def residual_partials_kernel(
         slot = b * NB + blk
         tl.store(part_mass_ptr + slot, mass)
         tl.store(part_rkey_ptr + slot, best_r)
-        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))
+        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
         tl.store(part_qkey_ptr + slot, best_q)
-        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
+        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
         tl.store(part_qmax_ptr + slot, qmax)
 
 
@@ -230,27 +319,80 @@ def residual_partials_kernel(
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def finalize_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr, part_qmax_ptr,  # [B, NB]
-    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
-    amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] (greedy only)
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    seed_ptr,
+    offset_ptr,
+    greedy_ptr,
+    part_mass_ptr,
+    part_rkey_ptr,
+    part_ridx_ptr,
+    part_qkey_ptr,
+    part_qidx_ptr,
+    part_qmax_ptr,  # [B, NB]
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
-    K, V, num_rows, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr,
+    K,
+    V,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     accepted, ids, valid = random_accepts(
-        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-        RAGGED, HAS_DRAFT, LOGITS, PRECISE,
+        b,
+        pos,
+        start,
+        n,
+        K,
+        V,
+        num_rows,
+        target_ptr,
+        stride_tb,
+        stride_tk,
+        draft_ptr,
+        stride_db,
+        stride_dk,
+        ids_ptr,
+        stride_ib,
+        stride_ik,
+        seed,
+        offset,
+        temp,
+        t_max_ptr,
+        t_sum_ptr,
+        d_max_ptr,
+        d_sum_ptr,
+        RAGGED,
+        HAS_DRAFT,
+        LOGITS,
+        PRECISE,
     )
     blocks = tl.arange(0, BLOCK_NB)
     if HAS_GREEDY:
@@ -284,7 +426,9 @@ def finalize_kernel(
     qkey = tl.load(part_qkey_ptr + b * NB + blocks, mask=bmask, other=-2.0)
     qkey = tl.where(qkey == qkey, qkey, -2.0)
     qidx = tl.load(part_qidx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
-    recovered = tl.where(mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0))
+    recovered = tl.where(
+        mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0)
+    )
     qmax = tl.load(part_qmax_ptr + b * NB + blocks, mask=bmask, other=0.0)
     q_ok = tl.max(tl.where(qmax == qmax, qmax, 0.0), axis=0) > 0.0
     recovered = tl.where(q_ok, recovered, -1)  # q_j without mass: no token

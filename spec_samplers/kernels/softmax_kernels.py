@@ -50,12 +50,29 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    cu_ptr, temp_ptr,  # [B], [B] fp32
-    t_m_ptr, t_s_ptr, d_m_ptr, d_s_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB]
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    cu_ptr,
+    temp_ptr,  # [B], [B] fp32
+    t_m_ptr,
+    t_s_ptr,
+    d_m_ptr,
+    d_s_ptr,
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB]
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
@@ -94,11 +111,23 @@ def _combine(m_ptr, s_ptr, slots, mask, temp, PRECISE: tl.constexpr):
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def softmax_combine_kernel(
-    cu_ptr, temp_ptr,  # [B] ragged counts, [B] T
-    t_m_ptr, t_s_ptr, d_m_ptr, d_s_ptr,  # [B, K+1, NB] partials
-    t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # [B, K+1] per-row statistics
-    K, num_rows, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+    cu_ptr,
+    temp_ptr,  # [B] ragged counts, [B] T
+    t_m_ptr,
+    t_s_ptr,
+    d_m_ptr,
+    d_s_ptr,  # [B, K+1, NB] partials
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # [B, K+1] per-row statistics
+    K,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)

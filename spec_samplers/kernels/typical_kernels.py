@@ -17,10 +17,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import combine_argmax, fold_argmax, draft_ids_at, load_q, request_span, row_offset
+from spec_samplers.constants import ENTROPY_EPS_FP32
+from spec_samplers.kernels.common import combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import precise_exp, precise_log
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.constants import ENTROPY_EPS_FP32
 
 # fp32-representable, so every route into float64 (literal, fp32 constant) gives the same value
 _ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
@@ -30,11 +30,25 @@ _ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def typical_partials_kernel(
-    target_ptr, stride_tb, stride_tk,  # probabilities, or logits when LOGITS
-    cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
-    ent_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,  # probabilities, or logits when LOGITS
+    cu_ptr,
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
+    ent_ptr,
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
@@ -73,16 +87,34 @@ def typical_partials_kernel(
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def typical_finalize_kernel(
-    target_ptr, stride_tb, stride_tk,
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,
-    ent_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32 from typical_partials_kernel
-    lamax_val_ptr, lamax_idx_ptr,  # [B, K+1, NB] logits argmax (greedy requests; LOGITS only)
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    ent_ptr,
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32 from typical_partials_kernel
+    lamax_val_ptr,
+    lamax_idx_ptr,  # [B, K+1, NB] logits argmax (greedy requests; LOGITS only)
     out_ptr,  # [B, K+1] int64
-    posterior_threshold, posterior_alpha,  # fp32 values (the launcher rounds them)
-    K, V, num_rows, NB,
-    RAGGED: tl.constexpr, LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+    posterior_threshold,
+    posterior_alpha,  # fp32 values (the launcher rounds them)
+    K,
+    V,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
