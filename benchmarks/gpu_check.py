@@ -91,8 +91,17 @@ def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_
     """Drafts close to the target (long accepted prefixes, some greedy rows), or with
     ``worst_case`` a zero-probability draft at position 0 of every request and no greedy rows
     (every request reads its rows)."""
-    return make_case(B, k, V, seed, dtype=dtype, closeness=0.3, greedy="none" if worst_case else "mixed",
-                     worst_case=worst_case, device=DEVICE)
+    return make_case(
+        B,
+        k,
+        V,
+        seed,
+        dtype=dtype,
+        closeness=0.3,
+        greedy="none" if worst_case else "mixed",
+        worst_case=worst_case,
+        device=DEVICE,
+    )
 
 
 def _ragged(inp: Case, k_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -107,15 +116,25 @@ def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
     k_b = torch.randint(0, k + 1, (B,), device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(B + k))
     t, d, ids, cu = _ragged(inp, k_b)
     return {
-        "rejection": VerifyBatch.padded(inp.target, inp.bonus, inp.draft, inp.draft_ids, is_greedy=inp.is_greedy, **seeds),
-        "rejection_point_mass": VerifyBatch.padded(inp.target, inp.bonus, None, inp.draft_ids, is_greedy=inp.is_greedy, **seeds),
+        "rejection": VerifyBatch.padded(
+            inp.target, inp.bonus, inp.draft, inp.draft_ids, is_greedy=inp.is_greedy, **seeds
+        ),
+        "rejection_point_mass": VerifyBatch.padded(
+            inp.target, inp.bonus, None, inp.draft_ids, is_greedy=inp.is_greedy, **seeds
+        ),
         "rejection_ragged": VerifyBatch.ragged(t, inp.bonus, d, ids, cu, k, is_greedy=inp.is_greedy, **seeds),
         "rejection_logits": VerifyBatch.padded(
-            inp.target_logits.to(inp.target.dtype), inp.bonus, inp.draft_logits.to(inp.target.dtype), inp.draft_ids,
-            temperature=inp.temperature, **seeds),
+            inp.target_logits.to(inp.target.dtype),
+            inp.bonus,
+            inp.draft_logits.to(inp.target.dtype),
+            inp.draft_ids,
+            temperature=inp.temperature,
+            **seeds,
+        ),
         "typical": VerifyBatch.padded(inp.target, inp.bonus, None, inp.draft_ids),
-        "typical_logits": VerifyBatch.padded(inp.target_logits.to(inp.target.dtype), inp.bonus, None, inp.draft_ids,
-                                             temperature=inp.temperature),
+        "typical_logits": VerifyBatch.padded(
+            inp.target_logits.to(inp.target.dtype), inp.bonus, None, inp.draft_ids, temperature=inp.temperature
+        ),
     }
 
 
@@ -201,10 +220,12 @@ def check_graphs() -> list[dict]:
             static_batches = verify_batches(static)
             sampler = RejectionSampler()  # backend "auto": the kernels on CUDA
             fns: dict[str, Callable[[], torch.Tensor]] = {
-                name: (lambda n=name: kernel[n](static_batches[n])) for name in ("rejection", "typical", "rejection_logits")
+                name: (lambda n=name, sb=static_batches: kernel[n](sb[n]))
+                for name in ("rejection", "typical", "rejection_logits")
             }
-            fns["sampler_forward"] = lambda: sampler(static.target, static.bonus, static.draft, static.draft_ids,
-                                                     seeds=static.seeds, offsets=static.offsets, is_greedy=static.is_greedy)
+            fns["sampler_forward"] = lambda s=static, sampler=sampler: sampler(
+                s.target, s.bonus, s.draft, s.draft_ids, seeds=s.seeds, offsets=s.offsets, is_greedy=s.is_greedy
+            )
             for name, fn in fns.items():
                 ref_name = "rejection" if name == "sampler_forward" else name
                 stream = torch.cuda.Stream()
@@ -227,8 +248,18 @@ def check_graphs() -> list[dict]:
                 replay_us = _time_graph(graph)
                 # Logits: ulp-level softmax differences may flip a near-tie (reported, not failed).
                 ok = differing == 0 or name == "rejection_logits"
-                rows.append({"kernel": name, "B": B, "k": k, "V": V, "dtype": str(dtype).replace("torch.", ""),
-                             "replays_equal": ok, "rows_differing": differing, "replay_us": replay_us})
+                rows.append(
+                    {
+                        "kernel": name,
+                        "B": B,
+                        "k": k,
+                        "V": V,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "replays_equal": ok,
+                        "rows_differing": differing,
+                        "replay_us": replay_us,
+                    }
+                )
                 print("graph", rows[-1], flush=True)
     return rows
 
@@ -246,7 +277,6 @@ def copy_bandwidth() -> float:
     x = torch.empty(2**28, dtype=torch.float32, device="cuda")  # 1 GiB
     y = torch.empty_like(x)
     t = time_call(lambda: y.copy_(x), torch.device("cuda"), min_repeats=20, max_repeats=20)
-    del x, y
     return 2 * 2**30 / float(t["time_s"])
 
 
@@ -256,8 +286,9 @@ def _us(fn: Callable[[], object], *, cold: bool, iters: int) -> float:
     return float(t["time_s"]) * 1e6
 
 
-def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: int = 100,
-                cold_iters: int = 30) -> tuple[list[dict], list[str]]:
+def run_timings(
+    bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: int = 100, cold_iters: int = 30
+) -> tuple[list[dict], list[str]]:
     kernel, _ = ops()
     rows, notes = [], []
     for V in vocabs:
@@ -269,19 +300,39 @@ def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: in
                     inp = make_inputs(B, k, V, dtype, seed=7, worst_case=True)
                     bt = verify_batches(inp)
                     b = inp.target.element_size()
-                    floors = {"rejection": 2 * B * V * b, "rejection_point_mass": B * V * b,
-                              "typical": (k + 1) * B * V * b, "rejection_logits": (2 * k + 1) * B * V * b}
+                    floors = {
+                        "rejection": 2 * B * V * b,
+                        "rejection_point_mass": B * V * b,
+                        "typical": (k + 1) * B * V * b,
+                        "rejection_logits": (2 * k + 1) * B * V * b,
+                    }
                     for name, floor_bytes in floors.items():
-                        def fn(n: str = name) -> torch.Tensor:
+
+                        def fn(n: str = name, bt: dict[str, VerifyBatch] = bt) -> torch.Tensor:
                             return kernel[n](bt[n])
+
                         warm = _us(fn, cold=False, iters=warm_iters)
                         cold = _us(fn, cold=True, iters=cold_iters)
                         floor_us = floor_bytes / bw * 1e6
-                        rows.append({"impl": "spec_samplers", "kernel": name, "V": V, "B": B, "k": k,
-                                     "dtype": str(dtype).replace("torch.", ""), "warm_us": warm, "cold_us": cold,
-                                     "floor_us": floor_us, "cold_over_floor": cold / floor_us})
+                        rows.append(
+                            {
+                                "impl": "spec_samplers",
+                                "kernel": name,
+                                "V": V,
+                                "B": B,
+                                "k": k,
+                                "dtype": str(dtype).replace("torch.", ""),
+                                "warm_us": warm,
+                                "cold_us": cold,
+                                "floor_us": floor_us,
+                                "cold_over_floor": cold / floor_us,
+                            }
+                        )
                         print("time", rows[-1], flush=True)
-                    for impl, prepare in (("flashinfer", baselines.prepare_flashinfer), ("vllm", baselines.prepare_vllm_v1)):
+                    for impl, prepare in (
+                        ("flashinfer", baselines.prepare_flashinfer),
+                        ("vllm", baselines.prepare_vllm_v1),
+                    ):
                         try:
                             call = prepare(inp.target, inp.bonus, inp.draft, inp.draft_ids)
                         except baselines.BaselineUnavailable as exc:
@@ -291,9 +342,20 @@ def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: in
                         warm = _us(call, cold=False, iters=warm_iters)
                         cold = _us(call, cold=True, iters=cold_iters)
                         floor_us = 2 * B * V * b / bw * 1e6
-                        rows.append({"impl": impl, "kernel": "rejection", "V": V, "B": B, "k": k,
-                                     "dtype": str(dtype).replace("torch.", ""), "warm_us": warm, "cold_us": cold,
-                                     "floor_us": floor_us, "cold_over_floor": cold / floor_us})
+                        rows.append(
+                            {
+                                "impl": impl,
+                                "kernel": "rejection",
+                                "V": V,
+                                "B": B,
+                                "k": k,
+                                "dtype": str(dtype).replace("torch.", ""),
+                                "warm_us": warm,
+                                "cold_us": cold,
+                                "floor_us": floor_us,
+                                "cold_over_floor": cold / floor_us,
+                            }
+                        )
                         print("time", rows[-1], flush=True)
                     del inp, bt
                     torch.cuda.empty_cache()
@@ -305,20 +367,50 @@ def run_timings(bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: in
 
 
 def _markdown(meta: dict, equality: list[dict], graphs: list[dict], timings: list[dict], notes: list[str]) -> str:
-    lines = [f"# GPU check: {meta['gpu']}", "", f"Date {meta['date']}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
-             f"; copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s.", ""]
-    bad = [r for r in equality if not all(r[c] for c in ("rejection", "rejection_point_mass", "rejection_ragged", "typical"))]
-    lines += [f"Equality (kernel == reference, torch.equal): {len(equality) - len(bad)}/{len(equality)} shapes equal on every probs path.",
-              f"Logits paths, rows differing from the reference (ulp-level softmax differences): "
-              f"{sum(r['logits_rows_differing'] for r in equality)} rejection, "
-              f"{sum(r['typical_logits_rows_differing'] for r in equality)} typical.", ""]
-    lines += ["| graph-captured call | B | k | V | dtype | replays equal | rows differing | replay us |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {g['kernel']} | {g['B']} | {g['k']} | {g['V']} | {g['dtype']} | {g['replays_equal']} | {g.get('rows_differing', 0)} | "
-              f"{g['replay_us']:.1f} |" for g in graphs]
-    lines += ["", "Timings (median us, CUDA events; cold = L2 flushed before each call; floor = bytes that must be read / copy bandwidth):", "",
-              "| impl | kernel | V | B | k | dtype | warm us | cold us | floor us | cold / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {t['impl']} | {t['kernel']} | {t['V']} | {t['B']} | {t['k']} | {t['dtype']} | {t['warm_us']:.1f} | {t['cold_us']:.1f} | "
-              f"{t['floor_us']:.1f} | {t['cold_over_floor']:.2f} |" for t in timings]
+    lines = [
+        f"# GPU check: {meta['gpu']}",
+        "",
+        f"Date {meta['date']}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        f"; copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s.",
+        "",
+    ]
+    bad = [
+        r
+        for r in equality
+        if not all(r[c] for c in ("rejection", "rejection_point_mass", "rejection_ragged", "typical"))
+    ]
+    lines += [
+        f"Equality (kernel == reference, torch.equal): {len(equality) - len(bad)}/{len(equality)} shapes equal "
+        "on every probs path.",
+        f"Logits paths, rows differing from the reference (ulp-level softmax differences): "
+        f"{sum(r['logits_rows_differing'] for r in equality)} rejection, "
+        f"{sum(r['typical_logits_rows_differing'] for r in equality)} typical.",
+        "",
+    ]
+    lines += [
+        "| graph-captured call | B | k | V | dtype | replays equal | rows differing | replay us |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {g['kernel']} | {g['B']} | {g['k']} | {g['V']} | {g['dtype']} | {g['replays_equal']} | "
+        f"{g.get('rows_differing', 0)} | "
+        f"{g['replay_us']:.1f} |"
+        for g in graphs
+    ]
+    lines += [
+        "",
+        "Timings (median us, CUDA events; cold = L2 flushed before each call; "
+        "floor = bytes that must be read / copy bandwidth):",
+        "",
+        "| impl | kernel | V | B | k | dtype | warm us | cold us | floor us | cold / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {t['impl']} | {t['kernel']} | {t['V']} | {t['B']} | {t['k']} | {t['dtype']} | {t['warm_us']:.1f} | "
+        f"{t['cold_us']:.1f} | "
+        f"{t['floor_us']:.1f} | {t['cold_over_floor']:.2f} |"
+        for t in timings
+    ]
     if notes:
         lines += ["", "Not measured:"] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -339,8 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "gpu": torch.cuda.get_device_name(0),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "triton": triton.__version__, "flashinfer": _version("flashinfer"), "vllm": _version("vllm")},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "triton": triton.__version__,
+            "flashinfer": _version("flashinfer"),
+            "vllm": _version("vllm"),
+        },
     }
     bw = copy_bandwidth()
     meta["copy_bandwidth_GBps"] = bw / 1e9
@@ -362,11 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = "" if shapes["vocabs"] == list(VOCABS) else "_V" + "-".join(map(str, shapes["vocabs"]))
     stem = f"gpu_check_{meta['gpu'].replace(' ', '_')}_{meta['date'][:10]}{tag}"
-    (out / f"{stem}.json").write_text(json.dumps(
-        {"meta": meta, "equality": equality, "graphs": graphs, "timings": timings, "notes": notes}, indent=1))
+    (out / f"{stem}.json").write_text(
+        json.dumps({"meta": meta, "equality": equality, "graphs": graphs, "timings": timings, "notes": notes}, indent=1)
+    )
     (out / f"{stem}.md").write_text(_markdown(meta, equality, graphs, timings, notes))
     print(f"wrote {out / stem}.json and .md")
-    failed = [r for r in equality if not all(r[c] for c in ("rejection", "rejection_point_mass", "rejection_ragged", "typical"))]
+    failed = [
+        r
+        for r in equality
+        if not all(r[c] for c in ("rejection", "rejection_point_mass", "rejection_ragged", "typical"))
+    ]
     failed += [g for g in graphs if not g["replays_equal"]]
     if failed:
         print(f"FAILED: {len(failed)} equality/graph checks", file=sys.stderr)

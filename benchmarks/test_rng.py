@@ -86,10 +86,18 @@ def test_rng_throughput(benchmark, impl):
     benchmark.group = f"rng N={N} V={V}"
     benchmark(body)
     stats = getattr(benchmark, "stats", None)
-    info: dict[str, object] = {"device": str(device), "elements": N * V, "words": 2 * N * V,
-                               "compiled": impl == "race_compiled" and rng._use_compiled(weights)}
+    info: dict[str, object] = {
+        "device": str(device),
+        "elements": N * V,
+        "words": 2 * N * V,
+        "compiled": impl == "race_compiled" and rng._use_compiled(weights),
+    }
     if stats is not None:  # None under --benchmark-disable
         t = stats.stats.median
-        info.update(elements_per_s=N * V / t, words_per_s=2 * N * V / t, ns_per_element=t / (N * V) * 1e9,
-                    bf16_floor_gbps=4 * N * V / t / 1e9)
+        info.update(
+            elements_per_s=N * V / t,
+            words_per_s=2 * N * V / t,
+            ns_per_element=t / (N * V) * 1e9,
+            bf16_floor_gbps=4 * N * V / t / 1e9,
+        )
     benchmark.extra_info.update(info)

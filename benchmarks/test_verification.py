@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from spec_samplers.bench import baselines, quality, timing, workloads
-from spec_samplers.bench.suite import DTYPES, bench_device, quick_mode
 from spec_samplers.bench.runner import is_lossless
+from spec_samplers.bench.suite import DTYPES, bench_device, quick_mode
 from spec_samplers.registry import get_sampler_class, sampler_options
 
 SAMPLERS = ("rejection_sampler", "typical_acceptance_sampler")
@@ -48,10 +48,12 @@ def _make_callable(kind: str, name: str, options: dict[str, object], device: tor
     if kind == "sampler":
         interpreted_smoke = quick_mode() and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
         if options.get("backend") == "triton" and device.type != "cuda" and not interpreted_smoke:
-            pytest.skip("Triton kernels are timed on a CUDA GPU only (on the CPU they run under TRITON_INTERPRET=1, "
-                        "which the quick smoke run uses)")
+            pytest.skip(
+                "Triton kernels are timed on a CUDA GPU only (on the CPU they run under TRITON_INTERPRET=1, "
+                "which the quick smoke run uses)"
+            )
         sampler = get_sampler_class(name)(**options)
-        return lambda *inputs: (lambda: sampler(*inputs)), is_lossless(type(sampler))
+        return lambda *inputs: lambda: sampler(*inputs), is_lossless(type(sampler))
     return baselines.BASELINES[name], True  # every baseline implements lossless rejection sampling
 
 
@@ -63,13 +65,24 @@ def _quality(impl_id: str, prepare, lossless, device: torch.device, quick: bool)
     if impl_id not in _QUALITY_CACHE:
         setting = workloads.softmax_setting(1.0, 1.0, 256 if quick else 1000, 2 if quick else 4)
         target, draft = workloads.make_pairs(setting, seed=0)
-        measured = quality.measure(lambda *a: prepare(*a)(), target, draft, k=4, rows=64 if quick else 1024,
-                                   seed=0, device=device, lossless=lossless)
+        measured = quality.measure(
+            lambda *a: prepare(*a)(),
+            target,
+            draft,
+            k=4,
+            rows=64 if quick else 1024,
+            seed=0,
+            device=device,
+            lossless=lossless,
+        )
         _QUALITY_CACHE[impl_id] = {
-            "setting": setting.name, "acceptance": measured["acceptance"], "emitted": measured["emitted"],
+            "setting": setting.name,
+            "acceptance": measured["acceptance"],
+            "emitted": measured["emitted"],
             "theory_acceptance": measured["theory"]["acceptance"] if measured["theory"] else None,
             "z_acceptance": measured["z"]["acceptance"] if measured["z"] else None,
-            "tv_output": measured["tv_output"]["estimate"], "tv_noise_floor": measured["tv_output"]["noise_floor"],
+            "tv_output": measured["tv_output"]["estimate"],
+            "tv_noise_floor": measured["tv_output"]["noise_floor"],
             "tv_draft_target": measured["tv_draft_target"],
         }
     return _QUALITY_CACHE[impl_id]
@@ -83,7 +96,12 @@ def test_verification(benchmark, impl, point):
     quick = quick_mode()
     factory, lossless = _make_callable(kind, name, options, device)
     inputs = workloads.timing_inputs(B, k, V, DTYPES[dtype_name], device, seed=0)
-    args = (inputs["target_with_bonus_probs"], inputs["bonus_token_ids"], inputs["draft_probs"], inputs["draft_token_ids"])
+    args = (
+        inputs["target_with_bonus_probs"],
+        inputs["bonus_token_ids"],
+        inputs["draft_probs"],
+        inputs["draft_token_ids"],
+    )
     try:
         call = factory(*args)
         out = call()
@@ -100,8 +118,12 @@ def test_verification(benchmark, impl, point):
     benchmark.group = f"B={B} k={k} V={V} {dtype_name}"
     benchmark(body)
     nbytes = timing.tensor_bytes(*args, out)
-    info = {"device": str(device), "bytes": nbytes, "floor_bytes": 2 * B * V * args[0].element_size(),
-            "acceptance_this_call": float((out[:, 1:] != -1).float().mean())}
+    info = {
+        "device": str(device),
+        "bytes": nbytes,
+        "floor_bytes": 2 * B * V * args[0].element_size(),
+        "acceptance_this_call": float((out[:, 1:] != -1).float().mean()),
+    }
     stats = getattr(benchmark, "stats", None)
     if stats is not None:  # None under --benchmark-disable
         info["gbps"] = nbytes / stats.stats.median / 1e9

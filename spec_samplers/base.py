@@ -8,8 +8,11 @@ declares its algorithm once, as a reference function and a kernel launcher over 
 (``forward``, ``forward_ragged``, ``forward_from_logits``, ``forward_ragged_from_logits``).
 
 A third-party sampler written against vLLM V0 that only overrides ``forward`` keeps working;
-the other entries then raise :class:`NotImplementedError` naming what is missing. Counters are
-derived from the output layout alone, so such a sampler gets them right by calling
+the other entries then raise :class:`NotImplementedError` naming what is missing. V0's helpers
+are here with V0's signatures and outputs (:meth:`SpecDecodeBaseSampler._create_output`,
+:meth:`SpecDecodeBaseSampler._raise_if_incorrect_input`, ``init_gpu_tensors``), and the
+constructor accepts V0's ``use_flashinfer``. Counters are derived from the output layout alone,
+so such a sampler gets them right through ``_create_output`` or by calling
 :meth:`SpecDecodeBaseSampler._update_counters` with the standard layout.
 """
 
@@ -26,6 +29,7 @@ from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
+from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
 from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import Shapes
@@ -44,7 +48,8 @@ def _as_device(device: int | str | torch.device, device_type: str) -> torch.devi
 
 def _load(target: str) -> Callable[..., torch.Tensor]:
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    fn: Callable[..., torch.Tensor] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 def _check_one_of(temperature: torch.Tensor | None, sampling_params: object) -> None:
@@ -84,10 +89,22 @@ def _process_sampling_params(
 class SpecDecodeBaseSampler(torch.nn.Module):
     """Base of every verification sampler.
 
-    Counters (0-dim int64 device tensors, updated without host synchronisation):
-    ``num_accepted_tokens`` (accepted drafts), ``num_emitted_tokens`` (non -1 outputs) and
-    ``num_accepted_per_position`` ([k]: how often the draft at each position was accepted);
-    ``num_draft_tokens`` is a host int (B * k per call).
+    Args:
+        strict_mode: what vLLM V0's strict mode checks, plus the [B] arguments: shapes, dtypes,
+            devices (always checked), token ids in [0, V), ragged counts consistent with T and
+            ``max_spec_len``, temperatures finite and >= 0. Synchronises with the host.
+        backend: "auto", "torch" or "triton" (see :func:`spec_samplers.kernels.backend.use_triton`).
+        check_values: also check the float inputs: probabilities finite, non-negative, rows
+            summing to one; logits without NaN or +inf and with a finite entry per row. An opt-in
+            apart from ``strict_mode`` because V0 callers pass unnormalised targets in strict mode.
+        use_flashinfer: accepted for vLLM V0 compatibility and recorded; the kernels are chosen
+            by ``backend``.
+
+    Counters (0-dim int64 tensors, created on the CPU at construction, moved by
+    :meth:`init_tensors` or to the device of the first output, updated without host
+    synchronisation): ``num_accepted_tokens`` (accepted drafts), ``num_emitted_tokens`` (non -1
+    outputs) and ``num_accepted_per_position`` ([k]: how often the draft at each position was
+    accepted); ``num_draft_tokens`` is a host int (B * k per call).
 
     Subclasses declare:
 
@@ -102,28 +119,51 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
     kernel_op: ClassVar[str | None] = None
 
-    def __init__(self, strict_mode: bool = False, backend: str = "auto"):
+    def __init__(
+        self,
+        strict_mode: bool = False,
+        backend: str = "auto",
+        *,
+        check_values: bool = False,
+        use_flashinfer: bool | None = None,
+    ):
         super().__init__()
-        if not isinstance(strict_mode, bool):
-            raise TypeError(f"strict_mode: expected bool, got {type(strict_mode).__name__}")
+        for name, flag in (("strict_mode", strict_mode), ("check_values", check_values)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected bool, got {type(flag).__name__}")
+        if use_flashinfer is not None and not isinstance(use_flashinfer, bool):
+            raise TypeError(f"use_flashinfer: expected bool or None, got {type(use_flashinfer).__name__}")
         self._strict_mode = strict_mode
+        self._check_values = check_values
+        self.use_flashinfer = bool(use_flashinfer)
         self.backend = check_backend(backend)
-        self.num_accepted_tokens: torch.Tensor | None = None
-        self.num_emitted_tokens: torch.Tensor | None = None
-        self.num_accepted_per_position: torch.Tensor | None = None
+        # Created on the CPU so they exist before any call; init_tensors moves them.
+        self.num_accepted_tokens: torch.Tensor = torch.zeros((), dtype=torch.long)
+        self.num_emitted_tokens: torch.Tensor = torch.zeros((), dtype=torch.long)
+        self.num_accepted_per_position: torch.Tensor = torch.zeros(0, dtype=torch.long)
         self.num_draft_tokens: int = 0
 
+    def extra_repr(self) -> str:
+        options = [
+            f"strict_mode={self._strict_mode}",
+            f"check_values={self._check_values}",
+            f"backend={self.backend!r}",
+        ]
+        if self.use_flashinfer:
+            options.append("use_flashinfer=True")
+        return ", ".join(options + [f"{k}={v!r}" for k, v in self.op_options().items()])
+
     def init_gpu_tensors(self, device: int | str | torch.device) -> None:
+        """vLLM V0's hook: :meth:`init_tensors` on CUDA (an int is a CUDA device index)."""
         self.init_tensors(device, device_type="cuda")
 
     def init_tensors(self, device: int | str | torch.device, device_type: str = "cuda") -> None:
-        """Allocate the counters on ``device`` (an int means ``{device_type}:{device}``)."""
-        if self.num_accepted_tokens is not None:
-            raise RuntimeError("init_tensors: the counters are already initialised")
+        """Move the counters to ``device`` (an int means ``{device_type}:{device}``), keeping
+        their values. Engines call it once after construction; calling it again moves them again."""
         dev = _as_device(device, device_type)
-        self.num_accepted_tokens = torch.zeros((), dtype=torch.long, device=dev)
-        self.num_emitted_tokens = torch.zeros((), dtype=torch.long, device=dev)
-        self.num_accepted_per_position = torch.zeros(0, dtype=torch.long, device=dev)
+        self.num_accepted_tokens = self.num_accepted_tokens.to(dev)
+        self.num_emitted_tokens = self.num_emitted_tokens.to(dev)
+        self.num_accepted_per_position = self.num_accepted_per_position.to(dev)
 
     @property
     def probs_dtype(self) -> torch.dtype:
@@ -136,6 +176,10 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     @property
     def strict_mode(self) -> bool:
         return self._strict_mode
+
+    @property
+    def check_values(self) -> bool:
+        return self._check_values
 
     # -- the one op ------------------------------------------------------------------------------
 
@@ -209,7 +253,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             )
             if self._strict_mode:
                 validation.check_ragged_values(cu_num_draft_tokens, target.shape[0], max_spec_len)
-                validation.check_values(shapes.vocab_size, target, bonus_token_ids, draft, draft_token_ids, *names, logits)
+                validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
+            if self._check_values:
+                validation.check_float_values(target, draft, *names, logits)
         else:
             shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
         device = target.device
@@ -222,14 +268,23 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             offsets = None if offsets is None else offsets.to(torch.int64)
         if ragged:
             assert cu_num_draft_tokens is not None
-            layout = RowLayout.ragged_from(cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
+            layout = RowLayout.ragged_from(
+                cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size
+            )
         else:
             layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
         if sampling_params is not None:
             target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
         batch = VerifyBatch(
-            layout, target, draft, draft_token_ids, bonus_token_ids.reshape(shapes.batch_size),
-            seeds=seeds, offsets=offsets, is_greedy=is_greedy, temperature=temperature,
+            layout,
+            target,
+            draft,
+            draft_token_ids,
+            bonus_token_ids.reshape(shapes.batch_size),
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            temperature=temperature,
         )
         out = self.verify(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
@@ -246,11 +301,13 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         logits: bool = False,  # the float tensors are target_logits / draft_logits
     ) -> Shapes:
         names = ("target_logits", "draft_logits") if logits else ("target_with_bonus_probs", "draft_probs")
-        shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names)
+        shapes = validation.check_metadata(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names
+        )
         if self._strict_mode:
-            validation.check_values(
-                shapes.vocab_size, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names, logits
-            )
+            validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
+        if self._check_values:
+            validation.check_float_values(target_with_bonus_probs, draft_probs, *names, logits)
         return shapes
 
     def _validate_temperature(self, temperature: torch.Tensor, shapes: Shapes, device: torch.device) -> None:
@@ -258,11 +315,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
 
     def _update_counters(self, output_token_ids: torch.Tensor, num_draft_tokens: int | None = None) -> None:
         """output_token_ids: [B, k+1] in the standard layout; num_draft_tokens defaults to B * k
-        (pass T for the ragged layout)."""
-        if self.num_accepted_tokens is None:
+        (pass T for the ragged layout). Counters on another device move to the output's first."""
+        if output_token_ids.device.type == "meta":
+            return  # shapes only (e.g. tracing): nothing to count
+        if self.num_accepted_tokens.device != output_token_ids.device:
             self.init_tensors(output_token_ids.device)
-        assert self.num_accepted_tokens is not None
-        assert self.num_emitted_tokens is not None and self.num_accepted_per_position is not None
         B, kp1 = output_token_ids.shape
         k = kp1 - 1
         # Position i's draft was accepted iff slot i+1 holds a token.
@@ -276,6 +333,54 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_accepted_tokens += per_position.sum()
         self.num_emitted_tokens += (output_token_ids != PLACEHOLDER_TOKEN_ID).sum()
         self.num_draft_tokens += B * k if num_draft_tokens is None else num_draft_tokens
+
+    # -- vLLM V0's helpers, with V0's signatures and outputs ----------------------------------------
+
+    def _create_output(
+        self,
+        accepted: torch.Tensor,  # [B, k] bool
+        substitute_token_ids: torch.Tensor,  # [B, k] int: the token emitted at the first rejection
+        draft_token_ids: torch.Tensor,  # [B, k] int
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int
+    ) -> torch.Tensor:
+        """vLLM V0's output format: [B, k+1] int64 with the accepted prefix of the drafts, then
+        the substitute token at the first rejection, or the bonus token after k acceptances
+        (V0: only where the last draft id is not -1), then -1. Updates the counters (from the
+        output layout: acceptances after a rejection do not count, unlike V0's accepted.sum()).
+
+        Example::
+
+            >>> s = SpecDecodeBaseSampler()
+            >>> s._create_output(torch.tensor([[True, False]]), torch.tensor([[7, 8]]),
+            ...                  torch.tensor([[3, 4]]), torch.tensor([[9]]))
+            tensor([[3, 8, -1]])
+        """
+        B, k = substitute_token_ids.shape
+        bonus = bonus_token_ids.reshape(B).to(torch.int64)
+        n = num_leading_accepted(accepted.reshape(B, k).to(torch.bool))  # [B] first rejection (k: none)
+        if k == 0:
+            final = bonus
+        else:
+            substitute = substitute_token_ids.to(torch.int64).gather(1, n.clamp(max=k - 1)[:, None]).squeeze(1)
+            # V0 fills the bonus slot only where the output's last draft slot is not -1
+            bonus = torch.where(draft_token_ids[:, -1] != PLACEHOLDER_TOKEN_ID, bonus, PLACEHOLDER_TOKEN_ID)
+            final = torch.where(n < k, substitute, bonus)
+        out = build_output(draft_token_ids, n, final)
+        self._update_counters(out)
+        return out
+
+    def _raise_if_incorrect_input(
+        self,
+        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V]
+        draft_token_ids: torch.Tensor,  # [B, k]
+        bonus_token_ids: torch.Tensor,  # [B, 1]
+        draft_probs: torch.Tensor | None = None,  # [B, k, V] or None
+    ) -> None:
+        """vLLM V0's strict-mode check: shapes, dtypes, devices and token ids in [0, V). Raises
+        :class:`~spec_samplers.errors.SpecSamplerInputError` (an AssertionError, as V0's asserts)
+        naming the argument."""
+        shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
 
 
 def _forward_of(cls: type) -> Callable[..., Any]:
@@ -311,8 +416,13 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded; an
         out-of-range bonus id becomes -1 (the layout has no bonus rows to resample from)."""
         return self._run(
-            "forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len,
+            "forward_ragged",
+            target_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
         )
 
     def forward_from_logits(
@@ -334,8 +444,13 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         vLLM's order (temperature, min-p, top-k, top-p, each renormalised), see
         :meth:`SpecDecodeStochasticBaseSampler.forward_from_logits`."""
         return self._run(
-            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            temperature=temperature, sampling_params=sampling_params,
+            "forward_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            temperature=temperature,
+            sampling_params=sampling_params,
         )
 
     def forward_ragged_from_logits(
@@ -353,8 +468,14 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
         Returns [B, K+1] int64, -1 padded."""
         return self._run(
-            "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
+            "forward_ragged_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
+            temperature=temperature,
             sampling_params=sampling_params,
         )
 
@@ -377,8 +498,16 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
     ) -> torch.Tensor:
         """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
         return self._run(
-            "forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True,
+            "forward",
+            target_with_bonus_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            stochastic=True,
         )
 
     def forward_ragged(
@@ -401,9 +530,18 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         bonus id outside [0, V) becomes -1 rather than a resample.
         """
         return self._run(
-            "forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True,
+            "forward_ragged",
+            target_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            stochastic=True,
         )
 
     def forward_from_logits(
@@ -441,9 +579,17 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
             ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
         """
         return self._run(
-            "forward_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            temperature=temperature, sampling_params=sampling_params,
-            seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+            "forward_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            temperature=temperature,
+            sampling_params=sampling_params,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            stochastic=True,
         )
 
     def forward_ragged_from_logits(
@@ -464,7 +610,17 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
         Returns [B, K+1] int64, -1 padded."""
         return self._run(
-            "forward_ragged_from_logits", target_logits, bonus_token_ids, draft_logits, draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature,
-            sampling_params=sampling_params, seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, stochastic=True,
+            "forward_ragged_from_logits",
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            cu_num_draft_tokens=cu_num_draft_tokens,
+            max_spec_len=max_spec_len,
+            temperature=temperature,
+            sampling_params=sampling_params,
+            seeded_seqs=seeded_seqs,
+            seeds=seeds,
+            offsets=offsets,
+            stochastic=True,
         )

@@ -3,6 +3,18 @@
 Dependency-free on purpose: every layer may import it, so a value lives here once.
 """
 
+import struct
+
+
+def fp32_value(x: float) -> float:
+    """x rounded to the nearest fp32 value (kernels receive float options as fp32; the PyTorch
+    references round the same options the same way)."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+    except OverflowError:  # beyond the fp32 range: fp32 rounds it to infinity
+        return x * float("inf")
+
+
 #: marks the output slots after the emitted tokens (vLLM's PLACEHOLDER_TOKEN_ID)
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -11,6 +23,12 @@ RESIDUAL_MASS_EPS = 1e-6
 
 #: Medusa's and vLLM V0's epsilon inside the entropy's log, H = -sum q log(q + eps)
 ENTROPY_EPS = 1e-5
+#: ENTROPY_EPS as the fp32 value both backends add (V0 adds it to fp32 probabilities)
+ENTROPY_EPS_FP32 = fp32_value(ENTROPY_EPS)
+
+#: largest ``max_spec_len`` the ragged entries accept: the kernels hold a request's positions in
+#: one vector, and no speculative method drafts more tokens per step
+MAX_SPEC_LEN = 1024
 
 # --- FlashInfer-compatible sampling operations (spec_samplers.sampling) ---
 

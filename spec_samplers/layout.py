@@ -10,6 +10,14 @@ One description serves both layouts engines use:
 :class:`RowLayout` holds the shapes (and, ragged, the counts); :class:`VerifyBatch` bundles a
 layout with the tensors of one call. References and kernel launchers take a ``VerifyBatch``, so a
 sampler writes its algorithm once for both layouts and for probabilities or logits.
+
+Inconsistent ragged metadata (one rule, both backends, no host synchronisation): request b reads
+rows [s_b, e_b) with e_b = ``cu_num_draft_tokens[b]`` and s_b = ``cu_num_draft_tokens[b-1]``
+(s_0 = 0). It is *well formed* iff 0 <= s_b <= e_b <= T and e_b - s_b <= max_spec_len. A
+malformed request reads no row and emits no token (its output row is all -1); well-formed requests
+are verified as usual, even when the whole tensor is inconsistent (rows past the last count are
+ignored; a non-monotone tensor can give two requests overlapping rows, each reads them as its own).
+Strict mode raises instead (:func:`spec_samplers.validation.check_ragged_values`).
 """
 
 from __future__ import annotations
@@ -45,13 +53,22 @@ class RowLayout:
         max_spec_len: int,  # K
         vocab_size: int,
     ) -> RowLayout:
-        return cls(True, cu_num_draft_tokens.shape[0], max_spec_len, vocab_size, num_tokens, cu_num_draft_tokens)
+        # [B] metadata is read as contiguous by the kernels: a strided or expanded view is copied
+        cu = cu_num_draft_tokens.contiguous()
+        return cls(True, cu.shape[0], max_spec_len, vocab_size, num_tokens, cu)
+
+    def spans(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(start [B], num_draft [B]) int64: request b's first flat row and k_b, with k_b = -1 for a
+        malformed request (see the module docstring; ragged only)."""
+        assert self.cu_num_draft_tokens is not None
+        return request_spans(self.cu_num_draft_tokens, self.num_rows, self.max_drafts)
 
     def maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(target_rows [B, K+1], draft_rows [B, K], num_draft [B]) int64 flat-row indices.
 
         Padded: target row (b, i) = b * (K+1) + i (i = K is the bonus row), draft row b * K + i.
-        Ragged: row start_b + i for i < k_b, else -1 (and every bonus slot is -1).
+        Ragged: row start_b + i for i < k_b, else -1 (and every bonus slot is -1); a malformed
+        request has k_b = -1 and no rows.
         """
         B, K = self.batch_size, self.max_drafts
         if not self.ragged:
@@ -59,11 +76,8 @@ class RowLayout:
             target_rows = b * (K + 1) + torch.arange(K + 1, device=device)[None, :]
             draft_rows = b * K + torch.arange(K, device=device)[None, :]
             return target_rows, draft_rows, torch.full((B,), K, dtype=torch.int64, device=device)
-        assert self.cu_num_draft_tokens is not None
-        cu = self.cu_num_draft_tokens.to(torch.int64)
-        num_draft = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.int64, device=cu.device))
-        start = cu - num_draft
-        pos = torch.arange(K + 1, device=cu.device, dtype=torch.int64)[None, :]
+        start, num_draft = self.spans(device)
+        pos = torch.arange(K + 1, device=start.device, dtype=torch.int64)[None, :]
         target_rows = torch.where(pos < num_draft[:, None], start[:, None] + pos, -1)
         return target_rows, target_rows[:, :K], num_draft
 
@@ -79,10 +93,35 @@ class RowLayout:
         return req.clamp(max=max(self.batch_size - 1, 0))
 
 
-def ragged_layout(cu_num_draft_tokens: torch.Tensor, max_spec_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:meth:`RowLayout.maps` of a ragged batch (engine adapters build their own views with it)."""
-    layout = RowLayout(True, cu_num_draft_tokens.shape[0], max_spec_len, 1, 0, cu_num_draft_tokens)
-    return layout.maps(cu_num_draft_tokens.device)
+def request_spans(
+    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b
+    num_tokens: int | None,  # T (None: the upper bound e_b <= T is not checked)
+    max_spec_len: int,  # K
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start [B], num_draft [B]) int64 of a ragged batch; num_draft is -1 for a malformed
+    request (not 0 <= s_b <= e_b <= T, or e_b - s_b > K). Comparisons come before the
+    subtraction, so no value of the tensor can overflow into a well-formed span."""
+    end = cu_num_draft_tokens.to(torch.int64)
+    start = torch.nn.functional.pad(end[:-1], (1, 0), value=0) if end.shape[0] else end
+    ok = (start >= 0) & (end >= start)
+    if num_tokens is not None:
+        ok = ok & (end <= num_tokens)
+    count = torch.where(ok, end - start, 0)
+    ok = ok & (count <= max_spec_len)
+    return start, torch.where(ok, count, -1)
+
+
+def ragged_layout(
+    cu_num_draft_tokens: torch.Tensor, max_spec_len: int, num_tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:meth:`RowLayout.maps` of a ragged batch (engine adapters build their own views with it).
+
+    Pass ``num_tokens`` (T) so that requests reaching past T count as malformed (num_draft -1,
+    no rows); without it only the other rules apply."""
+    start, num_draft = request_spans(cu_num_draft_tokens, num_tokens, max_spec_len)
+    pos = torch.arange(max_spec_len + 1, device=start.device, dtype=torch.int64)[None, :]
+    target_rows = torch.where(pos < num_draft[:, None], start[:, None] + pos, -1)
+    return target_rows, target_rows[:, :max_spec_len], num_draft
 
 
 @dataclass(frozen=True)
@@ -102,6 +141,15 @@ class VerifyBatch:
     offsets: torch.Tensor | None = None  # [B] int64, default 0
     is_greedy: torch.Tensor | None = None  # [B] bool (probability inputs)
     temperature: torch.Tensor | None = None  # [B] float (logits inputs), 0 = greedy
+
+    def __post_init__(self) -> None:
+        # The kernels read every [B] tensor as contiguous: a strided or expanded (stride 0) view
+        # would be read at the wrong elements or past its storage. The copies are [B] long (a
+        # no-op for contiguous tensors) and need no host synchronisation.
+        for name in ("bonus_token_ids", "seeds", "offsets", "is_greedy", "temperature"):
+            t = getattr(self, name)
+            if t is not None and not t.is_contiguous():
+                object.__setattr__(self, name, t.contiguous())
 
     @property
     def logits(self) -> bool:

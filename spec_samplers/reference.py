@@ -15,12 +15,21 @@ from __future__ import annotations
 import torch
 
 from spec_samplers import rng
-from spec_samplers.constants import ENTROPY_EPS, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS
+from spec_samplers.constants import ENTROPY_EPS, ENTROPY_EPS_FP32, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS, fp32_value
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
-__all__ = ["ENTROPY_EPS", "RESIDUAL_MASS_EPS", "block_reference", "rejection_reference", "typical_reference", "flat_inputs"]
+__all__ = [
+    "ENTROPY_EPS",
+    "RESIDUAL_MASS_EPS",
+    "block_reference",
+    "rejection_reference",
+    "typical_reference",
+    "flat_inputs",
+    "typical_accepts",
+    "typical_threshold",
+]
 
 
 def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -88,7 +97,10 @@ def _rejection_core(
     accepted = _random_accepts(target_flat, target_rows, draft_flat, draft_rows, draft_valid, drafts, seeds, offsets)
     if is_greedy is not None and K > 0:
         target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
-        accepted = torch.where(is_greedy[:, None], draft_valid & (drafts == target_argmax), accepted)
+        # q_x > 0: a row without mass has argmax 0, which it does not give probability
+        q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
+        greedy_accepted = draft_valid & (drafts == target_argmax) & (q_x > 0)
+        accepted = torch.where(is_greedy[:, None], greedy_accepted, accepted)
     num_accepted = num_leading_accepted(accepted)  # [B]
 
     # One vocabulary row per request: its first rejected position j (j == k_b: the bonus row).
@@ -112,6 +124,8 @@ def _rejection_core(
     recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
+    # A target row without probability mass has no token to give: -1 (no token) there.
+    recovered = torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
 
     # Bonus: as given when in range; else a sample of the bonus row; else (no bonus row) a placeholder.
     bonus_valid, bonus = valid_ids(bonus_token_ids, V)
@@ -120,6 +134,23 @@ def _rejection_core(
     final = torch.where(has_draft, recovered, torch.where(bonus_valid, bonus, fallback))
     return build_output(draft_ids, num_accepted, final)
 
+
+def _drop_malformed(out: torch.Tensor, num_draft: torch.Tensor) -> torch.Tensor:
+    """out [B, K+1]: all -1 for the malformed ragged requests (num_draft -1, see spec_samplers.layout)."""
+    return torch.where((num_draft >= 0)[:, None], out, PLACEHOLDER_TOKEN_ID)
+
+
+def _rows_at(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """flat [R, V], rows [B, P] (-1 = none) -> [B * P, V] copies of the rows (unspecified where -1)."""
+    if flat.shape[0] == 0:
+        return torch.zeros(rows.numel(), flat.shape[1], dtype=flat.dtype, device=flat.device)
+    return flat[rows.clamp(min=0).reshape(-1)]
+
+
+def _own_rows(rows: torch.Tensor) -> torch.Tensor:
+    """rows [B, P] -> the maps of :func:`_rows_at`'s output: b * P + i where present, else -1."""
+    own = torch.arange(rows.numel(), device=rows.device, dtype=torch.int64).view(rows.shape)
+    return torch.where(rows >= 0, own, -1)
 
 
 def _ragged_ids(draft_token_ids: torch.Tensor, draft_rows: torch.Tensor) -> torch.Tensor:
@@ -140,18 +171,25 @@ class FlatInputs:
         target = batch.target.reshape(-1, V)
         draft = None if batch.draft is None else batch.draft.reshape(-1, V)
         self.is_greedy = batch.is_greedy
+        ids = batch.draft_token_ids
+        self.draft_ids = _ragged_ids(ids, self.draft_rows) if layout.ragged else ids.reshape(B, K)  # [B, K]
         if batch.temperature is not None:
             # probabilities from logits, each row at its request's temperature (0: greedy one-hot)
             t = batch.temperature
-            if B:
-                target = probs_from_logits(target, t[layout.request_of_rows(target.shape[0], K + 1, device)])
+            if layout.ragged:
+                # Gather each request's rows first: with inconsistent counts two requests may
+                # share a row, and each reads it at its own temperature (as the kernels do).
+                target = _rows_at(target, self.target_rows)
+                self.target_rows = _own_rows(self.target_rows)
                 if draft is not None:
-                    draft = probs_from_logits(draft, t[layout.request_of_rows(draft.shape[0], K, device)])
+                    draft = _rows_at(draft, self.draft_rows)
+                    self.draft_rows = _own_rows(self.draft_rows)
+            target = probs_from_logits(target, t.repeat_interleave(K + 1))
+            if draft is not None:
+                draft = probs_from_logits(draft, t.repeat_interleave(K))
             self.is_greedy = t == 0
         self.target = target  # [R, V]
         self.draft = draft  # [R', V] or None
-        ids = batch.draft_token_ids
-        self.draft_ids = _ragged_ids(ids, self.draft_rows) if layout.ragged else ids.reshape(B, K)  # [B, K]
         self.bonus = batch.bonus_token_ids  # [B]
 
 
@@ -167,8 +205,11 @@ def rejection_reference(batch: VerifyBatch) -> torch.Tensor:
     rejected position j, recover z ~ (q_j - p_j)+ by an exponential race (q_j when the residual
     has no mass or x_j is out of range); when all k drafts are accepted, emit the bonus token (or,
     if it is outside [0, V), a sample of the bonus row; -1 in the ragged layout, which has none).
-    Greedy rows accept x_i iff x_i == argmax q_i and recover argmax q_j. Logits inputs use
-    q = softmax(target / T), p = softmax(draft / T), greedy where T == 0.
+    Greedy rows accept x_i iff x_i == argmax q_i and q_i(x_i) > 0, and recover argmax q_j.
+    Logits inputs use q = softmax(target / T), p = softmax(draft / T), greedy where T == 0
+    (:func:`~spec_samplers.torch_ops.probs_from_logits`). A recovery or resample from a target
+    row without probability mass emits -1 (no token) instead; a malformed ragged request emits
+    no token (:mod:`spec_samplers.layout`).
 
     Example::
 
@@ -182,10 +223,19 @@ def rejection_reference(batch: VerifyBatch) -> torch.Tensor:
     """
     assert batch.seeds is not None, "rejection sampling needs per-request seeds"
     f = flat_inputs(batch)
-    return _rejection_core(
-        f.target, f.target_rows, f.draft, f.draft_rows, f.num_draft, f.draft_ids, f.bonus,
-        batch.seeds, batch.offsets, f.is_greedy,
+    out = _rejection_core(
+        f.target,
+        f.target_rows,
+        f.draft,
+        f.draft_rows,
+        f.num_draft,
+        f.draft_ids,
+        f.bonus,
+        batch.seeds,
+        batch.offsets,
+        f.is_greedy,
     )
+    return _drop_malformed(out, f.num_draft)
 
 
 def rejection_accepts_reference(batch: VerifyBatch) -> torch.Tensor:
@@ -204,6 +254,28 @@ def rejection_accepts_reference(batch: VerifyBatch) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # Typical acceptance.
+
+
+def typical_accepts(
+    q: torch.Tensor,  # [N, V] fp32 probabilities (cleaned)
+    candidate: torch.Tensor,  # [N] fp32: q at the draft token
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> torch.Tensor:
+    """[N] bool: candidate > min(threshold, alpha * exp(-H(q))), H = -sum q log(q + eps).
+
+    Computed in float64 from the fp32 probabilities, options and eps rounded to fp32 (what V0
+    computes in fp32): the Triton kernel sums the entropy in another order, and in float64 the
+    order moves H by ~1e-16 relative, so both backends decide alike unless q(x) lies within
+    ~2**-45 of the threshold (fp32 sums disagreed on 56 of 300 constructed near-ties)."""
+    return candidate.to(torch.float64) > typical_threshold(q, posterior_threshold, posterior_alpha)
+
+
+def typical_threshold(q: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
+    """[N] float64 min(threshold, alpha * exp(-H(q))) of q [N, V] fp32 (see :func:`typical_accepts`)."""
+    q64 = q.to(torch.float64)
+    entropy = -(q64 * torch.log(q64 + ENTROPY_EPS_FP32)).sum(dim=-1)
+    return torch.clamp(fp32_value(posterior_alpha) * torch.exp(-entropy), max=fp32_value(posterior_threshold))
 
 
 def _typical_core(
@@ -226,13 +298,12 @@ def _typical_core(
     # One position at a time keeps the fp32 copy at [B, V] instead of upcasting [B, K+1, V].
     for i in range(K + 1):
         q_i = _gather_rows(target_flat, target_rows[:, i])  # [B, V]
-        argmaxes.append(torch.argmax(q_i, dim=-1))
+        # -1 where the row has no probability mass (its argmax 0 would have probability 0)
+        argmaxes.append(torch.where(q_i.amax(dim=-1) > 0, torch.argmax(q_i, dim=-1), PLACEHOLDER_TOKEN_ID))
         if i == K:
             break
-        entropy = -(q_i * torch.log(q_i + ENTROPY_EPS)).sum(dim=-1)
-        threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
         candidate = q_i.gather(1, drafts[:, i : i + 1]).squeeze(1)
-        accepted[:, i] = draft_valid[:, i] & (candidate > threshold)
+        accepted[:, i] = draft_valid[:, i] & typical_accepts(q_i, candidate, posterior_threshold, posterior_alpha)
     num_accepted = num_leading_accepted(accepted)
     rows = torch.arange(B, device=device)
     recovered = torch.stack(argmaxes, dim=1)[rows, num_accepted]
@@ -249,9 +320,14 @@ def typical_reference(batch: VerifyBatch, posterior_threshold: float, posterior_
     Accept x_i iff q_i(x_i) > min(posterior_threshold, posterior_alpha * exp(-H_i)) with
     H_i = -sum_x q_i(x) log(q_i(x) + 1e-5); recover argmax q_j at the first rejection. A bonus id
     outside [0, V) is replaced by argmax q_k (-1 in the ragged layout). ``batch.draft`` is unused.
+    The test runs in float64 (:func:`typical_accepts`). A row without probability mass recovers
+    -1 (no token); a malformed ragged request emits no token.
     """
     f = flat_inputs(batch)
-    return _typical_core(f.target, f.target_rows, f.num_draft, f.draft_ids, f.bonus, posterior_threshold, posterior_alpha)
+    out = _typical_core(
+        f.target, f.target_rows, f.num_draft, f.draft_ids, f.bonus, posterior_threshold, posterior_alpha
+    )
+    return _drop_malformed(out, f.num_draft)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,7 +430,7 @@ def _block_core(
         tau = torch.zeros(B, dtype=torch.int64, device=device)
     if is_greedy is not None and K > 0:
         target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
-        greedy_len = num_leading_accepted(draft_valid & (drafts == target_argmax))
+        greedy_len = num_leading_accepted(draft_valid & (drafts == target_argmax) & (q_x > 0))
         tau = torch.where(is_greedy, greedy_len, tau)
 
     # One vocabulary row per request for the emitted token: position tau.
@@ -380,6 +456,8 @@ def _block_core(
     recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
+    # A target row without probability mass has no token to give: -1 (no token) there.
+    recovered = torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
 
     bonus_valid, bonus = valid_ids(bonus_token_ids, V)
     has_bonus_row = target_rows[rows, j] >= 0
@@ -405,7 +483,16 @@ def block_reference(batch: VerifyBatch) -> torch.Tensor:
     """
     assert batch.seeds is not None, "block verification needs per-request seeds"
     f = flat_inputs(batch)
-    return _block_core(
-        f.target, f.target_rows, f.draft, f.draft_rows, f.num_draft, f.draft_ids, f.bonus,
-        batch.seeds, batch.offsets, f.is_greedy,
+    out = _block_core(
+        f.target,
+        f.target_rows,
+        f.draft,
+        f.draft_rows,
+        f.num_draft,
+        f.draft_ids,
+        f.bonus,
+        batch.seeds,
+        batch.offsets,
+        f.is_greedy,
     )
+    return _drop_malformed(out, f.num_draft)

@@ -46,7 +46,7 @@ class SamplerInfo:
 
 
 def sampler_options(cls: type) -> dict[str, object]:
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(cls).parameters  # the constructor's, without self
     return {
         name: p.default
         for name, p in params.items()
@@ -75,9 +75,7 @@ def available_samplers() -> dict[str, SamplerInfo]:
 def get_sampler_class(name: str) -> type[torch.nn.Module]:
     samplers = _discover()
     if name not in samplers:
-        raise UnknownSamplerError(
-            f"unknown sampler {name!r}; available: {', '.join(samplers) or '(none)'}"
-        )
+        raise UnknownSamplerError(f"unknown sampler {name!r}; available: {', '.join(samplers) or '(none)'}")
     return samplers[name].load()
 
 

@@ -14,10 +14,15 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
     exactly the target distribution.
 
     Args:
-        strict_mode: check token-id bounds and probability values too (synchronises with the host).
+        strict_mode: check token-id bounds and the [B] arguments too, as vLLM V0's strict mode
+            (synchronises with the host).
         backend: "auto" (Triton kernels for CUDA tensors when triton imports, else PyTorch),
             "torch" (always the PyTorch path) or "triton" (always the kernels; CPU tensors only
-            under TRITON_INTERPRET=1). Both give the same tokens on the same inputs and seeds.
+            under TRITON_INTERPRET=1). Both give the same tokens on the same inputs and seeds
+            (README.md, "Robustness" states the exact guarantee).
+        check_values: also check the probabilities / logits (finite, non-negative, rows summing
+            to one; synchronises with the host).
+        use_flashinfer: vLLM V0's option, accepted and recorded; ``backend`` picks the kernels.
 
     Example::
 
@@ -35,5 +40,14 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
     reference_op = staticmethod(rejection_reference)
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
 
-    def __init__(self, strict_mode: bool = False, backend: str = "auto"):
-        super().__init__(strict_mode=strict_mode, backend=backend)
+    def __init__(
+        self,
+        strict_mode: bool = False,
+        backend: str = "auto",
+        *,
+        check_values: bool = False,
+        use_flashinfer: bool | None = None,
+    ):
+        super().__init__(
+            strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer
+        )

@@ -367,6 +367,8 @@ def recovery_race(
             _compile_failed = True
             warnings.warn(
                 f"spec_samplers.rng: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
-                "using the eager path", RuntimeWarning, stacklevel=2,
+                "using the eager path",
+                RuntimeWarning,
+                stacklevel=2,
             )
     return _race_eager(weights, seeds, offsets, positions)

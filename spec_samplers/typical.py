@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+import torch
+
 from spec_samplers.base import SpecDecodeDeterministicBaseSampler
-from spec_samplers.reference import typical_reference
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.reference import typical_accepts, typical_reference
+from spec_samplers.torch_ops import clean_probs, valid_ids
 
 
 def _check_option(name: str, value: object) -> float:
@@ -25,10 +29,15 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
     Args:
         posterior_threshold: upper bound of the acceptance threshold (vLLM V0 default 0.09).
         posterior_alpha: scale of the entropy-dependent threshold (vLLM V0 default 0.3).
-        strict_mode: check token-id bounds and probability values too (synchronises with the host).
+        strict_mode: check token-id bounds and the [B] arguments too, as vLLM V0's strict mode
+            (synchronises with the host).
         backend: "auto" (Triton kernels for CUDA tensors when triton imports, else PyTorch),
             "torch" (always the PyTorch path) or "triton" (always the kernels; CPU tensors only
             under TRITON_INTERPRET=1).
+        check_values: also check the probabilities / logits (finite, non-negative, rows summing
+            to one; synchronises with the host). V0 callers pass unnormalised targets in strict
+            mode, so this is a separate opt-in.
+        use_flashinfer: vLLM V0's option, accepted and recorded; ``backend`` picks the kernels.
 
     Example::
 
@@ -50,10 +59,41 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
         posterior_alpha: float = 0.3,
         strict_mode: bool = False,
         backend: str = "auto",
+        *,
+        check_values: bool = False,
+        use_flashinfer: bool | None = None,
     ):
-        super().__init__(strict_mode=strict_mode, backend=backend)
+        super().__init__(
+            strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer
+        )
         self.posterior_threshold = _check_option("posterior_threshold", posterior_threshold)
         self.posterior_alpha = _check_option("posterior_alpha", posterior_alpha)
 
     def op_options(self) -> dict[str, Any]:
         return {"posterior_threshold": self.posterior_threshold, "posterior_alpha": self.posterior_alpha}
+
+    # -- vLLM V0's helpers, with V0's signatures -----------------------------------------------------
+
+    def _evaluate_accepted_tokens(
+        self,
+        target_probs: torch.Tensor,  # [B, k, V] fp32/fp16/bf16
+        draft_token_ids: torch.Tensor,  # [B, k] int
+    ) -> torch.Tensor:
+        """vLLM V0's acceptance mask, [B, k] bool: q_i(x_i) > min(posterior_threshold,
+        posterior_alpha * exp(-H(q_i))) at every position (not only the accepted prefix).
+
+        The same test as the sampler's op (:func:`spec_samplers.reference.typical_accepts`, in
+        float64): NaN, Inf and negative probabilities count as 0, ids outside [0, V) are never
+        accepted (V0 would index out of bounds)."""
+        B, k, V = target_probs.shape
+        q = clean_probs(target_probs.reshape(B * k, V))
+        valid, ids = valid_ids(draft_token_ids.reshape(B * k), V)
+        candidate = q.gather(1, ids[:, None]).squeeze(1) if B * k else q.new_zeros(0)
+        accepted = typical_accepts(q, candidate, self.posterior_threshold, self.posterior_alpha)
+        return (valid & accepted).view(B, k)
+
+    def _get_recovered_token_ids(self, target_probs: torch.Tensor) -> torch.Tensor:  # [B, k, V] -> [B, k]
+        """vLLM V0's substitute tokens, [B, k] int64: argmax q_i at every position (-1 where q_i
+        has no probability mass, which V0 would answer with token 0)."""
+        q = clean_probs(target_probs)
+        return torch.where(q.amax(dim=-1) > 0, torch.argmax(q, dim=-1), PLACEHOLDER_TOKEN_ID)

@@ -1,10 +1,18 @@
 """Input checks shared by every sampler.
 
-Metadata checks (rank, shape, dtype, device) cost no device work and always run. Value checks
-(token ids in range, probabilities finite, non-negative and summing to one) read the tensors and
-synchronise with the host, so they run only in strict mode; without it the samplers stay safe
-by construction (out-of-range ids are never used to index memory and never accepted; non-finite
-or negative probabilities count as zero).
+Three levels:
+
+* metadata (rank, shape, dtype, device, ``max_spec_len``): no device work, always run;
+* ``strict_mode=True`` adds what vLLM V0's strict mode checks (token ids in [0, V)) plus the
+  [B] arguments (ragged counts consistent with T and ``max_spec_len``, temperatures finite and
+  >= 0). These read tensors and synchronise with the host;
+* ``check_values=True`` adds the value checks of the float inputs: probabilities finite,
+  non-negative, each row summing to one; logits without NaN or +inf and not all -inf in a row.
+  V0 callers pass unnormalised targets in strict mode, hence a separate opt-in.
+
+Without them the samplers stay safe by construction: out-of-range ids are never used to index
+memory and never accepted; non-finite or negative probabilities count as zero; a row without
+probability mass emits no token (-1); malformed ragged requests emit no token.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_samplers.constants import MAX_SPEC_LEN
 from spec_samplers.errors import input_error
 
 PROBS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -55,7 +64,8 @@ def check_metadata(
     V = target_with_bonus_probs.shape[2]
     if target_with_bonus_probs.shape[:2] != (B, k + 1):
         raise input_error(
-            target_name, f"shape ({B}, {k + 1}, V) from draft_token_ids {(B, k)}",
+            target_name,
+            f"shape ({B}, {k + 1}, V) from draft_token_ids {(B, k)}",
             f"shape {tuple(target_with_bonus_probs.shape)}",
         )
     if V < 1:
@@ -68,7 +78,8 @@ def check_metadata(
         _check_tensor(draft_name, draft_probs, 3, PROBS_DTYPES)
         if tuple(draft_probs.shape) != (B, k, V):
             raise input_error(
-                draft_name, f"shape ({B}, {k}, {V}) (V from {target_name})",
+                draft_name,
+                f"shape ({B}, {k}, {V}) (V from {target_name})",
                 f"shape {tuple(draft_probs.shape)}",
             )
         tensors.append((draft_name, draft_probs))
@@ -88,49 +99,109 @@ def check_seed_tensor(name: str, t: torch.Tensor | None, batch_size: int, device
         raise input_error(name, f"device {device}", f"device {t.device}")
 
 
+def require_data(name: str, t: torch.Tensor | None, why: str) -> None:
+    """Value checks read the tensor: a meta tensor (shapes only) cannot be checked."""
+    if t is not None and t.device.type == "meta":
+        raise input_error(name, f"a tensor with data ({why} reads values)", "a tensor on the meta device")
+
+
+def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    """Index of the first True entry of ``mask`` (which has one). Synchronises with the host."""
+    flat = int(torch.argmax(mask.reshape(-1).to(torch.uint8)))
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape))
+
+
+def _where(index: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, index)) + "]"
+
+
 def check_ids_in_range(name: str, ids: torch.Tensor, vocab_size: int) -> None:
     """Strict mode: every id in [0, V). Synchronises with the host."""
     if ids.numel() == 0:
         return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise input_error(name, f"token ids in [0, {vocab_size})", f"id {bad}")
+    require_data(name, ids, "strict_mode")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bool(bad.any()):
+        index = _first_index(bad)
+        raise input_error(name, f"token ids in [0, {vocab_size})", f"id {int(ids[index])} at {_where(index)}")
 
 
 def check_probs_values(name: str, probs: torch.Tensor) -> None:
-    """Strict mode: finite, non-negative, rows summing to one (per-dtype tolerance)."""
+    """check_values: finite, non-negative, rows summing to one (per-dtype tolerance)."""
     if probs.numel() == 0:
         return
-    if not bool(torch.isfinite(probs).all()):
-        raise input_error(name, "finite probabilities", "NaN or Inf entries")
-    if bool((probs < 0).any()):
-        raise input_error(name, "non-negative probabilities", f"minimum {float(probs.min())}")
+    require_data(name, probs, "check_values")
+    finite = torch.isfinite(probs)
+    if not bool(finite.all()):
+        index = _first_index(~finite)
+        raise input_error(name, "finite probabilities", f"{float(probs[index])} at {_where(index)}")
+    negative = probs < 0
+    if bool(negative.any()):
+        index = _first_index(negative)
+        raise input_error(name, "non-negative probabilities", f"{float(probs[index])} at {_where(index)}")
     sums = probs.sum(dim=-1, dtype=torch.float32)
-    err = float((sums - 1).abs().max())
+    err = (sums - 1).abs()
     tol = SUM_TOLERANCE[probs.dtype]
-    if err > tol:
-        raise input_error(name, f"rows summing to 1 (tolerance {tol})", f"a row summing to {1 + err:.6g} or {1 - err:.6g}")
+    worst = _first_index(err == err.max())
+    if float(err[worst]) > tol:
+        raise input_error(
+            name,
+            f"rows summing to 1 (tolerance {tol})",
+            f"row {_where(worst)} summing to {float(sums[worst]):.7g} (the worst row)",
+        )
 
 
 def check_logits_values(name: str, logits: torch.Tensor) -> None:
-    """Strict mode: no NaN and no +Inf (-Inf, a masked-out token, is fine)."""
+    """check_values: no NaN, no +Inf, and no row without a finite logit (-Inf, a masked-out
+    token, is fine where the row has another)."""
     if logits.numel() == 0:
         return
-    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
-        raise input_error(name, "logits without NaN or +Inf", "NaN or +Inf entries")
+    require_data(name, logits, "check_values")
+    bad = torch.isnan(logits) | torch.isposinf(logits)
+    if bool(bad.any()):
+        index = _first_index(bad)
+        raise input_error(name, "logits without NaN or +Inf", f"{float(logits[index])} at {_where(index)}")
+    empty = torch.isneginf(logits).all(dim=-1)
+    if bool(empty.any()):
+        index = _first_index(empty)
+        raise input_error(name, "rows with a finite logit (a distribution)", f"row {_where(index)} all -inf")
 
 
 def check_temperature(temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
     """[B] float tensor on ``device``; in strict mode also finite and >= 0 (0 = greedy request)."""
     _check_tensor("temperature", temperature, 1, PROBS_DTYPES)
+    assert isinstance(temperature, torch.Tensor)
     if temperature.shape[0] != batch_size:
         raise input_error("temperature", f"shape ({batch_size},)", f"shape {tuple(temperature.shape)}")
     if temperature.device != device:
         raise input_error("temperature", f"device {device}", f"device {temperature.device}")
-    if strict and batch_size and not bool((torch.isfinite(temperature) & (temperature >= 0)).all()):
-        bad = temperature[~(torch.isfinite(temperature) & (temperature >= 0))][0]
-        raise input_error("temperature", "finite values >= 0 (0 = greedy)", float(bad))
+    if strict and batch_size:
+        require_data("temperature", temperature, "strict_mode")
+        bad = ~(torch.isfinite(temperature) & (temperature >= 0))
+        if bool(bad.any()):
+            index = _first_index(bad)
+            actual = f"{float(temperature[index])} at {_where(index)}"
+            raise input_error("temperature", "finite values >= 0 (0 = greedy)", actual)
+
+
+def check_token_ids(vocab_size: int, bonus_token_ids: torch.Tensor, draft_token_ids: torch.Tensor) -> None:
+    """Strict mode (vLLM V0's checks): draft and bonus ids in [0, V)."""
+    check_ids_in_range("draft_token_ids", draft_token_ids, vocab_size)
+    check_ids_in_range("bonus_token_ids", bonus_token_ids, vocab_size)
+
+
+def check_float_values(
+    target_probs: torch.Tensor,  # [B, k+1, V] or [T, V]
+    draft_probs: torch.Tensor | None,
+    target_name: str = "target_with_bonus_probs",
+    draft_name: str = "draft_probs",
+    logits: bool = False,
+) -> None:
+    """check_values: the float inputs (probabilities, or logits when ``logits``)."""
+    check_floats = check_logits_values if logits else check_probs_values
+    check_floats(target_name, target_probs)
+    if draft_probs is not None:
+        check_floats(draft_name, draft_probs)
 
 
 def check_values(
@@ -143,13 +214,9 @@ def check_values(
     draft_name: str = "draft_probs",
     logits: bool = False,
 ) -> None:
-    """All strict-mode value checks (either layout; probabilities, or logits when ``logits``)."""
-    check_ids_in_range("draft_token_ids", draft_token_ids, vocab_size)
-    check_ids_in_range("bonus_token_ids", bonus_token_ids, vocab_size)
-    check_floats = check_logits_values if logits else check_probs_values
-    check_floats(target_name, target_probs)
-    if draft_probs is not None:
-        check_floats(draft_name, draft_probs)
+    """Token ids and float values together (:func:`check_token_ids` and :func:`check_float_values`)."""
+    check_token_ids(vocab_size, bonus_token_ids, draft_token_ids)
+    check_float_values(target_probs, draft_probs, target_name, draft_name, logits)
 
 
 def check_row_mask(name: str, t: torch.Tensor | None, batch_size: int, device: torch.device) -> None:
@@ -178,24 +245,36 @@ def check_ragged_metadata(
     _check_tensor("draft_token_ids", draft_token_ids, 1, ID_DTYPES)
     _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, ID_DTYPES)
     if not isinstance(bonus_token_ids, torch.Tensor) or bonus_token_ids.dim() not in (1, 2):
-        raise input_error("bonus_token_ids", "a [B] or [B, 1] tensor", getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__))
+        raise input_error(
+            "bonus_token_ids",
+            "a [B] or [B, 1] tensor",
+            getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__),
+        )
     _check_tensor("bonus_token_ids", bonus_token_ids, bonus_token_ids.dim(), ID_DTYPES)
     T, V = target_probs.shape
     B = cu_num_draft_tokens.shape[0]
     if V < 1:
         raise input_error(target_name, "vocabulary size V >= 1", V)
-    if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or max_spec_len < 0:
-        raise input_error("max_spec_len", "an int >= 0", repr(max_spec_len))
+    if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or not 0 <= max_spec_len <= MAX_SPEC_LEN:
+        raise input_error("max_spec_len", f"an int in [0, {MAX_SPEC_LEN}]", repr(max_spec_len))
     if draft_token_ids.shape[0] != T:
-        raise input_error("draft_token_ids", f"shape ({T},) (one per {target_name} row)", f"shape {tuple(draft_token_ids.shape)}")
+        raise input_error(
+            "draft_token_ids", f"shape ({T},) (one per {target_name} row)", f"shape {tuple(draft_token_ids.shape)}"
+        )
     if bonus_token_ids.shape[0] != B or (bonus_token_ids.dim() == 2 and bonus_token_ids.shape[1] != 1):
         raise input_error("bonus_token_ids", f"shape ({B},) or ({B}, 1)", f"shape {tuple(bonus_token_ids.shape)}")
     device = target_probs.device
-    tensors = [("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids), ("cu_num_draft_tokens", cu_num_draft_tokens)]
+    tensors = [
+        ("draft_token_ids", draft_token_ids),
+        ("bonus_token_ids", bonus_token_ids),
+        ("cu_num_draft_tokens", cu_num_draft_tokens),
+    ]
     if draft_probs is not None:
         _check_tensor(draft_name, draft_probs, 2, PROBS_DTYPES)
         if tuple(draft_probs.shape) != (T, V):
-            raise input_error(draft_name, f"shape ({T}, {V}) (that of {target_name})", f"shape {tuple(draft_probs.shape)}")
+            raise input_error(
+                draft_name, f"shape ({T}, {V}) (that of {target_name})", f"shape {tuple(draft_probs.shape)}"
+            )
         tensors.append((draft_name, draft_probs))
     for name, t in tensors:
         if t.device != device:
@@ -204,17 +283,26 @@ def check_ragged_metadata(
 
 
 def check_ragged_values(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_spec_len: int) -> None:
-    """Strict mode: cu_num_draft_tokens non-decreasing, each k_b <= max_spec_len, last == T."""
+    """Strict mode: cu_num_draft_tokens non-decreasing from >= 0, each k_b <= max_spec_len,
+    last == T (without strict mode a request breaking these emits no token, see
+    :mod:`spec_samplers.layout`)."""
+    name = "cu_num_draft_tokens"
     if cu_num_draft_tokens.numel() == 0:
         if num_tokens != 0:
-            raise input_error("cu_num_draft_tokens", f"a last entry equal to T = {num_tokens}", "an empty tensor")
+            raise input_error(name, f"a last entry equal to T = {num_tokens} (B = 0 needs T = 0)", "an empty tensor")
         return
+    require_data(name, cu_num_draft_tokens, "strict_mode")
     cu = cu_num_draft_tokens.to(torch.int64)
     counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.int64, device=cu.device))
-    lo, hi, last = int(counts.min()), int(counts.max()), int(cu[-1])
-    if lo < 0:
-        raise input_error("cu_num_draft_tokens", "a non-decreasing cumulative sum", f"a negative count {lo}")
-    if hi > max_spec_len:
-        raise input_error("cu_num_draft_tokens", f"counts <= max_spec_len = {max_spec_len}", f"a count of {hi}")
+    negative = counts < 0
+    if bool(negative.any()):
+        b = _first_index(negative)[0]
+        actual = f"entry {b} = {int(cu[b])} after {int(cu[b] - counts[b])}"
+        raise input_error(name, "a non-decreasing cumulative sum from >= 0", actual)
+    too_long = counts > max_spec_len
+    if bool(too_long.any()):
+        b = _first_index(too_long)[0]
+        raise input_error(name, f"counts <= max_spec_len = {max_spec_len}", f"count {int(counts[b])} of request {b}")
+    last = int(cu[-1])
     if last != num_tokens:
-        raise input_error("cu_num_draft_tokens", f"a last entry equal to T = {num_tokens}", last)
+        raise input_error(name, f"a last entry equal to T = {num_tokens}", last)

@@ -28,8 +28,15 @@ from spec_samplers.layout import VerifyBatch  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 META = torch.device("meta")
-TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
-         torch.int64: "i64", torch.bool: "i1"}
+TYPES = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.bool: "i1",
+}
 
 
 def batches():
@@ -50,11 +57,23 @@ def batches():
         bonus = torch.empty(B, 1, **i64)
         if ragged:
             T = 7
-            yield VerifyBatch.ragged(torch.empty(T, V, **f), bonus, torch.empty(T, V, **f) if draft else None,
-                                     torch.empty(T, **i64), torch.empty(B, **i64), K, **extra)
+            yield VerifyBatch.ragged(
+                torch.empty(T, V, **f),
+                bonus,
+                torch.empty(T, V, **f) if draft else None,
+                torch.empty(T, **i64),
+                torch.empty(B, **i64),
+                K,
+                **extra,
+            )
         else:
-            yield VerifyBatch.padded(torch.empty(B, K + 1, V, **f), bonus, torch.empty(B, K, V, **f) if draft else None,
-                                     torch.empty(B, K, **i64), **extra)
+            yield VerifyBatch.padded(
+                torch.empty(B, K + 1, V, **f),
+                bonus,
+                torch.empty(B, K, V, **f) if draft else None,
+                torch.empty(B, K, **i64),
+                **extra,
+            )
 
 
 def signature(kernel, args):
@@ -87,13 +106,20 @@ def main():
             launches += plan_typical(batch, 0.09, 0.3, split)[0]
         for launch in launches:
             sig, consts = signature(launch.kernel, launch.args)
-            key = (launch.name, tuple(sorted(sig.items())), tuple(sorted((k[0], repr(v)) for k, v in consts.items())),
-                   tuple(sorted(launch.options.items())))
+            key = (
+                launch.name,
+                tuple(sorted(sig.items())),
+                tuple(sorted((k[0], repr(v)) for k, v in consts.items())),
+                tuple(sorted(launch.options.items())),
+            )
             if key in seen:
                 continue
             seen.add(key)
-            triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET,
-                           options=launch.options or None)
+            triton.compile(
+                ASTSource(fn=launch.kernel, signature=sig, constexprs=consts),
+                target=TARGET,
+                options=launch.options or None,
+            )
     print(f"compiled all kernel variants for sm_90: {len(seen)} variants")
 
 

@@ -52,7 +52,16 @@ def _entries(rej_op, typ_op):
         b = VerifyBatch.ragged(target, bonus, None, ids, cu, K, temperature=temperature)
         return _typical(typ_op, b, thr, alpha, split)
 
-    return padded, ragged, from_logits, ragged_from_logits, typical, typical_ragged, typical_from_logits, typical_ragged_from_logits
+    return (
+        padded,
+        ragged,
+        from_logits,
+        ragged_from_logits,
+        typical,
+        typical_ragged,
+        typical_from_logits,
+        typical_ragged_from_logits,
+    )
 
 
 (

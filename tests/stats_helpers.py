@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 stats = pytest.importorskip("scipy.stats", reason="needs the test extra: pip install -e '.[test]'")
 

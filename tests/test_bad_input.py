@@ -2,10 +2,12 @@
 
 * rank, shape, dtype, device or V mismatches: SpecSamplerInputError (a ValueError and an
   AssertionError) naming the argument, expected and actual value, with or without strict mode;
-* token ids outside [0, V), NaN/Inf/negative probabilities, rows not summing to 1: the same error
-  in strict mode; without it, out-of-range draft ids are rejected (never indexed), an out-of-range
-  bonus id is replaced by a sample of the bonus row, bad probabilities count as 0, unnormalised
-  rows are used as given. Never a NaN-derived or out-of-range token.
+* token ids outside [0, V): the same error in strict mode (vLLM V0's checks); NaN/Inf/negative
+  probabilities, rows not summing to 1: the same error with check_values=True (strict mode alone
+  accepts them, as V0's does); without the checks, out-of-range draft ids are rejected (never
+  indexed), an out-of-range bonus id is replaced by a sample of the bonus row, bad probabilities
+  count as 0, unnormalised rows are used as given, and a row without probability mass emits no
+  token (-1). Never a NaN-derived or out-of-range token.
 """
 
 import pytest
@@ -69,7 +71,9 @@ def test_metadata_errors(cls, strict, mutate, argument, fragment):
 def test_out_of_range_draft_ids(cls, bad_id):
     target, bonus, draft, ids = good()
     ids[1, 0] = bad_id
-    with pytest.raises(SpecSamplerInputError, match=rf"draft_token_ids: expected token ids in \[0, {V}\), got id {bad_id}"):
+    with pytest.raises(
+        SpecSamplerInputError, match=rf"draft_token_ids: expected token ids in \[0, {V}\), got id {bad_id}"
+    ):
         cls(strict_mode=True)(target, bonus, draft, ids)
     out = cls()(target, bonus, draft, ids)  # non-strict: rejected at that position
     assert_valid_output(out)
@@ -103,32 +107,39 @@ def test_bad_probability_values(cls, value, where):
         name = "draft_probs"
     expected = "finite probabilities" if value != -0.5 else "non-negative probabilities"
     with pytest.raises(SpecSamplerInputError, match=f"{name}: expected {expected}"):
-        cls(strict_mode=True)(target, bonus, draft, ids)
+        cls(check_values=True)(target, bonus, draft, ids)
+    assert_valid_output(cls(strict_mode=True)(target, bonus, draft, ids))  # V0's strict mode: no value checks
     for _ in range(5):
         assert_valid_output(cls()(target, bonus, draft, ids))
 
 
 @pytest.mark.parametrize("cls", SAMPLERS)
-def test_all_nan_rows_still_give_valid_tokens(cls):
+def test_all_nan_rows_emit_no_token(cls):
     target, bonus, draft, ids = good()
     target[:] = float("nan")
     draft[:] = float("nan")
     out = cls()(target, bonus, draft, ids)
-    assert_valid_output(out)
+    # no target row has a distribution: nothing is accepted and nothing can be recovered
+    assert out.tolist() == [[-1] * (K + 1)] * B
 
 
 @pytest.mark.parametrize("cls", SAMPLERS)
 def test_rows_not_summing_to_one(cls):
     target, bonus, draft, ids = good()
     target[1, 2] *= 1.5
-    with pytest.raises(SpecSamplerInputError, match="target_with_bonus_probs: expected rows summing to 1"):
-        cls(strict_mode=True)(target, bonus, draft, ids)
+    with pytest.raises(
+        SpecSamplerInputError,
+        match=r"target_with_bonus_probs: expected rows summing to 1 \(tolerance 0.001\), "
+        r"got row \[1, 2\] summing to 1.5 \(the worst row\)",
+    ):
+        cls(check_values=True)(target, bonus, draft, ids)
+    assert_valid_output(cls(strict_mode=True)(target, bonus, draft, ids))
     assert_valid_output(cls()(target, bonus, draft, ids))
 
 
 def test_bf16_rounding_passes_strict_mode():
     target, bonus, draft, ids = good()
-    out = RejectionSampler(strict_mode=True)(target.bfloat16(), bonus, draft.bfloat16(), ids.int())
+    out = RejectionSampler(strict_mode=True, check_values=True)(target.bfloat16(), bonus, draft.bfloat16(), ids.int())
     assert_valid_output(out)
 
 
@@ -154,13 +165,16 @@ def test_ragged_errors():
     flat_t, flat_d, flat_i = target[:, :K].reshape(-1, V), draft.reshape(-1, V), ids.reshape(-1)
     cu = torch.arange(1, B + 1) * K
     s = RejectionSampler(strict_mode=True)
-    with pytest.raises(SpecSamplerInputError, match="max_spec_len: expected counts|cu_num_draft_tokens: expected counts <= max_spec_len"):
+    with pytest.raises(
+        SpecSamplerInputError,
+        match="max_spec_len: expected counts|cu_num_draft_tokens: expected counts <= max_spec_len",
+    ):
         s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu, K - 1)
     with pytest.raises(SpecSamplerInputError, match=f"cu_num_draft_tokens: expected a last entry equal to T = {B * K}"):
         s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu - 1, K)
     with pytest.raises(SpecSamplerInputError, match="draft_token_ids: expected shape"):
         s.forward_ragged(flat_t, bonus, flat_d, flat_i[:-1], cu, K)
-    with pytest.raises(SpecSamplerInputError, match="max_spec_len: expected an int >= 0"):
+    with pytest.raises(SpecSamplerInputError, match=r"max_spec_len: expected an int in \[0, 1024\]"):
         s.forward_ragged(flat_t, bonus, flat_d, flat_i, cu, -1)
     # non-strict, invalid bonus id in the ragged layout (no bonus row): a missing token, never a wrong one
     flat_t = torch.nn.functional.one_hot(flat_i, V).float()

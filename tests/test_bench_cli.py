@@ -28,8 +28,22 @@ def quick_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bench")
     json_path, png_path = out_dir / "r.json", out_dir / "r.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "spec_samplers.cli", "bench", "--quick", "--json", str(json_path), "--plot", str(png_path)],
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "spec_samplers.cli",
+            "bench",
+            "--quick",
+            "--json",
+            str(json_path),
+            "--plot",
+            str(png_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        timeout=300,
     )
     return proc, json.loads(json_path.read_text()) if json_path.exists() else None, png_path
 
@@ -39,12 +53,20 @@ def test_exit_code_and_tables(quick_run):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     for headers in (report.ACCEPTANCE_HEADERS, report.TIMING_HEADERS):
-        header_line = next((line for line in lines if line.startswith("sampler") and headers[-1] in line), None)
+        header_line = next(
+            (line for line in lines if line.strip().startswith(headers[0]) and headers[-1] in line), None
+        )
         assert header_line is not None, f"no table with columns {headers} in:\n{proc.stdout}"
         for column in headers:
             assert column in header_line
     for name in ("rejection_sampler", "typical_acceptance_sampler", "block_verification"):
         assert any(line.startswith(name) for line in lines), f"{name} missing from the table"
+    # the report fits 100 columns (detail is in the JSON)
+    assert max(len(line) for line in lines) <= report.WIDTH, max(lines, key=len)
+    # typical acceptance's first-token law is computable: its TV is exact
+    typical_block = lines[lines.index("typical_acceptance_sampler") :]
+    assert any(line.rstrip().endswith("exact") for line in typical_block[2:6])
+    assert "threads=1" in proc.stdout  # the default: fast on a small shared machine
 
 
 def _check_number(entry: dict, key: str) -> None:
@@ -67,7 +89,11 @@ def test_json_schema(quick_run):
             _check_number(e, key)
         assert len(e["per_position"]) == k
         assert 0 <= e["acceptance"] <= 1 and 1 <= e["emitted"] <= k + 1
-        assert set(e["tv_output"]) == {"estimate", "noise_floor", "excess"}
+        assert set(e["tv_output"]) == {"estimate", "noise_floor", "excess", "exact"}
+        if e["name"] == "typical_acceptance_sampler":
+            _check_number(e["tv_output"], "exact")
+        else:
+            assert e["tv_output"]["exact"] is None
         assert set(e["setting"]) >= {"name", "kind", "vocab_size", "contexts", "sigma", "temperature"}
         if e["name"] == "rejection_sampler":
             assert set(e["theory"]) == {"alpha", "per_position", "acceptance", "emitted"}
@@ -119,8 +145,19 @@ def test_block_vs_token_wise_table(quick_run):
 
 def test_typical_sweep_explorer(capsys, tmp_path):
     json_path, png_path = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    code, out, err = _run(capsys, "--sampler", "typical_acceptance_sampler", "--quick", "--rows", "64",
-                          "--no-timing", "--json", str(json_path), "--plot", str(png_path))
+    code, out, err = _run(
+        capsys,
+        "--sampler",
+        "typical_acceptance_sampler",
+        "--quick",
+        "--rows",
+        "64",
+        "--no-timing",
+        "--json",
+        str(json_path),
+        "--plot",
+        str(png_path),
+    )
     assert code == 0, err
     assert "Sweep" in out
     doc = json.loads(json_path.read_text())
@@ -130,8 +167,19 @@ def test_typical_sweep_explorer(capsys, tmp_path):
     assert all(s["swept"] == ["posterior_threshold", "posterior_alpha"] for s in doc["samplers"])
     assert png_path.stat().st_size > 10_000
     # an option given explicitly is not swept
-    code, out, err = _run(capsys, "--sampler", "typical_acceptance_sampler", "--option", "posterior_alpha=0.2",
-                          "--quick", "--rows", "16", "--no-timing", "--json", str(json_path))
+    code, out, err = _run(
+        capsys,
+        "--sampler",
+        "typical_acceptance_sampler",
+        "--option",
+        "posterior_alpha=0.2",
+        "--quick",
+        "--rows",
+        "16",
+        "--no-timing",
+        "--json",
+        str(json_path),
+    )
     assert code == 0, err
     doc = json.loads(json_path.read_text())
     assert {s["options"]["posterior_alpha"] for s in doc["samplers"]} == {0.2}
@@ -140,9 +188,21 @@ def test_typical_sweep_explorer(capsys, tmp_path):
 
 def test_option_and_progress(capsys, tmp_path):
     json_path = tmp_path / "o.json"
-    code, out, err = _run(capsys, "--sampler", "typical_acceptance_sampler", "--option", "posterior_threshold=0.05",
-                          "--option", "posterior_alpha=1", "--quick", "--batch-sizes", "2", "--progress",
-                          "--json", str(json_path))
+    code, out, err = _run(
+        capsys,
+        "--sampler",
+        "typical_acceptance_sampler",
+        "--option",
+        "posterior_threshold=0.05",
+        "--option",
+        "posterior_alpha=1",
+        "--quick",
+        "--batch-sizes",
+        "2",
+        "--progress",
+        "--json",
+        str(json_path),
+    )
     assert code == 0, err
     doc = json.loads(json_path.read_text())
     assert [s["options"] for s in doc["samplers"]] == [{"posterior_threshold": 0.05, "posterior_alpha": 1.0}]
@@ -154,11 +214,18 @@ def test_option_and_progress(capsys, tmp_path):
     "argv, message",
     [
         (["--sampler", "nope"], ["unknown sampler 'nope'", "available:", "rejection_sampler"]),
-        (["--option", "posterior_gamma=0.1"], ["posterior_gamma", "no selected sampler has this option", "posterior_alpha"]),
-        (["--sampler", "typical_acceptance_sampler", "--option", "posterior_threshold=abc"],
-         ["posterior_threshold=abc", "expects a number", "default 0.09"]),
-        (["--sampler", "typical_acceptance_sampler", "--option", "posterior_threshold=-1"],
-         ["posterior_threshold", "expected a finite number >= 0", "-1"]),
+        (
+            ["--option", "posterior_gamma=0.1"],
+            ["posterior_gamma", "no selected sampler has this option", "posterior_alpha"],
+        ),
+        (
+            ["--sampler", "typical_acceptance_sampler", "--option", "posterior_threshold=abc"],
+            ["posterior_threshold=abc", "expects a number", "default 0.09"],
+        ),
+        (
+            ["--sampler", "typical_acceptance_sampler", "--option", "posterior_threshold=-1"],
+            ["posterior_threshold", "expected a finite number >= 0", "-1"],
+        ),
         (["--sampler", "rejection_sampler", "--option", "strict_mode=1"], ["strict_mode=1", "True or False"]),
         (["--option", "posterior_alpha"], ["expected key=value"]),
         (["--from-file", "/nonexistent/probs.pt"], ["--from-file", "no such file"]),

@@ -27,11 +27,15 @@ def _tv_bound(dist: torch.Tensor, rows: int) -> float:
     return mean_bound + math.sqrt(math.log(1 / DELTA) / (2 * C * rows))
 
 
-@pytest.mark.parametrize("setting", [
-    workloads.softmax_setting(0.5, 1.0, 300, 3),
-    workloads.sparse_setting(2.0, 10, 300, 3),
-    workloads.point_setting(1.0, 300, 3),
-], ids=lambda s: s.kind)
+@pytest.mark.parametrize(
+    "setting",
+    [
+        workloads.softmax_setting(0.5, 1.0, 300, 3),
+        workloads.sparse_setting(2.0, 10, 300, 3),
+        workloads.point_setting(1.0, 300, 3),
+    ],
+    ids=lambda s: s.kind,
+)
 @pytest.mark.parametrize("sampler", [RejectionSampler(), VllmV0RejectionSampler()], ids=["ours", "vllm_v0_torch"])
 def test_lossless_matches_theory(setting, sampler):
     """Acceptance and emitted within quality.Z_BOUND standard errors of the theory (false failure
@@ -39,7 +43,9 @@ def test_lossless_matches_theory(setting, sampler):
     token's distribution within the TV bound of the target (false failure 1e-6)."""
     target, draft = workloads.make_pairs(setting, seed=3)
     rows, k = 2000, 3
-    m = quality.measure(sampler, target, draft, k, rows, seed=5, point_mass_drafts=setting.point_mass_drafts, lossless=True)
+    m = quality.measure(
+        sampler, target, draft, k, rows, seed=5, point_mass_drafts=setting.point_mass_drafts, lossless=True
+    )
     assert abs(m["z"]["acceptance"]) < quality.Z_BOUND, m
     assert abs(m["z"]["emitted"]) < quality.Z_BOUND, m
     for measured, expected in zip(m["per_position"], m["theory"]["per_position"]):
@@ -48,11 +54,15 @@ def test_lossless_matches_theory(setting, sampler):
     assert m["tv_output"]["noise_floor"] < _tv_bound(target, rows)
 
 
-@pytest.mark.parametrize("setting", [
-    workloads.softmax_setting(1.0, 1.0, 300, 3),
-    workloads.sparse_setting(2.0, 10, 300, 3),
-    workloads.point_setting(1.0, 300, 3),
-], ids=lambda s: s.kind)
+@pytest.mark.parametrize(
+    "setting",
+    [
+        workloads.softmax_setting(1.0, 1.0, 300, 3),
+        workloads.sparse_setting(2.0, 10, 300, 3),
+        workloads.point_setting(1.0, 300, 3),
+    ],
+    ids=lambda s: s.kind,
+)
 def test_block_verification_matches_its_theory(setting):
     """Block verification against its own theory (P(tau >= i) = E[rho_i], Monte Carlo; closed form
     for point-mass drafts): z within quality.Z_BOUND (its stderr includes the Monte Carlo's), every
@@ -62,8 +72,17 @@ def test_block_verification_matches_its_theory(setting):
 
     target, draft = workloads.make_pairs(setting, seed=4)
     rows, k = 2000, 3
-    m = quality.measure(BlockVerificationSampler(), target, draft, k, rows, seed=6,
-                        point_mass_drafts=setting.point_mass_drafts, lossless=True, law="block")
+    m = quality.measure(
+        BlockVerificationSampler(),
+        target,
+        draft,
+        k,
+        rows,
+        seed=6,
+        point_mass_drafts=setting.point_mass_drafts,
+        lossless=True,
+        law="block",
+    )
     assert m["theory"]["method"] == ("closed form" if setting.point_mass_drafts else "monte carlo")
     assert abs(m["z"]["acceptance"]) < quality.Z_BOUND, m
     assert abs(m["z"]["emitted"]) < quality.Z_BOUND, m
@@ -77,7 +96,9 @@ def test_block_verification_matches_its_theory(setting):
     assert m["tv_output"]["estimate"] < _tv_bound(target, rows)
 
 
-def _typical_first_token_distribution(target: torch.Tensor, draft: torch.Tensor, threshold: float, alpha: float) -> torch.Tensor:
+def _typical_first_token_distribution(
+    target: torch.Tensor, draft: torch.Tensor, threshold: float, alpha: float
+) -> torch.Tensor:
     """Exact distribution of typical acceptance's first emitted token: x ~ p is kept iff
     q(x) > min(threshold, alpha * exp(-H(q))), otherwise argmax q is emitted. [C, V]."""
     q, p = target.double(), draft.double()
@@ -166,14 +187,19 @@ def test_from_file_cli_end_to_end(tmp_path, capsys):
 
 
 def test_option_value_coercion():
-    (spec,) = resolve_samplers(["typical_acceptance_sampler"], ["posterior_threshold=1", "posterior_alpha=0.5"], sweep=False)
+    (spec,) = resolve_samplers(
+        ["typical_acceptance_sampler"], ["posterior_threshold=1", "posterior_alpha=0.5"], sweep=False
+    )
     assert spec.options == {"posterior_threshold": 1.0, "posterior_alpha": 0.5}
     assert isinstance(spec.options["posterior_threshold"], float)
     with pytest.raises(BenchError, match="strict_mode=yes: sampler 'rejection_sampler' expects True or False"):
         resolve_samplers(["rejection_sampler"], ["strict_mode=yes"])
     specs = resolve_samplers(None, ["posterior_alpha=0.2"])  # applies only to the sampler that has it
     assert {s.name: s.options for s in specs} == {
-        "block_verification": {}, "rejection_sampler": {}, "typical_acceptance_sampler": {"posterior_alpha": 0.2}}
+        "block_verification": {},
+        "rejection_sampler": {},
+        "typical_acceptance_sampler": {"posterior_alpha": 0.2},
+    }
 
 
 def test_baseline_availability_reports_reasons():
@@ -181,3 +207,23 @@ def test_baseline_availability_reports_reasons():
     assert status["vllm_v0_torch"] == {"available": True, "reason": ""}
     for name in ("vllm_v1", "flashinfer"):
         assert status[name]["available"] is False and status[name]["reason"]
+
+
+def test_typical_first_token_law_is_exact():
+    """The law the report uses for typical acceptance's exact TV equals the sampler's output over
+    every possible draft token at position 0, weighted by p (typical acceptance is deterministic)."""
+    from spec_samplers import TypicalAcceptanceSampler
+    from spec_samplers.bench.quality import typical_first_token_law
+
+    g = torch.Generator().manual_seed(11)
+    C, V, k = 4, 12, 2
+    target = torch.softmax(torch.randn(C, V, generator=g) * torch.tensor([[0.3], [1.0], [3.0], [8.0]]), -1)
+    draft = torch.softmax(torch.randn(C, V, generator=g) * 2, -1)
+    sampler = TypicalAcceptanceSampler(0.09, 0.3)
+    law = typical_first_token_law(target, draft, 0.09, 0.3)
+    for c in range(C):
+        tgt = target[c].expand(V, k + 1, V)  # one row per possible draft token
+        ids = torch.arange(V)[:, None].expand(V, k)
+        first = sampler(tgt, torch.zeros(V, 1, dtype=torch.long), None, ids)[:, 0]
+        enumerated = torch.zeros(V, dtype=torch.float64).index_add_(0, first, draft[c].double())
+        assert torch.allclose(law[c], enumerated, atol=1e-12), (c, law[c], enumerated)

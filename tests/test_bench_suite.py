@@ -14,7 +14,11 @@ def test_benchmark_suite_runs_in_quick_mode():
     env = {**os.environ, "PYTHONPATH": REPO, "SPEC_SAMPLERS_BENCH_QUICK": "1", "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "benchmarks", "--benchmark-disable", "-v", "-p", "no:cacheprovider", "-rs"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]

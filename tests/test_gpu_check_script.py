@@ -41,8 +41,22 @@ def test_gpu_check_equality_and_report_code_runs_on_tiny_cpu_shapes(monkeypatch)
     assert row["rejection"] and row["rejection_point_mass"] and row["rejection_ragged"] and row["typical"]
     assert row["logits_rows_differing"] == 0 and row["typical_logits_rows_differing"] == 0
     meta = {"gpu": "none", "date": "today", "versions": {"torch": torch.__version__}, "copy_bandwidth_GBps": 1.0}
-    graphs = [{"kernel": "rejection", "B": 1, "k": 4, "V": 130, "dtype": "float32", "replays_equal": True, "replay_us": 5.0}]
-    timings = [{"impl": "spec_samplers", "kernel": "rejection", "V": 130, "B": 3, "k": 2, "dtype": "float32",
-                "warm_us": 1.0, "cold_us": 2.0, "floor_us": 1.0, "cold_over_floor": 2.0}]
+    graphs = [
+        {"kernel": "rejection", "B": 1, "k": 4, "V": 130, "dtype": "float32", "replays_equal": True, "replay_us": 5.0}
+    ]
+    timings = [
+        {
+            "impl": "spec_samplers",
+            "kernel": "rejection",
+            "V": 130,
+            "B": 3,
+            "k": 2,
+            "dtype": "float32",
+            "warm_us": 1.0,
+            "cold_us": 2.0,
+            "floor_us": 1.0,
+            "cold_over_floor": 2.0,
+        }
+    ]
     md = mod._markdown(meta, rows, graphs, timings, ["flashinfer not importable"])
     assert "| spec_samplers | rejection | 130 | 3 | 2 | float32 |" in md and "1/1 shapes equal" in md

@@ -18,7 +18,10 @@ def test_every_kernel_variant_compiles_for_sm90(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("kernel_compile_check.py"))],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "compiled all kernel variants" in proc.stdout

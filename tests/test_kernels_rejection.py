@@ -7,27 +7,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-
+from conftest import DEVICE  # noqa: E402
+from conftest import small_split as _split
+from conftest import to_device as _dev
 from kernel_cases import make_case, ragged_view  # noqa: E402
+from op_entries import (  # noqa: E402  # noqa: E402
+    rejection_sample_ragged_reference,
+    rejection_sample_ragged_triton,
+    rejection_sample_reference,
+    rejection_sample_triton,
+)
 
 from spec_samplers.kernels.backend import vocab_split  # noqa: E402
-from conftest import DEVICE, small_split as _split, to_device as _dev  # noqa: E402
-from op_entries import rejection_sample_ragged_triton, rejection_sample_triton  # noqa: E402
-from op_entries import rejection_sample_ragged_reference, rejection_sample_reference  # noqa: E402
-
-
-
-
-
 
 
 def _check_padded(case, *, use_draft=True, greedy=True, offsets=True, split=None):
     B, K = case.draft_ids.shape
     V = case.target.shape[-1]
     target, draft, ids, bonus, seeds, offs, g = _dev(
-        case.target, case.draft if use_draft else None, case.draft_ids, case.bonus, case.seeds,
-        case.offsets if offsets else None, case.is_greedy if greedy else None,
+        case.target,
+        case.draft if use_draft else None,
+        case.draft_ids,
+        case.bonus,
+        case.seeds,
+        case.offsets if offsets else None,
+        case.is_greedy if greedy else None,
     )
     ref = rejection_sample_reference(target, bonus, draft, ids, seeds, offs, g)
     out = rejection_sample_triton(target, bonus, draft, ids, seeds, offs, g, split=split or _split(V, B))
@@ -85,7 +89,13 @@ def test_ragged_matches_reference_and_padded(use_draft, greedy):
     k_b = torch.tensor([4, 0, 2, 4, 1, 0, 3])
     target, draft, ids, cu = ragged_view(case.target, case.draft, case.draft_ids, k_b)
     target, draft, ids, cu, bonus, seeds, offs, g = _dev(
-        target, draft if use_draft else None, ids, cu, case.bonus[:, 0], case.seeds, case.offsets,
+        target,
+        draft if use_draft else None,
+        ids,
+        cu,
+        case.bonus[:, 0],
+        case.seeds,
+        case.offsets,
         case.is_greedy if greedy != "none" else None,
     )
     ref = rejection_sample_ragged_reference(target, bonus, draft, ids, cu, K, seeds, offs, g)
@@ -94,8 +104,13 @@ def test_ragged_matches_reference_and_padded(use_draft, greedy):
     # Requests with k_b = K see the same rows as in the padded layout: same tokens.
     full = (k_b == K).to(DEVICE)
     padded_draft = _dev(case.draft)[0] if use_draft else None
-    padded = rejection_sample_triton(*_dev(case.target, case.bonus), padded_draft,
-                                     *_dev(case.draft_ids, case.seeds, case.offsets), g, split=_split(V, B))
+    padded = rejection_sample_triton(
+        *_dev(case.target, case.bonus),
+        padded_draft,
+        *_dev(case.draft_ids, case.seeds, case.offsets),
+        g,
+        split=_split(V, B),
+    )
     assert torch.equal(out[full], padded[full])
 
 
@@ -121,8 +136,11 @@ def test_ragged_bad_bonus_and_empty():
 
 def test_empty_batch():
     out = rejection_sample_triton(
-        torch.zeros(0, 3, 10, device=DEVICE), torch.zeros(0, 1, dtype=torch.int64, device=DEVICE), None,
-        torch.zeros(0, 2, dtype=torch.int64, device=DEVICE), torch.zeros(0, dtype=torch.int64, device=DEVICE),
+        torch.zeros(0, 3, 10, device=DEVICE),
+        torch.zeros(0, 1, dtype=torch.int64, device=DEVICE),
+        None,
+        torch.zeros(0, 2, dtype=torch.int64, device=DEVICE),
+        torch.zeros(0, dtype=torch.int64, device=DEVICE),
     )
     assert out.shape == (0, 3)
 
@@ -148,13 +166,11 @@ def test_strided_inputs():
 # ---------------------------------------------------------------------------------------------
 # Logits inputs: softmax(logits / T) fused in the kernels, temperature 0 = greedy request.
 
-from op_entries import (  # noqa: E402
-    rejection_sample_from_logits_triton,
-    rejection_sample_ragged_from_logits_triton,
-)
-from op_entries import (  # noqa: E402
+from op_entries import (  # noqa: E402  # noqa: E402
     rejection_sample_from_logits_reference,
+    rejection_sample_from_logits_triton,
     rejection_sample_ragged_from_logits_reference,
+    rejection_sample_ragged_from_logits_triton,
 )
 
 
@@ -165,8 +181,9 @@ def test_logits_padded_and_ragged(dtype, greedy, use_draft):
     B, K, V = 6, 3, 300
     case = make_case(B, K, V, seed=40 + use_draft, greedy=greedy, closeness=0.3)
     tlog, dlog = case.target_logits.to(dtype), case.draft_logits.to(dtype)
-    tlog, dlog, bonus, ids, temp, seeds, offs = _dev(tlog, dlog if use_draft else None, case.bonus, case.draft_ids,
-                                                     case.temperature, case.seeds, case.offsets)
+    tlog, dlog, bonus, ids, temp, seeds, offs = _dev(
+        tlog, dlog if use_draft else None, case.bonus, case.draft_ids, case.temperature, case.seeds, case.offsets
+    )
     ref = rejection_sample_from_logits_reference(tlog, bonus, dlog, ids, temp, seeds, offs)
     out = rejection_sample_from_logits_triton(tlog, bonus, dlog, ids, temp, seeds, offs, split=_split(V, B))
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
@@ -176,7 +193,9 @@ def test_logits_padded_and_ragged(dtype, greedy, use_draft):
     rt, rd, rids, cu = ragged_view(case.target_logits.to(dtype), case.draft_logits.to(dtype), case.draft_ids, k_b)
     rt, rd, rids, cu = _dev(rt, rd if use_draft else None, rids, cu)
     ref = rejection_sample_ragged_from_logits_reference(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs)
-    out = rejection_sample_ragged_from_logits_triton(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs, split=_split(V, B))
+    out = rejection_sample_ragged_from_logits_triton(
+        rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs, split=_split(V, B)
+    )
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
 
 

@@ -14,8 +14,18 @@ from spec_samplers.kernels.rng import exponential_from_words, random_words, unif
 
 
 @triton.jit
-def _words_kernel(seed_ptr, offset_ptr, counter_ptr, words_ptr, unif_ptr, exp_ptr, n,
-                  STREAM: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr):
+def _words_kernel(
+    seed_ptr,
+    offset_ptr,
+    counter_ptr,
+    words_ptr,
+    unif_ptr,
+    exp_ptr,
+    n,
+    STREAM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
     r = tl.program_id(0)
     seed = tl.load(seed_ptr + r)  # scalar key, as in the sampler kernels
     offset = tl.load(offset_ptr + r)
@@ -77,8 +87,9 @@ def test_uniform_conversion_matches_at_the_edges():
     a = [0, 0, 0, 1, 255, 256, 2**24 - 1, 2**24, 2**24 + 1, 2**31, M32 - 128, M32 - 127, M32, M32]
     b = [0, 1, M32, 0, M32, 0, M32, 2**31, 2**16, 123, M32, 0, 0, M32]
     g = torch.Generator().manual_seed(5)
-    a = torch.tensor(a + torch.randint(0, 2**32, (50,), generator=g).tolist()
-                     + torch.randint(0, 300, (50,), generator=g).tolist())
+    a = torch.tensor(
+        a + torch.randint(0, 2**32, (50,), generator=g).tolist() + torch.randint(0, 300, (50,), generator=g).tolist()
+    )
     b = torch.tensor(b + torch.randint(0, 2**32, (100,), generator=g).tolist())
     out = torch.empty(a.shape[0], dtype=torch.float32, device=DEVICE)
     _uniform_kernel[(triton.cdiv(a.shape[0], 64),)](a.to(DEVICE), b.to(DEVICE), out, a.shape[0], BLOCK=64)

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-
+from conftest import DEVICE, KERNEL_BACKEND  # noqa: E402
 from kernel_cases import make_case, ragged_view  # noqa: E402
 
 from spec_samplers import RejectionSampler, TypicalAcceptanceSampler  # noqa: E402
 from spec_samplers.errors import SpecSamplerInputError  # noqa: E402
 from spec_samplers.registry import sampler_options  # noqa: E402
-from conftest import DEVICE, KERNEL_BACKEND  # noqa: E402
-
 
 
 def _counters(s):
-    return (int(s.num_accepted_tokens), int(s.num_emitted_tokens), s.num_draft_tokens, s.num_accepted_per_position.tolist())
+    return (
+        int(s.num_accepted_tokens),
+        int(s.num_emitted_tokens),
+        s.num_draft_tokens,
+        s.num_accepted_per_position.tolist(),
+    )
 
 
 def test_backend_option_listed_and_checked():
@@ -52,7 +54,14 @@ def test_rejection_forward_and_ragged_same_tokens_and_counters(use_draft):
     assert torch.equal(torch_s(*args, **kw), kern_s(*args, **kw))
     k_b = torch.tensor([3, 0, 1, 3, 2, 0])
     t, d, ids, cu = ragged_view(case.target, case.draft, case.draft_ids, k_b)
-    rargs = (t.to(DEVICE), case.bonus[:, 0].to(DEVICE), d.to(DEVICE) if use_draft else None, ids.to(DEVICE), cu.to(DEVICE), K)
+    rargs = (
+        t.to(DEVICE),
+        case.bonus[:, 0].to(DEVICE),
+        d.to(DEVICE) if use_draft else None,
+        ids.to(DEVICE),
+        cu.to(DEVICE),
+        K,
+    )
     assert torch.equal(torch_s.forward_ragged(*rargs, **kw), kern_s.forward_ragged(*rargs, **kw))
     assert _counters(torch_s) == _counters(kern_s)
 
@@ -107,7 +116,13 @@ def test_kernel_path_is_lossless(use_draft):
     bonus = torch.multinomial(q[K], N, replacement=True, generator=g)[:, None]
     seeds = torch.randint(0, 2**62, (N,), generator=g)
     s = RejectionSampler(backend=KERNEL_BACKEND)
-    out = s(target.to(DEVICE), bonus.to(DEVICE), draft.to(DEVICE) if use_draft else None, draft_ids.to(DEVICE), seeds=seeds.to(DEVICE)).cpu()
+    out = s(
+        target.to(DEVICE),
+        bonus.to(DEVICE),
+        draft.to(DEVICE) if use_draft else None,
+        draft_ids.to(DEVICE),
+        seeds=seeds.to(DEVICE),
+    ).cpu()
     assert _chi_square_p(out[:, 0], q[0]) > 1e-4
     emitted = out[:, 1] != -1
     assert emitted.sum() > 100

@@ -4,30 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-
+from conftest import KERNEL_BACKEND  # noqa: E402
+from conftest import small_split as _split
+from conftest import to_device as _dev
 from kernel_cases import make_case, ragged_view  # noqa: E402
-
-from spec_samplers import TypicalAcceptanceSampler  # noqa: E402
-from spec_samplers.kernels.backend import vocab_split  # noqa: E402
-from conftest import DEVICE, KERNEL_BACKEND, small_split as _split, to_device as _dev  # noqa: E402
-from op_entries import (  # noqa: E402
+from op_entries import (  # noqa: E402  # noqa: E402
+    typical_accept_from_logits_reference,
     typical_accept_from_logits_triton,
+    typical_accept_ragged_from_logits_reference,
     typical_accept_ragged_from_logits_triton,
+    typical_accept_ragged_reference,
     typical_accept_ragged_triton,
+    typical_accept_reference,
     typical_accept_triton,
 )
-from op_entries import (  # noqa: E402
-    typical_accept_from_logits_reference,
-    typical_accept_ragged_from_logits_reference,
-    typical_accept_ragged_reference,
-    typical_accept_reference,
-)
 
-
-
-
-
+from spec_samplers import TypicalAcceptanceSampler  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -77,7 +69,9 @@ def test_logits_match_reference(greedy):
     r_logits, _, r_ids, cu = ragged_view(case.target_logits, case.draft_logits, case.draft_ids, k_b)
     r_logits, r_ids, cu = _dev(r_logits, r_ids, cu)
     ref = typical_accept_ragged_from_logits_reference(r_logits, bonus[:, 0], r_ids, cu, K, temp, 0.09, 0.3)
-    out = typical_accept_ragged_from_logits_triton(r_logits, bonus[:, 0], r_ids, cu, K, temp, 0.09, 0.3, split=_split(V, B))
+    out = typical_accept_ragged_from_logits_triton(
+        r_logits, bonus[:, 0], r_ids, cu, K, temp, 0.09, 0.3, split=_split(V, B)
+    )
     assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
 
 

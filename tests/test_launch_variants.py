@@ -30,7 +30,11 @@ def _batch(B: int, k: int, V: int, logits: bool) -> VerifyBatch:
     ids = torch.empty(B, k, dtype=torch.int64, device=META)
     bonus = torch.empty(B, 1, dtype=torch.int64, device=META)
     seeds = torch.empty(B, dtype=torch.int64, device=META)
-    extra = {"temperature": torch.empty(B, device=META)} if logits else {"is_greedy": torch.empty(B, dtype=torch.bool, device=META)}
+    extra = (
+        {"temperature": torch.empty(B, device=META)}
+        if logits
+        else {"is_greedy": torch.empty(B, dtype=torch.bool, device=META)}
+    )
     return VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=seeds, **extra)
 
 
@@ -48,10 +52,14 @@ def _variants(batch_sizes, ks, V, logits):
         for B in batch_sizes:
             batch = _batch(B, k, V, logits)
             split = plan_vocab_split(V, B, 4 * SMS, 1024)
-            launches = plan_rejection(batch, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0] + plan_block(batch, split)[0]
+            launches = (
+                plan_rejection(batch, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0] + plan_block(batch, split)[0]
+            )
             for launch in launches:
                 constexpr_names = _constexpr_names(launch.kernel)
-                flags = tuple(sorted((n, v) for n, v in launch.args.items() if n in constexpr_names and not n.startswith("BLOCK")))
+                flags = tuple(
+                    sorted((n, v) for n, v in launch.args.items() if n in constexpr_names and not n.startswith("BLOCK"))
+                )
                 blocks = tuple(sorted((n, v) for n, v in launch.args.items() if n.startswith("BLOCK")))
                 seen[(launch.name, flags)].add((blocks, launch.num_warps))
     return seen

@@ -15,14 +15,31 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spec_samplers"
 #: (layer, module prefixes), bottom to top
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("spec_samplers.constants", "spec_samplers.errors", "spec_samplers._version")),
-    (1, ("spec_samplers.layout", "spec_samplers.torch_ops", "spec_samplers.rng",
-         "spec_samplers.output", "spec_samplers.rng_sampling")),
+    (
+        1,
+        (
+            "spec_samplers.layout",
+            "spec_samplers.torch_ops",
+            "spec_samplers.rng",
+            "spec_samplers.output",
+            "spec_samplers.rng_sampling",
+        ),
+    ),
     (2, ("spec_samplers.validation", "spec_samplers.seeding")),
     # the sampling operations, the logits pipe over them and SamplingParams' processing sit with the
     # references: base runs sampling_params= through them
-    (3, ("spec_samplers.reference", "spec_samplers.kernels", "spec_samplers.sampling.reference",
-         "spec_samplers.sampling.api", "spec_samplers.sampling.checks", "spec_samplers.logits_processor",
-         "spec_samplers.sampling_params")),
+    (
+        3,
+        (
+            "spec_samplers.reference",
+            "spec_samplers.kernels",
+            "spec_samplers.sampling.reference",
+            "spec_samplers.sampling.api",
+            "spec_samplers.sampling.checks",
+            "spec_samplers.logits_processor",
+            "spec_samplers.sampling_params",
+        ),
+    ),
     (4, ("spec_samplers.base",)),
     (5, ("spec_samplers.rejection", "spec_samplers.typical", "spec_samplers.block", "spec_samplers.sampling")),
     (6, ("spec_samplers.registry",)),
@@ -34,7 +51,11 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
 #: same-or-lower imports that are still forbidden: (importer prefix, imported prefix, why)
 FORBIDDEN = [
     ("spec_samplers.kernels", "spec_samplers.reference", "kernels mirror the reference; they must not depend on it"),
-    ("spec_samplers.kernels", "spec_samplers.sampling.reference", "kernels mirror the reference; they must not depend on it"),
+    (
+        "spec_samplers.kernels",
+        "spec_samplers.sampling.reference",
+        "kernels mirror the reference; they must not depend on it",
+    ),
     ("spec_samplers.integrations", "spec_samplers.reference", "engine adapters call samplers, not the reference"),
 ]
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from stats_helpers import CHI2_ALPHA, chi2_pvalue
 
 from spec_samplers import RejectionSampler, SpecSamplerInputError, TypicalAcceptanceSampler
-from stats_helpers import CHI2_ALPHA, chi2_pvalue
 
 B, K, V = 6, 3, 300
 
@@ -32,10 +32,16 @@ def probs_of(logits, temperature):
 def test_rejection_logits_equal_probs_path(with_draft):
     target, bonus, draft, ids, temperature = inputs(0)
     seeds = torch.arange(B) + 5
-    out = RejectionSampler().forward_from_logits(target, bonus, draft if with_draft else None, ids, temperature, seeds=seeds)
+    out = RejectionSampler().forward_from_logits(
+        target, bonus, draft if with_draft else None, ids, temperature, seeds=seeds
+    )
     expected = RejectionSampler()(
-        probs_of(target, temperature), bonus, probs_of(draft, temperature) if with_draft else None, ids,
-        seeds=seeds, is_greedy=temperature == 0,
+        probs_of(target, temperature),
+        bonus,
+        probs_of(draft, temperature) if with_draft else None,
+        ids,
+        seeds=seeds,
+        is_greedy=temperature == 0,
     )
     assert torch.equal(out, expected)
 
@@ -75,8 +81,12 @@ def test_logits_path_is_lossless():
     q = torch.softmax(z / t, -1)
     ids = torch.multinomial(torch.softmax(zd / t, -1), n, replacement=True, generator=g)[:, None]
     out = RejectionSampler().forward_from_logits(
-        z.expand(n, 2, v), torch.zeros(n, 1, dtype=torch.long), zd.expand(n, 1, v), ids,
-        torch.full((n,), t), seeds=torch.arange(n),
+        z.expand(n, 2, v),
+        torch.zeros(n, 1, dtype=torch.long),
+        zd.expand(n, 1, v),
+        ids,
+        torch.full((n,), t),
+        seeds=torch.arange(n),
     )
     assert chi2_pvalue(out[:, 0], q) > CHI2_ALPHA
 
@@ -94,12 +104,14 @@ def test_bad_logits_inputs(cls):
         cls().forward_from_logits(target[0], bonus, draft, ids, temperature)
     bad_t = temperature.clone()
     bad_t[2] = -1.0
-    with pytest.raises(SpecSamplerInputError, match=r"temperature: expected finite values >= 0 \(0 = greedy\), got -1.0"):
+    with pytest.raises(
+        SpecSamplerInputError, match=r"temperature: expected finite values >= 0 \(0 = greedy\), got -1.0"
+    ):
         cls(strict_mode=True).forward_from_logits(target, bonus, draft, ids, bad_t)
     nan_target = target.clone()
     nan_target[0, 0, 0] = float("nan")
     with pytest.raises(SpecSamplerInputError, match="target_logits: expected logits without NaN or \\+Inf"):
-        cls(strict_mode=True).forward_from_logits(nan_target, bonus, draft, ids, temperature)
+        cls(check_values=True).forward_from_logits(nan_target, bonus, draft, ids, temperature)
     # without strict mode: NaN counts as -inf, a bad T as 1; the output stays valid
     out = cls().forward_from_logits(nan_target, bonus, draft, ids, bad_t)
     emitted = out[out != -1]

@@ -17,9 +17,9 @@ import zlib
 
 import pytest
 import torch
+from stats_helpers import CHI2_ALPHA, Z_BOUND, binomial_bound, chi2_pvalue, expected_emitted
 
 from spec_samplers import RejectionSampler
-from stats_helpers import CHI2_ALPHA, Z_BOUND, binomial_bound, chi2_pvalue, expected_emitted
 
 N = 20000
 V = 24
@@ -31,18 +31,23 @@ def family(name: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]
     if name == "dense":
         return torch.softmax(z, -1), torch.softmax(torch.randn(V, generator=gen), -1)
     if name == "sparse":  # top-k-like: supports of 6 tokens overlapping in part
-        q = torch.zeros(V); q[:6] = torch.softmax(z[:6], -1)
-        p = torch.zeros(V); p[3:9] = torch.softmax(z[3:9] + torch.randn(6, generator=gen), -1)
+        q = torch.zeros(V)
+        q[:6] = torch.softmax(z[:6], -1)
+        p = torch.zeros(V)
+        p[3:9] = torch.softmax(z[3:9] + torch.randn(6, generator=gen), -1)
         return q, p
     if name == "nearly_equal":
         q = torch.softmax(z, -1)
         return q, torch.softmax(z + 0.05 * torch.randn(V, generator=gen), -1)
     if name == "disjoint":
-        q = torch.zeros(V); q[: V // 2] = torch.softmax(z[: V // 2], -1)
-        p = torch.zeros(V); p[V // 2 :] = torch.softmax(z[V // 2 :], -1)
+        q = torch.zeros(V)
+        q[: V // 2] = torch.softmax(z[: V // 2], -1)
+        p = torch.zeros(V)
+        p[V // 2 :] = torch.softmax(z[V // 2 :], -1)
         return q, p
     if name == "one_hot_target":  # greedy target
-        q = torch.zeros(V); q[int(torch.argmax(z))] = 1.0
+        q = torch.zeros(V)
+        q[int(torch.argmax(z))] = 1.0
         return q, torch.softmax(torch.randn(V, generator=gen), -1)
     raise ValueError(name)
 
@@ -67,10 +72,13 @@ def run_case(names: list[str], k: int, seed: int, point_mass: bool = False, dtyp
 
 
 CASES = [
-    (["dense"], 1), (["dense"], 3),
-    (["sparse"], 1), (["sparse"], 3),
+    (["dense"], 1),
+    (["dense"], 3),
+    (["sparse"], 1),
+    (["sparse"], 3),
     (["nearly_equal"], 3),
-    (["disjoint"], 1), (["disjoint"], 3),
+    (["disjoint"], 1),
+    (["disjoint"], 3),
     (["one_hot_target"], 3),
     (["dense", "sparse", "disjoint", "one_hot_target"], 3),  # a different family at each position
 ]
@@ -179,8 +187,11 @@ def test_zero_mass_residual_recovers_from_target():
     p[0] = 1e-3
     n = 20000
     out = RejectionSampler()(
-        q.expand(n, 2, V), torch.zeros(n, 1, dtype=torch.long), p.expand(n, 1, V),
-        torch.zeros(n, 1, dtype=torch.long), seeds=torch.arange(n),
+        q.expand(n, 2, V),
+        torch.zeros(n, 1, dtype=torch.long),
+        p.expand(n, 1, V),
+        torch.zeros(n, 1, dtype=torch.long),
+        seeds=torch.arange(n),
     )
     assert bool((out[:, 0] != 0).all()) and bool((out[:, 1] == -1).all())
     assert chi2_pvalue(out[:, 0], q) > CHI2_ALPHA
@@ -196,8 +207,11 @@ def test_out_of_range_draft_recovers_from_target(bad_id):
     residual = (q - p).clamp_min(0)
     n = 20000
     out = RejectionSampler()(
-        q.expand(n, 2, V), torch.zeros(n, 1, dtype=torch.long), p.expand(n, 1, V),
-        torch.full((n, 1), bad_id), seeds=torch.arange(n),
+        q.expand(n, 2, V),
+        torch.zeros(n, 1, dtype=torch.long),
+        p.expand(n, 1, V),
+        torch.full((n, 1), bad_id),
+        seeds=torch.arange(n),
     )
     assert bool((out[:, 1] == -1).all())
     assert chi2_pvalue(out[:, 0], q) > CHI2_ALPHA

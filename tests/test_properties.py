@@ -1,7 +1,7 @@
 """Hypothesis property tests: output-format invariants over random shapes and distributions."""
 
-import torch
 import pytest
+import torch
 
 pytest.importorskip("hypothesis", reason="needs the test extra: pip install -e '.[test]'")
 

@@ -8,13 +8,20 @@ import pytest
 import torch
 
 import spec_samplers
-from spec_samplers import RejectionSampler, TypicalAcceptanceSampler, UnknownSamplerError, available_samplers, get_sampler
+from spec_samplers import (
+    RejectionSampler,
+    TypicalAcceptanceSampler,
+    UnknownSamplerError,
+    available_samplers,
+    get_sampler,
+)
 
 
 @pytest.fixture
 def third_party(tmp_path, monkeypatch):
     """A throwaway distribution on sys.path: a module plus a dist-info declaring the entry point."""
-    (tmp_path / "toy_sampler_pkg.py").write_text(textwrap.dedent('''
+    (tmp_path / "toy_sampler_pkg.py").write_text(
+        textwrap.dedent('''
         import torch
         from spec_samplers import SpecDecodeDeterministicBaseSampler, build_output
 
@@ -27,11 +34,13 @@ def third_party(tmp_path, monkeypatch):
             def forward(self, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids):
                 shapes = self._validate(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
                 n = torch.full((shapes.batch_size,), shapes.num_draft_tokens, dtype=torch.int64)
-                final = bonus_token_ids[:, 0] if self.bonus_override < 0 else torch.full_like(bonus_token_ids[:, 0], self.bonus_override)
+                override = torch.full_like(bonus_token_ids[:, 0], self.bonus_override)
+                final = bonus_token_ids[:, 0] if self.bonus_override < 0 else override
                 out = build_output(draft_token_ids, n, final)
                 self._update_counters(out)
                 return out
-    '''))
+    ''')
+    )
     dist = tmp_path / "toy_sampler_pkg-1.2.3.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-sampler-pkg\nVersion: 1.2.3\n")
@@ -56,12 +65,19 @@ def test_get_sampler_with_options():
 
 
 def test_unknown_name_lists_available():
-    with pytest.raises(UnknownSamplerError, match="unknown sampler 'nope'; available: block_verification, rejection_sampler, typical_acceptance_sampler"):
+    with pytest.raises(
+        UnknownSamplerError,
+        match="unknown sampler 'nope'; available: block_verification, rejection_sampler, typical_acceptance_sampler",
+    ):
         get_sampler("nope")
 
 
 def test_unknown_option_names_it_and_accepted_ones():
-    with pytest.raises(UnknownSamplerError, match="sampler 'typical_acceptance_sampler' has no option 'temperature'; accepted options: posterior_threshold, posterior_alpha, strict_mode"):
+    with pytest.raises(
+        UnknownSamplerError,
+        match="sampler 'typical_acceptance_sampler' has no option 'temperature'; "
+        "accepted options: posterior_threshold, posterior_alpha, strict_mode",
+    ):
         get_sampler("typical_acceptance_sampler", temperature=1.0)
 
 
@@ -82,10 +98,10 @@ def test_third_party_sampler_found_by_name(third_party):
 
 
 def test_cli_list_shows_builtins_and_third_party(third_party):
-    from spec_samplers.cli import main
-
-    import io
     import contextlib
+    import io
+
+    from spec_samplers.cli import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -97,7 +113,9 @@ def test_cli_list_shows_builtins_and_third_party(third_party):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "spec_samplers.cli", "list"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "spec_samplers.cli", "list"], capture_output=True, text=True, check=True
+    )
     assert "typical_acceptance_sampler" in out.stdout
 
 

@@ -36,8 +36,11 @@ def t64(v: int) -> torch.Tensor:
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((M32, M32, M32, M32), (M32, M32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -172,8 +175,12 @@ def test_exponential_cdf_relative_error_at_small_arguments():
 def _race_partition() -> tuple[torch.Tensor, list[float]]:
     """Partition y_k of an exponential's range (geometric, ratio 1.002, from 1e-20; then linear,
     step 0.002, up to EXP_MAX) and the exact CDF F(y_k) of our E there."""
-    y = torch.cat([10.0 ** torch.arange(-20, 0, math.log10(1.002), dtype=torch.float64),
-                   torch.arange(1.0, rng.EXP_MAX + 0.01, 0.002, dtype=torch.float64)])
+    y = torch.cat(
+        [
+            10.0 ** torch.arange(-20, 0, math.log10(1.002), dtype=torch.float64),
+            torch.arange(1.0, rng.EXP_MAX + 0.01, 0.002, dtype=torch.float64),
+        ]
+    )
     y = torch.unique(fp32(y.tolist()))
     return y, exp_cdf(y)
 

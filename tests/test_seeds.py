@@ -2,8 +2,7 @@
 
 import torch
 
-from spec_samplers import RejectionSampler
-from spec_samplers import rng
+from spec_samplers import RejectionSampler, rng
 
 B, K, V = 12, 4, 40
 
@@ -50,7 +49,10 @@ def test_seeded_seqs_rows_match_single_row_runs():
     )
     for r in seeded_rows:
         single = RejectionSampler()(
-            target[r : r + 1], bonus[r : r + 1], draft[r : r + 1], ids[r : r + 1],
+            target[r : r + 1],
+            bonus[r : r + 1],
+            draft[r : r + 1],
+            ids[r : r + 1],
             seeded_seqs={0: torch.Generator().manual_seed(100 + r)},
         )
         assert torch.equal(single[0], batch[r])
@@ -96,8 +98,13 @@ def test_padded_and_ragged_layouts_agree():
     seeds = torch.arange(B)
     padded = RejectionSampler()(target, bonus, draft, ids, seeds=seeds)
     ragged = RejectionSampler().forward_ragged(
-        target[:, :K].reshape(-1, V), bonus[:, 0], draft.reshape(-1, V), ids.reshape(-1),
-        torch.arange(1, B + 1) * K, K, seeds=seeds,
+        target[:, :K].reshape(-1, V),
+        bonus[:, 0],
+        draft.reshape(-1, V),
+        ids.reshape(-1),
+        torch.arange(1, B + 1) * K,
+        K,
+        seeds=seeds,
     )
     assert torch.equal(padded, ragged)
 

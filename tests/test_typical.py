@@ -47,13 +47,15 @@ def test_zero_threshold_and_alpha_accept_all_positive_drafts():
 
 def test_hand_computed_partial_case():
     # position 0: q = [0.5, 0.3, 0.2, 0...]; H = -sum q log(q + 1e-5)
-    q0 = torch.zeros(V); q0[:3] = torch.tensor([0.5, 0.3, 0.2])
+    q0 = torch.zeros(V)
+    q0[:3] = torch.tensor([0.5, 0.3, 0.2])
     h = -sum(v * math.log(v + 1e-5) for v in (0.5, 0.3, 0.2))
     thr = min(0.09, 0.3 * math.exp(-h))  # 0.3 * exp(-1.0297) = 0.1071 -> threshold 0.09
     assert thr == 0.09
     # position 1: q = [0.95, 0.05, ...]: H = 0.1985..., alpha*exp(-H) = 0.246 -> threshold 0.09;
     # draft 1 has q = 0.05 < 0.09 -> rejected, recovered argmax 0
-    q1 = torch.zeros(V); q1[:2] = torch.tensor([0.95, 0.05])
+    q1 = torch.zeros(V)
+    q1[:2] = torch.tensor([0.95, 0.05])
     q2 = torch.full((V,), 1.0 / V)
     target = torch.stack([q0, q1, q2, q2])[None]  # k = 3
     ids = torch.tensor([[2, 1, 5]])  # q0(2) = 0.2 > 0.09 accepted; q1(1) = 0.05 rejected
@@ -63,7 +65,9 @@ def test_hand_computed_partial_case():
     out = TypicalAcceptanceSampler(posterior_threshold=1.0)(target, torch.tensor([[7]]), None, ids)
     assert out.tolist() == [[2, 0, -1, -1]]
     # alpha large: threshold min(0.25, 10*exp(-H0)) = 0.25 > 0.2 -> rejected at 0, recover argmax 0
-    out = TypicalAcceptanceSampler(posterior_threshold=0.25, posterior_alpha=10.0)(target, torch.tensor([[7]]), None, ids)
+    out = TypicalAcceptanceSampler(posterior_threshold=0.25, posterior_alpha=10.0)(
+        target, torch.tensor([[7]]), None, ids
+    )
     assert out.tolist() == [[0, -1, -1, -1]]
 
 

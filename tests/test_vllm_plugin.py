@@ -8,9 +8,9 @@ import logging
 import sys
 from importlib.metadata import entry_points
 
-import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a platform)
 import pytest
 import torch
+import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a platform)
 from vllm_support import (
     V1_MODULE,
     V2_MODULE,
@@ -24,9 +24,9 @@ from vllm_support import (
 )
 
 import spec_samplers.integrations.vllm as plugin
+from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.integrations.vllm import plugin as plugin_impl
 from spec_samplers.integrations.vllm.config import SpecSamplersConfigError, choice_from_vllm_config
-from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.typical import TypicalAcceptanceSampler
 
 
@@ -41,11 +41,19 @@ def cli_engine_config(model_dir: str, additional_config_json: str):
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    args = parser.parse_args([
-        "--model", model_dir, "--skip-tokenizer-init", "--max-model-len", "128",
-        "--speculative-config", json.dumps(ngram_spec()),
-        "--additional-config", additional_config_json,
-    ])
+    args = parser.parse_args(
+        [
+            "--model",
+            model_dir,
+            "--skip-tokenizer-init",
+            "--max-model-len",
+            "128",
+            "--speculative-config",
+            json.dumps(ngram_spec()),
+            "--additional-config",
+            additional_config_json,
+        ]
+    )
     return EngineArgs.from_cli_args(args).create_engine_config()
 
 
@@ -138,8 +146,14 @@ def test_serve_cli_additional_config(model_dir, restore_seams):
 @pytest.mark.parametrize(
     "section, message",
     [
-        ({"acceptance_method": "no_such_sampler"}, "available: block_verification, rejection_sampler, typical_acceptance_sampler"),
-        ({"acceptance_method": "typical_acceptance_sampler", "posterior_alfa": 0.3}, "accepted options: posterior_threshold"),
+        (
+            {"acceptance_method": "no_such_sampler"},
+            "available: block_verification, rejection_sampler, typical_acceptance_sampler",
+        ),
+        (
+            {"acceptance_method": "typical_acceptance_sampler", "posterior_alfa": 0.3},
+            "accepted options: posterior_threshold",
+        ),
         ({"acceptance_method": "typical_acceptance_sampler", "posterior_alpha": -1}, "posterior_alpha"),
         ({"posterior_alpha": 0.3}, "missing 'acceptance_method'"),
         ("typical_acceptance_sampler", "expected a dict"),
@@ -176,8 +190,9 @@ def test_conflicting_vllm_verification_mode_fails(model_dir, restore_seams, spec
 
 
 def test_vllm_block_mode_points_to_our_block_sampler(model_dir):
-    config = engine_config(model_dir, {"spec_samplers": {"acceptance_method": "block_verification"}},
-                           rejection_sample_method="block")
+    config = engine_config(
+        model_dir, {"spec_samplers": {"acceptance_method": "block_verification"}}, rejection_sample_method="block"
+    )
     with pytest.raises(SpecSamplersConfigError, match='"acceptance_method": "block_verification"'):
         choice_from_vllm_config(config)
 

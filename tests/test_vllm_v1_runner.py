@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 
-import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a platform)
 import numpy as np
 import pytest
 import torch
+import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a platform)
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 from vllm_support import (
     V1_MODULE,
     VLLM_033,
     call_v1,
-    completed_block_pvalue,
     check_layout,
+    completed_block_pvalue,
     install,
     restore_seams,  # noqa: F401  (fixture)
     sampling_metadata,
@@ -69,7 +69,9 @@ def test_all_greedy_matches_vllm_greedy_kernel(restore_seams):
     flat = md.draft_token_ids.tolist()
     drafts = [flat[0:3], flat[3:4], flat[4:6], [], flat[6:8]]
     bonus = [7, 6, 5, 4, 3]
-    out = call_v1(module, md, None, logits, torch.tensor(bonus, dtype=torch.int32)[:, None], sampling_metadata([0.0] * 5))
+    out = call_v1(
+        module, md, None, logits, torch.tensor(bonus, dtype=torch.int32)[:, None], sampling_metadata([0.0] * 5)
+    )
     assert torch.equal(out, vllm_greedy_v1(drafts, logits, bonus))
     assert out[0].tolist()[:2] == flat[0:2]  # the crafted acceptances happened
 
@@ -84,7 +86,9 @@ def test_vllm_forward_all_greedy_end_to_end(restore_seams):
         logprobs_mode = "raw_logprobs"
 
         def forward(self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None):
-            return SamplerOutput(sampled_token_ids=logits.argmax(-1, keepdim=True).to(torch.int32), logprobs_tensors=None)
+            return SamplerOutput(
+                sampled_token_ids=logits.argmax(-1, keepdim=True).to(torch.int32), logprobs_tensors=None
+            )
 
     sampler = module.RejectionSampler.__new__(module.RejectionSampler)
     torch.nn.Module.__init__(sampler)  # skip the observer: the seam is configured above
@@ -137,10 +141,15 @@ def test_typical_acceptance_hand_computed(restore_seams):
     accepted -> [0, 1, 2, bonus]; request B drafts [0, 3] on rows ([.1,.7,.1,.1], ...): 0.1 < 0.1171
     rejected -> argmax 1 -> [1, -1, -1, -1]. With the default threshold 0.09, B's 0.1 > 0.09 is
     accepted."""
-    probs = torch.tensor([
-        [0.7, 0.1, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25],
-        [0.1, 0.7, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7],
-    ])
+    probs = torch.tensor(
+        [
+            [0.7, 0.1, 0.1, 0.1],
+            [0.1, 0.7, 0.1, 0.1],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.1, 0.7, 0.1, 0.1],
+            [0.1, 0.1, 0.1, 0.7],
+        ]
+    )
     H = -(probs[0] * torch.log(probs[0] + 1e-5)).sum()
     assert math.isclose(0.3 * math.exp(-H), 0.1171, abs_tol=1e-4)
     md = spec_metadata([[0, 1, 2], [0, 3]])
@@ -160,7 +169,9 @@ def test_typical_acceptance_keeps_vllm_greedy_rows(restore_seams):
     module = install(V1_MODULE, {"acceptance_method": "typical_acceptance_sampler"})
     probs = torch.tensor([[0.4, 0.35, 0.25], [0.4, 0.35, 0.25]])
     md = spec_metadata([[1], [1]])
-    out = call_v1(module, md, None, probs.log(), torch.tensor([[2], [2]], dtype=torch.int32), sampling_metadata([0.0, 1.0]))
+    out = call_v1(
+        module, md, None, probs.log(), torch.tensor([[2], [2]], dtype=torch.int32), sampling_metadata([0.0, 1.0])
+    )
     # Greedy row: 1 is not the argmax -> 0. Typical row: 0.35 > min(0.09, ...) -> accepted, bonus.
     assert out.tolist() == [[0, -1], [1, 2]]
 
@@ -211,7 +222,11 @@ def test_seeded_requests_reproduce(restore_seams):
 
     def run(default_seed: int):
         torch.manual_seed(default_seed)
-        gens = {0: torch.Generator().manual_seed(5), 2: torch.Generator().manual_seed(6), 3: torch.Generator().manual_seed(7)}
+        gens = {
+            0: torch.Generator().manual_seed(5),
+            2: torch.Generator().manual_seed(6),
+            3: torch.Generator().manual_seed(7),
+        }
         out = call_v1(module, md, draft_probs, logits, bonus, sampling_metadata([1.0] * 5, gens))
         return out, gens
 
@@ -231,7 +246,9 @@ class PaddedOnlySampler(torch.nn.Module):
         self.inner = RejectionSampler(strict_mode=True)  # strict: the padding must be valid input
         self.calls = 0
 
-    def forward(self, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, seeded_seqs=None, *, seeds=None):
+    def forward(
+        self, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, seeded_seqs=None, *, seeds=None
+    ):
         self.calls += 1
         return self.inner(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, seeds=seeds)
 
@@ -250,9 +267,14 @@ def test_padded_path_for_v0_samplers_is_lossless_on_ragged_input(with_draft_prob
     md = spec_metadata(draft)
     bonus = torch.multinomial(q[2:].expand(N, V), 1, generator=gen).to(torch.int32)
     args = (
-        md.draft_token_ids, md.num_draft_tokens, md.max_spec_len, md.cu_num_draft_tokens,
+        md.draft_token_ids,
+        md.num_draft_tokens,
+        md.max_spec_len,
+        md.cu_num_draft_tokens,
         torch.cat([p[: k[b]] for b in range(N)]) if with_draft_probs else None,
-        torch.cat([q[: k[b]] for b in range(N)]).log(), bonus, sampling_metadata([1.0] * N),
+        torch.cat([q[: k[b]] for b in range(N)]).log(),
+        bonus,
+        sampling_metadata([1.0] * N),
     )
     torch.manual_seed(22)
     out = seam(*args)
@@ -273,7 +295,8 @@ def test_padded_path_for_v0_samplers_is_lossless_on_ragged_input(with_draft_prob
 
 
 VLLM_ONLY = [dict(synthetic_mode=True)] + (
-    [dict(fly_window_size=1, fly_entropy_threshold=0.3, fly_entropy_top_k=3)] if VLLM_033 else [])
+    [dict(fly_window_size=1, fly_entropy_threshold=0.3, fly_entropy_top_k=3)] if VLLM_033 else []
+)
 
 
 @pytest.mark.parametrize("kwargs", VLLM_ONLY, ids=["synthetic", "fly"][: len(VLLM_ONLY)])
@@ -281,8 +304,17 @@ def test_vllm_only_modes_stay_vllms(kwargs):
     calls = []
     seam = v1_runner.make_rejection_sample(RejectionSampler(), lambda *a, **kw: calls.append(kw) or "vllm")
     md = spec_metadata([[1]])
-    result = seam(md.draft_token_ids, [1], 1, md.cu_num_draft_tokens, None, torch.zeros(1, 4),
-                  torch.zeros(1, 1, dtype=torch.int32), sampling_metadata([1.0]), **kwargs)
+    result = seam(
+        md.draft_token_ids,
+        [1],
+        1,
+        md.cu_num_draft_tokens,
+        None,
+        torch.zeros(1, 4),
+        torch.zeros(1, 1, dtype=torch.int32),
+        sampling_metadata([1.0]),
+        **kwargs,
+    )
     assert result == "vllm"
     for key, value in kwargs.items():
         assert calls[0][key] == value
@@ -313,8 +345,14 @@ def test_block_verification_is_lossless_for_whole_blocks(restore_seams, with_dra
     md = spec_metadata(drafts.tolist())
     bonus = torch.multinomial(q[K], N, replacement=True, generator=gen).to(torch.int32)[:, None]
     torch.manual_seed(72)
-    out = call_v1(module, md, p.repeat(N, 1) if with_draft_probs else None, q[:K].log().repeat(N, 1), bonus,
-                  sampling_metadata([1.0] * N))
+    out = call_v1(
+        module,
+        md,
+        p.repeat(N, 1) if with_draft_probs else None,
+        q[:K].log().repeat(N, 1),
+        bonus,
+        sampling_metadata([1.0] * N),
+    )
     rows = check_layout(out, drafts.tolist(), V)
     for b in range(N):
         if len(rows[b]) == K + 1:

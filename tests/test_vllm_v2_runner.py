@@ -9,9 +9,9 @@ vLLM's own RejectionSampler._verify_in_chunks around it (vllm_support.verify_in_
 
 from __future__ import annotations
 
-import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a platform)
 import pytest
 import torch
+import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM picks a platform)
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 from vllm_support import (  # noqa: F401
     V2_MODULE,
@@ -81,8 +81,10 @@ def test_greedy_requests_follow_vllm(restore_seams):
     module = install(V2_MODULE, REJECTION)
     V, K = 10, 3
     gen = torch.Generator().manual_seed(3)
-    requests = [dict(state=s, pos=5 * s, drafts=list(torch.randint(0, V, (k,), generator=gen).tolist()), temperature=0.0)
-                for s, k in enumerate([3, 1, 0, 2, 3])]
+    requests = [
+        dict(state=s, pos=5 * s, drafts=list(torch.randint(0, V, (k,), generator=gen).tolist()), temperature=0.0)
+        for s, k in enumerate([3, 1, 0, 2, 3])
+    ]
     inputs = v2_inputs(requests, V, K)
     L = int(inputs["cu_num_logits"][-1])
     target_logits = torch.randn(L, V, generator=gen)
@@ -104,7 +106,10 @@ def test_typical_acceptance_hand_computed(restore_seams):
     recover argmax), 0.7 and 0.25 (uniform row: threshold 0.075) are accepted."""
     module = install(V2_MODULE, {"acceptance_method": "typical_acceptance_sampler", "posterior_threshold": 0.15})
     q = {
-        "a": [0.7, 0.1, 0.1, 0.1], "b": [0.1, 0.7, 0.1, 0.1], "u": [0.25] * 4, "bonus": [0.0, 0.0, 0.0, 1.0],
+        "a": [0.7, 0.1, 0.1, 0.1],
+        "b": [0.1, 0.7, 0.1, 0.1],
+        "u": [0.25] * 4,
+        "bonus": [0.0, 0.0, 0.0, 1.0],
     }
     requests = [dict(state=0, pos=4, drafts=[0, 1, 2]), dict(state=1, pos=9, drafts=[0, 3])]
     rows = [q["a"], q["b"], q["u"], q["bonus"], q["b"], q["a"], q["bonus"]]
@@ -128,8 +133,13 @@ def test_random_requests_are_lossless(restore_seams):
     p = torch.softmax(draft_logits_row / temp, -1)
     seeds = torch.randint(0, 2**62, (R,), generator=gen)
     requests = [
-        dict(state=r, pos=100 + r, drafts=torch.multinomial(p, 1, generator=gen)[:, 0].tolist(),
-             temperature=temp, seed=int(seeds[r]))
+        dict(
+            state=r,
+            pos=100 + r,
+            drafts=torch.multinomial(p, 1, generator=gen)[:, 0].tolist(),
+            temperature=temp,
+            seed=int(seeds[r]),
+        )
         for r in range(R)
     ]
     inputs = v2_inputs(requests, V, K)
@@ -194,16 +204,26 @@ def test_mixed_greedy_random_with_padded_v0_sampler(restore_seams):
     seam = v2_runner.make_rejection_sample(PaddedOnly(), vllm_rejection_sample=None)
     V, K = 8, 3
     gen = torch.Generator().manual_seed(41)
-    requests = [dict(state=s, pos=11 * s, drafts=torch.randint(0, V, (k,), generator=gen).tolist(),
-                     temperature=t, seed=s) for s, (k, t) in enumerate([(3, 0.0), (1, 1.0), (2, 0.0), (3, 0.9), (0, 1.0)])]
+    requests = [
+        dict(state=s, pos=11 * s, drafts=torch.randint(0, V, (k,), generator=gen).tolist(), temperature=t, seed=s)
+        for s, (k, t) in enumerate([(3, 0.0), (1, 1.0), (2, 0.0), (3, 0.9), (0, 1.0)])
+    ]
     inputs = v2_inputs(requests, V, K)
     L = int(inputs["cu_num_logits"][-1])
     target_logits = torch.randn(L, V, generator=gen)
     draft_logits = torch.randn(5, K, V, generator=gen)
     sampled, num_sampled = seam(
-        target_logits, draft_logits, inputs["draft_sampled"], inputs["cu_num_logits"], inputs["pos"],
-        inputs["idx_mapping"], inputs["expanded_idx_mapping"], inputs["expanded_local_pos"],
-        inputs["temperature"], inputs["seed"], K,
+        target_logits,
+        draft_logits,
+        inputs["draft_sampled"],
+        inputs["cu_num_logits"],
+        inputs["pos"],
+        inputs["idx_mapping"],
+        inputs["expanded_idx_mapping"],
+        inputs["expanded_local_pos"],
+        inputs["temperature"],
+        inputs["seed"],
+        K,
     )
     greedy = greedy_expected(requests, target_logits, K)
     for r in (0, 2):
@@ -212,9 +232,17 @@ def test_mixed_greedy_random_with_padded_v0_sampler(restore_seams):
     # Same answer as our built-in sampler's ragged method: the padding is exact.
     ragged = v2_runner.make_rejection_sample(RejectionSampler(), vllm_rejection_sample=None)
     again, _ = ragged(
-        target_logits, draft_logits, inputs["draft_sampled"], inputs["cu_num_logits"], inputs["pos"],
-        inputs["idx_mapping"], inputs["expanded_idx_mapping"], inputs["expanded_local_pos"],
-        inputs["temperature"], inputs["seed"], K,
+        target_logits,
+        draft_logits,
+        inputs["draft_sampled"],
+        inputs["cu_num_logits"],
+        inputs["pos"],
+        inputs["idx_mapping"],
+        inputs["expanded_idx_mapping"],
+        inputs["expanded_local_pos"],
+        inputs["temperature"],
+        inputs["seed"],
+        K,
     )
     assert torch.equal(sampled, again)
 
@@ -231,9 +259,20 @@ def test_vllm_only_schemes_stay_vllms(kwargs):
     calls = []
     seam = v2_runner.make_rejection_sample(RejectionSampler(), lambda *a, **kw: calls.append((a, kw)) or "vllm")
     inputs = v2_inputs([dict(state=0, pos=0, drafts=[1, 2])], 4, 2)
-    args = [torch.zeros(3, 4), None] + [inputs[k] for k in (
-        "draft_sampled", "cu_num_logits", "pos", "idx_mapping", "expanded_idx_mapping", "expanded_local_pos",
-        "temperature", "seed", "num_speculative_steps")]
+    args = [torch.zeros(3, 4), None] + [
+        inputs[k]
+        for k in (
+            "draft_sampled",
+            "cu_num_logits",
+            "pos",
+            "idx_mapping",
+            "expanded_idx_mapping",
+            "expanded_local_pos",
+            "temperature",
+            "seed",
+            "num_speculative_steps",
+        )
+    ]
     synthetic = kwargs.pop("synthetic_conditional_rates", None)
     assert seam(*args, synthetic, **kwargs) == "vllm"
     assert len(calls) == 1
@@ -258,8 +297,9 @@ def _block_requests(R: int, V: int, K: int, seed: int, probabilistic: bool, temp
         drafts = torch.multinomial(p, R, replacement=True, generator=gen).t()  # [R, K]
     else:
         drafts = draft_logits_row.argmax(-1).expand(R, K)
-    requests = [dict(state=r, pos=40 + r % 7, drafts=drafts[r].tolist(), temperature=temp, seed=int(seeds[r]))
-                for r in range(R)]
+    requests = [
+        dict(state=r, pos=40 + r % 7, drafts=drafts[r].tolist(), temperature=temp, seed=int(seeds[r])) for r in range(R)
+    ]
     inputs = v2_inputs(requests, V, K)
     target_logits = q.log().repeat(R, 1)  # [R*(K+1), V]
     draft_logits = draft_logits_row.expand(R, K, V).contiguous() if probabilistic else None
@@ -295,8 +335,10 @@ def test_block_verification_greedy_rows_and_placeholders(restore_seams):
     module = install(V2_MODULE, BLOCK)
     V, K = 10, 3
     gen = torch.Generator().manual_seed(63)
-    requests = [dict(state=s, pos=3 * s, drafts=torch.randint(0, V, (k,), generator=gen).tolist(), temperature=t, seed=s)
-                for s, (k, t) in enumerate([(3, 0.0), (2, 1.0), (0, 0.0), (3, 0.7)])]
+    requests = [
+        dict(state=s, pos=3 * s, drafts=torch.randint(0, V, (k,), generator=gen).tolist(), temperature=t, seed=s)
+        for s, (k, t) in enumerate([(3, 0.0), (2, 1.0), (0, 0.0), (3, 0.7)])
+    ]
     requests[3]["drafts"][1] = -1  # vLLM's placeholder / a draft structured output forbids
     inputs = v2_inputs(requests, V, K)
     L = int(inputs["cu_num_logits"][-1])
@@ -320,8 +362,16 @@ def test_vllm_verify_in_chunks_around_the_seam(model_dir, restore_seams, name):
     by the request's seed and position."""
     V, K, R = 16, 3, 9
     gen = torch.Generator().manual_seed(64)
-    requests = [dict(state=(5 * r) % 11, pos=20 + 3 * r, drafts=torch.randint(0, V, (r % (K + 1),), generator=gen).tolist(),
-                     temperature=[0.0, 0.9, 1.2][r % 3], seed=100 + r) for r in range(R)]
+    requests = [
+        dict(
+            state=(5 * r) % 11,
+            pos=20 + 3 * r,
+            drafts=torch.randint(0, V, (r % (K + 1),), generator=gen).tolist(),
+            temperature=[0.0, 0.9, 1.2][r % 3],
+            seed=100 + r,
+        )
+        for r in range(R)
+    ]
     inputs = v2_inputs(requests, V, K, max_num_reqs=11)
     L = int(inputs["cu_num_logits"][-1])
     target_logits = torch.randn(L, V, generator=gen)
@@ -330,7 +380,8 @@ def test_vllm_verify_in_chunks_around_the_seam(model_dir, restore_seams, name):
     rejection_sampler = v2_rejection_sampler(config, inputs)
     module = __import__(V2_MODULE, fromlist=["rejection_sample"])
     assert type(module.rejection_sample.__spec_samplers_sampler__).__name__ == (
-        "BlockVerificationSampler" if name == "block_verification" else "RejectionSampler")
+        "BlockVerificationSampler" if name == "block_verification" else "RejectionSampler"
+    )
     whole, n_whole = verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs, max_chunk_logits=L)
     calls = rejection_sampler.sampler.calls
     chunked, n_chunked = verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs, max_chunk_logits=5)

@@ -43,10 +43,17 @@ V1_MODULE = "vllm.v1.sample.rejection_sampler"
 V2_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-    "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
 }
 
 
@@ -272,7 +279,8 @@ class V2SamplerStandIn:
         from types import SimpleNamespace
 
         self.sampling_states = SimpleNamespace(
-            temperature=SimpleNamespace(gpu=temperature), seeds=SimpleNamespace(gpu=seed),
+            temperature=SimpleNamespace(gpu=temperature),
+            seeds=SimpleNamespace(gpu=seed),
         )
         self.calls = 0
 
@@ -317,12 +325,16 @@ def verify_in_chunks(rejection_sampler, target_logits, draft_logits, inputs: dic
     from vllm.v1.worker.gpu.sample.states import NO_LOGPROBS
 
     sampled, num_sampled, logprobs, _ = rejection_sampler._verify_in_chunks(
-        target_logits, v2_input_batch(inputs), draft_logits, inputs["draft_sampled"], inputs["pos"],
-        max_chunk_logits, NO_LOGPROBS,
+        target_logits,
+        v2_input_batch(inputs),
+        draft_logits,
+        inputs["draft_sampled"],
+        inputs["pos"],
+        max_chunk_logits,
+        NO_LOGPROBS,
     )
     assert logprobs is None
     return sampled, num_sampled
-
 
 
 # --- whole-block losslessness (block verification) --------------------------------------------

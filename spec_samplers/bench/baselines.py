@@ -116,13 +116,18 @@ def prepare_vllm_v1(target_with_bonus_probs, bonus_token_ids, draft_probs, draft
     cu_num = torch.arange(1, B + 1, device=device, dtype=torch.int32) * k
     bonus = bonus_token_ids.to(torch.int32).contiguous()
     metadata = types.SimpleNamespace(  # the fields rejection_sample reads, all-random sampling
-        temperature=torch.ones(B, device=device), all_greedy=False, all_random=True,
-        top_p=None, top_k=None, generators={},
+        temperature=torch.ones(B, device=device),
+        all_greedy=False,
+        all_random=True,
+        top_p=None,
+        top_k=None,
+        generators={},
     )
 
     def run() -> torch.Tensor:
         # rejection_sample allocates its softmax and output, so the prepared inputs can be reused
-        return rejection_sample(flat_ids, [k] * B, k, cu_num, flat_draft, target_logits, bonus, metadata)
+        # (a namespace with the fields rejection_sample reads, not vLLM's SamplingMetadata class)
+        return rejection_sample(flat_ids, [k] * B, k, cu_num, flat_draft, target_logits, bonus, metadata)  # type: ignore[arg-type]
 
     return run
 
@@ -160,8 +165,10 @@ def availability(device: torch.device) -> dict[str, dict[str, object]]:
     """{name: {"available": bool, "reason": str}} for ``device``, from a tiny trial call."""
     result = {}
     tiny = (
-        torch.full((1, 2, 4), 0.25, device=device), torch.zeros((1, 1), dtype=torch.int64, device=device),
-        torch.full((1, 1, 4), 0.25, device=device), torch.zeros((1, 1), dtype=torch.int64, device=device),
+        torch.full((1, 2, 4), 0.25, device=device),
+        torch.zeros((1, 1), dtype=torch.int64, device=device),
+        torch.full((1, 1, 4), 0.25, device=device),
+        torch.zeros((1, 1), dtype=torch.int64, device=device),
     )
     for name, prepare in BASELINES.items():
         try:

@@ -93,8 +93,18 @@ def make_case(
         draft_ids = torch.where(is_greedy[:, None] & ~keep, greedy_ids, draft_ids)
     seeds = torch.randint(-(2**62), 2**62, (B,), generator=g, device=device)
     offsets = torch.randint(0, 2**40, (B,), generator=g, device=device)
-    return Case(target.to(dtype), draft.to(dtype), draft_ids, bonus, seeds, offsets, is_greedy,
-                target_logits, draft_logits, temperature)
+    return Case(
+        target.to(dtype),
+        draft.to(dtype),
+        draft_ids,
+        bonus,
+        seeds,
+        offsets,
+        is_greedy,
+        target_logits,
+        draft_logits,
+        temperature,
+    )
 
 
 def ragged_view(

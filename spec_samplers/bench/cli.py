@@ -8,8 +8,14 @@ import sys
 
 import torch
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 DESCRIPTION = """\
 Acceptance microbenchmarks. Runs every registered sampler (or --sampler NAME, repeatable) over
@@ -19,7 +25,8 @@ total variation from the target, and the time per call with bytes moved and GB/s
 --sampler typical_acceptance_sampler sweeps posterior_threshold x posterior_alpha (those not
 given with --option) and plots acceptance against TV from the target.
 --from-file: a .pt dict (torch.save) or .safetensors file with float tensors target_probs [N, V]
-and draft_probs [N, V]; row n is one context (the two models' next-token distributions)."""
+and draft_probs [N, V]; row n is one context (the two models' next-token distributions).
+Runs on one CPU thread unless --threads says otherwise (fastest on small or shared machines)."""
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -53,41 +60,76 @@ def _positive_int(text: str) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--sampler", action="append", metavar="NAME", help="sampler to run (repeatable; default: all registered)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="constructor option for the selected samplers that have it (repeatable), e.g. posterior_alpha=0.2")
+    p.add_argument(
+        "--sampler", action="append", metavar="NAME", help="sampler to run (repeatable; default: all registered)"
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="constructor option for the selected samplers that have it (repeatable), e.g. posterior_alpha=0.2",
+    )
     p.add_argument("--no-sweep", action="store_true", help="do not sweep options (typical acceptance explorer)")
     p.add_argument("--k", type=_positive_int, default=4, help="draft tokens per step (default 4)")
     p.add_argument("--rows", type=_positive_int, help="rows per context in the quality runs (default 1024, quick 128)")
-    p.add_argument("--batch-sizes", type=_int_list, help="timed batch sizes (default 1,4,16,64 on CPU; 1,8,32,128,512 on CUDA)")
+    p.add_argument(
+        "--batch-sizes", type=_int_list, help="timed batch sizes (default 1,4,16,64 on CPU; 1,8,32,128,512 on CUDA)"
+    )
     p.add_argument("--vocab", type=_positive_int, help="vocabulary size of the timed calls (default 32000, quick 2048)")
-    p.add_argument("--dtype", type=_dtype_list, default=(torch.float32,),
-                   help="probability dtypes of the timed calls, e.g. float32,bfloat16")
+    p.add_argument(
+        "--dtype",
+        type=_dtype_list,
+        default=(torch.float32,),
+        help="probability dtypes of the timed calls, e.g. float32,bfloat16",
+    )
     p.add_argument("--min-time", type=float, help="seconds of repeats per timed point (default 0.2, quick 0.02)")
     p.add_argument("--no-timing", action="store_true", help="skip the timing")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
-    p.add_argument("--threads", type=_positive_int,
-                   help="torch CPU threads (default: torch's); 1 gives stable CPU timings on a busy machine")
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch CPU threads (default 1: the workload is many small calls, and on a small or "
+        "shared machine more threads wait on each other; raise it on an idle many-core machine)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--from-file", metavar="PATH", help="benchmark on saved target/draft probabilities (layout above)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (schema: spec_samplers/bench/report.py)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
-    p.add_argument("--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)")
+    p.add_argument(
+        "--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
-    p.add_argument("--sampling-params", action="store_true",
-                   help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
-                        "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)")
+    p.add_argument(
+        "--sampling-params",
+        action="store_true",
+        help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
+        "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)",
+    )
     from spec_samplers.bench.models import add_arguments as add_model_arguments
 
     add_model_arguments(p)
-    p.add_argument("--ops", choices=("verification", "sampling"), default="verification",
-                   help="what to benchmark: the verification samplers (default) or the FlashInfer-compatible "
-                        "sampling operations against PyTorch's sort-based top-k/top-p (spec_samplers/bench/sampling_ops.py)")
-    p.add_argument("--full", action="store_true",
-                   help="--ops sampling: the full grid B in 1,16,128,512 x V in 32000,128256,152064 (default 1,16 x 32000,128256)")
+    p.add_argument(
+        "--ops",
+        choices=("verification", "sampling"),
+        default="verification",
+        help="what to benchmark: the verification samplers (default) or the FlashInfer-compatible "
+        "sampling operations against PyTorch's sort-based top-k/top-p (spec_samplers/bench/sampling_ops.py)",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="--ops sampling: the full grid B in 1,16,128,512 x V in 32000,128256,152064 (default 1,16 x 32000,128256)",
+    )
     p.add_argument("--vocabs", type=_int_list, help="--ops sampling: vocabulary sizes (comma-separated)")
-    p.add_argument("--sampling-op", action="append", dest="sampling_ops", metavar="NAME",
-                   help="--ops sampling: one operation to time (repeatable; default: all)")
+    p.add_argument(
+        "--sampling-op",
+        action="append",
+        dest="sampling_ops",
+        metavar="NAME",
+        help="--ops sampling: one operation to time (repeatable; default: all)",
+    )
 
 
 def _device(name: str | None) -> torch.device:
@@ -119,11 +161,19 @@ def build_config(args: argparse.Namespace):
     batch_sizes = args.batch_sizes or ((1, 4) if args.quick else (1, 8, 32, 128, 512) if cuda else (1, 4, 16, 64))
     vocab = args.vocab or (settings[0].vocab_size if args.from_file else 2048 if args.quick else 32000)
     return runner.BenchConfig(
-        specs=specs, settings=settings, k=args.k, rows=args.rows or (128 if args.quick else 1024), seed=args.seed,
-        device=device, batch_sizes=() if args.no_timing else batch_sizes, timing_vocab=vocab, dtypes=args.dtype,
+        specs=specs,
+        settings=settings,
+        k=args.k,
+        rows=args.rows or (128 if args.quick else 1024),
+        seed=args.seed,
+        device=device,
+        batch_sizes=() if args.no_timing else batch_sizes,
+        timing_vocab=vocab,
+        dtypes=args.dtype,
         min_time_s=args.min_time if args.min_time is not None else (0.02 if args.quick else 0.2),
         progress=args.progress or (sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None),
-        loaded_pairs=loaded, quick=args.quick,
+        loaded_pairs=loaded,
+        quick=args.quick,
     )
 
 
@@ -134,8 +184,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spec_samplers.bench.models import cmd_bench_models
 
         return cmd_bench_models(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     if args.sampling_params:
         from spec_samplers.bench.params_bench import cmd_params_bench
 
@@ -149,8 +198,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         bad = sorted(set(args.sampling_ops or ()) - set(sampling_ops.OPS))
         if bad:
-            print(f"spec-samplers bench: error: --sampling-op: unknown {', '.join(bad)}; choose from "
-                  f"{', '.join(sampling_ops.OPS)}", file=sys.stderr)
+            print(
+                f"spec-samplers bench: error: --sampling-op: unknown {', '.join(bad)}; choose from "
+                f"{', '.join(sampling_ops.OPS)}",
+                file=sys.stderr,
+            )
             return 2
         try:
             return sampling_ops.main(args)
@@ -170,10 +222,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "schema": report.SCHEMA,
         "machine": report.machine_info(config.device),
         "config": {
-            "k": config.k, "rows": config.rows, "seed": config.seed, "quick": config.quick,
-            "batch_sizes": list(config.batch_sizes), "timing_vocab": config.timing_vocab,
-            "dtypes": [str(d).replace("torch.", "") for d in config.dtypes], "min_time_s": config.min_time_s,
-            "from_file": args.from_file, "threads": torch.get_num_threads(),
+            "k": config.k,
+            "rows": config.rows,
+            "seed": config.seed,
+            "quick": config.quick,
+            "batch_sizes": list(config.batch_sizes),
+            "timing_vocab": config.timing_vocab,
+            "dtypes": [str(d).replace("torch.", "") for d in config.dtypes],
+            "min_time_s": config.min_time_s,
+            "from_file": args.from_file,
+            "threads": torch.get_num_threads(),
         },
         **runner.run(config),
     }

@@ -122,7 +122,8 @@ def render(document: dict[str, object]) -> str:
             "softmax(draft / T), as vLLM's drafters"
         ),
         (
-            "alpha = sum min(p, q') (theory per position); acceptance = accepted / proposed drafts, theory for a lossless "
+            "alpha = sum min(p, q') (theory per position); acceptance = accepted / proposed drafts, "
+            "theory for a lossless "
             "sampler; z = (measured - theory) / stderr; |q|, |p|: mean number of tokens with mass"
         ),
         "",

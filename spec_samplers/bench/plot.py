@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 
 def _pyplot():
@@ -19,17 +20,47 @@ def _pyplot():
 
 
 def _short(option: str) -> str:
-    return option[len("posterior_"):] if option.startswith("posterior_") else option
+    return option[len("posterior_") :] if option.startswith("posterior_") else option
 
 
-def _group(entries: Sequence[dict[str, object]], key: str) -> dict[str, list[dict[str, object]]]:
-    groups: dict[str, list[dict[str, object]]] = {}
+def _group(entries: Sequence[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         groups.setdefault(e[key], []).append(e)
     return groups
 
 
-def write_plot(path: str, document: dict[str, object]) -> None:
+def _plain_ticks(ax) -> None:
+    """Log axes tick as plain numbers (1, 2, 5, 10, 0.5), not 2x10^0."""
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(fmt)
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+
+
+def _label_point_mass(ax, group: Sequence[dict[str, Any]], y_key) -> None:
+    """Name the point-mass setting next to its points (its drafts are one-hot: p(x) = 1)."""
+    for e in group:
+        if e["setting"].get("kind") == "point":
+            ax.annotate(
+                "point-mass drafts",
+                (e["tv_draft_target"], y_key(e)),
+                fontsize=6,
+                xytext=(-4, 4),
+                textcoords="offset points",
+                ha="right",
+            )
+
+
+def _tv_out(e: dict[str, Any]) -> float:
+    """TV(output, target): exact where computable, else the estimate's excess over its floor."""
+    tv = e["tv_output"]
+    return tv["exact"] if tv.get("exact") is not None else tv["excess"]
+
+
+def write_plot(path: str, document: dict[str, Any]) -> None:
     plt = _pyplot()
     swept_labels = {s["label"] for s in document["samplers"] if s["swept"]}
     plain = [e for e in document["acceptance"] if e["sampler"] not in swept_labels]
@@ -51,17 +82,44 @@ def write_plot(path: str, document: dict[str, object]) -> None:
         ax = axes["acceptance"]
         ax.plot(xs, [1 - x for x in xs], "k--", lw=1, label="lossless theory 1 - TV")
         for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
-            ax.scatter([e["tv_draft_target"] for e in group], [e["per_position"][0] for e in group],
-                       marker=m, label=label, alpha=0.8)
-        ax.set(xlabel="TV(draft, target)", ylabel="acceptance at position 1", title="Acceptance vs divergence",
-               xlim=(0, 1), ylim=(0, 1.02))
+            ax.scatter(
+                [e["tv_draft_target"] for e in group],
+                [e["per_position"][0] for e in group],
+                marker=m,
+                label=label,
+                alpha=0.8,
+            )
+        _label_point_mass(
+            ax, plain[:1] and [e for e in plain if e["sampler"] == plain[0]["sampler"]], lambda e: e["per_position"][0]
+        )
+        ax.set(
+            xlabel="TV(draft, target)",
+            ylabel="acceptance at position 1 (first draft)",
+            title="Acceptance at position 1 vs divergence",
+            xlim=(0, 1),
+            ylim=(0, 1.02),
+        )
         ax.legend(fontsize=7)
         ax = axes["emitted"]
-        ax.plot(xs, [sum((1 - x) ** i for i in range(k + 1)) for x in xs], "k--", lw=1, label=f"(1-a^{k + 1})/(1-a), a = 1 - TV")
+        ax.plot(
+            xs,
+            [sum((1 - x) ** i for i in range(k + 1)) for x in xs],
+            "k--",
+            lw=1,
+            label=f"(1-a^{k + 1})/(1-a), a = 1 - TV",
+        )
         for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
-            ax.scatter([e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8)
-        ax.set(xlabel="TV(draft, target)", ylabel="tokens emitted per step", title=f"Emitted tokens (k={k})",
-               xlim=(0, 1), ylim=(0, k + 1.1))
+            ax.scatter(
+                [e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8
+            )
+        _label_point_mass(ax, [e for e in plain if e["sampler"] == plain[0]["sampler"]], lambda e: e["emitted"])
+        ax.set(
+            xlabel="TV(draft, target)",
+            ylabel="tokens emitted per step (all positions)",
+            title=f"Emitted tokens (k={k})",
+            xlim=(0, 1),
+            ylim=(0, k + 1.1),
+        )
         ax.legend(fontsize=7)
 
     if swept:
@@ -71,7 +129,7 @@ def write_plot(path: str, document: dict[str, object]) -> None:
         for label, group in _group(swept, "sampler").items():
             keys = next(s["swept"] for s in document["samplers"] if s["label"] == label)
             n = len(group)
-            tv = sum(e["tv_output"]["excess"] for e in group) / n
+            tv = sum(_tv_out(e) for e in group) / n
             acc = sum(e["acceptance"] for e in group) / n
             opts = group[0]["options"]
             head = f"{group[0]['name']} {_short(keys[0])}={opts[keys[0]]:g}" if keys else group[0]["name"]
@@ -89,22 +147,43 @@ def write_plot(path: str, document: dict[str, object]) -> None:
             lossless = any(s["label"] == label and s["lossless"] for s in document["samplers"])
             if lossless:
                 n = len(group)
-                ax.scatter([sum(e["tv_output"]["excess"] for e in group) / n], [sum(e["acceptance"] for e in group) / n],
-                           marker="*", s=120, color="k", label=f"{label} (lossless)")
-        ax.set(xlabel="TV(output, target) excess over noise floor (mean over settings)", ylabel="acceptance (mean over settings)",
-               title="Speed/quality trade-off")
+                ax.scatter(
+                    [sum(_tv_out(e) for e in group) / n],
+                    [sum(e["acceptance"] for e in group) / n],
+                    marker="*",
+                    s=120,
+                    color="k",
+                    label=f"{label} (lossless)",
+                )
+        ax.set(
+            xlabel="TV(output, target): exact at position 1 where computable, else the estimate's\n"
+            "excess over its noise floor (mean over settings)",
+            ylabel="acceptance, all positions (mean over settings)",
+            title="Speed/quality trade-off",
+        )
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
 
     if document["timing"]:
         ax = axes["timing"]
-        for m, (label, group) in zip(markers * 9, _group(document["timing"], "sampler").items()):
+        for m, (_label, group) in zip(markers * 9, _group(document["timing"], "sampler").items()):
             for dtype, rows in _group(group, "dtype").items():
                 rows = sorted(rows, key=lambda e: e["batch_size"])
-                ax.plot([e["batch_size"] for e in rows], [e["time_s"] * 1e3 for e in rows], marker=m, label=f"{label} {dtype}")
+                ax.plot(
+                    [e["batch_size"] for e in rows],
+                    [e["time_s"] * 1e3 for e in rows],
+                    marker=m,
+                    label=f"{rows[0]['name']} {dtype}",
+                )
         first = document["timing"][0]
-        ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="ms per call",
-               title=f"Time per call ({first['device']}, k={first['k']}, V={first['vocab_size']})")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="batch size B",
+            ylabel="ms per call",
+            title=f"Time per call ({first['device']}, k={first['k']}, V={first['vocab_size']})",
+        )
+        _plain_ticks(ax)
         ax.legend(fontsize=7)
 
     machine = document["machine"]

@@ -28,13 +28,15 @@ def run_demo(trials: int = 4000, vocab_size: int = 1000, k: int = 4, seed: int =
         seeds = torch.randint(0, 2**62, (trials,), generator=gen)
         out = sampler(target, bonus, draft, draft_ids, seeds=seeds)
         accepted = (out[:, 1:] != -1).float()
-        rows.append({
-            "sigma": sigma,
-            "theory_acceptance": theory,
-            "measured_acceptance": float(accepted[:, 0].mean()),
-            "mean_emitted": float((out != -1).sum(1).float().mean()),
-            "theory_emitted": (1 - theory ** (k + 1)) / (1 - theory) if theory < 1 else k + 1.0,
-        })
+        rows.append(
+            {
+                "sigma": sigma,
+                "theory_acceptance": theory,
+                "measured_acceptance": float(accepted[:, 0].mean()),
+                "mean_emitted": float((out != -1).sum(1).float().mean()),
+                "theory_emitted": (1 - theory ** (k + 1)) / (1 - theory) if theory < 1 else k + 1.0,
+            }
+        )
     return rows
 
 

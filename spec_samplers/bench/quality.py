@@ -31,13 +31,21 @@ over contexts. The estimate is biased upwards by sampling noise, so the same est
 applied to ``rows`` exact draws from q_c: that is ``noise_floor``, what an exact (lossless)
 sampler scores. ``excess`` = estimate - noise_floor; a lossless sampler's excess is ~0 (either
 sign), typical acceptance's is its quality cost.
+
+Where the law of the first emitted token is computable the report gives it exactly instead
+(``exact``, no sampling noise): typical acceptance at position 0 emits x ~ p_c when
+q_c(x) > threshold(H(q_c)) and argmax q_c otherwise (:func:`typical_first_token_law`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from spec_samplers.reference import typical_threshold
+from spec_samplers.torch_ops import clean_probs
 
 #: a chunk's [rows, k+1, V] + [rows, k, V] inputs hold at most this many elements
 CHUNK_ELEMENTS = 2**24
@@ -47,7 +55,7 @@ Z_BOUND = 4.5
 SamplerFn = Callable[..., torch.Tensor]
 
 
-def lossless_theory(target: torch.Tensor, draft: torch.Tensor, k: int) -> dict[str, object]:
+def lossless_theory(target: torch.Tensor, draft: torch.Tensor, k: int) -> dict[str, Any]:
     """target, draft: [C, V]. Theory of a lossless sampler that repeats each pair at k positions."""
     a = torch.minimum(target.double(), draft.double()).sum(dim=1).clamp(max=1.0)  # [C]
     per_position = [float((a ** (i + 1)).mean()) for i in range(k)]
@@ -70,7 +78,7 @@ def block_theory(
     point_mass_drafts: bool = False,
     draws: int = BLOCK_THEORY_DRAWS,
     seed: int = 0,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Theory of block verification when each pair repeats at k positions (module docstring):
     the keys of :func:`lossless_theory` plus ``method`` ("closed form" or "monte carlo") and
     ``stderr`` {"acceptance", "emitted"} of the estimate (0 for the closed form)."""
@@ -110,6 +118,29 @@ def tv_draft_target(target: torch.Tensor, draft: torch.Tensor) -> float:
     return float(0.5 * (target.double() - draft.double()).abs().sum(dim=1).mean())
 
 
+def typical_first_token_law(
+    target: torch.Tensor,  # [C, V] probabilities as the sampler sees them
+    draft: torch.Tensor,  # [C, V] (one-hot rows for point-mass drafts)
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> torch.Tensor:
+    """[C, V] float64: the exact law of typical acceptance's first emitted token when the draft
+    at position 0 is drawn from p_c: P(y) = p(y) [q(y) > threshold] + [y = argmax q] * P(reject).
+
+    Example::
+
+        >>> q = torch.tensor([[0.7, 0.2, 0.1]]); p = torch.tensor([[0.1, 0.1, 0.8]])
+        >>> typical_first_token_law(q, p, 0.09, 0.3)   # threshold = 0.09: 0.1 passes, so all pass
+        tensor([[0.1000, 0.1000, 0.8000]], dtype=torch.float64)
+    """
+    q = clean_probs(target)
+    accept = q.double() > typical_threshold(q, posterior_threshold, posterior_alpha)[:, None]  # [C, V]
+    p = draft.double()
+    law = torch.where(accept, p, torch.zeros((), dtype=torch.float64))
+    rejected = (p * ~accept).sum(dim=1)  # [C]
+    return law.scatter_add(1, torch.argmax(q, dim=1, keepdim=True), rejected[:, None])
+
+
 def _empirical_tv(counts: torch.Tensor, target: torch.Tensor, rows: int) -> torch.Tensor:
     """counts: [C, V] token counts over ``rows`` draws per context; target: [C, V]. Returns [C]."""
     return 0.5 * (counts.double() / rows - target.double()).abs().sum(dim=1)
@@ -126,12 +157,14 @@ def measure(
     dtype: torch.dtype = torch.float32,
     point_mass_drafts: bool = False,
     lossless: bool | None = None,
+    first_token_law: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     law: str = "token",
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Run ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
     every context repeated ``rows`` times and return the measured numbers (module docstring),
     with the theory and z-scores when ``lossless``: token-wise rejection's law, or block
-    verification's when ``law == "block"``."""
+    verification's when ``law == "block"``. ``first_token_law(target, draft) -> [C, V]``: the
+    exact law of the first emitted token, when known (``tv_output["exact"]``)."""
     if law not in ("token", "block"):
         raise ValueError(f"law: expected 'token' or 'block', got {law!r}")
     if rows < 2:
@@ -158,7 +191,9 @@ def measure(
         drf = None
         if not point_mass_drafts:
             drf = draft[ctx].to(device=device, dtype=dtype)[:, None, :].expand(-1, k, -1).contiguous()  # [M, k, V]
-        out = sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu().long()  # [M, k+1]
+        out = (
+            sampler(tgt, bonus_ids[start:stop].to(device), drf, draft_ids[start:stop].to(device)).cpu().long()
+        )  # [M, k+1]
         first = out[:, 0]
         if out.shape != (stop - start, k + 1) or bool(((first < 0) | (first >= V)).any()):
             raise RuntimeError(
@@ -177,7 +212,7 @@ def measure(
     ref_counts = torch.zeros(C, V).scatter_add_(1, reference_ids, torch.ones(C, rows))
     tv_est = float(_empirical_tv(counts, target, rows).mean())
     tv_floor = float(_empirical_tv(ref_counts, target, rows).mean())
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "rows": n,
         "per_position": (per_position / n).tolist(),
         "acceptance": float(acc.mean()),
@@ -185,10 +220,13 @@ def measure(
         "emitted": float(emi.mean()),
         "emitted_stderr": float(emi.std() / n**0.5),
         "tv_draft_target": tv_draft_target(target, draft),
-        "tv_output": {"estimate": tv_est, "noise_floor": tv_floor, "excess": tv_est - tv_floor},
+        "tv_output": {"estimate": tv_est, "noise_floor": tv_floor, "excess": tv_est - tv_floor, "exact": None},
         "theory": None,
         "z": None,
     }
+    if first_token_law is not None:
+        exact_law = first_token_law(target.to(dtype).float(), draft.to(dtype).float())  # [C, V]
+        result["tv_output"]["exact"] = float((0.5 * (exact_law - target.double()).abs().sum(dim=1)).mean())
     if lossless:
         if law == "block":
             theory = block_theory(target, draft, k, point_mass_drafts, seed=seed)
@@ -197,8 +235,9 @@ def measure(
         theory_se = theory.get("stderr", {"acceptance": 0.0, "emitted": 0.0})
         result["theory"] = theory
         result["z"] = {
-            "acceptance": _z(result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n,
-                             theory_se["acceptance"]),
+            "acceptance": _z(
+                result["acceptance"], theory["acceptance"], result["acceptance_stderr"], n, theory_se["acceptance"]
+            ),
             "emitted": _z(result["emitted"], theory["emitted"], result["emitted_stderr"], n, theory_se["emitted"]),
         }
     return result

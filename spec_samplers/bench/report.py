@@ -23,8 +23,9 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
           "acceptance": float, "acceptance_stderr": float,   # accepted / proposed drafts
           "emitted": float, "emitted_stderr": float,         # tokens emitted per step
           "tv_draft_target": float,           # mean TV(p, q): the setting's divergence
-          "tv_output": {"estimate": float, "noise_floor": float, "excess": float},
-                                              # first emitted token vs target (see quality)
+          "tv_output": {"estimate": float, "noise_floor": float, "excess": float,
+                        "exact": float | null},  # first emitted token vs target (see quality);
+                                              # exact where the law is computable (typical acceptance)
           "theory": null | {"alpha": float, "per_position": [k floats],
                             "acceptance": float, "emitted": float,    # lossless samplers only
                             "method": str, "stderr": {"acceptance": float, "emitted": float}},
@@ -50,6 +51,7 @@ import json
 import os
 import platform
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -69,8 +71,8 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(device: torch.device) -> dict[str, object]:
-    info: dict[str, object] = {
+def machine_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -88,7 +90,7 @@ def machine_info(device: torch.device) -> dict[str, object]:
     return info
 
 
-def write_json(path: str, document: dict[str, object]) -> None:
+def write_json(path: str, document: dict[str, Any]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with open(path, "w") as f:
@@ -105,55 +107,114 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-ACCEPTANCE_HEADERS = ("sampler", "setting", "TV(p,q)", "accept", "theory", "z", "per position",
-                      "emitted", "theory", "TV out", "floor")
+#: the terminal report fits this many columns; everything else is in the JSON
+WIDTH = 100
+
+ACCEPTANCE_HEADERS = ("setting", "TV(p,q)", "accept", "theory", "z", "pos 1", "emitted", "theory", "TV out", "floor")
 
 
 def _f(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def acceptance_table(entries: Sequence[dict[str, object]]) -> str:
-    rows = []
+def _tv_out(tv: dict[str, Any]) -> tuple[str, str]:
+    """(TV out, floor) cells: the exact TV where known, else the estimate and its noise floor."""
+    if tv.get("exact") is not None:
+        return _f(tv["exact"]), "exact"
+    return _f(tv["estimate"]), _f(tv["noise_floor"])
+
+
+def acceptance_table(entries: Sequence[dict[str, Any]]) -> str:
+    """One block per sampler (its label on a line of its own), one row per setting."""
+    blocks = []
+    for label, group in _by_sampler(entries).items():
+        rows = []
+        for e in group:
+            theory, z = e["theory"], e["z"]
+            rows.append(
+                [
+                    e["setting"]["name"],
+                    _f(e["tv_draft_target"]),
+                    _f(e["acceptance"]),
+                    _f(theory and theory["acceptance"]),
+                    "-" if z is None else f"{z['acceptance']:+.1f}",
+                    _f(e["per_position"][0] if e["per_position"] else None, 2),
+                    _f(e["emitted"], 2),
+                    _f(theory and theory["emitted"], 2),
+                    *_tv_out(e["tv_output"]),
+                ]
+            )
+        table = _table(ACCEPTANCE_HEADERS, rows, [False] + [True] * 9)
+        blocks.append(label + "\n" + "\n".join("  " + line for line in table.splitlines()))
+    return "\n\n".join(blocks)
+
+
+def _by_sampler(entries: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
-        theory, z, tv = e["theory"], e["z"], e["tv_output"]
-        rows.append([
-            e["sampler"], e["setting"]["name"], _f(e["tv_draft_target"]), _f(e["acceptance"]),
-            _f(theory and theory["acceptance"]), "-" if z is None else f"{z['acceptance']:+.1f}",
-            "/".join(f"{x:.2f}" for x in e["per_position"]), _f(e["emitted"], 2),
-            _f(theory and theory["emitted"], 2), _f(tv["estimate"]), _f(tv["noise_floor"]),
-        ])
-    return _table(ACCEPTANCE_HEADERS, rows, [False, False] + [True] * 4 + [False] + [True] * 4)
+        groups.setdefault(e["sampler"], []).append(e)
+    return groups
 
 
-SWEEP_HEADERS = ("sampler", "settings", "accept", "emitted", "TV out", "floor", "TV excess")
+def _options_cell(options: dict[str, Any], swept: Sequence[str]) -> str:
+    return (
+        " ".join(
+            f"{k.removeprefix('posterior_')}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in options.items()
+            if k in swept
+        )
+        or "-"
+    )
 
 
-def sweep_table(entries: Sequence[dict[str, object]]) -> str:
-    """Means over settings, one row per sampler variant."""
-    by_label: dict[str, list[dict[str, object]]] = {}
-    for e in entries:
-        by_label.setdefault(e["sampler"], []).append(e)
+SWEEP_HEADERS = ("sampler", "options", "settings", "accept", "emitted", "TV out", "TV excess")
+
+
+def sweep_table(entries: Sequence[dict[str, Any]], swept: Sequence[str] = ()) -> str:
+    """Means over settings, one row per sampler variant (its swept options in one column).
+    TV out: the exact TV where every setting has it (then TV excess is the same number), else
+    the estimate; TV excess: TV out minus the estimate's noise floor."""
     rows = []
-    for label, group in by_label.items():
+    for group in _by_sampler(entries).values():
         n = len(group)
-        mean = lambda f: sum(f(e) for e in group) / n  # noqa: E731
-        rows.append([
-            label, str(n), _f(mean(lambda e: e["acceptance"])), _f(mean(lambda e: e["emitted"]), 2),
-            _f(mean(lambda e: e["tv_output"]["estimate"])), _f(mean(lambda e: e["tv_output"]["noise_floor"])),
-            _f(mean(lambda e: e["tv_output"]["excess"])),
-        ])
-    return _table(SWEEP_HEADERS, rows, [False] + [True] * 6)
+        mean = lambda f, group=group, n=n: sum(f(e) for e in group) / n  # noqa: E731
+        exact = all(e["tv_output"].get("exact") is not None for e in group)
+        tv = mean(lambda e: e["tv_output"]["exact"]) if exact else mean(lambda e: e["tv_output"]["estimate"])
+        excess = tv if exact else mean(lambda e: e["tv_output"]["excess"])
+        rows.append(
+            [
+                group[0]["name"],
+                _options_cell(group[0]["options"], swept),
+                str(n),
+                _f(mean(lambda e: e["acceptance"])),
+                _f(mean(lambda e: e["emitted"]), 2),
+                _f(tv) + ("" if exact else "~"),
+                _f(excess),
+            ]
+        )
+    return _table(SWEEP_HEADERS, rows, [False, False] + [True] * 5)
 
 
 TIMING_HEADERS = ("sampler", "device", "dtype", "B", "k", "V", "ms/call", "MB", "GB/s", "floor MB")
 
 
-def timing_table(entries: Sequence[dict[str, object]]) -> str:
-    rows = [[
-        e["sampler"], e["device"], e["dtype"], str(e["batch_size"]), str(e["k"]), str(e["vocab_size"]),
-        f"{e['time_s'] * 1e3:.3f}", f"{e['bytes'] / 1e6:.1f}", f"{e['gbps']:.2f}", f"{e['floor_bytes'] / 1e6:.1f}",
-    ] for e in entries]
+def timing_table(entries: Sequence[dict[str, Any]]) -> str:
+    """Sampler names only: timing runs once per sampler, its options are in the JSON."""
+    rows = [
+        [
+            e["name"],
+            e["device"],
+            e["dtype"],
+            str(e["batch_size"]),
+            str(e["k"]),
+            str(e["vocab_size"]),
+            f"{e['time_s'] * 1e3:.3f}",
+            f"{e['bytes'] / 1e6:.1f}",
+            f"{e['gbps']:.2f}",
+            f"{e['floor_bytes'] / 1e6:.1f}",
+        ]
+        for e in entries
+    ]
     return _table(TIMING_HEADERS, rows, [False] * 3 + [True] * 7)
 
 
@@ -162,11 +223,12 @@ BLOCK_HEADERS = ("setting", "TV(p,q)", "token-wise", "theory", "block", "theory"
 TOKEN_WISE, BLOCK = "rejection_sampler", "block_verification"
 
 
-def block_vs_token_table(entries: Sequence[dict[str, object]]) -> str | None:
+def block_vs_token_table(entries: Sequence[dict[str, Any]]) -> str | None:
     """Mean accepted drafts per step (emitted - 1) of token-wise rejection and block verification
     on every setting both ran (default options only), with their theories and the gain; None when
     the run lacks one of them."""
-    def by_setting(name: str) -> dict[str, dict[str, object]]:
+
+    def by_setting(name: str) -> dict[str, dict[str, Any]]:
         return {e["setting"]["name"]: e for e in entries if e["name"] == name and not e["options"]}
 
     token, block = by_setting(TOKEN_WISE), by_setting(BLOCK)
@@ -179,43 +241,71 @@ def block_vs_token_table(entries: Sequence[dict[str, object]]) -> str | None:
         theory = lambda e: None if e["theory"] is None else e["theory"]["emitted"] - 1.0  # noqa: E731
         t_th, b_th = theory(t), theory(b)
         th_gain = "-" if t_th is None or b_th is None or t_th <= 0 else f"{100.0 * (b_th - t_th) / t_th:+.1f}"
-        rows.append([
-            setting, _f(t["tv_draft_target"]), _f(t_len), _f(t_th), _f(b_len), _f(b_th),
-            f"{b_len - t_len:+.3f}", "-" if t_len <= 0 else f"{100.0 * (b_len - t_len) / t_len:+.1f}", th_gain,
-        ])
+        rows.append(
+            [
+                setting,
+                _f(t["tv_draft_target"]),
+                _f(t_len),
+                _f(t_th),
+                _f(b_len),
+                _f(b_th),
+                f"{b_len - t_len:+.3f}",
+                "-" if t_len <= 0 else f"{100.0 * (b_len - t_len) / t_len:+.1f}",
+                th_gain,
+            ]
+        )
     if not rows:
         return None
     return _table(BLOCK_HEADERS, rows, [False] + [True] * 8)
 
 
-def render(document: dict[str, object]) -> str:
+def render(document: dict[str, Any]) -> str:
     """The terminal report: acceptance (or the sweep summary), then timing."""
     machine, config = document["machine"], document["config"]
     parts = [
-        f"spec-samplers bench: {machine['device']} ({machine['device_name']}), torch {machine['torch']}, "
+        f"spec-samplers bench: {machine['device']} ({machine['device_name']}), torch {machine['torch']}",
         f"threads={config['threads']}, k={config['k']}, {config['rows']} rows per context",
     ]
     swept = [e for e in document["acceptance"] if _is_swept(document, e)]
     plain = [e for e in document["acceptance"] if not _is_swept(document, e)]
     if plain:
-        parts += ["", "Acceptance (accept: accepted/proposed drafts; theory and z for lossless samplers; "
-                      "TV out: first emitted token vs target, floor: same estimate for exact samples)",
-                  acceptance_table(plain)]
+        parts += [
+            "",
+            "Acceptance. accept: accepted/proposed drafts, all positions; pos 1: acceptance at",
+            "position 1; theory and z (in standard errors) for lossless samplers. TV out: first",
+            "emitted token vs target, exact where computable (floor 'exact'), else an estimate",
+            "whose floor is the same estimate on exact samples. Per-position rates: --json.",
+            "",
+            acceptance_table(plain),
+        ]
     block_table = block_vs_token_table(plain)
     if block_table is not None:
-        parts += ["", "Block verification vs token-wise rejection (mean accepted drafts per step, same drafts and "
-                      "seeds; theory: token-wise closed form, block E[rho_1 + ... + rho_k] by Monte Carlo, closed form for "
-                      "point-mass drafts)",
-                  block_table]
+        parts += [
+            "",
+            "Block verification vs token-wise rejection: mean accepted drafts per step, same",
+            "drafts and seeds; theory: token-wise closed form, block E[rho_1 + ... + rho_k] by",
+            "Monte Carlo (closed form for point-mass drafts).",
+            "",
+            block_table,
+        ]
     if swept:
-        parts += ["", "Sweep (means over settings; per-setting rows in --json)", sweep_table(swept)]
+        names = sorted({k for s in document["samplers"] if s["swept"] for k in s["swept"]})
+        parts += [
+            "",
+            "Sweep: means over settings (per-setting rows in --json); TV out exact, or ~ an",
+            "estimate; TV excess: TV out minus the estimate's noise floor (exact: TV out itself).",
+            sweep_table(swept, names),
+        ]
     if document["timing"]:
-        parts += ["", "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, docs/design.md section 6)",
-                  timing_table(document["timing"])]
+        parts += [
+            "",
+            "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, docs/design.md section 6)",
+            timing_table(document["timing"]),
+        ]
     return "\n".join(parts)
 
 
-def _is_swept(document: dict[str, object], entry: dict[str, object]) -> bool:
+def _is_swept(document: dict[str, Any], entry: dict[str, Any]) -> bool:
     for s in document["samplers"]:
         if s["label"] == entry["sampler"]:
             return bool(s["swept"])

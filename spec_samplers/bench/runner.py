@@ -13,16 +13,19 @@ the swept ones (timing does not depend on thresholds).
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import itertools
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from spec_samplers.bench import quality, timing, workloads
 from spec_samplers.registry import available_samplers, sampler_options
+from spec_samplers.typical import TypicalAcceptanceSampler
 
 #: sampler name -> {option: values swept when the sampler is named with --sampler}
 SWEEPS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -40,7 +43,7 @@ class BenchError(ValueError):
 @dataclass
 class SamplerSpec:
     name: str
-    options: dict[str, object]
+    options: dict[str, Any]
     lossless: bool | None
     sampler: torch.nn.Module
     swept: tuple[str, ...] = ()  # options set by a sweep
@@ -53,9 +56,15 @@ class SamplerSpec:
             return self.name
         return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
 
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "options": dict(self.options), "label": self.label,
-                "lossless": self.lossless, "swept": list(self.swept), "law": self.law}
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "options": dict(self.options),
+            "label": self.label,
+            "lossless": self.lossless,
+            "swept": list(self.swept),
+            "law": self.law,
+        }
 
 
 def is_lossless(cls: type) -> bool | None:
@@ -65,7 +74,7 @@ def is_lossless(cls: type) -> bool | None:
 
 
 def acceptance_law(cls: type) -> str:
-    """"block" for samplers that declare ``acceptance_law = "block"`` (block verification), else
+    """ "block" for samplers that declare ``acceptance_law = "block"`` (block verification), else
     "token": which lossless theory the quality run compares against."""
     return "block" if getattr(cls, "acceptance_law", "token") == "block" else "token"
 
@@ -83,7 +92,7 @@ def parse_option(text: str) -> tuple[str, object, str]:
     return key, value, raw
 
 
-def _coerce(sampler: str, key: str, value: object, raw: str, default: object) -> object:
+def _coerce(sampler: str, key: str, value: Any, raw: str, default: object) -> object:
     """Check ``value`` against the type of the option's default (no default: taken as given)."""
     if default is inspect.Parameter.empty or default is None:
         return value
@@ -118,7 +127,7 @@ def resolve_samplers(names: list[str] | None, option_texts: Iterable[str], sweep
             raise BenchError(f"--sampler: unknown sampler {name!r}; available: {', '.join(registered) or '(none)'}")
     classes = {name: registered[name].load() for name in names}
     accepted = {name: sampler_options(cls) for name, cls in classes.items()}
-    given: dict[str, dict[str, object]] = {name: {} for name in names}
+    given: dict[str, dict[str, Any]] = {name: {} for name in names}
     for text in option_texts:
         key, value, raw = parse_option(text)
         takers = [name for name in names if key in accepted[name]]
@@ -140,8 +149,17 @@ def resolve_samplers(names: list[str] | None, option_texts: Iterable[str], sweep
                 sampler = classes[name](**options)
             except (TypeError, ValueError) as exc:
                 raise BenchError(f"--option for sampler {name!r}: {exc}") from exc
-            specs.append(SamplerSpec(name, options, is_lossless(classes[name]), sampler, tuple(grid), swept == timed_variant,
-                                     acceptance_law(classes[name])))
+            specs.append(
+                SamplerSpec(
+                    name,
+                    options,
+                    is_lossless(classes[name]),
+                    sampler,
+                    tuple(grid),
+                    swept == timed_variant,
+                    acceptance_law(classes[name]),
+                )
+            )
     return specs
 
 
@@ -179,7 +197,18 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="bench", unit="task", file=sys.stderr, leave=False)
 
 
-def run(config: BenchConfig) -> dict[str, object]:
+def _first_token_law(sampler: object):
+    """The exact law of the first emitted token where it is computable (typical acceptance)."""
+    if isinstance(sampler, TypicalAcceptanceSampler):
+        return functools.partial(
+            quality.typical_first_token_law,
+            posterior_threshold=sampler.posterior_threshold,
+            posterior_alpha=sampler.posterior_alpha,
+        )
+    return None
+
+
+def run(config: BenchConfig) -> dict[str, Any]:
     """Quality over every (variant, setting), then timing over every timed sampler x batch size x
     dtype. Returns the result dict (the JSON's ``acceptance``, ``timing`` and ``samplers``)."""
     timed = [s for s in config.specs if s.timed]
@@ -193,11 +222,28 @@ def run(config: BenchConfig) -> dict[str, object]:
                 if bar is not None:
                     bar.set_postfix_str(f"{spec.name} {setting.name}", refresh=False)
                 measured = quality.measure(
-                    spec.sampler, target, draft, config.k, config.rows, seed=config.seed, device=config.device,
-                    point_mass_drafts=setting.point_mass_drafts, lossless=spec.lossless, law=spec.law,
+                    spec.sampler,
+                    target,
+                    draft,
+                    config.k,
+                    config.rows,
+                    seed=config.seed,
+                    device=config.device,
+                    point_mass_drafts=setting.point_mass_drafts,
+                    lossless=spec.lossless,
+                    law=spec.law,
+                    first_token_law=_first_token_law(spec.sampler),
                 )
-                acceptance.append({"sampler": spec.label, "name": spec.name, "options": dict(spec.options),
-                                   "setting": setting.describe(), "k": config.k, **measured})
+                acceptance.append(
+                    {
+                        "sampler": spec.label,
+                        "name": spec.name,
+                        "options": dict(spec.options),
+                        "setting": setting.describe(),
+                        "k": config.k,
+                        **measured,
+                    }
+                )
                 if bar is not None:
                     bar.update()
         for spec in timed:
@@ -205,8 +251,16 @@ def run(config: BenchConfig) -> dict[str, object]:
                 for batch_size in config.batch_sizes:
                     if bar is not None:
                         bar.set_postfix_str(f"{spec.name} B={batch_size} {dtype}", refresh=False)
-                    t = timing.time_sampler(spec.sampler, batch_size, config.k, config.timing_vocab, dtype,
-                                            config.device, min_time_s=config.min_time_s, seed=config.seed)
+                    t = timing.time_sampler(
+                        spec.sampler,
+                        batch_size,
+                        config.k,
+                        config.timing_vocab,
+                        dtype,
+                        config.device,
+                        min_time_s=config.min_time_s,
+                        seed=config.seed,
+                    )
                     timings.append({"sampler": spec.label, "name": spec.name, "options": dict(spec.options), **t})
                     if bar is not None:
                         bar.update()

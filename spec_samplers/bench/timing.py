@@ -97,19 +97,26 @@ def time_sampler(
     """Time ``sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)`` on
     softmax inputs of the given size; returns the timing with bytes, floor_bytes and gbps."""
     inputs = timing_inputs(batch_size, k, vocab_size, dtype, device, seed)
-    args = (inputs["target_with_bonus_probs"], inputs["bonus_token_ids"], inputs["draft_probs"], inputs["draft_token_ids"])
+    args = (
+        inputs["target_with_bonus_probs"],
+        inputs["bonus_token_ids"],
+        inputs["draft_probs"],
+        inputs["draft_token_ids"],
+    )
     out = sampler(*args)
     result = time_call(lambda: sampler(*args), device, min_time_s=min_time_s)
     nbytes = tensor_bytes(*args, out)
-    result.update({
-        "batch_size": batch_size,
-        "k": k,
-        "vocab_size": vocab_size,
-        "dtype": str(dtype).replace("torch.", ""),
-        "device": str(device),
-        "bytes": nbytes,
-        "floor_bytes": 2 * batch_size * vocab_size * inputs["target_with_bonus_probs"].element_size(),
-        "gbps": nbytes / result["time_s"] / 1e9,
-        "acceptance": float((out[:, 1:] != -1).float().mean()) if k else 1.0,
-    })
+    result.update(
+        {
+            "batch_size": batch_size,
+            "k": k,
+            "vocab_size": vocab_size,
+            "dtype": str(dtype).replace("torch.", ""),
+            "device": str(device),
+            "bytes": nbytes,
+            "floor_bytes": 2 * batch_size * vocab_size * inputs["target_with_bonus_probs"].element_size(),
+            "gbps": nbytes / result["time_s"] / 1e9,
+            "acceptance": float((out[:, 1:] != -1).float().mean()) if k else 1.0,
+        }
+    )
     return result

@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-
 KINDS = ("softmax", "sparse", "point", "file")
 
 
-
-def synthetic_pair(num_rows: int, vocab_size: int, sigma: float, temperature: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_pair(
+    num_rows: int, vocab_size: int, sigma: float, temperature: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """target = softmax(z / T), draft = softmax((z + sigma * noise) / T). Returns ([N, V], [N, V])."""
     gen = torch.Generator().manual_seed(seed)
     z = torch.randn(num_rows, vocab_size, generator=gen) * 3.0
@@ -62,7 +62,9 @@ class Setting:
 
 
 def softmax_setting(sigma: float, temperature: float, vocab_size: int, contexts: int) -> Setting:
-    return Setting(f"softmax s={sigma:g} T={temperature:g} V={vocab_size}", "softmax", vocab_size, contexts, sigma, temperature)
+    return Setting(
+        f"softmax s={sigma:g} T={temperature:g} V={vocab_size}", "softmax", vocab_size, contexts, sigma, temperature
+    )
 
 
 def sparse_setting(sigma: float, top_k: int, vocab_size: int, contexts: int) -> Setting:
@@ -144,7 +146,8 @@ def load_pairs(path: str) -> tuple[Setting, torch.Tensor, torch.Tensor]:
     draft = _checked_rows("draft_probs", data["draft_probs"])
     if target.shape != draft.shape:
         raise ValueError(
-            f"--from-file: draft_probs: expected the shape of target_probs {tuple(target.shape)}, got {tuple(draft.shape)}"
+            f"--from-file: draft_probs: expected the shape of target_probs {tuple(target.shape)}, "
+            f"got {tuple(draft.shape)}"
         )
     name = f"file {os.path.basename(path)} V={target.shape[1]}"
     return Setting(name, "file", target.shape[1], target.shape[0], source=path), target, draft
@@ -152,8 +155,10 @@ def load_pairs(path: str) -> tuple[Setting, torch.Tensor, torch.Tensor]:
 
 def _checked_rows(key: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise ValueError(f"--from-file: {key}: expected a float tensor [N, V], got {type(t).__name__}"
-                         + (f" of dtype {t.dtype}" if isinstance(t, torch.Tensor) else ""))
+        raise ValueError(
+            f"--from-file: {key}: expected a float tensor [N, V], got {type(t).__name__}"
+            + (f" of dtype {t.dtype}" if isinstance(t, torch.Tensor) else "")
+        )
     if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 2:
         raise ValueError(f"--from-file: {key}: expected shape [N, V] with N >= 1 and V >= 2, got {tuple(t.shape)}")
     t = t.to(torch.float32)

@@ -16,7 +16,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_importable() -> bool:
     try:
         import triton  # noqa: F401
@@ -29,7 +29,7 @@ def triton_importable() -> bool:
 def check_backend(backend: object) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    return backend  # type: ignore[return-value]
+    return str(backend)
 
 
 def use_triton(backend: str, device: torch.device) -> bool:
@@ -38,8 +38,8 @@ def use_triton(backend: str, device: torch.device) -> bool:
     "auto": the kernels on CUDA when triton imports, else the PyTorch path. "torch": always
     the PyTorch path. "triton": always the kernels; CPU tensors only under TRITON_INTERPRET=1.
     """
-    if backend == "torch":
-        return False
+    if backend == "torch" or device.type == "meta":
+        return False  # (meta tensors carry shapes only: the PyTorch path propagates them)
     if backend == "auto":
         return device.type == "cuda" and triton_importable()
     if not triton_importable():
@@ -60,7 +60,7 @@ class VocabSplit:
     num_blocks: int  # NB = ceil(V / chunk), every block non-empty
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -69,8 +69,9 @@ def _num_sms(device_index: int) -> int:
 MAX_VOCAB_BLOCKS = 256
 
 
-def vocab_split(vocab_size: int, num_requests: int, device: torch.device,
-                block_v: int | None = None, num_blocks: int | None = None) -> VocabSplit:
+def vocab_split(
+    vocab_size: int, num_requests: int, device: torch.device, block_v: int | None = None, num_blocks: int | None = None
+) -> VocabSplit:
     """Split V across NB program instances per request so that B * NB fills the GPU (about
     four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes.
 
@@ -86,8 +87,14 @@ def vocab_split(vocab_size: int, num_requests: int, device: torch.device,
 BLOCK_V_CHOICES = (256, 512, 1024)
 
 
-def plan_vocab_split(vocab_size: int, num_requests: int, target_programs: int, widest: int,
-                     block_v: int | None = None, num_blocks: int | None = None) -> VocabSplit:
+def plan_vocab_split(
+    vocab_size: int,
+    num_requests: int,
+    target_programs: int,
+    widest: int,
+    block_v: int | None = None,
+    num_blocks: int | None = None,
+) -> VocabSplit:
     """:func:`vocab_split` for a device that should run ``target_programs`` programs at once and
     vector steps of at most ``widest`` (1024 on CUDA). Pure: tests enumerate it."""
     if num_blocks is None:
@@ -102,8 +109,12 @@ def plan_vocab_split(vocab_size: int, num_requests: int, target_programs: int, w
     block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
     max_blocks = min(-(-vocab_size // block_v), MAX_VOCAB_BLOCKS)
     num_blocks = max(1, min(num_blocks, max_blocks))
-    chunk = -(-(-(-vocab_size // num_blocks)) // block_v) * block_v
-    return VocabSplit(block_v, chunk, -(-vocab_size // chunk))
+    chunk = _ceil_div(_ceil_div(vocab_size, num_blocks), block_v) * block_v
+    return VocabSplit(block_v, chunk, _ceil_div(vocab_size, chunk))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def combine_warps(block_k: int, block_nb: int) -> int:

@@ -142,7 +142,8 @@ def block_partials_kernel(
     part_rkey_ptr,
     part_ridx_ptr,
     part_qkey_ptr,
-    part_qidx_ptr,  # [B, K+1, NB]
+    part_qidx_ptr,
+    part_qmax_ptr,  # [B, K+1, NB]
     temp_ptr,
     t_max_ptr,
     t_sum_ptr,
@@ -165,7 +166,7 @@ def block_partials_kernel(
     b = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)
     ids, valid, q_x, rho_vec = block_scalars(
@@ -229,6 +230,7 @@ def block_partials_kernel(
         x_removed = tl.where(valid_m, x_m, -1)
         resid_scale = tl.where(valid_m, rho_m, 1.0)
         mass_acc = 0.0
+        qmax = 0.0  # > 0 iff q_m has probability mass (a race key of q may underflow; this cannot)
         best_r = -1.0
         best_r_idx = 0
         best_q = -1.0
@@ -244,6 +246,7 @@ def block_partials_kernel(
                 scaled = resid_scale * q
                 w = tl.where(offs == x_removed, tl.maximum(scaled - 1.0, 0.0), tl.where(valid_m, scaled, q))
             mass_acc += tl.sum(w, axis=0)
+            qmax = tl.maximum(qmax, tl.max(q, axis=0))
             # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
             pairs = (m << 32) + s // 2 + tl.arange(0, BLOCK_V // 2)
             r0, r1, r2, r3 = random_words(seed, offset, pairs, _STREAM_RECOVER)
@@ -256,9 +259,10 @@ def block_partials_kernel(
         slot = (b * (K + 1) + m) * NB + blk
         tl.store(part_mass_ptr + slot, mass_acc)
         tl.store(part_rkey_ptr + slot, best_r)
-        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))
+        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
         tl.store(part_qkey_ptr + slot, best_q)
-        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
+        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
+        tl.store(part_qmax_ptr + slot, qmax)
 
 
 @triton.jit(do_not_specialize=["num_rows", "NB"])  # as block_partials_kernel
@@ -282,7 +286,8 @@ def block_finalize_kernel(
     part_rkey_ptr,
     part_ridx_ptr,
     part_qkey_ptr,
-    part_qidx_ptr,  # [B, K+1, NB]
+    part_qidx_ptr,
+    part_qmax_ptr,  # [B, K+1, NB]
     temp_ptr,
     t_max_ptr,
     t_sum_ptr,
@@ -305,7 +310,7 @@ def block_finalize_kernel(
     PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     ids, valid, q_x, rho_vec = block_scalars(
@@ -352,12 +357,18 @@ def block_finalize_kernel(
     if HAS_GREEDY:
         slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
         pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
-        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
-        vals = tl.where(vals == vals, vals, -2.0)
+        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=float("-inf"))
+        vals = tl.where(vals == vals, vals, float("-inf"))
         idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
         target_argmax = combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
-        greedy_ok = valid & (ids == target_argmax)
+        # A row without mass has no greedy token (as in the rejection kernels).
+        if LOGITS:
+            row_ok = tl.max(vals, axis=1) > float("-inf")  # partials of the raw logits
+        else:
+            row_ok = tl.max(vals, axis=1) > 0.0  # partials of q
+        greedy_ok = valid & (ids == target_argmax) & row_ok
         j = tl.where(greedy, first_rejection(greedy_ok, pos, n, BLOCK_K), j)
+    j = tl.minimum(j, n)  # a malformed ragged request (k_b = -1) emits no token
     has_draft = j < n
     bonus, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
     _, has_row = row_offset(b, j, start, n, num_rows, stride_tb, stride_tk, RAGGED)
@@ -375,8 +386,13 @@ def block_finalize_kernel(
     recovered = tl.where(
         rmass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0)
     )
+    qmax = tl.load(part_qmax_ptr + jslot, mask=bmask, other=0.0)
+    q_ok = tl.max(tl.where(qmax == qmax, qmax, 0.0), axis=0) > 0.0
+    recovered = tl.where(q_ok, recovered, -1)  # q_j without mass: no token
     if HAS_GREEDY:
-        recovered = tl.where(greedy, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), recovered)
+        greedy_row_ok = tl.sum(tl.where(pos == j, row_ok.to(tl.int32), 0), axis=0) != 0
+        greedy_token = tl.where(greedy_row_ok, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), -1)
+        recovered = tl.where(greedy, greedy_token, recovered)
     fallback = tl.where(has_row, recovered, -1)
     final = tl.where(has_draft, recovered, tl.where(bonus_valid, bonus, fallback))
     out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))

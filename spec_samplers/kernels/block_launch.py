@@ -99,6 +99,7 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
         part_ridx_ptr=i32((B, K + 1, NB)),
         part_qkey_ptr=f32((B, K + 1, NB)),
         part_qidx_ptr=i32((B, K + 1, NB)),
+        part_qmax_ptr=f32((B, K + 1, NB)),
         temp_ptr=batch.temperature,
         **stats,
         K=K,

@@ -24,13 +24,17 @@ def clean(x):
 
 
 @triton.jit
-def request_span(cu_ptr, b, K, RAGGED: tl.constexpr):
-    """(first flat row, k_b) of request b; k_b is clamped into [0, K] so a malformed
-    cumulative count can never address rows past the request."""
+def request_span(cu_ptr, b, K, num_rows, RAGGED: tl.constexpr):
+    """(first flat row, k_b) of request b. A malformed ragged request (not 0 <= start <= end <=
+    num_rows, or end - start > K; spec_samplers.layout) gets k_b = -1: no position i >= 0
+    satisfies i < k_b, so it reads no row, and its first rejection j = min(., k_b) = -1 makes
+    the output row all -1 (no token). Comparisons come before the subtraction (no overflow)."""
     if RAGGED:
         end = tl.load(cu_ptr + b).to(tl.int64)
         start = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
-        n = tl.minimum(tl.maximum(end - start, 0), K)
+        ok = (start >= 0) & (end >= start) & (end <= num_rows)
+        n = tl.where(ok, end - start, 0)
+        n = tl.where(ok & (n <= K), n, -1)
     else:
         start = (b * 0).to(tl.int64)
         n = (b * 0 + K).to(tl.int64)
@@ -78,16 +82,28 @@ def combine_argmax(vals, idxs, lanes, axis: tl.constexpr):
 
 
 @triton.jit
+def scaled_exp(x, row_max, temp, PRECISE: tl.constexpr):
+    """exp((x - m) / T) of the shared logits rule (spec_samplers.torch_ops.scaled_exp): with
+    m = +inf the +inf entries get 1 and the others 0; x - m = -inf gives 0 (never a NaN from
+    -inf / +inf). x, m fp32 (NaN logits already -inf); T > 0, +inf allowed."""
+    d = tl.where(row_max == float("inf"), tl.where(x == float("inf"), 0.0, float("-inf")), x - row_max)
+    z = tl.where(d > float("-inf"), tl.math.div_rn(d, temp), float("-inf"))
+    return precise_exp(z, PRECISE)
+
+
+@triton.jit
 def load_q(ptr, offs, mask, temp, row_max, row_sum, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """Cleaned fp32 probabilities at ``offs`` (any float dtype, read as stored).
 
-    LOGITS: the entries are logits and q = exp(x / temp - row_max) / row_sum, the softmax fused
-    (row_max, row_sum from :mod:`spec_samplers.kernels.softmax_kernels`), so no probability
-    tensor is ever written. Otherwise temp, row_max, row_sum are unused."""
+    LOGITS: the entries are logits and q = exp((x - row_max) / temp) / row_sum, the softmax
+    fused (row_max = the largest logit, row_sum from
+    :mod:`spec_samplers.kernels.softmax_kernels`), so no probability tensor is ever written; a
+    row without a finite or +inf logit has row_sum 0 and q = 0. Otherwise temp, row_max,
+    row_sum are unused."""
     if LOGITS:
         x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
         x = tl.where(x == x, x, float("-inf"))
-        e = precise_exp(tl.math.div_rn(x, temp) - row_max, PRECISE)
+        e = scaled_exp(x, row_max, temp, PRECISE)
         return tl.where(mask, clean(tl.math.div_rn(e, row_sum)), 0.0)
     else:
         return clean(tl.load(ptr + offs, mask=mask, other=0.0))

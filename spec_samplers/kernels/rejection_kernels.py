@@ -20,10 +20,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import clean, combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
+from spec_samplers.constants import RESIDUAL_MASS_EPS
+from spec_samplers.kernels.common import (
+    clean,
+    combine_argmax,
+    draft_ids_at,
+    fold_argmax,
+    load_q,
+    request_span,
+    row_offset,
+)
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.constants import RESIDUAL_MASS_EPS
 from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
@@ -40,13 +48,33 @@ def load_probs(ptr, offs, mask):
 
 @triton.jit
 def random_accepts(
-    b, pos, start, n, K, V, num_rows,
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    ids_ptr, stride_ib, stride_ik,
-    seed, offset,
-    temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: T and [B, K+1] row statistics
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, PRECISE: tl.constexpr,
+    b,
+    pos,
+    start,
+    n,
+    K,
+    V,
+    num_rows,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    seed,
+    offset,
+    temp,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: T and [B, K+1] row statistics
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    LOGITS: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     """Accept test of the random rule at positions ``pos`` from gathered scalars only.
 
@@ -112,17 +140,25 @@ def bonus_info(bonus_ptr, stride_bonus, b, V):
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def argmax_partials_kernel(
-    target_ptr, stride_tb, stride_tk,  # target rows, vocab stride 1
+    target_ptr,
+    stride_tb,
+    stride_tk,  # target rows, vocab stride 1
     cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
     greedy_ptr,  # [B] bool
-    part_val_ptr, part_idx_ptr,  # [B, K+1, NB] fp32 / int32
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, BLOCK_V: tl.constexpr,
+    part_val_ptr,
+    part_idx_ptr,  # [B, K+1, NB] fp32 / int32
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     off, ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
     greedy = tl.load(greedy_ptr + b) != 0
     if greedy & ok:
@@ -144,26 +180,79 @@ def argmax_partials_kernel(
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def residual_partials_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,  # target_ptr again when HAS_DRAFT is False
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
-    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,  # target_ptr again when HAS_DRAFT is False
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    seed_ptr,
+    offset_ptr,
+    greedy_ptr,
+    part_mass_ptr,
+    part_rkey_ptr,
+    part_ridx_ptr,
+    part_qkey_ptr,
+    part_qidx_ptr,
+    part_qmax_ptr,  # [B, NB]
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     blk = tl.program_id(1)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)
     accepted, ids, valid = random_accepts(
-        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-        RAGGED, HAS_DRAFT, LOGITS, PRECISE,
+        b,
+        pos,
+        start,
+        n,
+        K,
+        V,
+        num_rows,
+        target_ptr,
+        stride_tb,
+        stride_tk,
+        draft_ptr,
+        stride_db,
+        stride_dk,
+        ids_ptr,
+        stride_ib,
+        stride_ik,
+        seed,
+        offset,
+        temp,
+        t_max_ptr,
+        t_sum_ptr,
+        d_max_ptr,
+        d_sum_ptr,
+        RAGGED,
+        HAS_DRAFT,
+        LOGITS,
+        PRECISE,
     )
     j = first_rejection(accepted, pos, n, BLOCK_K)
     has_draft = j < n
@@ -192,6 +281,7 @@ def residual_partials_kernel(
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
         mass = 0.0
+        qmax = 0.0  # > 0 iff q_j has probability mass (a race key of q may underflow; this cannot)
         best_r = -1.0
         best_r_idx = 0
         best_q = -1.0
@@ -206,6 +296,7 @@ def residual_partials_kernel(
             else:
                 r = tl.where(offs == x_removed, 0.0, q)
             mass += tl.sum(r, axis=0)
+            qmax = tl.maximum(qmax, tl.max(q, axis=0))
             # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
             pairs = (j << 32) + s // 2 + tl.arange(0, BLOCK_V // 2)
             w0, w1, w2, w3 = random_words(seed, offset, pairs, _STREAM_RECOVER)
@@ -218,47 +309,107 @@ def residual_partials_kernel(
         slot = b * NB + blk
         tl.store(part_mass_ptr + slot, mass)
         tl.store(part_rkey_ptr + slot, best_r)
-        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))
+        tl.store(part_ridx_ptr + slot, best_r_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
         tl.store(part_qkey_ptr + slot, best_q)
-        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))
+        tl.store(part_qidx_ptr + slot, best_q_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
+        tl.store(part_qmax_ptr + slot, qmax)
 
 
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def finalize_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, seed_ptr, offset_ptr, greedy_ptr,
-    part_mass_ptr, part_rkey_ptr, part_ridx_ptr, part_qkey_ptr, part_qidx_ptr,  # [B, NB]
-    temp_ptr, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
-    amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] (greedy only)
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    seed_ptr,
+    offset_ptr,
+    greedy_ptr,
+    part_mass_ptr,
+    part_rkey_ptr,
+    part_ridx_ptr,
+    part_qkey_ptr,
+    part_qidx_ptr,
+    part_qmax_ptr,  # [B, NB]
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
-    K, V, num_rows, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr,
+    K,
+    V,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     seed, offset, temp = request_stream(seed_ptr, offset_ptr, temp_ptr, b, HAS_OFFSETS, LOGITS)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     accepted, ids, valid = random_accepts(
-        b, pos, start, n, K, V, num_rows, target_ptr, stride_tb, stride_tk, draft_ptr, stride_db, stride_dk,
-        ids_ptr, stride_ib, stride_ik, seed, offset, temp, t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,
-        RAGGED, HAS_DRAFT, LOGITS, PRECISE,
+        b,
+        pos,
+        start,
+        n,
+        K,
+        V,
+        num_rows,
+        target_ptr,
+        stride_tb,
+        stride_tk,
+        draft_ptr,
+        stride_db,
+        stride_dk,
+        ids_ptr,
+        stride_ib,
+        stride_ik,
+        seed,
+        offset,
+        temp,
+        t_max_ptr,
+        t_sum_ptr,
+        d_max_ptr,
+        d_sum_ptr,
+        RAGGED,
+        HAS_DRAFT,
+        LOGITS,
+        PRECISE,
     )
     blocks = tl.arange(0, BLOCK_NB)
     if HAS_GREEDY:
         greedy = tl.load(greedy_ptr + b) != 0
         slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
         pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
-        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
-        vals = tl.where(vals == vals, vals, -2.0)  # stale slots of absent rows (never used)
+        vals = tl.load(amax_val_ptr + slots, mask=pmask, other=float("-inf"))
+        vals = tl.where(vals == vals, vals, float("-inf"))  # stale slots of absent rows (never used)
         idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
         target_argmax = combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
-        accepted = tl.where(greedy, valid & (ids == target_argmax), accepted)
+        # A row without mass (all-zero q; logits all -inf) has no greedy token: its argmax 0
+        # is never accepted, and recovering there emits -1.
+        if LOGITS:
+            row_ok = tl.max(vals, axis=1) > float("-inf")  # partials of the raw logits
+        else:
+            row_ok = tl.max(vals, axis=1) > 0.0  # partials of q
+        accepted = tl.where(greedy, valid & (ids == target_argmax) & row_ok, accepted)
     j = first_rejection(accepted, pos, n, BLOCK_K)
     has_draft = j < n
     bonus, bonus_valid = bonus_info(bonus_ptr, stride_bonus, b, V)
@@ -275,9 +426,16 @@ def finalize_kernel(
     qkey = tl.load(part_qkey_ptr + b * NB + blocks, mask=bmask, other=-2.0)
     qkey = tl.where(qkey == qkey, qkey, -2.0)
     qidx = tl.load(part_qidx_ptr + b * NB + blocks, mask=bmask, other=0).to(tl.int64)
-    recovered = tl.where(mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0))
+    recovered = tl.where(
+        mass <= _MASS_EPS, combine_argmax(qkey, qidx, blocks, 0), combine_argmax(rkey, ridx, blocks, 0)
+    )
+    qmax = tl.load(part_qmax_ptr + b * NB + blocks, mask=bmask, other=0.0)
+    q_ok = tl.max(tl.where(qmax == qmax, qmax, 0.0), axis=0) > 0.0
+    recovered = tl.where(q_ok, recovered, -1)  # q_j without mass: no token
     if HAS_GREEDY:
-        recovered = tl.where(greedy, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), recovered)
+        greedy_ok = tl.sum(tl.where(pos == j, row_ok.to(tl.int32), 0), axis=0) != 0
+        greedy_token = tl.where(greedy_ok, tl.sum(tl.where(pos == j, target_argmax, 0), axis=0), -1)
+        recovered = tl.where(greedy, greedy_token, recovered)
     fallback = tl.where(has_row, recovered, -1)
     final = tl.where(has_draft, recovered, tl.where(bonus_valid, bonus, fallback))
     out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))

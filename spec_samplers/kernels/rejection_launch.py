@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
-from spec_samplers.kernels import launch_common as lc
 from spec_samplers.layout import VerifyBatch
 
 
@@ -50,41 +50,82 @@ def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple
         launches += softmax
     elif is_greedy is not None:
         amax_val, amax_idx = f32((B, K + 1, NB)), i32((B, K + 1, NB))
-        launches.append(lc.KernelLaunch(
-            rk.argmax_partials_kernel, (B, K + 1, NB),
-            dict(
-                target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk, cu_ptr=layout.cu_num_draft_tokens,
-                greedy_ptr=is_greedy, part_val_ptr=amax_val, part_idx_ptr=amax_idx,
-                K=K, V=V, num_rows=layout.num_rows, chunk=split.chunk, NB=NB,
-                RAGGED=layout.ragged, BLOCK_V=split.block_v,
-            ),
-            name="argmax_partials",
-        ))
+        launches.append(
+            lc.KernelLaunch(
+                rk.argmax_partials_kernel,
+                (B, K + 1, NB),
+                dict(
+                    target_ptr=target,
+                    stride_tb=stride_tb,
+                    stride_tk=stride_tk,
+                    cu_ptr=layout.cu_num_draft_tokens,
+                    greedy_ptr=is_greedy,
+                    part_val_ptr=amax_val,
+                    part_idx_ptr=amax_idx,
+                    K=K,
+                    V=V,
+                    num_rows=layout.num_rows,
+                    chunk=split.chunk,
+                    NB=NB,
+                    RAGGED=layout.ragged,
+                    BLOCK_V=split.block_v,
+                ),
+                name="argmax_partials",
+            )
+        )
     common = dict(
-        target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk,
-        draft_ptr=draft, stride_db=stride_db, stride_dk=stride_dk,
-        ids_ptr=batch.draft_token_ids, stride_ib=stride_ib, stride_ik=stride_ik,
-        bonus_ptr=batch.bonus_token_ids, stride_bonus=batch.bonus_token_ids.stride(0),
-        cu_ptr=layout.cu_num_draft_tokens, seed_ptr=batch.seeds, offset_ptr=batch.offsets, greedy_ptr=is_greedy,
-        part_mass_ptr=f32((B, NB)), part_rkey_ptr=f32((B, NB)), part_ridx_ptr=i32((B, NB)),
-        part_qkey_ptr=f32((B, NB)), part_qidx_ptr=i32((B, NB)),
-        temp_ptr=batch.temperature, **stats,
-        K=K, V=V, num_rows=layout.num_rows, NB=NB,
-        RAGGED=layout.ragged, HAS_DRAFT=draft is not None, HAS_OFFSETS=batch.offsets is not None,
-        HAS_GREEDY=is_greedy is not None, LOGITS=batch.temperature is not None, PRECISE=lc.precise_math(),
+        target_ptr=target,
+        stride_tb=stride_tb,
+        stride_tk=stride_tk,
+        draft_ptr=draft,
+        stride_db=stride_db,
+        stride_dk=stride_dk,
+        ids_ptr=batch.draft_token_ids,
+        stride_ib=stride_ib,
+        stride_ik=stride_ik,
+        bonus_ptr=batch.bonus_token_ids,
+        stride_bonus=batch.bonus_token_ids.stride(0),
+        cu_ptr=layout.cu_num_draft_tokens,
+        seed_ptr=batch.seeds,
+        offset_ptr=batch.offsets,
+        greedy_ptr=is_greedy,
+        part_mass_ptr=f32((B, NB)),
+        part_rkey_ptr=f32((B, NB)),
+        part_ridx_ptr=i32((B, NB)),
+        part_qkey_ptr=f32((B, NB)),
+        part_qidx_ptr=i32((B, NB)),
+        part_qmax_ptr=f32((B, NB)),
+        temp_ptr=batch.temperature,
+        **stats,
+        K=K,
+        V=V,
+        num_rows=layout.num_rows,
+        NB=NB,
+        RAGGED=layout.ragged,
+        HAS_DRAFT=draft is not None,
+        HAS_OFFSETS=batch.offsets is not None,
+        HAS_GREEDY=is_greedy is not None,
+        LOGITS=batch.temperature is not None,
+        PRECISE=lc.precise_math(),
     )
-    launches.append(lc.KernelLaunch(
-        rk.residual_partials_kernel, (B, NB),
-        dict(common, chunk=split.chunk, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v),
-        name="residual_partials",
-    ))
+    launches.append(
+        lc.KernelLaunch(
+            rk.residual_partials_kernel,
+            (B, NB),
+            dict(common, chunk=split.chunk, BLOCK_K=triton_next_pow2(max(K, 1)), BLOCK_V=split.block_v),
+            name="residual_partials",
+        )
+    )
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
-    launches.append(lc.KernelLaunch(
-        rk.finalize_kernel, (B,),
-        dict(common, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb),
-        num_warps=warps,
-        name="finalize",
-    ))
+    launches.append(
+        lc.KernelLaunch(
+            rk.finalize_kernel,
+            (B,),
+            dict(common, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb),
+            num_warps=warps,
+            name="finalize",
+        )
+    )
     return launches, out
 
 

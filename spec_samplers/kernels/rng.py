@@ -107,5 +107,3 @@ def precise_exp(x, PRECISE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
-
-

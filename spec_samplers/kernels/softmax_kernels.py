@@ -1,10 +1,12 @@
-"""Row statistics of the fused softmax for logits inputs: q = exp(x / T - max) / sum.
+"""Row statistics of the fused softmax for logits inputs: q = exp((x - max) / T) / sum.
 
-``softmax_partials_kernel`` grid (B, K+1, NB): per vocab block, the online (max, sum of exp)
-of x / T for target row (b, i) and draft row (b, i), plus the (max, argmax) of the raw logits
-(the greedy token). ``softmax_combine_kernel`` grid (B,): combines blocks into per-row max and
-sum, [B, K+1] each. Logits are read once here and once more where the consumers need q.
-Temperature 0 marks a greedy request: its statistics use T = 1 and only its argmax is used.
+``softmax_partials_kernel`` grid (B, K+1, NB): per vocab block, the online (max, sum) of the
+logits x (max of x itself, so x / T never overflows; sum of exp((x - max) / T)) for target row
+(b, i) and draft row (b, i), plus the (max, argmax) of the raw logits (the greedy token).
+``softmax_combine_kernel`` grid (B,): combines blocks into per-row max and sum, [B, K+1] each.
+Logits are read once here and once more where the consumers need q. Temperature 0 marks a
+greedy request: its statistics use T = 1 and only its argmax is used. The limits (+inf logits,
+T = +inf, rows all -inf) follow :func:`spec_samplers.torch_ops.probs_from_logits`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import fold_argmax, request_span, row_offset
-from spec_samplers.kernels.rng import precise_exp
+from spec_samplers.kernels.common import fold_argmax, request_span, row_offset, scaled_exp
 
 
 @triton.jit
 def effective_temperature(temp_ptr, b):
-    """T of request b as fp32; greedy requests (T = 0) and bad values use 1."""
+    """T of request b as fp32; greedy requests (T = 0), negative and NaN T use 1 (+inf stays:
+    the uniform limit)."""
     t = tl.load(temp_ptr + b).to(tl.float32)
     return tl.where(t > 0.0, t, 1.0)
 
@@ -34,13 +36,11 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
         mask = offs < hi
         x = tl.load(ptr + off + offs, mask=mask, other=float("-inf")).to(tl.float32)
         x = tl.where(x == x, x, float("-inf"))  # NaN logits: never sampled, never the argmax
-        xs = tl.math.div_rn(x, temp)
-        m_new = tl.maximum(m, tl.max(xs, axis=0))
-        # (a row that is all -inf so far has no mass; avoid exp(-inf - -inf) = NaN)
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-        scale = precise_exp(m - m_ref, PRECISE)
-        e = tl.where(mask, precise_exp(xs - m_ref, PRECISE), 0.0)
-        s = s * scale + tl.sum(e, axis=0)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # scaled_exp(m, m_new) rescales the running sum: 0 while it is empty (no NaN from
+        # -inf - -inf), 0 for finite entries once a +inf entry appears, 1 between +inf maxima
+        e = tl.where(mask, scaled_exp(x, m_new, temp, PRECISE), 0.0)
+        s = s * scaled_exp(m, m_new, temp, PRECISE) + tl.sum(e, axis=0)
         m = m_new
         best, best_idx = fold_argmax(x, start, best, best_idx)
     return m, s, best, best_idx
@@ -50,17 +50,34 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(
-    target_ptr, stride_tb, stride_tk,
-    draft_ptr, stride_db, stride_dk,
-    cu_ptr, temp_ptr,  # [B], [B] fp32
-    t_m_ptr, t_s_ptr, d_m_ptr, d_s_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB]
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    draft_ptr,
+    stride_db,
+    stride_dk,
+    cu_ptr,
+    temp_ptr,  # [B], [B] fp32
+    t_m_ptr,
+    t_s_ptr,
+    d_m_ptr,
+    d_s_ptr,
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB]
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     temp = effective_temperature(temp_ptr, b)
     lo = blk * chunk
     hi = tl.minimum(lo + chunk, V)
@@ -81,12 +98,12 @@ def softmax_partials_kernel(
 
 
 @triton.jit
-def _combine(m_ptr, s_ptr, slots, mask, PRECISE: tl.constexpr):
+def _combine(m_ptr, s_ptr, slots, mask, temp, PRECISE: tl.constexpr):
     m = tl.load(m_ptr + slots, mask=mask, other=float("-inf"))
     s = tl.load(s_ptr + slots, mask=mask, other=0.0)
     row_max = tl.max(m, axis=1)
-    ref = tl.where(row_max > float("-inf"), row_max, 0.0)  # all -inf: no mass, no NaN
-    w = tl.where(m > float("-inf"), s * precise_exp(m - ref[:, None], PRECISE), 0.0)
+    # empty partials (m = -inf, s = 0) and rows all -inf give 0, never NaN
+    w = tl.where(mask, s * scaled_exp(m, row_max[:, None], temp, PRECISE), 0.0)
     return row_max, tl.sum(w, axis=1)
 
 
@@ -95,26 +112,39 @@ def _combine(m_ptr, s_ptr, slots, mask, PRECISE: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def softmax_combine_kernel(
     cu_ptr,
-    t_m_ptr, t_s_ptr, d_m_ptr, d_s_ptr,  # [B, K+1, NB] partials
-    t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr,  # [B, K+1] per-row statistics
-    K, num_rows, NB,
-    RAGGED: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+    temp_ptr,  # [B] ragged counts, [B] T
+    t_m_ptr,
+    t_s_ptr,
+    d_m_ptr,
+    d_s_ptr,  # [B, K+1, NB] partials
+    t_max_ptr,
+    t_sum_ptr,
+    d_max_ptr,
+    d_sum_ptr,  # [B, K+1] per-row statistics
+    K,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
+    temp = effective_temperature(temp_ptr, b)
     pos = tl.arange(0, BLOCK_K)
     blocks = tl.arange(0, BLOCK_NB)
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
     _, t_ok = row_offset(b, pos, start, n, num_rows, 0, 0, RAGGED)
     t_ok = t_ok & (pos <= K)
     mask = t_ok[:, None] & (blocks < NB)[None, :]
-    row_max, row_sum = _combine(t_m_ptr, t_s_ptr, slots, mask, PRECISE)
+    row_max, row_sum = _combine(t_m_ptr, t_s_ptr, slots, mask, temp, PRECISE)
     tl.store(t_max_ptr + b * (K + 1) + pos, row_max, mask=pos <= K)
     tl.store(t_sum_ptr + b * (K + 1) + pos, row_sum, mask=pos <= K)
     if HAS_DRAFT:
         d_ok = t_ok & (pos < n)
         mask = d_ok[:, None] & (blocks < NB)[None, :]
-        row_max, row_sum = _combine(d_m_ptr, d_s_ptr, slots, mask, PRECISE)
+        row_max, row_sum = _combine(d_m_ptr, d_s_ptr, slots, mask, temp, PRECISE)
         tl.store(d_max_ptr + b * (K + 1) + pos, row_max, mask=pos <= K)
         tl.store(d_sum_ptr + b * (K + 1) + pos, row_sum, mask=pos <= K)

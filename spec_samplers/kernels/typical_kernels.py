@@ -17,28 +17,43 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import combine_argmax, fold_argmax, draft_ids_at, load_q, request_span, row_offset
+from spec_samplers.constants import ENTROPY_EPS_FP32
+from spec_samplers.kernels.common import combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
 from spec_samplers.kernels.rng import precise_exp, precise_log
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.constants import ENTROPY_EPS
 
-_ENTROPY_EPS = tl.constexpr(ENTROPY_EPS)
+# fp32-representable, so every route into float64 (literal, fp32 constant) gives the same value
+_ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
 
 
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def typical_partials_kernel(
-    target_ptr, stride_tb, stride_tk,  # probabilities, or logits when LOGITS
-    cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
-    ent_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB]
-    K, V, num_rows, chunk, NB,
-    RAGGED: tl.constexpr, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+    target_ptr,
+    stride_tb,
+    stride_tk,  # probabilities, or logits when LOGITS
+    cu_ptr,
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
+    ent_ptr,
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    RAGGED: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     off, ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
     temp, row_max, row_sum = 1.0, 0.0, 1.0
     if LOGITS:
@@ -49,15 +64,17 @@ def typical_partials_kernel(
     if ok:
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
-        ent = 0.0
+        ent = tl.full([], 0.0, tl.float64)
         best = -1.0
         best_idx = lo
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
             q = load_q(target_ptr, off + offs, m, temp, row_max, row_sum, LOGITS, PRECISE)
-            # Fast log: the entropy is a sum whose order differs from torch's anyway.
-            ent += tl.sum(q * tl.log(q + _ENTROPY_EPS), axis=0)
+            # float64 terms and sum (as reference.typical_accepts): the blocked order then moves
+            # the entropy by ~1e-16 relative instead of fp32's ~1e-7, so decisions match torch's
+            q64 = q.to(tl.float64)
+            ent += tl.sum(q64 * precise_log(q64 + _ENTROPY_EPS, PRECISE), axis=0)
             vals = tl.where(m, q, -1.0)
             best, best_idx = fold_argmax(vals, s, best, best_idx)
         slot = (b * (K + 1) + i) * NB + blk
@@ -70,20 +87,38 @@ def typical_partials_kernel(
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def typical_finalize_kernel(
-    target_ptr, stride_tb, stride_tk,
-    ids_ptr, stride_ib, stride_ik,
-    bonus_ptr, stride_bonus,
-    cu_ptr, temp_ptr, t_max_ptr, t_sum_ptr,
-    ent_ptr, amax_val_ptr, amax_idx_ptr,  # [B, K+1, NB] from typical_partials_kernel
-    lamax_val_ptr, lamax_idx_ptr,  # [B, K+1, NB] logits argmax (greedy requests; LOGITS only)
+    target_ptr,
+    stride_tb,
+    stride_tk,
+    ids_ptr,
+    stride_ib,
+    stride_ik,
+    bonus_ptr,
+    stride_bonus,
+    cu_ptr,
+    temp_ptr,
+    t_max_ptr,
+    t_sum_ptr,
+    ent_ptr,
+    amax_val_ptr,
+    amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32 from typical_partials_kernel
+    lamax_val_ptr,
+    lamax_idx_ptr,  # [B, K+1, NB] logits argmax (greedy requests; LOGITS only)
     out_ptr,  # [B, K+1] int64
-    posterior_threshold, posterior_alpha,
-    K, V, num_rows, NB,
-    RAGGED: tl.constexpr, LOGITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr,
+    posterior_threshold,
+    posterior_alpha,  # fp32 values (the launcher rounds them)
+    K,
+    V,
+    num_rows,
+    NB,
+    RAGGED: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     b = tl.program_id(0)
-    start, n = request_span(cu_ptr, b, K, RAGGED)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     pos = tl.arange(0, BLOCK_K)  # positions 0..K
     blocks = tl.arange(0, BLOCK_NB)
     ids, valid = draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
@@ -100,26 +135,37 @@ def typical_finalize_kernel(
         row_sum = tl.load(t_sum_ptr + b * (K + 1) + pos, mask=t_ok, other=1.0)
     pmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, 0, NB))
     ent = tl.load(ent_ptr + slots, mask=pmask, other=0.0)
-    entropy = -tl.sum(ent, axis=1)  # [BLOCK_K]
+    entropy = -tl.sum(ent, axis=1)  # [BLOCK_K] fp64
     vals = tl.load(amax_val_ptr + slots, mask=pmask, other=-2.0)
     idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
     target_argmax = combine_argmax(vals, idxs, blocks, 1)
+    row_ok = tl.max(vals, axis=1) > 0.0  # q has mass (else the argmax 0 has probability 0)
     candidate = load_q(target_ptr, t_off + safe, valid & t_ok, temp, row_max, row_sum, LOGITS, PRECISE)
     if LOGITS:
-        # Greedy requests: q is the one-hot of the logits' argmax (reference.probs_from_logits).
+        # Greedy requests: q is the one-hot of the logits' argmax (reference.probs_from_logits),
+        # the zero row when every logit is -inf.
         gmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, NB, 0))
         lvals = tl.load(lamax_val_ptr + slots, mask=gmask, other=float("-inf"))
         lidxs = tl.load(lamax_idx_ptr + slots, mask=gmask, other=0).to(tl.int64)
         logit_argmax = combine_argmax(lvals, lidxs, blocks, 1)
-        one = tl.full(entropy.shape, 1.0, tl.float32)
-        entropy = tl.where(greedy, -(one * precise_log(one + _ENTROPY_EPS, PRECISE)), entropy)
+        logit_ok = tl.max(lvals, axis=1) > float("-inf")
+        one = tl.full(entropy.shape, 1.0, tl.float64)
+        one_hot_entropy = tl.where(logit_ok, -(one * precise_log(one + _ENTROPY_EPS, PRECISE)), 0.0)
+        entropy = tl.where(greedy, one_hot_entropy, entropy)
         target_argmax = tl.where(greedy, logit_argmax, target_argmax)
-        candidate = tl.where(greedy, tl.where(ids == logit_argmax, 1.0, 0.0), candidate)
-    threshold = tl.minimum(posterior_alpha * precise_exp(-entropy, PRECISE), posterior_threshold)
-    accepted = valid & (candidate > threshold)
+        row_ok = tl.where(greedy, logit_ok, row_ok)
+        candidate = tl.where(greedy, tl.where((ids == logit_argmax) & logit_ok, 1.0, 0.0), candidate)
+    # float64 threshold and test, options as given (fp32 values): reference.typical_accepts
+    # (adding to a float64 zero: the options are fp32 tensors when compiled, Python floats when
+    # interpreted; their values are fp32 either way, so the conversion is exact)
+    zero64 = tl.zeros(entropy.shape, tl.float64)
+    threshold = tl.minimum((zero64 + posterior_alpha) * precise_exp(-entropy, PRECISE), zero64 + posterior_threshold)
+    accepted = valid & (candidate.to(tl.float64) > threshold)
     j = tl.min(tl.where(accepted, BLOCK_K, pos), axis=0)
     j = tl.minimum(j.to(tl.int64), n)
     recovered = tl.sum(tl.where(pos == j, target_argmax, 0), axis=0)
+    recovered_ok = tl.sum(tl.where(pos == j, row_ok.to(tl.int32), 0), axis=0) != 0
+    recovered = tl.where(recovered_ok, recovered, -1)
     bonus = tl.load(bonus_ptr + b * stride_bonus).to(tl.int64)
     bonus_valid = (bonus >= 0) & (bonus < V)
     has_row = tl.sum(tl.where(pos == j, t_ok.to(tl.int32), 0), axis=0) != 0

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers.constants import fp32_value
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import typical_kernels as tk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, vocab_split
-from spec_samplers.kernels import launch_common as lc
 from spec_samplers.layout import VerifyBatch
 
 
@@ -39,33 +40,60 @@ def plan_typical(
         softmax, lamax_val, lamax_idx, all_stats = lc.plan_softmax_stats(layout, target, None, batch.temperature, split)
         launches += softmax
         stats = dict(t_max_ptr=all_stats["t_max_ptr"], t_sum_ptr=all_stats["t_sum_ptr"])
-    ent = torch.empty((B, K + 1, NB), dtype=torch.float32, device=device)
+    ent = torch.empty((B, K + 1, NB), dtype=torch.float64, device=device)
     amax_val = torch.empty((B, K + 1, NB), dtype=torch.float32, device=device)
     amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
     shared = dict(
-        target_ptr=target, stride_tb=stride_tb, stride_tk=stride_tk,
-        cu_ptr=layout.cu_num_draft_tokens, temp_ptr=batch.temperature, **stats,
-        ent_ptr=ent, amax_val_ptr=amax_val, amax_idx_ptr=amax_idx,
-        K=K, V=V, num_rows=layout.num_rows, NB=NB,
-        RAGGED=layout.ragged, LOGITS=batch.temperature is not None, PRECISE=lc.precise_math(),
+        target_ptr=target,
+        stride_tb=stride_tb,
+        stride_tk=stride_tk,
+        cu_ptr=layout.cu_num_draft_tokens,
+        temp_ptr=batch.temperature,
+        **stats,
+        ent_ptr=ent,
+        amax_val_ptr=amax_val,
+        amax_idx_ptr=amax_idx,
+        K=K,
+        V=V,
+        num_rows=layout.num_rows,
+        NB=NB,
+        RAGGED=layout.ragged,
+        LOGITS=batch.temperature is not None,
+        PRECISE=lc.precise_math(),
     )
-    launches.append(lc.KernelLaunch(
-        tk.typical_partials_kernel, (B, K + 1, NB), dict(shared, chunk=split.chunk, BLOCK_V=split.block_v),
-        name="typical_partials",
-    ))
+    launches.append(
+        lc.KernelLaunch(
+            tk.typical_partials_kernel,
+            (B, K + 1, NB),
+            dict(shared, chunk=split.chunk, BLOCK_V=split.block_v),
+            name="typical_partials",
+        )
+    )
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
-    launches.append(lc.KernelLaunch(
-        tk.typical_finalize_kernel, (B,),
-        dict(
-            shared, ids_ptr=batch.draft_token_ids, stride_ib=stride_ib, stride_ik=stride_ik,
-            bonus_ptr=batch.bonus_token_ids, stride_bonus=batch.bonus_token_ids.stride(0),
-            lamax_val_ptr=lamax_val, lamax_idx_ptr=lamax_idx, out_ptr=out,
-            posterior_threshold=float(posterior_threshold), posterior_alpha=float(posterior_alpha),
-            BLOCK_K=block_k, BLOCK_NB=block_nb,
-        ),
-        num_warps=warps,
-        name="typical_finalize",
-    ))
+    launches.append(
+        lc.KernelLaunch(
+            tk.typical_finalize_kernel,
+            (B,),
+            dict(
+                shared,
+                ids_ptr=batch.draft_token_ids,
+                stride_ib=stride_ib,
+                stride_ik=stride_ik,
+                bonus_ptr=batch.bonus_token_ids,
+                stride_bonus=batch.bonus_token_ids.stride(0),
+                lamax_val_ptr=lamax_val,
+                lamax_idx_ptr=lamax_idx,
+                out_ptr=out,
+                # fp32 values: a Triton float argument is fp32, and the reference rounds alike
+                posterior_threshold=fp32_value(posterior_threshold),
+                posterior_alpha=fp32_value(posterior_alpha),
+                BLOCK_K=block_k,
+                BLOCK_NB=block_nb,
+            ),
+            num_warps=warps,
+            name="typical_finalize",
+        )
+    )
     return launches, out
 
 

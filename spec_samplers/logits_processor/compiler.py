@@ -161,7 +161,8 @@ def legalize_processors(processors: Sequence[LogitsProcessor], initial_type: Ten
             )
         if current == TensorType.INDICES:
             raise LegalizationError(
-                f"LogitsPipe: nothing may follow {previous}, which outputs INDICES (sampled tokens); found {name} at position {i}"
+                f"LogitsPipe: nothing may follow {previous}, which outputs INDICES (sampled tokens); "
+                f"found {name} at position {i}"
             )
         try:
             legal = list(processor.legalize(current))

@@ -31,7 +31,7 @@ METHOD_KEY = "acceptance_method"
 REPLACEABLE_VLLM_METHODS = ("standard",)
 #: what to say instead, for vLLM's modes that have a counterpart here
 _COUNTERPARTS = {
-    "block": "for block verification in both runners use {\"acceptance_method\": \"block_verification\"} "
+    "block": 'for block verification in both runners use {"acceptance_method": "block_verification"} '
     "with rejection_sample_method='standard'",
 }
 
@@ -65,12 +65,13 @@ class SamplerChoice:
 
 def _describe_options(cls: type) -> str:
     opts = sampler_options(cls)
-    return ", ".join(f"{k}={'required' if v is inspect.Parameter.empty else repr(v)}" for k, v in opts.items()) or "(none)"
+    return (
+        ", ".join(f"{k}={'required' if v is inspect.Parameter.empty else repr(v)}" for k, v in opts.items()) or "(none)"
+    )
 
 
 def _available() -> str:
     return ", ".join(available_samplers()) or "(none)"
-
 
 
 def parse_section(additional_config: object) -> SamplerChoice | None:

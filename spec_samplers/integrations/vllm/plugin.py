@@ -20,9 +20,10 @@ import logging
 import re
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 #: under "vllm" so that vLLM's log handler prints it
 logger = logging.getLogger("vllm.plugins.spec_samplers")
@@ -47,10 +48,18 @@ class Seam:
 
 
 SEAMS = (
-    Seam("v1", "vllm.v1.sample.rejection_sampler", "rejection_sample",
-         "spec_samplers.integrations.vllm.v1_runner:make_rejection_sample"),
-    Seam("v2", "vllm.v1.worker.gpu.spec_decode.rejection_sampler", "rejection_sample",
-         "spec_samplers.integrations.vllm.v2_runner:make_rejection_sample"),
+    Seam(
+        "v1",
+        "vllm.v1.sample.rejection_sampler",
+        "rejection_sample",
+        "spec_samplers.integrations.vllm.v1_runner:make_rejection_sample",
+    ),
+    Seam(
+        "v2",
+        "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
+        "rejection_sample",
+        "spec_samplers.integrations.vllm.v2_runner:make_rejection_sample",
+    ),
 )
 _SEAMS_BY_MODULE = {seam.module: seam for seam in SEAMS}
 #: the class, in each seam's module, whose construction tells us the configuration
@@ -79,7 +88,7 @@ def vllm_version() -> str | None:
 
 def version_supported(version: str | None) -> bool:
     match = re.match(r"(\d+)\.(\d+)", version or "")
-    return bool(match) and (int(match[1]), int(match[2])) in SUPPORTED_VLLM_MINOR_VERSIONS
+    return match is not None and (int(match[1]), int(match[2])) in SUPPORTED_VLLM_MINOR_VERSIONS
 
 
 def register() -> None:
@@ -93,7 +102,8 @@ def register() -> None:
         if not version_supported(version):
             logger.warning(
                 "spec_samplers: vLLM %s is not supported (supported: %s); vLLM's own rejection sampler stays",
-                version, SUPPORTED_VLLM_SPEC,
+                version,
+                SUPPORTED_VLLM_SPEC,
             )
             return
         for module_name in _SEAMS_BY_MODULE:
@@ -137,7 +147,7 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
                 hook(module)
 
         try:
-            loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+            loader.exec_module = exec_then_hook
         except (AttributeError, TypeError):  # a loader without instance attributes: stay out of the way
             logger.warning("spec_samplers: cannot observe %s (loader %r); the plugin stays inactive", fullname, loader)
         return spec

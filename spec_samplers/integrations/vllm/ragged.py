@@ -22,11 +22,13 @@ Everything is vectorised over the batch: no host synchronisation, no loop over r
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.layout import ragged_layout
+from spec_samplers.output import build_output, num_leading_accepted
 
 
 def ragged_positions(
@@ -79,7 +81,7 @@ def greedy_verify_ragged(
     return build_output(drafts, n, final)
 
 
-def _accepted_keywords(fn: object) -> set[str]:
+def _accepted_keywords(fn: Callable[..., Any]) -> set[str]:
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return {"seeds", "offsets", "is_greedy", "seeded_seqs"}
@@ -93,7 +95,8 @@ class RaggedVerifier:
         self.sampler = sampler
         ragged = getattr(sampler, "forward_ragged", None)
         self.uses_ragged_method = callable(ragged)
-        self._keywords = _accepted_keywords(ragged if self.uses_ragged_method else sampler.forward)
+        self._ragged: Callable[..., torch.Tensor] = ragged if callable(ragged) else sampler.forward
+        self._keywords = _accepted_keywords(self._ragged)
 
     def accepts(self, keyword: str) -> bool:
         """Whether the sampler's entry point takes ``keyword`` (seeds, offsets, is_greedy, seeded_seqs)."""
@@ -114,14 +117,19 @@ class RaggedVerifier:
         seeded_seqs: dict[int, torch.Generator] | None = None,  # row -> generator (V0 samplers)
     ) -> torch.Tensor:
         """Returns [B, K+1] int64, -1 padded."""
-        extra = {"seeds": seeds, "offsets": offsets, "is_greedy": is_greedy}
+        extra: dict[str, Any] = {"seeds": seeds, "offsets": offsets, "is_greedy": is_greedy}
         if seeds is None:  # seeds already drawn from the generators must not be drawn twice
             extra["seeded_seqs"] = seeded_seqs
         kwargs = {k: v for k, v in extra.items() if v is not None and k in self._keywords}
         if self.uses_ragged_method:
-            return self.sampler.forward_ragged(
-                target_probs, bonus_token_ids, draft_probs, draft_token_ids,
-                cu_num_draft_tokens, max_spec_len, **kwargs,
+            return self._ragged(
+                target_probs,
+                bonus_token_ids,
+                draft_probs,
+                draft_token_ids,
+                cu_num_draft_tokens,
+                max_spec_len,
+                **kwargs,
             )
         return self._padded_forward(
             target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, kwargs

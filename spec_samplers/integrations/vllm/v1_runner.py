@@ -13,7 +13,8 @@ the others draw from torch's default generator. Output [B, K+1] int32, -1 padded
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -50,22 +51,42 @@ def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Calla
         """Returns [B, max_spec_len + 1] int32, -1 padded (vLLM's PLACEHOLDER_TOKEN_ID)."""
         if synthetic_mode or fly_window_size is not None:
             # (0.32's function has no fly_* parameters: pass them only when FLy is on)
-            fly = {} if fly_window_size is None else dict(
-                fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
-                fly_entropy_top_k=fly_entropy_top_k,
+            fly = (
+                {}
+                if fly_window_size is None
+                else dict(
+                    fly_window_size=fly_window_size,
+                    fly_entropy_threshold=fly_entropy_threshold,
+                    fly_entropy_top_k=fly_entropy_top_k,
+                )
             )
             return vllm_rejection_sample(
-                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                target_logits, bonus_token_ids, sampling_metadata,
-                synthetic_mode=synthetic_mode, synthetic_conditional_rates=synthetic_conditional_rates,
-                use_fp64_gumbel=use_fp64_gumbel, **fly,
+                draft_token_ids,
+                num_draft_tokens,
+                max_spec_len,
+                cu_num_draft_tokens,
+                draft_probs,
+                target_logits,
+                bonus_token_ids,
+                sampling_metadata,
+                synthetic_mode=synthetic_mode,
+                synthetic_conditional_rates=synthetic_conditional_rates,
+                use_fp64_gumbel=use_fp64_gumbel,
+                **fly,
             )
         return verify(
-            verifier, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-            draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+            verifier,
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
         )
 
-    rejection_sample.__spec_samplers_sampler__ = sampler
+    rejection_sample.__spec_samplers_sampler__ = sampler  # type: ignore[attr-defined]
     return rejection_sample
 
 
@@ -97,9 +118,17 @@ def verify(
     seeds = row_seeds(batch_size, device, generators) if verifier.accepts("seeds") else None  # [B] int64
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # [T, V]
     out = verifier(
-        target_probs, bonus, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len,
-        seeds=seeds, is_greedy=is_greedy, seeded_seqs=generators,
+        target_probs,
+        bonus,
+        draft_probs,
+        draft_token_ids,
+        cu_num_draft_tokens,
+        max_spec_len,
+        seeds=seeds,
+        is_greedy=is_greedy,
+        seeded_seqs=generators,
     )
     if greedy is not None:
+        assert is_greedy is not None
         out = torch.where(is_greedy[:, None], greedy, out)
     return out.to(torch.int32)

@@ -33,7 +33,7 @@ reproduces; vocabularies of different size are cut to the smaller one, as vLLM d
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -42,7 +42,9 @@ from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 
 
-def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
+def make_rejection_sample(
+    sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+):
     """A drop-in for Model Runner V2's ``rejection_sample`` that verifies with ``sampler``.
 
     vLLM's synthetic mode, block verification, FLy (0.33) and watermarking are vLLM's own
@@ -78,23 +80,52 @@ def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Calla
         vllm_only = synthetic_conditional_rates is not None or use_block_verification or contexts is not None
         if vllm_only or fly_window_size > 0:
             # (0.32's function has no fly_* parameters: pass them only when FLy is on)
-            fly = {} if fly_window_size <= 0 else dict(
-                fly_window_size=fly_window_size, fly_entropy_threshold=fly_entropy_threshold,
-                fly_entropy_top_k=fly_entropy_top_k,
+            fly = (
+                {}
+                if fly_window_size <= 0
+                else dict(
+                    fly_window_size=fly_window_size,
+                    fly_entropy_threshold=fly_entropy_threshold,
+                    fly_entropy_top_k=fly_entropy_top_k,
+                )
             )
             return vllm_rejection_sample(
-                target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
-                expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
-                synthetic_conditional_rates, use_fp64=use_fp64, use_block_verification=use_block_verification,
-                contexts=contexts, watermarking=watermarking, watermarking_skip_mask=watermarking_skip_mask,
-                watermark_key=watermark_key, **fly,
+                target_logits,
+                draft_logits,
+                draft_sampled,
+                cu_num_logits,
+                pos,
+                idx_mapping,
+                expanded_idx_mapping,
+                expanded_local_pos,
+                temperature,
+                seed,
+                num_speculative_steps,
+                synthetic_conditional_rates,
+                use_fp64=use_fp64,
+                use_block_verification=use_block_verification,
+                contexts=contexts,
+                watermarking=watermarking,
+                watermarking_skip_mask=watermarking_skip_mask,
+                watermark_key=watermark_key,
+                **fly,
             )
         return verify(
-            verifier, target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
-            expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
+            verifier,
+            target_logits,
+            draft_logits,
+            draft_sampled,
+            cu_num_logits,
+            pos,
+            idx_mapping,
+            expanded_idx_mapping,
+            expanded_local_pos,
+            temperature,
+            seed,
+            num_speculative_steps,
         )
 
-    rejection_sample.__spec_samplers_sampler__ = sampler
+    rejection_sample.__spec_samplers_sampler__ = sampler  # type: ignore[attr-defined]
     return rejection_sample
 
 
@@ -155,12 +186,21 @@ def verify(
         rows_state = expanded_idx_mapping[draft_rows].to(torch.int64)  # [T]
         rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
         row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
-        draft_probs = (draft_logits[rows_state, rows_step, :vocab].to(torch.float32) / row_temp[:, None]).softmax(dim=-1)
+        draft_probs = (draft_logits[rows_state, rows_step, :vocab].to(torch.float32) / row_temp[:, None]).softmax(
+            dim=-1
+        )
         # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
         # from p: vLLM resamples it from q, and so do our samplers for any out-of-range draft id.
     out = verifier(
-        target_probs, bonus, draft_probs, draft_ids, cu_draft, num_speculative_steps,
-        seeds=seeds, offsets=offsets, is_greedy=is_greedy,
+        target_probs,
+        bonus,
+        draft_probs,
+        draft_ids,
+        cu_draft,
+        num_speculative_steps,
+        seeds=seeds,
+        offsets=offsets,
+        is_greedy=is_greedy,
     )
     out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
     num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1).to(torch.int32)  # [R]
