@@ -131,6 +131,8 @@ def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
             temperature=inp.temperature,
             **seeds,
         ),
+        "block": VerifyBatch.padded(inp.target, inp.bonus, inp.draft, inp.draft_ids, is_greedy=inp.is_greedy, **seeds),
+        "block_ragged": VerifyBatch.ragged(t, inp.bonus, d, ids, cu, k, is_greedy=inp.is_greedy, **seeds),
         "typical": VerifyBatch.padded(inp.target, inp.bonus, None, inp.draft_ids),
         "typical_logits": VerifyBatch.padded(
             inp.target_logits.to(inp.target.dtype), inp.bonus, None, inp.draft_ids, temperature=inp.temperature
@@ -140,9 +142,10 @@ def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
 
 def ops() -> tuple[dict[str, Callable[[VerifyBatch], torch.Tensor]], dict[str, Callable[[VerifyBatch], torch.Tensor]]]:
     """(kernel op, reference op) per batch name."""
+    from spec_samplers.kernels.block_launch import block_triton
     from spec_samplers.kernels.rejection_launch import rejection_triton
     from spec_samplers.kernels.typical_launch import typical_triton
-    from spec_samplers.reference import rejection_reference, typical_reference
+    from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 
     def typical_k(b: VerifyBatch) -> torch.Tensor:
         return typical_triton(b, 0.09, 0.3)
@@ -152,13 +155,24 @@ def ops() -> tuple[dict[str, Callable[[VerifyBatch], torch.Tensor]], dict[str, C
 
     kernel = {name: typical_k if name.startswith("typical") else rejection_triton for name in BATCH_NAMES}
     ref = {name: typical_r if name.startswith("typical") else rejection_reference for name in BATCH_NAMES}
+    for name in ("block", "block_ragged"):
+        kernel[name], ref[name] = block_triton, block_reference
     return kernel, ref
 
 
-BATCH_NAMES = ("rejection", "rejection_point_mass", "rejection_ragged", "rejection_logits", "typical", "typical_logits")
+BATCH_NAMES = (
+    "rejection",
+    "rejection_point_mass",
+    "rejection_ragged",
+    "rejection_logits",
+    "block",
+    "block_ragged",
+    "typical",
+    "typical_logits",
+)
 #: logits paths: the fused softmax may differ from torch.softmax in the last bit, so a near-tie can
 #: flip; differing rows are reported rather than required to be zero
-EXACT = ("rejection", "rejection_point_mass", "rejection_ragged", "typical")
+EXACT = ("rejection", "rejection_point_mass", "rejection_ragged", "block", "block_ragged", "typical")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,11 +388,7 @@ def _markdown(meta: dict, equality: list[dict], graphs: list[dict], timings: lis
         f"; copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s.",
         "",
     ]
-    bad = [
-        r
-        for r in equality
-        if not all(r[c] for c in ("rejection", "rejection_point_mass", "rejection_ragged", "typical"))
-    ]
+    bad = [r for r in equality if not all(r[c] for c in EXACT)]
     lines += [
         f"Equality (kernel == reference, torch.equal): {len(equality) - len(bad)}/{len(equality)} shapes equal "
         "on every probs path.",
@@ -416,6 +426,30 @@ def _markdown(meta: dict, equality: list[dict], graphs: list[dict], timings: lis
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------------------------
+# Sampling operations (spec_samplers.sampling): kernels vs reference at real sizes, and timings
+# next to FlashInfer when it imports (the CPU benchmarks skip both: they need CUDA)
+
+
+def check_sampling_ops(vocabs=VOCABS, batches=BATCHES) -> list[dict]:
+    from spec_samplers.bench.sampling_ops import check_backends_agree
+
+    rows = []
+    for V in vocabs:
+        for B in batches:
+            differing = check_backends_agree(torch.device(DEVICE), B, V)
+            rows.append({"V": V, "B": B, "ops_differing": differing})
+            print("sampling ops", rows[-1], flush=True)
+    return rows
+
+
+def sampling_timings(vocabs=VOCABS) -> dict:
+    """{"bandwidth_gbps", "entries"}: each op ours vs PyTorch's sort-based way vs FlashInfer."""
+    from spec_samplers.bench import sampling_ops
+
+    return sampling_ops.run(torch.device(DEVICE), batch_sizes=(1, 16, 128, 512), vocabs=tuple(vocabs), flashinfer=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
@@ -450,26 +484,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         shapes = dict(vocabs=args.vocabs[:1], batches=(1, 64), ks=(4,))
     equality = check_equality(**shapes)
+    sampling = check_sampling_ops(shapes["vocabs"], shapes["batches"])
     graphs = check_graphs()
+    sampling_t: dict = {}
     if args.skip_timing:
         timings, notes = [], ["timings skipped (--skip-timing)"]
     else:
         iters = dict(warm_iters=20, cold_iters=10) if args.quick else {}
         timings, notes = run_timings(bw, **shapes, **iters)
+        sampling_t = sampling_timings(shapes["vocabs"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "" if shapes["vocabs"] == list(VOCABS) else "_V" + "-".join(map(str, shapes["vocabs"]))
     stem = f"gpu_check_{meta['gpu'].replace(' ', '_')}_{meta['date'][:10]}{tag}"
     (out / f"{stem}.json").write_text(
-        json.dumps({"meta": meta, "equality": equality, "graphs": graphs, "timings": timings, "notes": notes}, indent=1)
+        json.dumps(
+            {
+                "meta": meta,
+                "equality": equality,
+                "sampling_ops": sampling,
+                "sampling_timings": sampling_t,
+                "graphs": graphs,
+                "timings": timings,
+                "notes": notes,
+            },
+            indent=1,
+        )
     )
     (out / f"{stem}.md").write_text(_markdown(meta, equality, graphs, timings, notes))
     print(f"wrote {out / stem}.json and .md")
-    failed = [
-        r
-        for r in equality
-        if not all(r[c] for c in ("rejection", "rejection_point_mass", "rejection_ragged", "typical"))
-    ]
+    failed = [r for r in equality if not all(r[c] for c in EXACT)]
+    failed += [r for r in sampling if r["ops_differing"]]
     failed += [g for g in graphs if not g["replays_equal"]]
     if failed:
         print(f"FAILED: {len(failed)} equality/graph checks", file=sys.stderr)
