@@ -45,6 +45,3 @@ class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)
     kernel_op = "spec_samplers.kernels.block_launch:block_triton"
-
-    def __init__(self, strict_mode: bool = False, backend: str = "auto"):
-        super().__init__(strict_mode=strict_mode, backend=backend)

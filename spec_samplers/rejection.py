@@ -39,15 +39,3 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
     lossless: ClassVar[bool] = True
     reference_op = staticmethod(rejection_reference)
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
-
-    def __init__(
-        self,
-        strict_mode: bool = False,
-        backend: str = "auto",
-        *,
-        check_values: bool = False,
-        use_flashinfer: bool | None = None,
-    ):
-        super().__init__(
-            strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer
-        )

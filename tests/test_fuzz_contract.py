@@ -29,7 +29,7 @@ import torch
 
 import spec_samplers.kernels.rejection_launch  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
 import spec_samplers.kernels.typical_launch  # noqa: F401
-from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
+from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
 from spec_samplers.torch_ops import clean_probs, probs_from_logits
 
 SEED = int(os.environ.get("FUZZ_SEED", "20260509"))
@@ -104,7 +104,7 @@ def poison_floats(t: torch.Tensor, rng: random.Random, logits: bool) -> torch.Te
 
 
 def make_case(rng: random.Random, gen: torch.Generator) -> dict:
-    sampler = rng.choice(["rejection", "typical"])
+    sampler = rng.choice(["rejection", "typical", "block"])
     entry = rng.choice(ENTRIES)
     ragged, logits = "ragged" in entry, "logits" in entry
     B, K, V = rng.randint(0, 3), rng.randint(0, 3), rng.choice([1, 2, 5, 17, 40])
@@ -164,7 +164,7 @@ def make_case(rng: random.Random, gen: torch.Generator) -> dict:
     if logits:
         temps = [rng.choice([0.0, 0.5, 1.0, 2.0, INF, 1e-38, -1.0, NAN, 1.0]) for _ in range(B)]
         args.append(bend(expand_rows(torch.tensor(temps, dtype=torch.float32), rng), rng))
-    if sampler == "rejection":
+    if sampler in ("rejection", "block"):
         kwargs["seeds"] = bend(expand_rows(torch.randint(-(2**62), 2**62, (B,), generator=gen), rng), rng)
         if rng.random() < 0.5:
             kwargs["offsets"] = bend(torch.randint(0, 2**40, (B,), generator=gen), rng)
@@ -187,7 +187,9 @@ def make_case(rng: random.Random, gen: torch.Generator) -> dict:
 
 
 def run(case: dict, backend: str) -> torch.Tensor | Exception:
-    cls = RejectionSampler if case["sampler"] == "rejection" else TypicalAcceptanceSampler
+    cls = {"rejection": RejectionSampler, "typical": TypicalAcceptanceSampler, "block": BlockVerificationSampler}[
+        case["sampler"]
+    ]
     sampler = cls(backend=backend, **case["options"])
     try:
         return getattr(sampler, case["entry"])(*case["args"], **case["kwargs"])
