@@ -76,24 +76,36 @@ def batches():
             )
 
 
+def arg_type(value, path, consts):
+    """Signature type of one argument at ``path`` (tuples nest; None entries become constexprs)."""
+    if isinstance(value, tuple):
+        return tuple(arg_type(v, path + (k,), consts) for k, v in enumerate(value))
+    if value is None:
+        consts[path] = None
+        return "constexpr"
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, float):
+        return "fp32"
+    if isinstance(value, int):
+        return "i64" if abs(value) >= 2**31 else "i32"
+    raise TypeError(f"{path}: {type(value)}")
+
+
 def signature(kernel, args):
     fn = getattr(kernel, "fn", kernel)
     names = kernel.arg_names
     constexpr_index = set(kernel.constexprs)
     sig, consts = {}, {}
     for i, name in enumerate(names):
-        value = args[name]
-        if i in constexpr_index or value is None:
+        if i in constexpr_index:
             sig[name] = "constexpr"
-            consts[(i,)] = value
-        elif isinstance(value, torch.Tensor):
-            sig[name] = "*" + TYPES[value.dtype]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        elif isinstance(value, int):
-            sig[name] = "i64" if abs(value) >= 2**31 else "i32"
+            consts[(i,)] = args[name]
         else:
-            raise TypeError(f"{fn.__name__}.{name}: {type(value)}")
+            try:
+                sig[name] = arg_type(args[name], (i,), consts)
+            except TypeError as e:
+                raise TypeError(f"{fn.__name__}.{name}: {e}") from None
     return sig, consts
 
 

@@ -86,6 +86,9 @@ def test_launch_arguments_are_keywords_and_absent_tensors_are_none():
     by_name = {launch.name: launch for launch in launches}
     assert set(by_name) == {"residual_partials", "finalize"}  # no greedy rows: no argmax pass
     args = by_name["finalize"].args
-    assert args["draft_ptr"] is None and args["offset_ptr"] is None and args["greedy_ptr"] is None
-    assert args["temp_ptr"] is None and args["amax_val_ptr"] is None and args["cu_ptr"] is None
-    assert not args["HAS_DRAFT"] and not args["HAS_OFFSETS"] and not args["HAS_GREEDY"]
+    # tuple arguments (spec_samplers.kernels.verify_kernels): the kernels' flags (HAS_DRAFT,
+    # HAS_OFFSETS, HAS_GREEDY, LOGITS, RAGGED) are these None entries, specialised as constexprs
+    (target, draft, _), req, parts = args["seqs"], args["req"], args["parts"]
+    cu_ptr, _, offset_ptr, temp_ptr, greedy_ptr, _, _ = req
+    assert draft == (None, 0, 0, None) and offset_ptr is None and greedy_ptr is None
+    assert temp_ptr is None and parts[6:] == (None, None) and cu_ptr is None and target[3] is None

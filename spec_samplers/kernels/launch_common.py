@@ -40,6 +40,13 @@ def run_all(launches: list[KernelLaunch]) -> None:
         launch.run()
 
 
+def run_planned(plan: tuple[list[KernelLaunch], torch.Tensor]) -> torch.Tensor:
+    """Run a launcher's planned launches; returns the output they fill."""
+    launches, out = plan
+    run_all(launches)
+    return out
+
+
 def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
     """Kernels step through the vocabulary with unit stride; other layouts are copied once."""
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
@@ -51,6 +58,22 @@ def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
     if t is None:
         return 0, 0
     return t.stride(0), 0 if layout.ragged else t.stride(1)
+
+
+def rows(
+    layout: RowLayout, t: torch.Tensor | None, stats: torch.Tensor | None = None
+) -> tuple[torch.Tensor | None, int, int, torch.Tensor | None]:
+    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr) of a padded [B, K(+1), ...] or
+    ragged [T, ...] tensor with its [B, K+1, 3] row statistics (:func:`plan_softmax_stats`; None
+    for probabilities), all None for an absent tensor."""
+    if t is None:
+        return None, 0, 0, None
+    return (t, *row_strides(layout, t), stats)
+
+
+def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """One uninitialised partials tensor of ``shape`` per dtype (the kernels write what they read)."""
+    return tuple(torch.empty(shape, dtype=dtype, device=device) for dtype in dtypes)
 
 
 def precise_math() -> bool:

@@ -1,0 +1,84 @@
+"""The launch plan shared by rejection sampling and block verification: the same inputs, the
+same tuple arguments (:mod:`spec_samplers.kernels.verify_kernels`), a partials kernel over the
+vocabulary and a per-request finalize kernel; they differ in their kernels and in whether the
+vocabulary partials are per request or per (request, position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spec_samplers.kernels import launch_common as lc
+from spec_samplers.kernels import rejection_kernels as rk
+from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
+from spec_samplers.layout import VerifyBatch
+
+
+@dataclass(frozen=True)
+class VerifyKernels:
+    """What one verification method launches."""
+
+    method: str  # for messages
+    partials: Any  # triton JITFunction: (seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K, BLOCK_V, PRECISE)
+    finalize: Any  # triton JITFunction: (seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K, BLOCK_NB, PRECISE)
+    names: tuple[str, str]  # launch names of partials and finalize
+    #: partials per (request, position), grid (B, K+1, NB), each program seeing positions 0..K;
+    #: else per request, grid (B, NB), each program seeing the K draft positions
+    per_position: bool
+    options: dict[str, Any] = field(default_factory=dict)  # compile options of both launches
+
+
+def plan_verify(
+    batch: VerifyBatch, split: VocabSplit | None, kernels: VerifyKernels
+) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
+    """The launches of one call and the [B, K+1] int64 output they fill."""
+    layout = batch.layout
+    B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
+    device = batch.target.device
+    out = torch.empty((B, K + 1), dtype=torch.int64, device=device)
+    if B == 0:
+        return [], out
+    assert batch.seeds is not None, f"{kernels.method} needs per-request seeds"
+    split = split if split is not None else vocab_split(V, B, device)
+    NB = split.num_blocks
+    target = lc.vocab_contiguous(batch.target)
+    draft = None if batch.draft is None else lc.vocab_contiguous(batch.draft)
+    is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
+    launches: list[lc.KernelLaunch] = []
+    stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
+    amax: tuple[torch.Tensor | None, ...] = (None, None)
+    if batch.temperature is not None:
+        softmax, amax_val, amax_idx, stats = lc.plan_softmax_stats(layout, target, draft, batch.temperature, split)
+        launches += softmax
+        amax = (amax_val, amax_idx)
+    elif is_greedy is not None:
+        amax = lc.partials(device, (B, K + 1, NB), torch.float32, torch.int32)
+    seqs = (
+        lc.rows(layout, target, stats["t_stats_ptr"]),
+        lc.rows(layout, draft, stats["d_stats_ptr"]),
+        lc.rows(layout, batch.draft_token_ids)[:3],
+    )
+    bonus = batch.bonus_token_ids
+    req = (layout.cu_num_draft_tokens, batch.seeds, batch.offsets, batch.temperature, is_greedy, bonus, bonus.stride(0))
+    # (mass, residual race key and index, q race key and index, q max) partials, then the greedy argmax partials; the
+    # partials kernel's grid is their shape
+    shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
+    f32, i32 = torch.float32, torch.int32
+    parts = lc.partials(device, shape, f32, f32, i32, f32, i32, f32) + amax
+    dims = dict(K=K, V=V, num_rows=layout.num_rows, NB=NB)
+    if batch.temperature is None and is_greedy is not None:
+        args = dict(target=seqs[0], req=req, parts=parts, **dims, chunk=split.chunk, BLOCK_V=split.block_v)
+        launches.append(lc.KernelLaunch(rk.argmax_partials_kernel, (B, K + 1, NB), args, name="argmax_partials"))
+    shared = dict(seqs=seqs, req=req, parts=parts, **dims, PRECISE=lc.precise_math())
+    positions = K + 1 if kernels.per_position else max(K, 1)
+    args = dict(shared, chunk=split.chunk, BLOCK_K=triton_next_pow2(positions), BLOCK_V=split.block_v)
+    launches.append(
+        lc.KernelLaunch(kernels.partials, shape, args, name=kernels.names[0], options=dict(kernels.options))
+    )
+    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    args = dict(shared, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb)
+    launches.append(lc.KernelLaunch(kernels.finalize, (B,), args, warps, kernels.names[1], dict(kernels.options)))
+    return launches, out
