@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from spec_samplers.kernels import softmax_kernels as sk
-from spec_samplers.kernels.backend import VocabSplit, combine_blocks, interpreting
-from spec_samplers.layout import RowLayout
+from spec_samplers.kernels.backend import VocabSplit, combine_blocks, interpreting, vocab_split
+from spec_samplers.layout import RowLayout, VerifyBatch
 
 
 @dataclass
@@ -98,73 +98,70 @@ def plan_softmax_stats(
     B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
     device = target.device
     has_draft = draft is not None
-
-    def f32(shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.float32, device=device)
-
-    t_m, t_s, amax_val = f32((B, K + 1, NB)), f32((B, K + 1, NB)), f32((B, K + 1, NB))
-    d_m, d_s = (f32((B, K + 1, NB)), f32((B, K + 1, NB))) if has_draft else (None, None)
-    amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
-    stats: dict[str, torch.Tensor | None] = {
-        "t_stats_ptr": f32((B, K + 1, 3)),
-        "d_stats_ptr": f32((B, K + 1, 3)) if has_draft else None,
-    }
-    stride_tb, stride_tk = row_strides(layout, target)
-    stride_db, stride_dk = row_strides(layout, draft)
+    grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
+    t_part, amax = (
+        partials(device, grid, torch.float32, torch.float32),
+        partials(device, grid, torch.float32, torch.int32),
+    )
+    d_part = partials(device, grid, torch.float32, torch.float32) if has_draft else (None, None)
+    # (max, sum) partials of target and draft rows, then the (max, argmax) of the target logits
+    parts = t_part + d_part + amax
+    stats = (
+        torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
+        torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
+    )
+    req = (layout.cu_num_draft_tokens, temperature)
+    dims = dict(K=K, num_rows=layout.num_rows, NB=NB, PRECISE=precise_math())
+    args = dict(
+        target=rows(layout, target)[:3], draft=rows(layout, draft)[:3], req=req, parts=parts, V=layout.vocab_size
+    )
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
     launches = [
         KernelLaunch(
             sk.softmax_partials_kernel,
-            (B, K + 1, NB),
-            dict(
-                target_ptr=target,
-                stride_tb=stride_tb,
-                stride_tk=stride_tk,
-                draft_ptr=draft,
-                stride_db=stride_db,
-                stride_dk=stride_dk,
-                cu_ptr=layout.cu_num_draft_tokens,
-                temp_ptr=temperature,
-                t_m_ptr=t_m,
-                t_s_ptr=t_s,
-                d_m_ptr=d_m,
-                d_s_ptr=d_s,
-                amax_val_ptr=amax_val,
-                amax_idx_ptr=amax_idx,
-                K=K,
-                V=layout.vocab_size,
-                num_rows=layout.num_rows,
-                chunk=split.chunk,
-                NB=NB,
-                RAGGED=layout.ragged,
-                HAS_DRAFT=has_draft,
-                BLOCK_V=split.block_v,
-                PRECISE=precise_math(),
-            ),
+            grid,
+            dict(args, **dims, chunk=split.chunk, BLOCK_V=split.block_v),
             name="softmax_partials",
         ),
         KernelLaunch(
             sk.softmax_combine_kernel,
             (B,),
-            dict(
-                cu_ptr=layout.cu_num_draft_tokens,
-                temp_ptr=temperature,
-                t_m_ptr=t_m,
-                t_s_ptr=t_s,
-                d_m_ptr=d_m,
-                d_s_ptr=d_s,
-                **stats,
-                K=K,
-                num_rows=layout.num_rows,
-                NB=NB,
-                RAGGED=layout.ragged,
-                HAS_DRAFT=has_draft,
-                BLOCK_K=block_k,
-                BLOCK_NB=block_nb,
-                PRECISE=precise_math(),
-            ),
+            dict(req=req, parts=parts, stats=stats, **dims, BLOCK_K=block_k, BLOCK_NB=block_nb),
             num_warps=warps,
             name="softmax_combine",
         ),
     ]
-    return launches, amax_val, amax_idx, stats
+    return launches, amax[0], amax[1], dict(t_stats_ptr=stats[0], d_stats_ptr=stats[1])
+
+
+@dataclass
+class PlanStart:
+    """What every verification launcher starts from (:func:`plan_start`)."""
+
+    out: torch.Tensor  # [B, K+1] int64, what the launches fill
+    split: VocabSplit | None  # None for an empty batch: nothing to launch
+    target: torch.Tensor  # vocab-contiguous
+    draft: torch.Tensor | None  # vocab-contiguous
+    launches: list[KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
+    stats: dict[str, torch.Tensor | None]  # t_stats_ptr, d_stats_ptr (None for probabilities)
+    amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
+
+
+def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor | None) -> PlanStart:
+    """The output, the vocabulary split and, for logits inputs, the fused-softmax statistics of
+    the target and ``draft`` rows (a launcher passes None for a draft it does not read)."""
+    layout = batch.layout
+    B, V, device = layout.batch_size, layout.vocab_size, batch.target.device
+    out = torch.empty((B, layout.max_drafts + 1), dtype=torch.int64, device=device)
+    target = vocab_contiguous(batch.target)
+    draft = None if draft is None else vocab_contiguous(draft)
+    start = PlanStart(out, None, target, draft, [], dict(t_stats_ptr=None, d_stats_ptr=None), (None, None))
+    if B == 0:
+        return start
+    start.split = split if split is not None else vocab_split(V, B, device)
+    if batch.temperature is not None:
+        start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
+            layout, target, draft, batch.temperature, start.split
+        )
+        start.amax = (amax_val, amax_idx)
+    return start

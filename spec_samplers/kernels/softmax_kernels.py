@@ -51,51 +51,34 @@ def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.con
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(
-    target_ptr,
-    stride_tb,
-    stride_tk,
-    draft_ptr,
-    stride_db,
-    stride_dk,
-    cu_ptr,
-    temp_ptr,  # [B], [B] fp32
-    t_m_ptr,
-    t_s_ptr,
-    d_m_ptr,
-    d_s_ptr,
-    amax_val_ptr,
-    amax_idx_ptr,  # [B, K+1, NB]
-    K,
-    V,
-    num_rows,
-    chunk,
-    NB,
-    RAGGED: tl.constexpr,
-    HAS_DRAFT: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    PRECISE: tl.constexpr,
+    target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
 ):
+    """``target``, ``draft``: (ptr, stride_b, stride_k) of the logits rows (draft all None
+    without a draft); ``req`` = (cu_ptr, temp_ptr): [B] ragged counts (None padded), [B] T;
+    ``parts`` = (target max, target sum, draft max, draft sum, logit max, logit argmax),
+    [B, K+1, NB] fp32 (int32 argmax)."""
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
-    temp = effective_temperature(temp_ptr, b)
+    RAGGED: tl.constexpr = req[0] is not None
+    start, n = request_span(req[0], b, K, num_rows, RAGGED)
+    temp = effective_temperature(req[1], b)
     lo = blk * chunk
     hi = tl.minimum(lo + chunk, V)
     slot = (b * (K + 1) + i) * NB + blk
-    t_off, t_ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
+    t_off, t_ok = row_offset(b, i, start, n, num_rows, target[1], target[2], RAGGED)
     if t_ok:
-        m, s, best, best_idx = _row_partials(target_ptr, t_off, lo, hi, temp, BLOCK_V, PRECISE)
-        tl.store(t_m_ptr + slot, m)
-        tl.store(t_s_ptr + slot, s)
-        tl.store(amax_val_ptr + slot, best)
-        tl.store(amax_idx_ptr + slot, best_idx.to(tl.int32))
-    if HAS_DRAFT:
-        d_off, d_ok = row_offset(b, i, start, n, num_rows, stride_db, stride_dk, RAGGED)
+        m, s, best, best_idx = _row_partials(target[0], t_off, lo, hi, temp, BLOCK_V, PRECISE)
+        tl.store(parts[0] + slot, m)
+        tl.store(parts[1] + slot, s)
+        tl.store(parts[4] + slot, best)
+        tl.store(parts[5] + slot, best_idx.to(tl.int32))
+    if draft[0] is not None:
+        d_off, d_ok = row_offset(b, i, start, n, num_rows, draft[1], draft[2], RAGGED)
         if d_ok & (i < n):
-            m, s, _, _ = _row_partials(draft_ptr, d_off, lo, hi, temp, BLOCK_V, PRECISE)
-            tl.store(d_m_ptr + slot, m)
-            tl.store(d_s_ptr + slot, s)
+            m, s, _, _ = _row_partials(draft[0], d_off, lo, hi, temp, BLOCK_V, PRECISE)
+            tl.store(parts[2] + slot, m)
+            tl.store(parts[3] + slot, s)
 
 
 @triton.jit
@@ -112,38 +95,25 @@ def _combine(m_ptr, s_ptr, stats_ptr, b, K, pos, slots, mask, temp, PRECISE: tl.
     tl.store(row + 2, tl.zeros_like(row_max), mask=pos <= K)  # no truncation: keep every entry
 
 
-# num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
-# unspecialised so that a new batch size reuses the compiled variant.
+# num_rows (T) and NB follow the batch size: left unspecialised (as above).
 @triton.jit(do_not_specialize=["num_rows", "NB"])
 def softmax_combine_kernel(
-    cu_ptr,
-    temp_ptr,  # [B] ragged counts, [B] T
-    t_m_ptr,
-    t_s_ptr,
-    d_m_ptr,
-    d_s_ptr,  # [B, K+1, NB] partials
-    t_stats_ptr,
-    d_stats_ptr,  # [B, K+1, 3] per-row (max, sum, cut)
-    K,
-    num_rows,
-    NB,
-    RAGGED: tl.constexpr,
-    HAS_DRAFT: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_NB: tl.constexpr,
-    PRECISE: tl.constexpr,
+    req, parts, stats, K, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
 ):
+    """``req``, ``parts`` as softmax_partials_kernel's; writes ``stats`` = (target, draft)
+    [B, K+1, 3] per-row (max, sum, cut) (draft None without a draft)."""
     b = tl.program_id(0)
-    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
-    temp = effective_temperature(temp_ptr, b)
+    RAGGED: tl.constexpr = req[0] is not None
+    start, n = request_span(req[0], b, K, num_rows, RAGGED)
+    temp = effective_temperature(req[1], b)
     pos = tl.arange(0, BLOCK_K)
     blocks = tl.arange(0, BLOCK_NB)
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
     _, t_ok = row_offset(b, pos, start, n, num_rows, 0, 0, RAGGED)
     t_ok = t_ok & (pos <= K)
     mask = t_ok[:, None] & (blocks < NB)[None, :]
-    _combine(t_m_ptr, t_s_ptr, t_stats_ptr, b, K, pos, slots, mask, temp, PRECISE)
-    if HAS_DRAFT:
+    _combine(parts[0], parts[1], stats[0], b, K, pos, slots, mask, temp, PRECISE)
+    if stats[1] is not None:
         d_ok = t_ok & (pos < n)
         mask = d_ok[:, None] & (blocks < NB)[None, :]
-        _combine(d_m_ptr, d_s_ptr, d_stats_ptr, b, K, pos, slots, mask, temp, PRECISE)
+        _combine(parts[2], parts[3], stats[1], b, K, pos, slots, mask, temp, PRECISE)

@@ -41,11 +41,13 @@ _RACE_SCALE = tl.constexpr(RACE_SCALE)
 @triton.jit
 def open_request(req, K, V, num_rows):
     """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, T,
-    K, V, num_rows); offset 0 and T = 1 when not given."""
+    K, V, num_rows); seed and offset 0 and T = 1 when not given."""
     cu_ptr, seed_ptr, offset_ptr, temp_ptr = req[0], req[1], req[2], req[3]
     b = tl.program_id(0)
     start, n = kc.request_span(cu_ptr, b, K, num_rows, cu_ptr is not None)
-    seed = tl.load(seed_ptr + b).to(tl.int64)
+    seed = b.to(tl.int64) * 0
+    if seed_ptr is not None:
+        seed = tl.load(seed_ptr + b).to(tl.int64)
     offset = seed * 0
     if offset_ptr is not None:
         offset = tl.load(offset_ptr + b).to(tl.int64)

@@ -13,7 +13,7 @@ import torch
 
 from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
-from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
+from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2
 from spec_samplers.layout import VerifyBatch
 
 
@@ -37,34 +37,24 @@ def plan_verify(
     """The launches of one call and the [B, K+1] int64 output they fill."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-    device = batch.target.device
-    out = torch.empty((B, K + 1), dtype=torch.int64, device=device)
-    if B == 0:
+    start = lc.plan_start(batch, split, batch.draft)
+    out, split, launches, stats, amax = start.out, start.split, start.launches, start.stats, start.amax
+    if split is None:
         return [], out
     assert batch.seeds is not None, f"{kernels.method} needs per-request seeds"
-    split = split if split is not None else vocab_split(V, B, device)
-    NB = split.num_blocks
-    target = lc.vocab_contiguous(batch.target)
-    draft = None if batch.draft is None else lc.vocab_contiguous(batch.draft)
+    NB, device = split.num_blocks, out.device
     is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
-    launches: list[lc.KernelLaunch] = []
-    stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
-    amax: tuple[torch.Tensor | None, ...] = (None, None)
-    if batch.temperature is not None:
-        softmax, amax_val, amax_idx, stats = lc.plan_softmax_stats(layout, target, draft, batch.temperature, split)
-        launches += softmax
-        amax = (amax_val, amax_idx)
-    elif is_greedy is not None:
+    if batch.temperature is None and is_greedy is not None:
         amax = lc.partials(device, (B, K + 1, NB), torch.float32, torch.int32)
     seqs = (
-        lc.rows(layout, target, stats["t_stats_ptr"]),
-        lc.rows(layout, draft, stats["d_stats_ptr"]),
+        lc.rows(layout, start.target, stats["t_stats_ptr"]),
+        lc.rows(layout, start.draft, stats["d_stats_ptr"]),
         lc.rows(layout, batch.draft_token_ids)[:3],
     )
     bonus = batch.bonus_token_ids
     req = (layout.cu_num_draft_tokens, batch.seeds, batch.offsets, batch.temperature, is_greedy, bonus, bonus.stride(0))
-    # (mass, residual race key and index, q race key and index, q max) partials, then the greedy argmax partials; the
-    # partials kernel's grid is their shape
+    # (mass, residual race key and index, q race key and index, q max) partials, then the greedy
+    # argmax partials; the partials kernel's grid is their shape
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
     f32, i32 = torch.float32, torch.int32
     parts = lc.partials(device, shape, f32, f32, i32, f32, i32, f32) + amax
