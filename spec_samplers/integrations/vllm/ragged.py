@@ -119,7 +119,7 @@ class RaggedVerifier:
         offsets: torch.Tensor | None = None,  # [B] int64
     ) -> torch.Tensor:
         """Returns [B, K+1] int64, -1 padded (requires :attr:`has_logits_entry`)."""
-        fn = self.sampler.forward_ragged_from_logits
+        fn: Callable[..., torch.Tensor] = self.sampler.forward_ragged_from_logits  # type: ignore[assignment]
         keywords = _accepted_keywords(fn)
         extra = {k: v for k, v in (("seeds", seeds), ("offsets", offsets)) if v is not None and k in keywords}
         return fn(
