@@ -13,6 +13,8 @@ engine whose batch size changes every step compiles a bounded set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from spec_samplers.kernels import sampling_kernels as sk
@@ -269,7 +271,7 @@ def _rowwise(
     x: torch.Tensor,  # [B, V] fp32/fp16/bf16
     out_dtype: torch.dtype,
     split: VocabSplit | None,
-    thresholds: dict[str, object] | None,
+    thresholds: Mapping[str, object] | None,
     **args: object,
 ) -> torch.Tensor:
     """[B, V] ``out_dtype``: one elementwise kernel over every row of ``x``, grid (B, NB), after
