@@ -524,7 +524,8 @@ def _markdown(
         ]
         lines += [
             f"| {r['V']} | {r['B']} | {r['k']} | {r['fused_warm_us']:.1f} | {r['fused_cold_us']:.1f} | "
-            f"{r['process_then_verify_warm_us']:.1f} | {r['process_then_verify_cold_us']:.1f} | {r['speedup_cold']:.2f} |"
+            f"{r['process_then_verify_warm_us']:.1f} | {r['process_then_verify_cold_us']:.1f} | "
+            f"{r['speedup_cold']:.2f} |"
             for r in fused
         ]
     if notes:
