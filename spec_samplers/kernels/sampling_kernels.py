@@ -373,8 +373,9 @@ def search_kernel(
         tl.store(mass_ptr + b, m_lo)
 
 
-# R (rows of the input) follows the batch size: not specialised (bounded variants).
-@triton.jit(do_not_specialize=["R", "num_rows"])
+# num_rows (T) follows the batch size, which changes every engine step: not specialised, so a new
+# batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows"])
 def filter_cut_kernel(
     x_ptr,
     stride_b,
