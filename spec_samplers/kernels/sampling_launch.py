@@ -22,6 +22,26 @@ from spec_samplers.kernels.backend import VocabSplit, vocab_split
 from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
 
 
+def _rows(x: torch.Tensor, rows: torch.Tensor) -> dict[str, object]:
+    """Kernel arguments addressing output row b's input row ``rows[b]`` of ``x`` [R, V]."""
+    return dict(x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, R=x.shape[0], V=x.shape[1])
+
+
+def _blocks(split: VocabSplit) -> dict[str, object]:
+    """Kernel arguments of the (B, NB) vocabulary split."""
+    return dict(chunk=split.chunk, NB=split.num_blocks, BLOCK_V=split.block_v)
+
+
+def _run_over_rows(
+    kernel: object, name: str, x: torch.Tensor, rows: torch.Tensor, split: VocabSplit, logits: bool, **args: object
+) -> None:
+    """One (B, NB) launch over the vocabulary blocks of each output row's input row."""
+    grid = (rows.shape[0], split.num_blocks)
+    KernelLaunch(
+        kernel, grid, dict(_rows(x, rows), **_blocks(split), LOGITS=logits, PRECISE=precise_math(), **args), name=name
+    ).run()
+
+
 def _row_stats(
     x: torch.Tensor,  # [R, V], vocab stride 1
     rows: torch.Tensor,  # [B] int64
@@ -38,29 +58,20 @@ def _row_stats(
     softmax = temperature is not None
     psum = torch.empty((B, NB), dtype=torch.float32, device=x.device) if softmax else None
     pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
-    KernelLaunch(
+    _run_over_rows(
         sk.stats_kernel,
-        (B, NB),
-        dict(
-            x_ptr=x,
-            stride_r=x.stride(0),
-            rows_ptr=rows,
-            temp_ptr=temperature,
-            max_ptr=pmax,
-            min_ptr=pmin,
-            sum_ptr=psum,
-            amax_ptr=pidx,
-            R=x.shape[0],
-            V=x.shape[1],
-            chunk=split.chunk,
-            NB=NB,
-            LOGITS=logits,
-            SOFTMAX=softmax,
-            BLOCK_V=split.block_v,
-            PRECISE=precise_math(),
-        ),
-        name="stats",
-    ).run()
+        "stats",
+        x,
+        rows,
+        split,
+        logits,
+        temp_ptr=temperature,
+        max_ptr=pmax,
+        min_ptr=pmin,
+        sum_ptr=psum,
+        amax_ptr=pidx,
+        SOFTMAX=softmax,
+    )
     row_max = pmax.amax(dim=1)
     row_min = pmin.amin(dim=1)
     if not softmax:
@@ -94,17 +105,13 @@ def _search(
         sk.search_kernel,
         (B,),
         dict(
-            x_ptr=x,
-            stride_r=x.stride(0),
-            rows_ptr=rows,
+            **_rows(x, rows),
             max_ptr=row_max,
             lo_ptr=lo,
             hi_ptr=hi,
             mass_ptr=mass,
             k_ptr=top_k,
             p_ptr=top_p,
-            R=x.shape[0],
-            V=x.shape[1],
             MODE=mode,
             LOGITS=logits,
             TRACK_MASS=track_mass,
@@ -182,29 +189,21 @@ def sample_triton(
     NB = split.num_blocks
     pkey = torch.empty((B, NB), dtype=torch.float32, device=device)
     pidx = torch.empty((B, NB), dtype=torch.int32, device=device)
-    KernelLaunch(
+    seeds, offsets = seeds.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+    _run_over_rows(
         sk.race_kernel,
-        (B, NB),
-        dict(
-            x_ptr=x,
-            stride_r=x.stride(0),
-            rows_ptr=rows,
-            max_ptr=row_max,
-            tau_ptr=tau,
-            seed_ptr=seeds.to(torch.int64).contiguous(),
-            offset_ptr=offsets.to(torch.int64).contiguous(),
-            key_ptr=pkey,
-            idx_ptr=pidx,
-            R=R,
-            V=V,
-            chunk=split.chunk,
-            NB=NB,
-            LOGITS=logits,
-            BLOCK_V=split.block_v,
-            PRECISE=precise_math(),
-        ),
-        name="race",
-    ).run()
+        "race",
+        x,
+        rows,
+        split,
+        logits,
+        max_ptr=row_max,
+        tau_ptr=tau,
+        seed_ptr=seeds,
+        offset_ptr=offsets,
+        key_ptr=pkey,
+        idx_ptr=pidx,
+    )
     tokens = pidx.gather(1, torch.argmax(pkey, dim=1, keepdim=True))[:, 0].to(torch.int64)
     valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
     return torch.where(valid, tokens, -1), valid
