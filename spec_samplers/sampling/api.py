@@ -65,17 +65,23 @@ def _operation(params: tuple[str, ...], returns: str = "torch.Tensor") -> Callab
     ``run.__name__(*params, *, backend)``, which binds its arguments as a function with that
     signature would (``inspect.signature`` shows it) and gives them to ``run``."""
     signature = inspect.Signature([*(PARAMETERS[p] for p in params), BACKEND], return_annotation=returns)
+    names = frozenset(signature.parameters)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty}
 
     def decorate(run: Run[R]) -> Callable[..., R]:
         name = run.__name__
 
         def operation(*args: Any, **kwargs: Any) -> R:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise TypeError(f"{name}(): {exc}") from None
-            bound.apply_defaults()
-            return run(bound.arguments)
+            # a dict per call instead of signature.bind (several times slower: these ops sit in
+            # decoding loops); any irregular call goes to signature.bind for Python's TypeError
+            positional = dict(zip(params, args))
+            bound = {**defaults, **positional, **kwargs}
+            if len(args) > len(params) or not positional.keys().isdisjoint(kwargs) or bound.keys() != names:
+                try:
+                    signature.bind(*args, **kwargs)
+                except TypeError as exc:
+                    raise TypeError(f"{name}(): {exc}") from None
+            return run(bound)
 
         operation.__name__ = operation.__qualname__ = name
         operation.__doc__ = run.__doc__
