@@ -87,6 +87,18 @@ def _process_sampling_params(
     return process(target_logits, K + 1), draft, params.is_greedy
 
 
+def _sampling_filters(
+    sampling_params: SamplingParams | Sequence[SamplingParams], batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(temperature [B] fp32, 0 on greedy requests; {top_k, top_p, min_p} [B] each, or {} when no
+    request filters): what a sampler that applies the filters itself reads from a VerifyBatch."""
+    params = sampling_tensors(sampling_params, batch_size, device)
+    temperature = torch.where(params.is_greedy, 0.0, params.temperature)
+    if not (params.any_min_p or params.any_top_k or params.any_top_p):
+        return temperature, {}
+    return temperature, dict(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+
+
 class SpecDecodeBaseSampler(torch.nn.Module):
     """Base of every verification sampler.
 
@@ -113,10 +125,14 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     * ``reference_op``: the PyTorch reference, ``fn(batch: VerifyBatch, **op_options) -> [B, K+1]``;
     * ``kernel_op``: ``"module:function"`` of the kernel launcher with the same signature,
       imported only when the Triton backend runs (None: the reference runs everywhere);
-    * :meth:`op_options`: the keyword options both receive.
+    * :meth:`op_options`: the keyword options both receive;
+    * ``applies_filters``: True when both ops apply a batch's per-request top-k / top-p / min-p
+      (``VerifyBatch.top_k`` ...) themselves; otherwise ``sampling_params=`` is processed into
+      probabilities first (process, then verify).
     """
 
     lossless: ClassVar[bool | None] = None
+    applies_filters: ClassVar[bool] = False
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
     kernel_op: ClassVar[str | None] = None
 
@@ -274,7 +290,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             )
         else:
             layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
-        if sampling_params is not None:
+        filters: dict[str, torch.Tensor] = {}
+        if sampling_params is not None and type(self).applies_filters:
+            # fused: the op reads logits and applies each request's parameters (no probability tensor)
+            temperature, filters = _sampling_filters(sampling_params, shapes.batch_size, device)
+        elif sampling_params is not None:
             target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
         batch = VerifyBatch(
             layout,
@@ -286,6 +306,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             offsets=offsets,
             is_greedy=is_greedy,
             temperature=temperature,
+            **filters,
         )
         out = self.verify(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)

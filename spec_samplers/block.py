@@ -38,6 +38,7 @@ class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
     """
 
     lossless: ClassVar[bool] = True
+    applies_filters: ClassVar[bool] = True
     #: the bench's lossless theory for this sampler (spec_samplers.bench.quality.block_theory)
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)

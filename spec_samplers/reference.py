@@ -18,6 +18,7 @@ from spec_samplers import rng
 from spec_samplers.constants import ENTROPY_EPS, ENTROPY_EPS_FP32, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS, fp32_value
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
 __all__ = [
@@ -189,6 +190,21 @@ def _ragged_ids(draft_token_ids: torch.Tensor, draft_rows: torch.Tensor) -> torc
     return torch.where(draft_rows >= 0, draft_token_ids.to(torch.int64)[draft_rows.clamp(min=0)], 0)
 
 
+def _softmax_rows(batch: VerifyBatch, logits: torch.Tensor, per_request: int) -> torch.Tensor:
+    """[R, V] fp32 probabilities of ``per_request`` consecutive rows per request, each at its
+    request's temperature (and filters, when the batch has them)."""
+    assert batch.temperature is not None
+
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.repeat_interleave(per_request)
+
+    t = rows(batch.temperature)
+    assert t is not None
+    if not batch.filtered:
+        return probs_from_logits(logits, t)
+    return filtered_softmax_reference(logits, t, rows(batch.top_k), rows(batch.top_p), rows(batch.min_p))
+
+
 class FlatInputs:
     """A batch as flat [R, V] fp32-convertible rows plus index maps (see :func:`flat_inputs`)."""
 
@@ -213,9 +229,9 @@ class FlatInputs:
                 if draft is not None:
                     draft = _rows_at(draft, self.draft_rows)
                     self.draft_rows = _own_rows(self.draft_rows)
-            target = probs_from_logits(target, t.repeat_interleave(K + 1))
+            target = _softmax_rows(batch, target, K + 1)
             if draft is not None:
-                draft = probs_from_logits(draft, t.repeat_interleave(K))
+                draft = _softmax_rows(batch, draft, K)
             self.is_greedy = t == 0
         self.target = target  # [R, V]
         self.draft = draft  # [R', V] or None

@@ -32,7 +32,15 @@ import triton
 import triton.language as tl
 
 from spec_samplers.constants import RESIDUAL_MASS_EPS
-from spec_samplers.kernels.common import combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
+from spec_samplers.kernels.common import (
+    combine_argmax,
+    draft_ids_at,
+    fold_argmax,
+    load_q,
+    request_span,
+    row_offset,
+    row_stats,
+)
 from spec_samplers.kernels.rejection_kernels import bonus_info, first_rejection, request_stream
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
 from spec_samplers.rng import RACE_SCALE, STREAM_ACCEPT, STREAM_RECOVER
@@ -62,10 +70,8 @@ def block_scalars(
     stride_ib,
     stride_ik,
     temp,
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,
+    t_stats_ptr,
+    d_stats_ptr,
     RAGGED: tl.constexpr,
     HAS_DRAFT: tl.constexpr,
     LOGITS: tl.constexpr,
@@ -79,19 +85,13 @@ def block_scalars(
     in_req = pos < n
     ids, valid = draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, ids, 0)
-    stat = b * (K + 1) + pos
-    t_max, t_sum, d_max, d_sum = 0.0, 1.0, 0.0, 1.0
-    if LOGITS:
-        t_max = tl.load(t_max_ptr + stat, mask=in_req, other=0.0)
-        t_sum = tl.load(t_sum_ptr + stat, mask=in_req, other=1.0)
-        if HAS_DRAFT:
-            d_max = tl.load(d_max_ptr + stat, mask=in_req, other=0.0)
-            d_sum = tl.load(d_sum_ptr + stat, mask=in_req, other=1.0)
+    t_max, t_sum, t_cut = row_stats(t_stats_ptr, b * (K + 1) + pos, in_req)
+    d_max, d_sum, d_cut = row_stats(d_stats_ptr, b * (K + 1) + pos, in_req)
     t_off, t_ok = row_offset(b, pos, start, n, num_rows, stride_tb, stride_tk, RAGGED)
-    q_x = load_q(target_ptr, t_off + safe, valid & t_ok, temp, t_max, t_sum, LOGITS, PRECISE)
+    q_x = load_q(target_ptr, t_off + safe, valid & t_ok, temp, t_max, t_sum, t_cut, LOGITS, PRECISE)
     if HAS_DRAFT:
         d_off, d_ok = row_offset(b, pos, start, n, num_rows, stride_db, stride_dk, RAGGED)
-        p_x = load_q(draft_ptr, d_off + safe, valid & d_ok, temp, d_max, d_sum, LOGITS, PRECISE)
+        p_x = load_q(draft_ptr, d_off + safe, valid & d_ok, temp, d_max, d_sum, d_cut, LOGITS, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
     ok = valid & (p_x > 0.0)
@@ -145,10 +145,8 @@ def block_partials_kernel(
     part_qidx_ptr,
     part_qmax_ptr,  # [B, K+1, NB]
     temp_ptr,
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    t_stats_ptr,
+    d_stats_ptr,  # logits only: [B] T, [B, K+1, 3] statistics (common.row_stats)
     K,
     V,
     num_rows,
@@ -187,10 +185,8 @@ def block_partials_kernel(
         stride_ib,
         stride_ik,
         temp,
-        t_max_ptr,
-        t_sum_ptr,
-        d_max_ptr,
-        d_sum_ptr,
+        t_stats_ptr,
+        d_stats_ptr,
         RAGGED,
         HAS_DRAFT,
         LOGITS,
@@ -212,14 +208,8 @@ def block_partials_kernel(
         rho_m = tl.sum(tl.where(at_m, rho_vec, 0.0), axis=0)
         valid_m = tl.sum(tl.where(at_m, valid.to(tl.int32), 0), axis=0) != 0
         x_m = tl.sum(tl.where(at_m, ids, 0), axis=0)
-        stat = b * (K + 1) + m
-        q_max, q_sum, p_max, p_sum = 0.0, 1.0, 0.0, 1.0
-        if LOGITS:
-            q_max = tl.load(t_max_ptr + stat)
-            q_sum = tl.load(t_sum_ptr + stat)
-            if HAS_DRAFT:
-                p_max = tl.load(d_max_ptr + stat)
-                p_sum = tl.load(d_sum_ptr + stat)
+        q_max, q_sum, q_cut = row_stats(t_stats_ptr, b * (K + 1) + m, has_row)
+        p_max, p_sum, p_cut = row_stats(d_stats_ptr, b * (K + 1) + m, has_row)
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
         if HAS_DRAFT:
@@ -238,9 +228,9 @@ def block_partials_kernel(
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             msk = offs < hi
-            q = load_q(target_ptr, q_off + offs, msk, temp, q_max, q_sum, LOGITS, PRECISE)
+            q = load_q(target_ptr, q_off + offs, msk, temp, q_max, q_sum, q_cut, LOGITS, PRECISE)
             if HAS_DRAFT:
-                p = load_q(draft_ptr, p_off + offs, offs < p_hi, temp, p_max, p_sum, LOGITS, PRECISE)
+                p = load_q(draft_ptr, p_off + offs, offs < p_hi, temp, p_max, p_sum, p_cut, LOGITS, PRECISE)
                 w = tl.where(valid_m, tl.maximum(rho_m * q - p, 0.0), q)
             else:
                 scaled = resid_scale * q
@@ -289,10 +279,8 @@ def block_finalize_kernel(
     part_qidx_ptr,
     part_qmax_ptr,  # [B, K+1, NB]
     temp_ptr,
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    t_stats_ptr,
+    d_stats_ptr,  # logits only: [B] T, [B, K+1, 3] statistics (common.row_stats)
     amax_val_ptr,
     amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
@@ -331,10 +319,8 @@ def block_finalize_kernel(
         stride_ib,
         stride_ik,
         temp,
-        t_max_ptr,
-        t_sum_ptr,
-        d_max_ptr,
-        d_sum_ptr,
+        t_stats_ptr,
+        d_stats_ptr,
         RAGGED,
         HAS_DRAFT,
         LOGITS,

@@ -46,7 +46,7 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
     def i32(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.int32, device=device)
 
-    stats: dict[str, torch.Tensor | None] = dict(t_max_ptr=None, t_sum_ptr=None, d_max_ptr=None, d_sum_ptr=None)
+    stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
     amax_val: torch.Tensor | None = None
     amax_idx: torch.Tensor | None = None
     if batch.temperature is not None:

@@ -92,18 +92,43 @@ def scaled_exp(x, row_max, temp, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def load_q(ptr, offs, mask, temp, row_max, row_sum, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+def row_stats(stats_ptr, stat, mask):
+    """(row_max, row_sum, cut) of the rows ``stat`` (a scalar or vector index b * (K+1) + i).
+
+    ``stats_ptr`` is a [B, K+1, 3] fp32 tensor holding per row (max, sum, cut) of the fused
+    softmax of a logits row (written by :mod:`spec_samplers.kernels.softmax_kernels`,
+    allocated by :func:`spec_samplers.kernels.launch_common.plan_softmax_stats`):
+
+    * max: the largest logit x (max of x itself, so x / T never overflows);
+    * sum: the sum of the kept weights e = exp((x - max) / T);
+    * cut: the smallest weight kept (weights e < cut count as 0); 0 keeps every entry, which
+      is what the plain softmax writes. A truncating sampler (top-k, top-p, min-p) passes its
+      per-row cut and the kept sum, and :func:`load_q` gives the truncated distribution.
+
+    ``stats_ptr`` None (probability inputs, no draft) and masked-off rows give (0, 1, 0), the
+    values :func:`load_q` ignores outside LOGITS mode."""
+    row_max, row_sum, cut = 0.0, 1.0, 0.0
+    if stats_ptr is not None:
+        row = stats_ptr + stat * 3
+        row_max = tl.load(row, mask=mask, other=0.0)
+        row_sum = tl.load(row + 1, mask=mask, other=1.0)
+        cut = tl.load(row + 2, mask=mask, other=0.0)
+    return row_max, row_sum, cut
+
+
+@triton.jit
+def load_q(ptr, offs, mask, temp, row_max, row_sum, cut, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """Cleaned fp32 probabilities at ``offs`` (any float dtype, read as stored).
 
-    LOGITS: the entries are logits and q = exp((x - row_max) / temp) / row_sum, the softmax
-    fused (row_max = the largest logit, row_sum from
-    :mod:`spec_samplers.kernels.softmax_kernels`), so no probability tensor is ever written; a
-    row without a finite or +inf logit has row_sum 0 and q = 0. Otherwise temp, row_max,
-    row_sum are unused."""
+    LOGITS: the entries are logits and q = e / row_sum with e = exp((x - row_max) / temp) where
+    e >= cut, else 0: the softmax fused (statistics from :func:`row_stats`), so no probability
+    tensor is ever written; cut = 0 keeps every entry (e >= 0). A row without a finite or +inf
+    logit has row_sum 0 and q = 0. Otherwise temp, row_max, row_sum, cut are unused."""
     if LOGITS:
         x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
         x = tl.where(x == x, x, float("-inf"))
         e = scaled_exp(x, row_max, temp, PRECISE)
+        e = tl.where(e >= cut, e, 0.0)
         return tl.where(mask, clean(tl.math.div_rn(e, row_sum)), 0.0)
     else:
         return clean(tl.load(ptr + offs, mask=mask, other=0.0))

@@ -66,8 +66,12 @@ def plan_softmax_stats(
     split: VocabSplit,
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
     """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
-    int32, {t_max_ptr, t_sum_ptr, d_max_ptr, d_sum_ptr}: [B, K+1] fp32 each, draft ones None
-    without a draft)."""
+    int32, {t_stats_ptr, d_stats_ptr}).
+
+    Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
+    logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
+    softmax keeps every entry); see :func:`spec_samplers.kernels.common.row_stats`.
+    ``d_stats_ptr`` is None without a draft."""
     B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
     device = target.device
     has_draft = draft is not None
@@ -79,10 +83,8 @@ def plan_softmax_stats(
     d_m, d_s = (f32((B, K + 1, NB)), f32((B, K + 1, NB))) if has_draft else (None, None)
     amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
     stats: dict[str, torch.Tensor | None] = {
-        "t_max_ptr": f32((B, K + 1)),
-        "t_sum_ptr": f32((B, K + 1)),
-        "d_max_ptr": f32((B, K + 1)) if has_draft else None,
-        "d_sum_ptr": f32((B, K + 1)) if has_draft else None,
+        "t_stats_ptr": f32((B, K + 1, 3)),
+        "d_stats_ptr": f32((B, K + 1, 3)) if has_draft else None,
     }
     stride_tb, stride_tk = row_strides(layout, target)
     stride_db, stride_dk = row_strides(layout, draft)

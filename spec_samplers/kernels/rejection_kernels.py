@@ -29,6 +29,7 @@ from spec_samplers.kernels.common import (
     load_q,
     request_span,
     row_offset,
+    row_stats,
 )
 from spec_samplers.kernels.rng import exponential_from_words, random_words, uniform_from_words
 from spec_samplers.kernels.softmax_kernels import effective_temperature
@@ -67,10 +68,8 @@ def random_accepts(
     seed,
     offset,
     temp,
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,  # logits only: T and [B, K+1] row statistics
+    t_stats_ptr,
+    d_stats_ptr,  # logits only: T and [B, K+1, 3] row statistics (common.row_stats)
     RAGGED: tl.constexpr,
     HAS_DRAFT: tl.constexpr,
     LOGITS: tl.constexpr,
@@ -82,19 +81,13 @@ def random_accepts(
     in_req = pos < n
     ids, valid = draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, ids, 0)
-    stat = b * (K + 1) + pos
-    t_max, t_sum, d_max, d_sum = 0.0, 1.0, 0.0, 1.0
-    if LOGITS:
-        t_max = tl.load(t_max_ptr + stat, mask=in_req, other=0.0)
-        t_sum = tl.load(t_sum_ptr + stat, mask=in_req, other=1.0)
-        if HAS_DRAFT:
-            d_max = tl.load(d_max_ptr + stat, mask=in_req, other=0.0)
-            d_sum = tl.load(d_sum_ptr + stat, mask=in_req, other=1.0)
+    t_max, t_sum, t_cut = row_stats(t_stats_ptr, b * (K + 1) + pos, in_req)
+    d_max, d_sum, d_cut = row_stats(d_stats_ptr, b * (K + 1) + pos, in_req)
     t_off, t_ok = row_offset(b, pos, start, n, num_rows, stride_tb, stride_tk, RAGGED)
-    q_x = load_q(target_ptr, t_off + safe, valid & t_ok, temp, t_max, t_sum, LOGITS, PRECISE)
+    q_x = load_q(target_ptr, t_off + safe, valid & t_ok, temp, t_max, t_sum, t_cut, LOGITS, PRECISE)
     if HAS_DRAFT:
         d_off, d_ok = row_offset(b, pos, start, n, num_rows, stride_db, stride_dk, RAGGED)
-        p_x = load_q(draft_ptr, d_off + safe, valid & d_ok, temp, d_max, d_sum, LOGITS, PRECISE)
+        p_x = load_q(draft_ptr, d_off + safe, valid & d_ok, temp, d_max, d_sum, d_cut, LOGITS, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
     w0, w1, _, _ = random_words(seed, offset, pos, _STREAM_ACCEPT)
@@ -202,10 +195,8 @@ def residual_partials_kernel(
     part_qidx_ptr,
     part_qmax_ptr,  # [B, NB]
     temp_ptr,
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    t_stats_ptr,
+    d_stats_ptr,  # logits only: [B] T, [B, K+1, 3] statistics (common.row_stats)
     K,
     V,
     num_rows,
@@ -245,10 +236,8 @@ def residual_partials_kernel(
         seed,
         offset,
         temp,
-        t_max_ptr,
-        t_sum_ptr,
-        d_max_ptr,
-        d_sum_ptr,
+        t_stats_ptr,
+        d_stats_ptr,
         RAGGED,
         HAS_DRAFT,
         LOGITS,
@@ -262,14 +251,8 @@ def residual_partials_kernel(
     if HAS_GREEDY:
         need = need & (tl.load(greedy_ptr + b) == 0)
     if need:
-        stat = b * (K + 1) + j
-        q_max, q_sum, p_max, p_sum = 0.0, 1.0, 0.0, 1.0
-        if LOGITS:
-            q_max = tl.load(t_max_ptr + stat)
-            q_sum = tl.load(t_sum_ptr + stat)
-            if HAS_DRAFT:
-                p_max = tl.load(d_max_ptr + stat)
-                p_sum = tl.load(d_sum_ptr + stat)
+        q_max, q_sum, q_cut = row_stats(t_stats_ptr, b * (K + 1) + j, has_row)
+        p_max, p_sum, p_cut = row_stats(d_stats_ptr, b * (K + 1) + j, has_row)
         x_j = tl.sum(tl.where(pos == j, ids, 0), axis=0)
         remove = has_draft & (tl.sum(tl.where(pos == j, valid.to(tl.int32), 0), axis=0) != 0)
         if HAS_DRAFT:
@@ -289,9 +272,9 @@ def residual_partials_kernel(
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            q = load_q(target_ptr, q_off + offs, m, temp, q_max, q_sum, LOGITS, PRECISE)
+            q = load_q(target_ptr, q_off + offs, m, temp, q_max, q_sum, q_cut, LOGITS, PRECISE)
             if HAS_DRAFT:
-                p = load_q(draft_ptr, p_off + offs, offs < p_hi, temp, p_max, p_sum, LOGITS, PRECISE)
+                p = load_q(draft_ptr, p_off + offs, offs < p_hi, temp, p_max, p_sum, p_cut, LOGITS, PRECISE)
                 r = tl.maximum(q - p, 0.0)
             else:
                 r = tl.where(offs == x_removed, 0.0, q)
@@ -341,10 +324,8 @@ def finalize_kernel(
     part_qidx_ptr,
     part_qmax_ptr,  # [B, NB]
     temp_ptr,
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,  # logits only: [B] T, [B, K+1] statistics
+    t_stats_ptr,
+    d_stats_ptr,  # logits only: [B] T, [B, K+1, 3] statistics (common.row_stats)
     amax_val_ptr,
     amax_idx_ptr,  # [B, K+1, NB] (greedy only)
     out_ptr,  # [B, K+1] int64
@@ -385,10 +366,8 @@ def finalize_kernel(
         seed,
         offset,
         temp,
-        t_max_ptr,
-        t_sum_ptr,
-        d_max_ptr,
-        d_sum_ptr,
+        t_stats_ptr,
+        d_stats_ptr,
         RAGGED,
         HAS_DRAFT,
         LOGITS,

@@ -13,11 +13,14 @@ engine whose batch size changes every step compiles a bounded set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from spec_samplers.kernels import sampling_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
+from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, row_strides, vocab_contiguous
+from spec_samplers.layout import VerifyBatch
 
 #: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
 SEARCH_BLOCK_V = 256
@@ -121,6 +124,53 @@ def _search(
     return lo, mass
 
 
+def plan_filter_cuts(
+    batch: VerifyBatch,
+    target: torch.Tensor,  # logits [B, K+1, V] padded or [T, V] ragged, vocab stride 1
+    draft: torch.Tensor | None,  # logits [B, K, V] padded or [T, V] ragged, vocab stride 1
+    t_stats: torch.Tensor,  # [B, K+1, 3] fp32 (max, sum, cut): max filled by the softmax statistics
+    d_stats: torch.Tensor | None,  # [B, K+1, 3] fp32, or None without a draft
+) -> list[KernelLaunch]:
+    """Launches that overwrite (sum, cut) of every row with its request's top-k / top-p / min-p
+    (``batch.top_k`` ...; :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so
+    the verification kernels read filtered probabilities straight from the logits. Run after the
+    softmax statistics (they read the row max)."""
+    assert batch.filtered and batch.temperature is not None
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    launches = []
+    for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
+        if x is None or stats is None or B == 0 or x.numel() == 0:
+            continue
+        stride_b, stride_k = row_strides(layout, x)
+        launches.append(
+            KernelLaunch(
+                sk.filter_cut_kernel,
+                (B, K + 1),
+                dict(
+                    x_ptr=x,
+                    stride_b=stride_b,
+                    stride_k=stride_k,
+                    cu_ptr=layout.cu_num_draft_tokens,
+                    temp_ptr=batch.temperature,
+                    top_k_ptr=batch.top_k,
+                    top_p_ptr=batch.top_p,
+                    min_p_ptr=batch.min_p,
+                    stats_ptr=stats,
+                    K=K,
+                    num_rows=layout.num_rows,
+                    V=layout.vocab_size,
+                    RAGGED=layout.ragged,
+                    BONUS_ROW=bonus_row,
+                    BLOCK_V=_search_block(layout.vocab_size),
+                    PRECISE=precise_math(),
+                ),
+                name="filter_cut",
+            )
+        )
+    return launches
+
+
 def thresholds_triton(
     x: torch.Tensor,  # [R, V], vocab stride 1
     rows: torch.Tensor,  # [B] int64
@@ -215,6 +265,38 @@ def sample_triton(
     return torch.where(valid, tokens, -1), valid
 
 
+def _rowwise(
+    kernel: object,
+    name: str,
+    x: torch.Tensor,  # [B, V] fp32/fp16/bf16
+    out_dtype: torch.dtype,
+    split: VocabSplit | None,
+    thresholds: Mapping[str, object] | None,
+    **args: object,
+) -> torch.Tensor:
+    """[B, V] ``out_dtype``: one elementwise kernel over every row of ``x``, grid (B, NB), after
+    the row thresholds when ``thresholds`` (:func:`thresholds_triton`'s filter arguments) is given
+    (``tau_ptr``, and ``mass_ptr`` when the kept mass is asked for)."""
+    B, V = x.shape
+    out = torch.empty((B, V), dtype=out_dtype, device=x.device)
+    if B == 0:
+        return out
+    x = vocab_contiguous(x)
+    if split is None:
+        split = vocab_split(V, B, x.device)
+    if thresholds is not None:
+        rows = torch.arange(B, dtype=torch.int64, device=x.device)
+        tau, _, kept_mass = thresholds_triton(x, rows, split=split, **thresholds)  # type: ignore[arg-type]
+        args = dict(args, tau_ptr=tau, **({"mass_ptr": kept_mass} if kept_mass is not None else {}))
+    KernelLaunch(
+        kernel,
+        (B, split.num_blocks),
+        dict(x_ptr=x, stride_r=x.stride(0), out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, **args),
+        name=name,
+    ).run()
+    return out
+
+
 def renorm_triton(
     *,
     probs: torch.Tensor,  # [B, V] fp32/fp16/bf16
@@ -224,32 +306,8 @@ def renorm_triton(
     split: VocabSplit | None = None,
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.sampling.reference.renorm_reference` (one filter)."""
-    B, V = probs.shape
-    out = torch.empty((B, V), dtype=out_dtype, device=probs.device)
-    if B == 0:
-        return out
-    probs = vocab_contiguous(probs)
-    rows = torch.arange(B, dtype=torch.int64, device=probs.device)
-    if split is None:
-        split = vocab_split(V, B, probs.device)
-    tau, _, kept_mass = thresholds_triton(probs, rows, False, top_k, top_p, None, False, split, need_kept_mass=True)
-    KernelLaunch(
-        sk.renorm_kernel,
-        (B, split.num_blocks),
-        dict(
-            x_ptr=probs,
-            stride_r=probs.stride(0),
-            tau_ptr=tau,
-            mass_ptr=kept_mass,
-            out_ptr=out,
-            stride_o=out.stride(0),
-            V=V,
-            chunk=split.chunk,
-            BLOCK_V=split.block_v,
-        ),
-        name="renorm",
-    ).run()
-    return out
+    filters = dict(logits=False, top_k=top_k, top_p=top_p, min_p=None, joint=False, need_kept_mass=True)
+    return _rowwise(sk.renorm_kernel, "renorm", probs, out_dtype, split, filters, stride_o=probs.shape[1])
 
 
 def mask_logits_triton(
@@ -259,31 +317,8 @@ def mask_logits_triton(
     split: VocabSplit | None = None,
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.sampling.reference.mask_logits_reference`."""
-    B, V = logits.shape
-    out = torch.empty((B, V), dtype=logits.dtype, device=logits.device)
-    if B == 0:
-        return out
-    logits = vocab_contiguous(logits)
-    rows = torch.arange(B, dtype=torch.int64, device=logits.device)
-    if split is None:
-        split = vocab_split(V, B, logits.device)
-    tau, _, _ = thresholds_triton(logits, rows, True, top_k, None, None, False, split)
-    KernelLaunch(
-        sk.mask_kernel,
-        (B, split.num_blocks),
-        dict(
-            x_ptr=logits,
-            stride_r=logits.stride(0),
-            tau_ptr=tau,
-            out_ptr=out,
-            stride_o=out.stride(0),
-            V=V,
-            chunk=split.chunk,
-            BLOCK_V=split.block_v,
-        ),
-        name="mask",
-    ).run()
-    return out
+    filters = dict(logits=True, top_k=top_k, top_p=None, min_p=None, joint=False)
+    return _rowwise(sk.mask_kernel, "mask", logits, logits.dtype, split, filters, stride_o=logits.shape[1])
 
 
 def softmax_triton(
@@ -295,31 +330,24 @@ def softmax_triton(
     """Kernel twin of :func:`spec_samplers.sampling.reference.softmax_reference` (equal up to
     the rounding of the row sums, whose order differs). Returns [B, V] fp32."""
     B, V = logits.shape
-    out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
     if B == 0:
-        return out
+        return torch.empty((B, V), dtype=torch.float32, device=logits.device)
     logits = vocab_contiguous(logits)
     rows = torch.arange(B, dtype=torch.int64, device=logits.device)
     if split is None:
         split = vocab_split(V, B, logits.device)
     temperature = temperature.to(torch.float32).contiguous()
     row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
-    KernelLaunch(
+    return _rowwise(
         sk.softmax_kernel,
-        (B, split.num_blocks),
-        dict(
-            x_ptr=logits,
-            stride_r=logits.stride(0),
-            temp_ptr=temperature,
-            max_ptr=row_max,
-            sum_ptr=row_sum,
-            argmax_ptr=argmax,
-            out_ptr=out,
-            V=V,
-            chunk=split.chunk,
-            BLOCK_V=split.block_v,
-            PRECISE=precise_math(),
-        ),
-        name="softmax",
-    ).run()
-    return out
+        "softmax",
+        logits,
+        torch.float32,
+        split,
+        None,
+        temp_ptr=temperature,
+        max_ptr=row_max,
+        sum_ptr=row_sum,
+        argmax_ptr=argmax,
+        PRECISE=precise_math(),
+    )

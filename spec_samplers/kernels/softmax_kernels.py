@@ -3,7 +3,8 @@
 ``softmax_partials_kernel`` grid (B, K+1, NB): per vocab block, the online (max, sum) of the
 logits x (max of x itself, so x / T never overflows; sum of exp((x - max) / T)) for target row
 (b, i) and draft row (b, i), plus the (max, argmax) of the raw logits (the greedy token).
-``softmax_combine_kernel`` grid (B,): combines blocks into per-row max and sum, [B, K+1] each.
+``softmax_combine_kernel`` grid (B,): combines blocks into the per-row statistics (max, sum,
+cut = 0), [B, K+1, 3] (layout: :func:`spec_samplers.kernels.common.row_stats`).
 Logits are read once here and once more where the consumers need q. Temperature 0 marks a
 greedy request: its statistics use T = 1 and only its argmax is used. The limits (+inf logits,
 T = +inf, rows all -inf) follow :func:`spec_samplers.torch_ops.probs_from_logits`.
@@ -98,13 +99,17 @@ def softmax_partials_kernel(
 
 
 @triton.jit
-def _combine(m_ptr, s_ptr, slots, mask, temp, PRECISE: tl.constexpr):
+def _combine(m_ptr, s_ptr, stats_ptr, b, K, pos, slots, mask, temp, PRECISE: tl.constexpr):
+    """Combine the block partials of rows (b, pos) and store their (max, sum, cut = 0)."""
     m = tl.load(m_ptr + slots, mask=mask, other=float("-inf"))
     s = tl.load(s_ptr + slots, mask=mask, other=0.0)
     row_max = tl.max(m, axis=1)
     # empty partials (m = -inf, s = 0) and rows all -inf give 0, never NaN
     w = tl.where(mask, s * scaled_exp(m, row_max[:, None], temp, PRECISE), 0.0)
-    return row_max, tl.sum(w, axis=1)
+    row = stats_ptr + (b * (K + 1) + pos) * 3
+    tl.store(row, row_max, mask=pos <= K)
+    tl.store(row + 1, tl.sum(w, axis=1), mask=pos <= K)
+    tl.store(row + 2, tl.zeros_like(row_max), mask=pos <= K)  # no truncation: keep every entry
 
 
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
@@ -117,10 +122,8 @@ def softmax_combine_kernel(
     t_s_ptr,
     d_m_ptr,
     d_s_ptr,  # [B, K+1, NB] partials
-    t_max_ptr,
-    t_sum_ptr,
-    d_max_ptr,
-    d_sum_ptr,  # [B, K+1] per-row statistics
+    t_stats_ptr,
+    d_stats_ptr,  # [B, K+1, 3] per-row (max, sum, cut)
     K,
     num_rows,
     NB,
@@ -139,12 +142,8 @@ def softmax_combine_kernel(
     _, t_ok = row_offset(b, pos, start, n, num_rows, 0, 0, RAGGED)
     t_ok = t_ok & (pos <= K)
     mask = t_ok[:, None] & (blocks < NB)[None, :]
-    row_max, row_sum = _combine(t_m_ptr, t_s_ptr, slots, mask, temp, PRECISE)
-    tl.store(t_max_ptr + b * (K + 1) + pos, row_max, mask=pos <= K)
-    tl.store(t_sum_ptr + b * (K + 1) + pos, row_sum, mask=pos <= K)
+    _combine(t_m_ptr, t_s_ptr, t_stats_ptr, b, K, pos, slots, mask, temp, PRECISE)
     if HAS_DRAFT:
         d_ok = t_ok & (pos < n)
         mask = d_ok[:, None] & (blocks < NB)[None, :]
-        row_max, row_sum = _combine(d_m_ptr, d_s_ptr, slots, mask, temp, PRECISE)
-        tl.store(d_max_ptr + b * (K + 1) + pos, row_max, mask=pos <= K)
-        tl.store(d_sum_ptr + b * (K + 1) + pos, row_sum, mask=pos <= K)
+        _combine(d_m_ptr, d_s_ptr, d_stats_ptr, b, K, pos, slots, mask, temp, PRECISE)

@@ -18,7 +18,15 @@ import triton
 import triton.language as tl
 
 from spec_samplers.constants import ENTROPY_EPS_FP32
-from spec_samplers.kernels.common import combine_argmax, draft_ids_at, fold_argmax, load_q, request_span, row_offset
+from spec_samplers.kernels.common import (
+    combine_argmax,
+    draft_ids_at,
+    fold_argmax,
+    load_q,
+    request_span,
+    row_offset,
+    row_stats,
+)
 from spec_samplers.kernels.rng import precise_exp, precise_log
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 
@@ -35,8 +43,7 @@ def typical_partials_kernel(
     stride_tk,  # probabilities, or logits when LOGITS
     cu_ptr,
     temp_ptr,
-    t_max_ptr,
-    t_sum_ptr,  # ragged counts; logits only: [B] T, [B, K+1] statistics
+    t_stats_ptr,  # ragged counts; logits only: [B] T, [B, K+1, 3] statistics (common.row_stats)
     ent_ptr,
     amax_val_ptr,
     amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32
@@ -55,12 +62,11 @@ def typical_partials_kernel(
     blk = tl.program_id(2)
     start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     off, ok = row_offset(b, i, start, n, num_rows, stride_tb, stride_tk, RAGGED)
-    temp, row_max, row_sum = 1.0, 0.0, 1.0
+    temp = 1.0
     if LOGITS:
         ok = ok & (tl.load(temp_ptr + b) != 0)  # greedy requests: one-hot q, done in finalize
         temp = effective_temperature(temp_ptr, b)
-        row_max = tl.load(t_max_ptr + b * (K + 1) + i)
-        row_sum = tl.load(t_sum_ptr + b * (K + 1) + i)
+    row_max, row_sum, cut = row_stats(t_stats_ptr, b * (K + 1) + i, ok)
     if ok:
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
@@ -70,7 +76,7 @@ def typical_partials_kernel(
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            q = load_q(target_ptr, off + offs, m, temp, row_max, row_sum, LOGITS, PRECISE)
+            q = load_q(target_ptr, off + offs, m, temp, row_max, row_sum, cut, LOGITS, PRECISE)
             # float64 terms and sum (as reference.typical_accepts): the blocked order then moves
             # the entropy by ~1e-16 relative instead of fp32's ~1e-7, so decisions match torch's
             q64 = q.to(tl.float64)
@@ -97,8 +103,7 @@ def typical_finalize_kernel(
     stride_bonus,
     cu_ptr,
     temp_ptr,
-    t_max_ptr,
-    t_sum_ptr,
+    t_stats_ptr,
     ent_ptr,
     amax_val_ptr,
     amax_idx_ptr,  # [B, K+1, NB] fp64 / fp32 / int32 from typical_partials_kernel
@@ -126,13 +131,12 @@ def typical_finalize_kernel(
     t_off, t_ok = row_offset(b, pos, start, n, num_rows, stride_tb, stride_tk, RAGGED)
     t_ok = t_ok & (pos <= K)
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
-    temp, row_max, row_sum = 1.0, 0.0, 1.0
+    temp = 1.0
     greedy = b < 0
     if LOGITS:
         greedy = tl.load(temp_ptr + b) == 0
         temp = effective_temperature(temp_ptr, b)
-        row_max = tl.load(t_max_ptr + b * (K + 1) + pos, mask=t_ok, other=0.0)
-        row_sum = tl.load(t_sum_ptr + b * (K + 1) + pos, mask=t_ok, other=1.0)
+    row_max, row_sum, cut = row_stats(t_stats_ptr, b * (K + 1) + pos, t_ok)
     pmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, 0, NB))
     ent = tl.load(ent_ptr + slots, mask=pmask, other=0.0)
     entropy = -tl.sum(ent, axis=1)  # [BLOCK_K] fp64
@@ -140,7 +144,7 @@ def typical_finalize_kernel(
     idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
     target_argmax = combine_argmax(vals, idxs, blocks, 1)
     row_ok = tl.max(vals, axis=1) > 0.0  # q has mass (else the argmax 0 has probability 0)
-    candidate = load_q(target_ptr, t_off + safe, valid & t_ok, temp, row_max, row_sum, LOGITS, PRECISE)
+    candidate = load_q(target_ptr, t_off + safe, valid & t_ok, temp, row_max, row_sum, cut, LOGITS, PRECISE)
     if LOGITS:
         # Greedy requests: q is the one-hot of the logits' argmax (reference.probs_from_logits),
         # the zero row when every logit is -inf.

@@ -33,13 +33,13 @@ def plan_typical(
     stride_tb, stride_tk = lc.row_strides(layout, target)
     stride_ib, stride_ik = lc.row_strides(layout, batch.draft_token_ids)
     launches: list[lc.KernelLaunch] = []
-    stats: dict[str, torch.Tensor | None] = dict(t_max_ptr=None, t_sum_ptr=None)
+    t_stats: torch.Tensor | None = None
     lamax_val: torch.Tensor | None = None
     lamax_idx: torch.Tensor | None = None
     if batch.temperature is not None:
-        softmax, lamax_val, lamax_idx, all_stats = lc.plan_softmax_stats(layout, target, None, batch.temperature, split)
+        softmax, lamax_val, lamax_idx, stats = lc.plan_softmax_stats(layout, target, None, batch.temperature, split)
         launches += softmax
-        stats = dict(t_max_ptr=all_stats["t_max_ptr"], t_sum_ptr=all_stats["t_sum_ptr"])
+        t_stats = stats["t_stats_ptr"]
     ent = torch.empty((B, K + 1, NB), dtype=torch.float64, device=device)
     amax_val = torch.empty((B, K + 1, NB), dtype=torch.float32, device=device)
     amax_idx = torch.empty((B, K + 1, NB), dtype=torch.int32, device=device)
@@ -49,7 +49,7 @@ def plan_typical(
         stride_tk=stride_tk,
         cu_ptr=layout.cu_num_draft_tokens,
         temp_ptr=batch.temperature,
-        **stats,
+        t_stats_ptr=t_stats,
         ent_ptr=ent,
         amax_val_ptr=amax_val,
         amax_idx_ptr=amax_idx,
