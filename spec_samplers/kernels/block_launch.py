@@ -50,7 +50,9 @@ def plan_block(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[lis
     amax_val: torch.Tensor | None = None
     amax_idx: torch.Tensor | None = None
     if batch.temperature is not None:
-        softmax, amax_val, amax_idx, stats = lc.plan_softmax_stats(layout, target, draft, batch.temperature, split)
+        softmax, amax_val, amax_idx, stats = lc.plan_softmax_stats(
+            layout, target, draft, batch.temperature, split, filters=batch
+        )
         launches += softmax
     elif is_greedy is not None:
         amax_val, amax_idx = f32((B, K + 1, NB)), i32((B, K + 1, NB))

@@ -46,11 +46,18 @@ _RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
 PIVOTS = 16
 #: passes that always suffice: each divides the key width (< 2**32) by PIVOTS + 1
 MAX_PASSES = 8
+#: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
+SEARCH_BLOCK_V = 256
 _PIVOTS = tl.constexpr(PIVOTS)
 _MAX_PASSES = tl.constexpr(MAX_PASSES)
 #: search modes: top-k (count of the values above < k) and top-p (mass above < top_p * total)
 MODE_COUNT = 0
 MODE_MASS = 1
+
+
+def search_block(vocab_size: int) -> int:
+    """BLOCK_V of the pivot-search kernels (a power of two in [16, SEARCH_BLOCK_V])."""
+    return max(16, min(SEARCH_BLOCK_V, triton.next_power_of_2(vocab_size)))
 
 
 # ---------------------------------------------------------------------------------------------

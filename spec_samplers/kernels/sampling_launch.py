@@ -18,16 +18,8 @@ from collections.abc import Mapping
 import torch
 
 from spec_samplers.kernels import sampling_kernels as sk
-from spec_samplers.kernels.backend import VocabSplit, triton_next_pow2, vocab_split
-from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, row_strides, vocab_contiguous
-from spec_samplers.layout import VerifyBatch
-
-#: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
-SEARCH_BLOCK_V = 256
-
-
-def _search_block(vocab_size: int) -> int:
-    return max(16, min(SEARCH_BLOCK_V, triton_next_pow2(vocab_size)))
+from spec_samplers.kernels.backend import VocabSplit, vocab_split
+from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
 
 
 def _row_stats(
@@ -116,59 +108,12 @@ def _search(
             MODE=mode,
             LOGITS=logits,
             TRACK_MASS=track_mass,
-            BLOCK_V=_search_block(x.shape[1]),
+            BLOCK_V=sk.search_block(x.shape[1]),
             PRECISE=precise_math(),
         ),
         name="search",
     ).run()
     return lo, mass
-
-
-def plan_filter_cuts(
-    batch: VerifyBatch,
-    target: torch.Tensor,  # logits [B, K+1, V] padded or [T, V] ragged, vocab stride 1
-    draft: torch.Tensor | None,  # logits [B, K, V] padded or [T, V] ragged, vocab stride 1
-    t_stats: torch.Tensor,  # [B, K+1, 3] fp32 (max, sum, cut): max filled by the softmax statistics
-    d_stats: torch.Tensor | None,  # [B, K+1, 3] fp32, or None without a draft
-) -> list[KernelLaunch]:
-    """Launches that overwrite (sum, cut) of every row with its request's top-k / top-p / min-p
-    (``batch.top_k`` ...; :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so
-    the verification kernels read filtered probabilities straight from the logits. Run after the
-    softmax statistics (they read the row max)."""
-    assert batch.filtered and batch.temperature is not None
-    layout = batch.layout
-    B, K = layout.batch_size, layout.max_drafts
-    launches = []
-    for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
-        if x is None or stats is None or B == 0 or x.numel() == 0:
-            continue
-        stride_b, stride_k = row_strides(layout, x)
-        launches.append(
-            KernelLaunch(
-                sk.filter_cut_kernel,
-                (B, K + 1),
-                dict(
-                    x_ptr=x,
-                    stride_b=stride_b,
-                    stride_k=stride_k,
-                    cu_ptr=layout.cu_num_draft_tokens,
-                    temp_ptr=batch.temperature,
-                    top_k_ptr=batch.top_k,
-                    top_p_ptr=batch.top_p,
-                    min_p_ptr=batch.min_p,
-                    stats_ptr=stats,
-                    K=K,
-                    num_rows=layout.num_rows,
-                    V=layout.vocab_size,
-                    RAGGED=layout.ragged,
-                    BONUS_ROW=bonus_row,
-                    BLOCK_V=_search_block(layout.vocab_size),
-                    PRECISE=precise_math(),
-                ),
-                name="filter_cut",
-            )
-        )
-    return launches
 
 
 def thresholds_triton(

@@ -37,7 +37,9 @@ def plan_typical(
     lamax_val: torch.Tensor | None = None
     lamax_idx: torch.Tensor | None = None
     if batch.temperature is not None:
-        softmax, lamax_val, lamax_idx, stats = lc.plan_softmax_stats(layout, target, None, batch.temperature, split)
+        softmax, lamax_val, lamax_idx, stats = lc.plan_softmax_stats(
+            layout, target, None, batch.temperature, split, filters=batch
+        )
         launches += softmax
         t_stats = stats["t_stats_ptr"]
     ent = torch.empty((B, K + 1, NB), dtype=torch.float64, device=device)
