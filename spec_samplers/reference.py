@@ -80,8 +80,8 @@ def _final_tokens(
     V: int,
 ) -> torch.Tensor:
     """[B] the token after the accepted prefix: the recovered token at a rejection; else the
-    bonus as given when in range, else a sample of the bonus row (``recovered`` there), else (no
-    bonus row) a placeholder."""
+    bonus as given when in range, else the sampler's token from the bonus row (``recovered``
+    there), else (no bonus row) a placeholder."""
     bonus_valid, bonus = valid_ids(bonus_token_ids, V)
     fallback = torch.where(has_bonus_row, recovered, torch.full_like(recovered, PLACEHOLDER_TOKEN_ID))
     return torch.where(has_draft, recovered, torch.where(bonus_valid, bonus, fallback))
