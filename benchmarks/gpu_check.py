@@ -137,7 +137,43 @@ def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
         "typical_logits": VerifyBatch.padded(
             inp.target_logits.to(inp.target.dtype), inp.bonus, None, inp.draft_ids, temperature=inp.temperature
         ),
+        # SamplingParams applied by the kernels while they read logits (issue 12)
+        "rejection_filtered": VerifyBatch.padded(
+            inp.target_logits.to(inp.target.dtype),
+            inp.bonus,
+            inp.draft_logits.to(inp.target.dtype),
+            inp.draft_ids,
+            **seeds,
+            **filtered_params(B),
+        ),
+        "block_filtered": VerifyBatch.padded(
+            inp.target_logits.to(inp.target.dtype),
+            inp.bonus,
+            inp.draft_logits.to(inp.target.dtype),
+            inp.draft_ids,
+            **seeds,
+            **filtered_params(B),
+        ),
     }
+
+
+#: the settings of spec-samplers bench --sampling-params, cycled over the requests (one greedy)
+FILTER_SETTINGS = (
+    dict(temperature=0.8, top_p=0.95),
+    dict(temperature=1.0, top_k=50),
+    dict(temperature=1.0, min_p=0.05),
+    dict(temperature=0.0),
+)
+
+
+def filtered_params(B: int) -> dict[str, torch.Tensor]:
+    """temperature / top_k / top_p / min_p [B] of a VerifyBatch with per-request filters."""
+    from spec_samplers import SamplingParams
+    from spec_samplers.sampling_params import sampling_tensors
+
+    st = sampling_tensors([SamplingParams(**FILTER_SETTINGS[b % 4]) for b in range(B)], B, DEVICE)
+    temperature = torch.where(st.is_greedy, 0.0, st.temperature)
+    return dict(temperature=temperature, top_k=st.top_k, top_p=st.top_p, min_p=st.min_p)
 
 
 def ops() -> tuple[dict[str, Callable[[VerifyBatch], torch.Tensor]], dict[str, Callable[[VerifyBatch], torch.Tensor]]]:
@@ -155,7 +191,7 @@ def ops() -> tuple[dict[str, Callable[[VerifyBatch], torch.Tensor]], dict[str, C
 
     kernel = {name: typical_k if name.startswith("typical") else rejection_triton for name in BATCH_NAMES}
     ref = {name: typical_r if name.startswith("typical") else rejection_reference for name in BATCH_NAMES}
-    for name in ("block", "block_ragged"):
+    for name in ("block", "block_ragged", "block_filtered"):
         kernel[name], ref[name] = block_triton, block_reference
     return kernel, ref
 
@@ -169,6 +205,8 @@ BATCH_NAMES = (
     "block_ragged",
     "typical",
     "typical_logits",
+    "rejection_filtered",
+    "block_filtered",
 )
 #: logits paths: the fused softmax may differ from torch.softmax in the last bit, so a near-tie can
 #: flip; differing rows are reported rather than required to be zero
@@ -376,11 +414,66 @@ def run_timings(
     return rows, notes
 
 
+def _fused_and_unfused(inp: Case, B: int, k: int, V: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """The two ways to verify SamplingParams from logits, as closures over one input case."""
+    from spec_samplers import RejectionSampler, SamplingParams
+    from spec_samplers.sampling_params import process_logits
+
+    sampler = RejectionSampler(backend="triton")
+    params = [SamplingParams(**FILTER_SETTINGS[b % 4]) for b in range(B)]
+    target, draft = inp.target_logits.to(torch.bfloat16), inp.draft_logits.to(torch.bfloat16)
+    greedy = torch.tensor([p.is_greedy for p in params], device=DEVICE)
+
+    def fused() -> torch.Tensor:
+        return sampler.forward_from_logits(
+            target, inp.bonus, draft, inp.draft_ids, sampling_params=params, seeds=inp.seeds
+        )
+
+    def process_then_verify() -> torch.Tensor:
+        q = process_logits(target.reshape(-1, V), [p for p in params for _ in range(k + 1)], backend="triton")
+        pd = process_logits(draft.reshape(-1, V), [p for p in params for _ in range(k)], backend="triton")
+        return sampler(
+            q.view(B, k + 1, V), inp.bonus, pd.view(B, k, V), inp.draft_ids, seeds=inp.seeds, is_greedy=greedy
+        )
+
+    return {"fused": fused, "process_then_verify": process_then_verify}
+
+
+def fused_params_timings(vocabs=VOCABS, batches=(1, 16, 64, 256), k: int = 4, iters: int = 50) -> list[dict]:
+    """SamplingParams verification from logits: fused (the kernels apply the filters while they
+    read logits) vs process-then-verify (process_logits on the Triton sampling kernels writes q'
+    and p', then the rejection kernels verify them); warm and L2-cold medians, bf16 logits."""
+    rows = []
+    for V in vocabs:
+        for B in batches:
+            if not _fits(B, k, V):
+                continue
+            row: dict[str, object] = {"V": V, "B": B, "k": k, "dtype": "bfloat16"}
+            for name, fn in _fused_and_unfused(
+                make_inputs(B, k, V, torch.bfloat16, seed=11, worst_case=True), B, k, V
+            ).items():
+                row[f"{name}_warm_us"] = _us(fn, cold=False, iters=iters)
+                row[f"{name}_cold_us"] = _us(fn, cold=True, iters=max(10, iters // 3))
+            row["speedup_cold"] = row["process_then_verify_cold_us"] / row["fused_cold_us"]  # type: ignore[operator]
+            rows.append(row)
+            print("fused params", row, flush=True)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
 
-def _markdown(meta: dict, equality: list[dict], graphs: list[dict], timings: list[dict], notes: list[str]) -> str:
+def _markdown(
+    meta: dict,
+    equality: list[dict],
+    graphs: list[dict],
+    timings: list[dict],
+    notes: list[str],
+    fused: list[dict] | None = None,
+) -> str:
     lines = [
         f"# GPU check: {meta['gpu']}",
         "",
@@ -421,6 +514,20 @@ def _markdown(meta: dict, equality: list[dict], graphs: list[dict], timings: lis
         f"{t['floor_us']:.1f} | {t['cold_over_floor']:.2f} |"
         for t in timings
     ]
+    if fused:
+        lines += [
+            "",
+            "SamplingParams from logits (bf16, settings cycled per request), median us: fused vs process-then-verify:",
+            "",
+            "| V | B | k | fused warm | fused cold | process+verify warm | process+verify cold | speedup cold |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['V']} | {r['B']} | {r['k']} | {r['fused_warm_us']:.1f} | {r['fused_cold_us']:.1f} | "
+            f"{r['process_then_verify_warm_us']:.1f} | {r['process_then_verify_cold_us']:.1f} | "
+            f"{r['speedup_cold']:.2f} |"
+            for r in fused
+        ]
     if notes:
         lines += ["", "Not measured:"] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -487,12 +594,14 @@ def main(argv: list[str] | None = None) -> int:
     sampling = check_sampling_ops(shapes["vocabs"], shapes["batches"])
     graphs = check_graphs()
     sampling_t: dict = {}
+    fused_t: list[dict] = []
     if args.skip_timing:
         timings, notes = [], ["timings skipped (--skip-timing)"]
     else:
         iters = dict(warm_iters=20, cold_iters=10) if args.quick else {}
         timings, notes = run_timings(bw, **shapes, **iters)
         sampling_t = sampling_timings(shapes["vocabs"])
+        fused_t = fused_params_timings(shapes["vocabs"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "" if shapes["vocabs"] == list(VOCABS) else "_V" + "-".join(map(str, shapes["vocabs"]))
@@ -504,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
                 "equality": equality,
                 "sampling_ops": sampling,
                 "sampling_timings": sampling_t,
+                "fused_params_timings": fused_t,
                 "graphs": graphs,
                 "timings": timings,
                 "notes": notes,
@@ -511,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    (out / f"{stem}.md").write_text(_markdown(meta, equality, graphs, timings, notes))
+    (out / f"{stem}.md").write_text(_markdown(meta, equality, graphs, timings, notes, fused_t))
     print(f"wrote {out / stem}.json and .md")
     failed = [r for r in equality if not all(r[c] for c in EXACT)]
     failed += [r for r in sampling if r["ops_differing"]]

@@ -19,6 +19,7 @@ so such a sampler gets them right through ``_create_output`` or by calling
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -86,6 +87,18 @@ def _process_sampling_params(
     return process(target_logits, K + 1), draft, params.is_greedy
 
 
+def _sampling_filters(
+    sampling_params: SamplingParams | Sequence[SamplingParams], batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(temperature [B] fp32, 0 on greedy requests; {top_k, top_p, min_p} [B] each, or {} when no
+    request filters): what a sampler that applies the filters itself reads from a VerifyBatch."""
+    params = sampling_tensors(sampling_params, batch_size, device)
+    temperature = torch.where(params.is_greedy, 0.0, params.temperature)
+    if not (params.any_min_p or params.any_top_k or params.any_top_p):
+        return temperature, {}
+    return temperature, dict(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+
+
 class SpecDecodeBaseSampler(torch.nn.Module):
     """Base of every verification sampler.
 
@@ -112,10 +125,14 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     * ``reference_op``: the PyTorch reference, ``fn(batch: VerifyBatch, **op_options) -> [B, K+1]``;
     * ``kernel_op``: ``"module:function"`` of the kernel launcher with the same signature,
       imported only when the Triton backend runs (None: the reference runs everywhere);
-    * :meth:`op_options`: the keyword options both receive.
+    * :meth:`op_options`: the keyword options both receive;
+    * ``applies_filters``: True when both ops apply a batch's per-request top-k / top-p / min-p
+      (``VerifyBatch.top_k`` ...) themselves; otherwise ``sampling_params=`` is processed into
+      probabilities first (process, then verify).
     """
 
     lossless: ClassVar[bool | None] = None
+    applies_filters: ClassVar[bool] = False
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
     kernel_op: ClassVar[str | None] = None
 
@@ -273,7 +290,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             )
         else:
             layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
-        if sampling_params is not None:
+        filters: dict[str, torch.Tensor] = {}
+        if sampling_params is not None and type(self).applies_filters:
+            # fused: the op reads logits and applies each request's parameters (no probability tensor)
+            temperature, filters = _sampling_filters(sampling_params, shapes.batch_size, device)
+        elif sampling_params is not None:
             target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
         batch = VerifyBatch(
             layout,
@@ -285,6 +306,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             offsets=offsets,
             is_greedy=is_greedy,
             temperature=temperature,
+            **filters,
         )
         out = self.verify(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
@@ -391,236 +413,189 @@ def _forward_of(cls: type) -> Callable[..., Any]:
     return SpecDecodeBaseSampler.forward
 
 
+# -- the four entries, written once for both families -------------------------------------------
+#
+# Each function below is one entry with the arguments every sampler takes; ``randomness`` carries
+# the stochastic samplers' own arguments through to ``_run``. :func:`_entry` makes the method
+# users call, with the signature they see: the function's, plus the randomness arguments for the
+# stochastic samplers (the deterministic ones take none, so that a seed is never silently ignored).
+
+
+def _forward(
+    self: SpecDecodeBaseSampler,
+    target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+    draft_probs: torch.Tensor | None,  # [B, k, V] fp32/fp16/bf16, or None for point-mass drafts
+    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+    **randomness: Any,
+) -> torch.Tensor:
+    """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
+    return self._run("forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, **randomness)
+
+
+def _forward_ragged(
+    self: SpecDecodeBaseSampler,
+    target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
+    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+    draft_probs: torch.Tensor | None,  # [T, V] or None for point-mass drafts
+    draft_token_ids: torch.Tensor,  # [T] int32/int64
+    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
+    max_spec_len: int,  # K >= every k_b: fixes the output width
+    **randomness: Any,
+) -> torch.Tensor:
+    """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded.
+
+    Same tokens as :meth:`forward` on the same data (and seeds). There are no bonus rows, so a
+    bonus id outside [0, V) becomes -1 rather than a resample.
+    """
+    return self._run(
+        "forward_ragged",
+        target_probs,
+        bonus_token_ids,
+        draft_probs,
+        draft_token_ids,
+        cu_num_draft_tokens=cu_num_draft_tokens,
+        max_spec_len=max_spec_len,
+        **randomness,
+    )
+
+
+def _forward_from_logits(
+    self: SpecDecodeBaseSampler,
+    target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+    draft_logits: torch.Tensor | None,  # [B, k, V] or None for point-mass drafts
+    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+    temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+    *,
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    **randomness: Any,
+) -> torch.Tensor:
+    """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T)
+    (each request's T for both; T == 0 makes the request greedy on the target logits'
+    argmax). The Triton backend fuses the softmax and never writes a probability tensor.
+    Returns [B, k+1] int64. Without strict mode a NaN logit counts as -inf and a negative or
+    non-finite T as 1; strict mode raises for both.
+
+    ``sampling_params`` (instead of ``temperature``): one :class:`~spec_samplers.SamplingParams`
+    for the batch, or a list with one per request. Target and draft logits are then processed
+    alike, per request, in vLLM's order: temperature, min-p, top-k (ties kept), top-p, each
+    renormalised (greedy requests: the target's argmax). The output follows the processed
+    target exactly, provided each draft token was sampled from the draft logits processed with
+    the same parameters: that is the distribution the drafts are judged against (a drafter
+    that samples at temperature only, as vLLM's, is judged against the wrong p).
+    ``SamplingParams.seed`` is not read here: stochastic samplers take ``seeds`` / ``offsets``
+    or ``seeded_seqs``.
+
+    Example::
+
+        >>> out = sampler.forward_from_logits(target_logits, bonus, draft_logits, draft_ids,
+        ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
+    """
+    return self._run(
+        "forward_from_logits",
+        target_logits,
+        bonus_token_ids,
+        draft_logits,
+        draft_token_ids,
+        temperature=temperature,
+        sampling_params=sampling_params,
+        **randomness,
+    )
+
+
+def _forward_ragged_from_logits(
+    self: SpecDecodeBaseSampler,
+    target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
+    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+    draft_logits: torch.Tensor | None,  # [T, V] or None
+    draft_token_ids: torch.Tensor,  # [T] int32/int64
+    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
+    max_spec_len: int,  # K
+    temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+    *,
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    **randomness: Any,
+) -> torch.Tensor:
+    """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
+    Returns [B, K+1] int64, -1 padded."""
+    return self._run(
+        "forward_ragged_from_logits",
+        target_logits,
+        bonus_token_ids,
+        draft_logits,
+        draft_token_ids,
+        cu_num_draft_tokens=cu_num_draft_tokens,
+        max_spec_len=max_spec_len,
+        temperature=temperature,
+        sampling_params=sampling_params,
+        **randomness,
+    )
+
+
+_Param = inspect.Parameter
+#: vLLM V0's generator per seeded row; positional, right after the entry's own positional arguments
+_SEEDED_SEQS = _Param(
+    "seeded_seqs", _Param.POSITIONAL_OR_KEYWORD, default=None, annotation="dict[int, torch.Generator] | None"
+)
+#: [B] int64 per-row seeds kept on device and [B] int64 counter offsets (default 0), keyword-only
+_SEEDS = tuple(
+    _Param(name, _Param.KEYWORD_ONLY, default=None, annotation="torch.Tensor | None") for name in ("seeds", "offsets")
+)
+#: [B] bool rows sampled at temperature 0; the logits entries read it from the temperature instead
+_IS_GREEDY = _Param("is_greedy", _Param.KEYWORD_ONLY, default=None, annotation="torch.Tensor | None")
+
+
+def _entry(fn: Callable[..., torch.Tensor], *randomness: inspect.Parameter) -> Callable[..., torch.Tensor]:
+    """The public entry that ``fn`` implements, named as fn without its underscore. With
+    ``randomness`` (keyword-only parameters: the stochastic samplers' entry) it also takes
+    ``seeded_seqs``, by position too, and runs the pipeline with ``stochastic=True``; without,
+    it takes fn's arguments only. ``inspect.signature`` and ``help()`` show that signature."""
+    name = fn.__name__.removeprefix("_")
+    stochastic = bool(randomness)
+    params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    params[0] = params[0].replace(annotation=_Param.empty)  # self
+    num_positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[1:])
+    if stochastic:
+        # seeded_seqs follows the positional arguments; the keyword-only ones lead the rest
+        params[num_positional + 1 : num_positional + 1] = [_SEEDED_SEQS, *randomness]
+    signature = inspect.signature(fn).replace(parameters=params)
+    names = frozenset(p.name for p in params[1:])
+
+    def entry(self: SpecDecodeBaseSampler, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if len(args) <= num_positional and names.issuperset(kwargs):  # the usual call: nothing to bind
+            return fn(self, *args, stochastic=stochastic, **kwargs)
+        try:
+            arguments = signature.bind(self, *args, **kwargs).arguments
+        except TypeError as error:  # a wrong call: say so as Python would for a def
+            raise TypeError(f"{name}() {error}") from None
+        del arguments["self"]
+        return fn(self, **arguments, stochastic=stochastic)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = fn.__doc__
+    entry.__module__ = fn.__module__
+    entry.__signature__ = signature  # type: ignore[attr-defined]
+    return entry
+
+
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
-    """Samplers whose output is a function of the inputs alone."""
+    """Samplers whose output is a function of the inputs alone: the entries take no seeds."""
 
-    def forward(
-        self,
-        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-        draft_probs: torch.Tensor | None,  # [B, k, V] or None
-        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-    ) -> torch.Tensor:
-        """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
-        return self._run("forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
-
-    def forward_ragged(
-        self,
-        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
-        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-        draft_probs: torch.Tensor | None,  # [T, V] or None
-        draft_token_ids: torch.Tensor,  # [T] int32/int64
-        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
-        max_spec_len: int,  # K >= every k_b: fixes the output width
-    ) -> torch.Tensor:
-        """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded; an
-        out-of-range bonus id becomes -1 (the layout has no bonus rows to resample from)."""
-        return self._run(
-            "forward_ragged",
-            target_probs,
-            bonus_token_ids,
-            draft_probs,
-            draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens,
-            max_spec_len=max_spec_len,
-        )
-
-    def forward_from_logits(
-        self,
-        target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-        draft_logits: torch.Tensor | None,  # [B, k, V] or None
-        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
-        *,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> torch.Tensor:
-        """:meth:`forward` on q = softmax(target_logits / T) (p likewise; T == 0: greedy on the
-        target logits' argmax). The Triton backend fuses the softmax. Returns [B, k+1] int64.
-        Without strict mode a NaN logit counts as -inf and a negative or non-finite T as 1.
-
-        ``sampling_params`` (instead of ``temperature``): one :class:`~spec_samplers.SamplingParams`
-        for the batch or a list with one per request; q and p are then the logits processed in
-        vLLM's order (temperature, min-p, top-k, top-p, each renormalised), see
-        :meth:`SpecDecodeStochasticBaseSampler.forward_from_logits`."""
-        return self._run(
-            "forward_from_logits",
-            target_logits,
-            bonus_token_ids,
-            draft_logits,
-            draft_token_ids,
-            temperature=temperature,
-            sampling_params=sampling_params,
-        )
-
-    def forward_ragged_from_logits(
-        self,
-        target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
-        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-        draft_logits: torch.Tensor | None,  # [T, V] or None
-        draft_token_ids: torch.Tensor,  # [T] int32/int64
-        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
-        max_spec_len: int,  # K
-        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
-        *,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> torch.Tensor:
-        """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
-        Returns [B, K+1] int64, -1 padded."""
-        return self._run(
-            "forward_ragged_from_logits",
-            target_logits,
-            bonus_token_ids,
-            draft_logits,
-            draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens,
-            max_spec_len=max_spec_len,
-            temperature=temperature,
-            sampling_params=sampling_params,
-        )
+    forward = _entry(_forward)
+    forward_ragged = _entry(_forward_ragged)
+    forward_from_logits = _entry(_forward_from_logits)
+    forward_ragged_from_logits = _entry(_forward_ragged_from_logits)
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
-    """Samplers that draw random numbers; ``seeded_seqs`` maps row -> torch.Generator, ``seeds``
-    and ``offsets`` ([B] int64 device tensors) key the counter RNG per request."""
+    """Samplers that draw random numbers. Every entry also takes ``seeded_seqs`` (vLLM V0's:
+    row -> torch.Generator; by position after the entry's own positional arguments) and the
+    keyword-only ``seeds`` and ``offsets`` ([B] int64 device tensors keying the counter RNG per
+    request; offsets default to 0); the probability entries also take ``is_greedy`` ([B] bool,
+    rows sampled at temperature 0)."""
 
-    def forward(
-        self,
-        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-        draft_probs: torch.Tensor | None,  # [B, k, V] fp32/fp16/bf16, or None for point-mass drafts
-        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-        seeded_seqs: dict[int, torch.Generator] | None = None,
-        *,
-        seeds: torch.Tensor | None = None,  # [B] int64, per-row seeds kept on device
-        offsets: torch.Tensor | None = None,  # [B] int64, per-row counter offsets (default 0)
-        is_greedy: torch.Tensor | None = None,  # [B] bool, rows sampled at temperature 0
-    ) -> torch.Tensor:
-        """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
-        return self._run(
-            "forward",
-            target_with_bonus_probs,
-            bonus_token_ids,
-            draft_probs,
-            draft_token_ids,
-            seeded_seqs=seeded_seqs,
-            seeds=seeds,
-            offsets=offsets,
-            is_greedy=is_greedy,
-            stochastic=True,
-        )
-
-    def forward_ragged(
-        self,
-        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
-        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-        draft_probs: torch.Tensor | None,  # [T, V] or None for point-mass drafts
-        draft_token_ids: torch.Tensor,  # [T] int32/int64
-        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
-        max_spec_len: int,  # K >= every k_b: fixes the output width
-        seeded_seqs: dict[int, torch.Generator] | None = None,
-        *,
-        seeds: torch.Tensor | None = None,  # [B] int64
-        offsets: torch.Tensor | None = None,  # [B] int64
-        is_greedy: torch.Tensor | None = None,  # [B] bool
-    ) -> torch.Tensor:
-        """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded.
-
-        Same tokens as :meth:`forward` on the same data and seeds. There are no bonus rows, so a
-        bonus id outside [0, V) becomes -1 rather than a resample.
-        """
-        return self._run(
-            "forward_ragged",
-            target_probs,
-            bonus_token_ids,
-            draft_probs,
-            draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens,
-            max_spec_len=max_spec_len,
-            seeded_seqs=seeded_seqs,
-            seeds=seeds,
-            offsets=offsets,
-            is_greedy=is_greedy,
-            stochastic=True,
-        )
-
-    def forward_from_logits(
-        self,
-        target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-        draft_logits: torch.Tensor | None,  # [B, k, V] or None for point-mass drafts
-        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
-        seeded_seqs: dict[int, torch.Generator] | None = None,
-        *,
-        seeds: torch.Tensor | None = None,  # [B] int64
-        offsets: torch.Tensor | None = None,  # [B] int64
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> torch.Tensor:
-        """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T)
-        (each request's T for both; T == 0 makes the request greedy on the target logits'
-        argmax). The Triton backend fuses the softmax and never writes a probability tensor.
-        Returns [B, k+1] int64. Without strict mode a NaN logit counts as -inf and a negative or
-        non-finite T as 1; strict mode raises for both.
-
-        ``sampling_params`` (instead of ``temperature``): one :class:`~spec_samplers.SamplingParams`
-        for the batch, or a list with one per request. Target and draft logits are then processed
-        alike, per request, in vLLM's order: temperature, min-p, top-k (ties kept), top-p, each
-        renormalised (greedy requests: the target's argmax). The output follows the processed
-        target exactly, provided each draft token was sampled from the draft logits processed with
-        the same parameters: that is the distribution the drafts are judged against (a drafter
-        that samples at temperature only, as vLLM's, is judged against the wrong p).
-        ``SamplingParams.seed`` is not read here: pass ``seeds`` / ``offsets`` or ``seeded_seqs``.
-
-        Example::
-
-            >>> sampler = RejectionSampler()
-            >>> out = sampler.forward_from_logits(target_logits, bonus, draft_logits, draft_ids,
-            ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
-        """
-        return self._run(
-            "forward_from_logits",
-            target_logits,
-            bonus_token_ids,
-            draft_logits,
-            draft_token_ids,
-            temperature=temperature,
-            sampling_params=sampling_params,
-            seeded_seqs=seeded_seqs,
-            seeds=seeds,
-            offsets=offsets,
-            stochastic=True,
-        )
-
-    def forward_ragged_from_logits(
-        self,
-        target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
-        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-        draft_logits: torch.Tensor | None,  # [T, V] or None
-        draft_token_ids: torch.Tensor,  # [T] int32/int64
-        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
-        max_spec_len: int,  # K
-        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
-        seeded_seqs: dict[int, torch.Generator] | None = None,
-        *,
-        seeds: torch.Tensor | None = None,  # [B] int64
-        offsets: torch.Tensor | None = None,  # [B] int64
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> torch.Tensor:
-        """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
-        Returns [B, K+1] int64, -1 padded."""
-        return self._run(
-            "forward_ragged_from_logits",
-            target_logits,
-            bonus_token_ids,
-            draft_logits,
-            draft_token_ids,
-            cu_num_draft_tokens=cu_num_draft_tokens,
-            max_spec_len=max_spec_len,
-            temperature=temperature,
-            sampling_params=sampling_params,
-            seeded_seqs=seeded_seqs,
-            seeds=seeds,
-            offsets=offsets,
-            stochastic=True,
-        )
+    forward = _entry(_forward, *_SEEDS, _IS_GREEDY)
+    forward_ragged = _entry(_forward_ragged, *_SEEDS, _IS_GREEDY)
+    forward_from_logits = _entry(_forward_from_logits, *_SEEDS)
+    forward_ragged_from_logits = _entry(_forward_ragged_from_logits, *_SEEDS)

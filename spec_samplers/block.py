@@ -28,19 +28,17 @@ class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
         strict_mode: check token-id bounds and probability values too (synchronises with the host).
         backend: "auto", "torch" or "triton", as for :class:`RejectionSampler`.
 
-    Example::
+    Example, on the inputs of :class:`RejectionSampler`'s example, next to it on the same seeds::
 
-        >>> import torch
         >>> from spec_samplers import BlockVerificationSampler
-        >>> B, k, V = 2, 3, 8
-        >>> target = torch.softmax(torch.randn(B, k + 1, V), -1)   # [B, k+1, V]
-        >>> draft = torch.softmax(torch.randn(B, k, V), -1)        # [B, k, V]
-        >>> draft_ids = torch.multinomial(draft.view(-1, V), 1).view(B, k)
-        >>> bonus = torch.multinomial(target[:, -1], 1)             # [B, 1]
-        >>> out = BlockVerificationSampler()(target, bonus, draft, draft_ids)  # [B, k+1], -1 padded
+        >>> seeds = torch.tensor([1, 2])                            # [B] int64
+        >>> block = BlockVerificationSampler()(target, bonus, draft, draft_ids, seeds=seeds)  # [B, k+1]
+        >>> tokenwise = RejectionSampler()(target, bonus, draft, draft_ids, seeds=seeds)
+        >>> (block != -1).sum(1), (tokenwise != -1).sum(1)         # emitted per row: block's mean is no lower
     """
 
     lossless: ClassVar[bool] = True
+    applies_filters: ClassVar[bool] = True
     #: the bench's lossless theory for this sampler (spec_samplers.bench.quality.block_theory)
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)

@@ -141,12 +141,18 @@ class VerifyBatch:
     offsets: torch.Tensor | None = None  # [B] int64, default 0
     is_greedy: torch.Tensor | None = None  # [B] bool (probability inputs)
     temperature: torch.Tensor | None = None  # [B] float (logits inputs), 0 = greedy
+    # Per-request filters of logits inputs (SamplingParams' top_k / top_p / min_p, applied to target
+    # and draft alike in vLLM's order; spec_samplers.sampling.reference.filtered_softmax_reference).
+    # Set together or not at all; a neutral value (0, 1, 0) leaves a request unfiltered.
+    top_k: torch.Tensor | None = None  # [B] int64, 0 = off
+    top_p: torch.Tensor | None = None  # [B] fp32, 1 = off
+    min_p: torch.Tensor | None = None  # [B] fp32, 0 = off
 
     def __post_init__(self) -> None:
         # The kernels read every [B] tensor as contiguous: a strided or expanded (stride 0) view
         # would be read at the wrong elements or past its storage. The copies are [B] long (a
         # no-op for contiguous tensors) and need no host synchronisation.
-        for name in ("bonus_token_ids", "seeds", "offsets", "is_greedy", "temperature"):
+        for name in ("bonus_token_ids", "seeds", "offsets", "is_greedy", "temperature", "top_k", "top_p", "min_p"):
             t = getattr(self, name)
             if t is not None and not t.is_contiguous():
                 object.__setattr__(self, name, t.contiguous())
@@ -154,6 +160,11 @@ class VerifyBatch:
     @property
     def logits(self) -> bool:
         return self.temperature is not None
+
+    @property
+    def filtered(self) -> bool:
+        """Logits inputs with per-request top-k / top-p / min-p filters."""
+        return self.temperature is not None and self.top_k is not None
 
     @classmethod
     def padded(

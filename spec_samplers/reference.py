@@ -18,6 +18,7 @@ from spec_samplers import rng
 from spec_samplers.constants import ENTROPY_EPS, ENTROPY_EPS_FP32, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS, fp32_value
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, valid_ids
 
 __all__ = [
@@ -48,6 +49,63 @@ def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -
     return torch.where(rows >= 0, vals, torch.zeros((), device=flat.device))
 
 
+def _valid_drafts(draft_ids: torch.Tensor, num_draft: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """draft_ids [B, K], num_draft [B] -> (valid [B, K] bool: id in [0, V) and inside the
+    request, ids [B, K] int64 clamped into [0, V))."""
+    K = draft_ids.shape[1]
+    in_request = torch.arange(K, device=draft_ids.device)[None, :] < num_draft[:, None]
+    valid, ids = valid_ids(draft_ids, V)
+    return valid & in_request, ids
+
+
+def _greedy_accepts(
+    target_flat: torch.Tensor,  # [R, V]
+    target_rows: torch.Tensor,  # [B, K+1] int64, -1 = none
+    draft_valid: torch.Tensor,  # [B, K] bool
+    drafts: torch.Tensor,  # [B, K] int64 ids clamped into [0, V)
+    q_x: torch.Tensor,  # [B, K] fp32 q at the drafts
+) -> torch.Tensor:
+    """[B, K] bool: the greedy rule's accept test, x_i == argmax q_i, at every position."""
+    B, K = drafts.shape
+    target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
+    # q_x > 0: a row without mass has argmax 0, which it does not give probability
+    return draft_valid & (drafts == target_argmax) & (q_x > 0)
+
+
+def _final_tokens(
+    recovered: torch.Tensor,  # [B] int64: the token recovered at position j
+    has_draft: torch.Tensor,  # [B] bool: position j holds a draft (else: all drafts accepted)
+    bonus_token_ids: torch.Tensor,  # [B] int
+    has_bonus_row: torch.Tensor,  # [B] bool: the layout has a target row at position j
+    V: int,
+) -> torch.Tensor:
+    """[B] the token after the accepted prefix: the recovered token at a rejection; else the
+    bonus as given when in range, else the sampler's token from the bonus row (``recovered``
+    there), else (no bonus row) a placeholder."""
+    bonus_valid, bonus = valid_ids(bonus_token_ids, V)
+    fallback = torch.where(has_bonus_row, recovered, torch.full_like(recovered, PLACEHOLDER_TOKEN_ID))
+    return torch.where(has_draft, recovered, torch.where(bonus_valid, bonus, fallback))
+
+
+def _recover(
+    residual: torch.Tensor,  # [B, V] fp32 (unnormalised) distribution to sample at position j
+    q_j: torch.Tensor,  # [B, V] fp32 target row at position j
+    j: torch.Tensor,  # [B] int64 position
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+    is_greedy: torch.Tensor | None,  # [B] bool
+) -> torch.Tensor:
+    """[B] a sample of ``residual`` (of q_j where the residual has no mass; argmax q_j on greedy
+    rows) by the exponential race of position j; -1 (no token) where q_j has no mass."""
+    no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
+    residual = torch.where(no_mass[:, None], q_j, residual)
+    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
+    if is_greedy is not None:
+        recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
+    # A target row without probability mass has no token to give: -1 (no token) there.
+    return torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
+
+
 # ---------------------------------------------------------------------------------------------
 # Rejection sampling.
 
@@ -72,67 +130,39 @@ def _random_accepts(
     return draft_valid & (p_x > 0) & (u < q_x / p_x)
 
 
-def _rejection_core(
-    target_flat: torch.Tensor,  # [R, V] fp32/fp16/bf16
-    target_rows: torch.Tensor,  # [B, K+1] int64 row of (request, position), -1 = none
-    draft_flat: torch.Tensor | None,  # [R', V] or None (point-mass drafts)
-    draft_rows: torch.Tensor,  # [B, K] int64
-    num_draft: torch.Tensor,  # [B] int64, k_b <= K
-    draft_ids: torch.Tensor,  # [B, K] int (entries past k_b ignored)
-    bonus_token_ids: torch.Tensor,  # [B] int
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None,  # [B] int64
-    is_greedy: torch.Tensor | None,  # [B] bool
-) -> torch.Tensor:
-    B, K = draft_ids.shape
-    V = target_flat.shape[1]
-    device = target_flat.device
-    if offsets is None:
-        offsets = torch.zeros(B, dtype=torch.int64, device=device)
-    rows = torch.arange(B, device=device)
-    in_request = torch.arange(K, device=device)[None, :] < num_draft[:, None]  # [B, K]
-    draft_valid, drafts = valid_ids(draft_ids, V)
-    draft_valid = draft_valid & in_request
+def _rejection_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rejection sampling on flat rows; seeds, offsets: [B] int64. Returns [B, K+1] int64."""
+    B, K = f.draft_ids.shape
+    V = f.target.shape[1]
+    rows = torch.arange(B, device=f.target.device)
+    draft_valid, drafts = _valid_drafts(f.draft_ids, f.num_draft, V)
 
-    accepted = _random_accepts(target_flat, target_rows, draft_flat, draft_rows, draft_valid, drafts, seeds, offsets)
-    if is_greedy is not None and K > 0:
-        target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
-        # q_x > 0: a row without mass has argmax 0, which it does not give probability
-        q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
-        greedy_accepted = draft_valid & (drafts == target_argmax) & (q_x > 0)
-        accepted = torch.where(is_greedy[:, None], greedy_accepted, accepted)
+    accepted = _random_accepts(f.target, f.target_rows, f.draft, f.draft_rows, draft_valid, drafts, seeds, offsets)
+    if f.is_greedy is not None and K > 0:
+        q_x = _gather_scalars(f.target, f.target_rows[:, :K], drafts)  # [B, K]
+        greedy_accepted = _greedy_accepts(f.target, f.target_rows, draft_valid, drafts, q_x)
+        accepted = torch.where(f.is_greedy[:, None], greedy_accepted, accepted)
     num_accepted = num_leading_accepted(accepted)  # [B]
 
     # One vocabulary row per request: its first rejected position j (j == k_b: the bonus row).
     j = num_accepted
-    has_draft = j < num_draft
+    has_draft = j < f.num_draft
     jd = j.clamp(max=max(K - 1, 0))
-    q_j = _gather_rows(target_flat, target_rows[rows, j])  # [B, V]
+    q_j = _gather_rows(f.target, f.target_rows[rows, j])  # [B, V]
     if K == 0:
         residual = q_j
-    elif draft_flat is None:
+    elif f.draft is None:
         x_j = drafts[rows, jd]
         remove = has_draft & draft_valid[rows, jd]
         residual = q_j.clone()
         residual[rows, x_j] = torch.where(remove, torch.zeros_like(q_j[:, 0]), q_j[rows, x_j])
     else:
         # An out-of-range draft was never a sample of p: recover from q, not (q - p)+.
-        p_row = torch.where(has_draft & draft_valid[rows, jd], draft_rows[rows, jd], -1)
-        residual = (q_j - _gather_rows(draft_flat, p_row)).clamp_min(0)
-    no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
-    residual = torch.where(no_mass[:, None], q_j, residual)
-    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
-    if is_greedy is not None:
-        recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
-    # A target row without probability mass has no token to give: -1 (no token) there.
-    recovered = torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
-
-    # Bonus: as given when in range; else a sample of the bonus row; else (no bonus row) a placeholder.
-    bonus_valid, bonus = valid_ids(bonus_token_ids, V)
-    has_bonus_row = target_rows[rows, j] >= 0
-    fallback = torch.where(has_bonus_row, recovered, torch.full_like(recovered, PLACEHOLDER_TOKEN_ID))
-    final = torch.where(has_draft, recovered, torch.where(bonus_valid, bonus, fallback))
-    return build_output(draft_ids, num_accepted, final)
+        p_row = torch.where(has_draft & draft_valid[rows, jd], f.draft_rows[rows, jd], -1)
+        residual = (q_j - _gather_rows(f.draft, p_row)).clamp_min(0)
+    recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
+    final = _final_tokens(recovered, has_draft, f.bonus, f.target_rows[rows, j] >= 0, V)
+    return build_output(f.draft_ids, num_accepted, final)
 
 
 def _drop_malformed(out: torch.Tensor, num_draft: torch.Tensor) -> torch.Tensor:
@@ -160,6 +190,21 @@ def _ragged_ids(draft_token_ids: torch.Tensor, draft_rows: torch.Tensor) -> torc
     return torch.where(draft_rows >= 0, draft_token_ids.to(torch.int64)[draft_rows.clamp(min=0)], 0)
 
 
+def _softmax_rows(batch: VerifyBatch, logits: torch.Tensor, per_request: int) -> torch.Tensor:
+    """[R, V] fp32 probabilities of ``per_request`` consecutive rows per request, each at its
+    request's temperature (and filters, when the batch has them)."""
+    assert batch.temperature is not None
+
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.repeat_interleave(per_request)
+
+    t = rows(batch.temperature)
+    assert t is not None
+    if not batch.filtered:
+        return probs_from_logits(logits, t)
+    return filtered_softmax_reference(logits, t, rows(batch.top_k), rows(batch.top_p), rows(batch.min_p))
+
+
 class FlatInputs:
     """A batch as flat [R, V] fp32-convertible rows plus index maps (see :func:`flat_inputs`)."""
 
@@ -184,9 +229,9 @@ class FlatInputs:
                 if draft is not None:
                     draft = _rows_at(draft, self.draft_rows)
                     self.draft_rows = _own_rows(self.draft_rows)
-            target = probs_from_logits(target, t.repeat_interleave(K + 1))
+            target = _softmax_rows(batch, target, K + 1)
             if draft is not None:
-                draft = probs_from_logits(draft, t.repeat_interleave(K))
+                draft = _softmax_rows(batch, draft, K)
             self.is_greedy = t == 0
         self.target = target  # [R, V]
         self.draft = draft  # [R', V] or None
@@ -196,6 +241,15 @@ class FlatInputs:
 def flat_inputs(batch: VerifyBatch) -> FlatInputs:
     """Flat rows and maps of ``batch``, logits already turned into probabilities."""
     return FlatInputs(batch)
+
+
+def _seeds_offsets(batch: VerifyBatch, sampler: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's [B] int64 seeds (the samplers that draw need them) and offsets (default 0)."""
+    assert batch.seeds is not None, f"{sampler} needs per-request seeds"
+    offsets = batch.offsets
+    if offsets is None:
+        offsets = torch.zeros(batch.layout.batch_size, dtype=torch.int64, device=batch.target.device)
+    return batch.seeds, offsets
 
 
 def rejection_reference(batch: VerifyBatch) -> torch.Tensor:
@@ -221,35 +275,18 @@ def rejection_reference(batch: VerifyBatch) -> torch.Tensor:
         >>> rejection_reference(batch).shape
         torch.Size([2, 4])
     """
-    assert batch.seeds is not None, "rejection sampling needs per-request seeds"
     f = flat_inputs(batch)
-    out = _rejection_core(
-        f.target,
-        f.target_rows,
-        f.draft,
-        f.draft_rows,
-        f.num_draft,
-        f.draft_ids,
-        f.bonus,
-        batch.seeds,
-        batch.offsets,
-        f.is_greedy,
-    )
-    return _drop_malformed(out, f.num_draft)
+    return _drop_malformed(_rejection_core(f, *_seeds_offsets(batch, "rejection sampling")), f.num_draft)
 
 
 def rejection_accepts_reference(batch: VerifyBatch) -> torch.Tensor:
     """[B, K] bool: whether each draft passes the random accept test of
     :func:`rejection_reference` on its own (same random numbers), whether or not an earlier draft
     was rejected (FlashInfer's "accepted" count); False past a request's drafts."""
-    assert batch.seeds is not None, "rejection sampling needs per-request seeds"
+    seeds, offsets = _seeds_offsets(batch, "rejection sampling")
     f = flat_inputs(batch)
-    B, K = f.draft_ids.shape
-    device = batch.target.device
-    draft_valid, drafts = valid_ids(f.draft_ids, batch.layout.vocab_size)
-    draft_valid = draft_valid & (torch.arange(K, device=device)[None, :] < f.num_draft[:, None])
-    offsets = batch.offsets if batch.offsets is not None else torch.zeros(B, dtype=torch.int64, device=device)
-    return _random_accepts(f.target, f.target_rows, f.draft, f.draft_rows, draft_valid, drafts, batch.seeds, offsets)
+    draft_valid, drafts = _valid_drafts(f.draft_ids, f.num_draft, batch.layout.vocab_size)
+    return _random_accepts(f.target, f.target_rows, f.draft, f.draft_rows, draft_valid, drafts, seeds, offsets)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,9 +327,7 @@ def _typical_core(
     B, K = draft_ids.shape
     V = target_flat.shape[1]
     device = target_flat.device
-    in_request = torch.arange(K, device=device)[None, :] < num_draft[:, None]
-    draft_valid, drafts = valid_ids(draft_ids, V)
-    draft_valid = draft_valid & in_request
+    draft_valid, drafts = _valid_drafts(draft_ids, num_draft, V)
     accepted = torch.zeros((B, K), dtype=torch.bool, device=device)
     argmaxes = []
     # One position at a time keeps the fp32 copy at [B, V] instead of upcasting [B, K+1, V].
@@ -307,10 +342,8 @@ def _typical_core(
     num_accepted = num_leading_accepted(accepted)
     rows = torch.arange(B, device=device)
     recovered = torch.stack(argmaxes, dim=1)[rows, num_accepted]
-    bonus_valid, bonus = valid_ids(bonus_token_ids, V)
     has_bonus_row = target_rows[rows, num_accepted] >= 0
-    fallback = torch.where(has_bonus_row, recovered, torch.full_like(recovered, PLACEHOLDER_TOKEN_ID))
-    final = torch.where(num_accepted < num_draft, recovered, torch.where(bonus_valid, bonus, fallback))
+    final = _final_tokens(recovered, num_accepted < num_draft, bonus_token_ids, has_bonus_row, V)
     return build_output(draft_ids, num_accepted, final)
 
 
@@ -379,27 +412,14 @@ def block_thresholds(mass: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     return torch.where(full, one, mass / torch.where(full, one, mass + (1.0 - rho)))
 
 
-def _block_core(
-    target_flat: torch.Tensor,  # [R, V] fp32/fp16/bf16
-    target_rows: torch.Tensor,  # [B, K+1] int64 row of (request, position), -1 = none
-    draft_flat: torch.Tensor | None,  # [R', V] or None (point-mass drafts)
-    draft_rows: torch.Tensor,  # [B, K] int64
-    num_draft: torch.Tensor,  # [B] int64, k_b <= K
-    draft_ids: torch.Tensor,  # [B, K] int (entries past k_b ignored)
-    bonus_token_ids: torch.Tensor,  # [B] int
-    seeds: torch.Tensor,  # [B] int64
-    offsets: torch.Tensor | None,  # [B] int64
-    is_greedy: torch.Tensor | None,  # [B] bool
-) -> torch.Tensor:
-    B, K = draft_ids.shape
-    V = target_flat.shape[1]
-    device = target_flat.device
-    if offsets is None:
-        offsets = torch.zeros(B, dtype=torch.int64, device=device)
+def _block_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Block verification on flat rows; seeds, offsets: [B] int64. Returns [B, K+1] int64."""
+    B, K = f.draft_ids.shape
+    V = f.target.shape[1]
+    device = f.target.device
     rows = torch.arange(B, device=device)
-    in_request = torch.arange(K, device=device)[None, :] < num_draft[:, None]  # [B, K]
-    draft_valid, drafts = valid_ids(draft_ids, V)
-    draft_valid = draft_valid & in_request
+    draft_valid, drafts = _valid_drafts(f.draft_ids, f.num_draft, V)
+    target_flat, target_rows, draft_flat, draft_rows = f.target, f.target_rows, f.draft, f.draft_rows
 
     # Running ratios from gathered scalars.
     q_x = _gather_scalars(target_flat, target_rows[:, :K], drafts)  # [B, K]
@@ -423,19 +443,18 @@ def _block_core(
     h = torch.cat([h[:, 1:], rho[:, K:]], dim=1)  # [B, K]: entry m-1 holds h_m
     u = rng.accept_uniforms(seeds, offsets, K)  # [B, K]: entry m-1 tests h_m
     m_idx = torch.arange(1, K + 1, device=device)[None, :]
-    stop = (u < h) & (m_idx <= num_draft[:, None])
+    stop = (u < h) & (m_idx <= f.num_draft[:, None])
     if K:
         tau = torch.where(stop, m_idx, torch.zeros_like(m_idx)).amax(dim=1)
     else:
         tau = torch.zeros(B, dtype=torch.int64, device=device)
-    if is_greedy is not None and K > 0:
-        target_argmax = torch.argmax(_gather_rows(target_flat, target_rows[:, :K].reshape(-1)), dim=-1).view(B, K)
-        greedy_len = num_leading_accepted(draft_valid & (drafts == target_argmax) & (q_x > 0))
-        tau = torch.where(is_greedy, greedy_len, tau)
+    if f.is_greedy is not None and K > 0:
+        greedy_len = num_leading_accepted(_greedy_accepts(target_flat, target_rows, draft_valid, drafts, q_x))
+        tau = torch.where(f.is_greedy, greedy_len, tau)
 
     # One vocabulary row per request for the emitted token: position tau.
     j = tau
-    has_draft = j < num_draft
+    has_draft = j < f.num_draft
     jd = j.clamp(max=max(K - 1, 0))
     q_j = _gather_rows(target_flat, target_rows[rows, j])  # [B, V]
     rho_j = rho[rows, j]
@@ -451,19 +470,9 @@ def _block_core(
     else:
         p_j = _gather_rows(draft_flat, torch.where(resid, draft_rows[rows, jd], -1))
         residual = torch.where(resid[:, None], (rho_j[:, None] * q_j - p_j).clamp_min(0.0), q_j)
-    no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
-    residual = torch.where(no_mass[:, None], q_j, residual)
-    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
-    if is_greedy is not None:
-        recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
-    # A target row without probability mass has no token to give: -1 (no token) there.
-    recovered = torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
-
-    bonus_valid, bonus = valid_ids(bonus_token_ids, V)
-    has_bonus_row = target_rows[rows, j] >= 0
-    fallback = torch.where(has_bonus_row, recovered, torch.full_like(recovered, PLACEHOLDER_TOKEN_ID))
-    final = torch.where(has_draft, recovered, torch.where(bonus_valid, bonus, fallback))
-    return build_output(draft_ids, j, final)
+    recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
+    final = _final_tokens(recovered, has_draft, f.bonus, target_rows[rows, j] >= 0, V)
+    return build_output(f.draft_ids, j, final)
 
 
 def block_reference(batch: VerifyBatch) -> torch.Tensor:
@@ -481,18 +490,5 @@ def block_reference(batch: VerifyBatch) -> torch.Tensor:
         >>> block_reference(batch).shape
         torch.Size([2, 4])
     """
-    assert batch.seeds is not None, "block verification needs per-request seeds"
     f = flat_inputs(batch)
-    out = _block_core(
-        f.target,
-        f.target_rows,
-        f.draft,
-        f.draft_rows,
-        f.num_draft,
-        f.draft_ids,
-        f.bonus,
-        batch.seeds,
-        batch.offsets,
-        f.is_greedy,
-    )
-    return _drop_malformed(out, f.num_draft)
+    return _drop_malformed(_block_core(f, *_seeds_offsets(batch, "block verification")), f.num_draft)

@@ -37,5 +37,6 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
     """
 
     lossless: ClassVar[bool] = True
+    applies_filters: ClassVar[bool] = True
     reference_op = staticmethod(rejection_reference)
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"

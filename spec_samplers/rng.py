@@ -320,7 +320,9 @@ COMPILE_ENV = "SPEC_SAMPLERS_COMPILE"
 #: and small calls (tests, tiny batches) never pay the one-off compile (~15-45 s on first use)
 COMPILE_MIN_ELEMENTS = 1 << 18
 
-_compiled_race: Callable[..., torch.Tensor] | None = None
+#: eager race -> its torch.compile'd version, made on first use
+_compiled_races: dict[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = {}
+#: a compile failed (no C++ compiler, ...): every race runs eager from then on
 _compile_failed = False
 
 
@@ -357,18 +359,24 @@ def recovery_race(
         >>> int(recovery_race(w, one, one * 0, one * 0)) in (1, 2)
         True
     """
-    global _compiled_race, _compile_failed
+    return run_race(_race_eager, weights, seeds, offsets, positions)
+
+
+def run_race(eager: Callable[..., torch.Tensor], weights: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+    """``eager(weights, *args)``, torch.compile'd where :func:`_use_compiled` says so (see
+    :func:`recovery_race`); a failed compile warns once and falls back to ``eager``."""
+    global _compile_failed
     if _use_compiled(weights):
         try:
-            if _compiled_race is None:
-                _compiled_race = torch.compile(_race_eager, dynamic=True)
-            return _compiled_race(weights, seeds, offsets, positions)
+            if eager not in _compiled_races:
+                _compiled_races[eager] = torch.compile(eager, dynamic=True)
+            return _compiled_races[eager](weights, *args)
         except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
             _compile_failed = True
             warnings.warn(
-                f"spec_samplers.rng: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
+                f"{eager.__module__}: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
                 "using the eager path",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,  # the caller of recovery_race / sample_race
             )
-    return _race_eager(weights, seeds, offsets, positions)
+    return eager(weights, *args)

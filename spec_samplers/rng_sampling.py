@@ -17,10 +17,6 @@ per-row Philox subsequences do.
 
 from __future__ import annotations
 
-import os
-import warnings
-from collections.abc import Callable
-
 import torch
 
 from spec_samplers import rng
@@ -72,10 +68,6 @@ def _race_eager(weights: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tenso
     return torch.argmax(race_keys(weights, sample_exponentials(seeds, offsets, weights.shape[1])), dim=-1)
 
 
-_compiled_race: Callable[..., torch.Tensor] | None = None
-_compile_failed = False
-
-
 def sample_race(
     weights: torch.Tensor,  # [N, V] fp32: >= 0 for the kept tokens, < 0 for the others
     seeds: torch.Tensor,  # [N] int64
@@ -84,29 +76,8 @@ def sample_race(
     """[N] int64 argmax_v (w_v * RACE_SCALE) / E_v over the whole row (ties to the lowest index),
     without the [N, V] exponentials on the CPU: as :func:`spec_samplers.rng.recovery_race`, large
     CPU calls run one torch.compile'd loop (bit-identical words; SPEC_SAMPLERS_COMPILE=0 or a
-    failed compile falls back to the eager path)."""
-    global _compiled_race, _compile_failed
-    use_compiled = (
-        weights.device.type == "cpu"
-        and weights.numel() >= rng.COMPILE_MIN_ELEMENTS
-        and not _compile_failed
-        and os.environ.get(rng.COMPILE_ENV, "1") != "0"
-        and not torch.compiler.is_compiling()
-    )
-    if use_compiled:
-        try:
-            if _compiled_race is None:
-                _compiled_race = torch.compile(_race_eager, dynamic=True)
-            return _compiled_race(weights, seeds, offsets)
-        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
-            _compile_failed = True
-            warnings.warn(
-                f"spec_samplers.rng_sampling: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
-                "using the eager path",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    return _race_eager(weights, seeds, offsets)
+    failed compile falls back to the eager path, for every race)."""
+    return rng.run_race(_race_eager, weights, seeds, offsets)
 
 
 def derive_row_seeds(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) -> torch.Tensor:

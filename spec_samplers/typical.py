@@ -50,6 +50,7 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
     """
 
     lossless: ClassVar[bool] = False
+    applies_filters: ClassVar[bool] = True
     reference_op = staticmethod(typical_reference)
     kernel_op = "spec_samplers.kernels.typical_launch:typical_triton"
 

@@ -41,11 +41,19 @@ TYPES = {
 
 def batches():
     B, K, V = 4, 3, 5000
-    for ragged, draft, offsets, greedy, logits, dtype in itertools.product(
-        (False, True), (False, True), (False, True), (False, True), (False, True), (torch.bfloat16, torch.float32)
+    for ragged, draft, offsets, greedy, logits, filtered, dtype in itertools.product(
+        (False, True),
+        (False, True),
+        (False, True),
+        (False, True),
+        (False, True),
+        (False, True),
+        (torch.bfloat16, torch.float32),
     ):
         if logits and greedy:
             continue  # logits inputs derive greedy rows from T == 0
+        if filtered and not logits:
+            continue  # SamplingParams filters come with logits
         f = dict(dtype=dtype, device=META)
         i64 = dict(dtype=torch.int64, device=META)
         seeds = torch.empty(B, **i64)
@@ -54,6 +62,10 @@ def batches():
             extra["is_greedy"] = torch.empty(B, dtype=torch.bool, device=META)
         if logits:
             extra["temperature"] = torch.empty(B, device=META)
+        if filtered:
+            extra.update(
+                top_k=torch.empty(B, **i64), top_p=torch.empty(B, device=META), min_p=torch.empty(B, device=META)
+            )
         bonus = torch.empty(B, 1, **i64)
         if ragged:
             T = 7

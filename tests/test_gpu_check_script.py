@@ -40,6 +40,11 @@ def test_gpu_check_equality_and_report_code_runs_on_tiny_cpu_shapes(monkeypatch)
     row = rows[0]
     assert row["rejection"] and row["rejection_point_mass"] and row["rejection_ragged"] and row["typical"]
     assert row["logits_rows_differing"] == 0 and row["typical_logits_rows_differing"] == 0
+    assert row["filtered_rows_differing"] == 0 and row["block_filtered_rows_differing"] == 0
+    # the fused-vs-unfused SamplingParams timing runs both paths on one case; they agree here
+    calls = mod._fused_and_unfused(mod.make_inputs(3, 2, 130, torch.float32, seed=1), 3, 2, 130)
+    fused, unfused = calls["fused"](), calls["process_then_verify"]()
+    assert fused.shape == (3, 3) and torch.equal(fused, unfused)
     meta = {"gpu": "none", "date": "today", "versions": {"torch": torch.__version__}, "copy_bandwidth_GBps": 1.0}
     graphs = [
         {"kernel": "rejection", "B": 1, "k": 4, "V": 130, "dtype": "float32", "replays_equal": True, "replay_us": 5.0}

@@ -23,10 +23,12 @@ Layout conversion that an engine would not do per step (flattening, dtype) happe
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import types
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -86,28 +88,28 @@ def prepare_vllm_v0_torch(target_with_bonus_probs, bonus_token_ids, draft_probs,
     return lambda: sampler(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
 
 
-def _require_cuda(name: str, device: torch.device) -> None:
-    if device.type != "cuda":
-        raise BaselineUnavailable(f"{name} runs CUDA kernels only; this run's device is {device}")
-
-
-def _installed(module: str, distribution: str) -> str:
-    if importlib.util.find_spec(module) is None:
+def _cuda_entry(module: str, name: str, distribution: str, label: str, device: torch.device) -> Any:
+    """``module.name`` of the installed ``distribution``, whose kernels run on CUDA only, or
+    :class:`BaselineUnavailable` saying why not. ``label`` names it in that message, its
+    ``{what}`` replaced by the distribution and its version."""
+    if importlib.util.find_spec(module.partition(".")[0]) is None:
         raise BaselineUnavailable(f"{distribution} is not installed")
     try:
-        return f"{distribution} {importlib.metadata.version(distribution)}"
+        what = f"{distribution} {importlib.metadata.version(distribution)}"
     except importlib.metadata.PackageNotFoundError:
-        return distribution
+        what = distribution
+    if device.type != "cuda":
+        raise BaselineUnavailable(f"{label.format(what=what)} runs CUDA kernels only; this run's device is {device}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the baseline unavailable
+        raise BaselineUnavailable(f"importing {module} failed: {exc!r}") from exc
 
 
 def prepare_vllm_v1(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids) -> Prepared:
     device = target_with_bonus_probs.device
-    what = _installed("vllm", "vllm")
-    _require_cuda(f"vllm.v1.sample.rejection_sampler ({what}, Triton kernels)", device)
-    try:
-        from vllm.v1.sample.rejection_sampler import rejection_sample
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the baseline unavailable
-        raise BaselineUnavailable(f"importing vllm.v1.sample.rejection_sampler failed: {exc!r}") from exc
+    module = "vllm.v1.sample.rejection_sampler"
+    rejection_sample = _cuda_entry(module, "rejection_sample", "vllm", module + " ({what}, Triton kernels)", device)
     B, kp1, V = target_with_bonus_probs.shape
     k = kp1 - 1
     target_logits = torch.log(target_with_bonus_probs[:, :k].to(torch.float32)).reshape(B * k, V).contiguous()
@@ -127,19 +129,16 @@ def prepare_vllm_v1(target_with_bonus_probs, bonus_token_ids, draft_probs, draft
     def run() -> torch.Tensor:
         # rejection_sample allocates its softmax and output, so the prepared inputs can be reused
         # (a namespace with the fields rejection_sample reads, not vLLM's SamplingMetadata class)
-        return rejection_sample(flat_ids, [k] * B, k, cu_num, flat_draft, target_logits, bonus, metadata)  # type: ignore[arg-type]
+        return rejection_sample(flat_ids, [k] * B, k, cu_num, flat_draft, target_logits, bonus, metadata)
 
     return run
 
 
 def prepare_flashinfer(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids) -> Prepared:
-    device = target_with_bonus_probs.device
-    what = _installed("flashinfer", "flashinfer-python")
-    _require_cuda(f"flashinfer.sampling.chain_speculative_sampling ({what})", device)
-    try:
-        from flashinfer.sampling import chain_speculative_sampling
-    except Exception as exc:  # noqa: BLE001
-        raise BaselineUnavailable(f"importing flashinfer.sampling failed: {exc!r}") from exc
+    label = "flashinfer.sampling.chain_speculative_sampling ({what})"
+    chain_speculative_sampling = _cuda_entry(
+        "flashinfer.sampling", "chain_speculative_sampling", "flashinfer-python", label, target_with_bonus_probs.device
+    )
     if draft_probs is None:
         raise BaselineUnavailable("chain_speculative_sampling needs draft_probs")
     target = target_with_bonus_probs.to(torch.float32).contiguous()

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from spec_samplers.bench.cli import DTYPES
 from spec_samplers.sampling_params import SamplingParams
 
 SCHEMA = "spec-samplers-models/1"
@@ -39,15 +40,8 @@ DEFAULT_PROMPTS = (
     "def fibonacci(n):",
     "Speculative decoding works by",
 )
-MODEL_DTYPES = {
-    "auto": None,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
+#: the bench's dtype names, and "auto": the checkpoint's own dtype
+MODEL_DTYPES: dict[str, torch.dtype | None] = {"auto": None, **DTYPES}
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:

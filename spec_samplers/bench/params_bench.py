@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
+from typing import Any
 
 import torch
 
@@ -167,26 +168,15 @@ def cmd_params_bench(args: argparse.Namespace, device: torch.device) -> int:
     sigmas = (1.0,) if quick else (0.5, 1.0)
     if rows < 2:
         raise ValueError(f"--rows: expected an integer >= 2, got {rows}")
-    results = run(
-        k=args.k,
-        rows=rows,
-        seed=args.seed,
-        vocab_size=vocab,
-        contexts=contexts,
-        scales=scales,
-        sigmas=sigmas,
-        device=device,
-    )
+    # the run's arguments, recorded as the JSON's config (in this order) with what else ran
+    config: dict[str, Any] = {"k": args.k, "rows": rows, "seed": args.seed, "quick": quick, "vocab_size": vocab}
+    config.update(contexts=contexts, scales=scales, sigmas=sigmas)
+    results = run(device=device, **{name: value for name, value in config.items() if name != "quick"})
     document: dict[str, object] = {
         "schema": SCHEMA,
         "machine": report.machine_info(device),
         "config": {
-            "k": args.k,
-            "rows": rows,
-            "seed": args.seed,
-            "quick": quick,
-            "vocab_size": vocab,
-            "contexts": contexts,
+            **config,
             "scales": list(scales),
             "sigmas": list(sigmas),
             "device": str(device),

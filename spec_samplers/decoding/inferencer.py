@@ -18,15 +18,14 @@ from spec_samplers.decoding.interfaces import (
 from spec_samplers.decoding.output import (
     GenerationOutput,
     RequestStats,
-    TokenBuffer,
-    as_prompts,
     left_pad,
     model_device,
+    start_generation,
     stop_token_ids,
 )
 from spec_samplers.decoding.strategy import SampleStrategy, request_seeds
 from spec_samplers.errors import input_error
-from spec_samplers.sampling_params import SamplingParams, as_params_list
+from spec_samplers.sampling_params import SamplingParams
 
 
 class AutoregressiveInferencer:
@@ -92,13 +91,8 @@ def generate_autoregressive(
 ) -> GenerationOutput:
     """Plain sampling with one model, in :class:`GenerationOutput` form (token_ids
     [B, max_new_tokens], -1 after EOS; statistics count forward passes, no drafts)."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise input_error("max_new_tokens", "an int >= 0", repr(max_new_tokens))
-    prompts = as_prompts(prompt_ids, getattr(model, "vocab_size", None))
-    B = len(prompts)
-    params = as_params_list(sampling_params, B)
-    eos = stop_token_ids(model)
-    buffer = TokenBuffer(B, max_new_tokens, eos)
+    start = start_generation(model, prompt_ids, max_new_tokens, sampling_params)
+    prompts, params, buffer, B = start.prompts, start.params, start.buffer, start.batch_size
     if B and max_new_tokens:
         device = model_device(model)
         strategy = SampleStrategy(params, B, seeds=request_seeds(params, seed), device=device)

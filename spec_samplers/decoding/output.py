@@ -9,6 +9,7 @@ import torch
 
 from spec_samplers.decoding.interfaces import PAD_TOKEN_ID, LanguageModel
 from spec_samplers.errors import input_error
+from spec_samplers.sampling_params import SamplingParams, as_params_list
 
 
 def as_prompts(prompt_ids: torch.Tensor | Sequence[Sequence[int]], vocab_size: int | None = None) -> list[list[int]]:
@@ -95,6 +96,35 @@ class TokenBuffer:
         eos_hit = first_eos < keep
         self.finished_by_eos[rows] = eos_hit
         return eos_hit | (have + keep >= self.max_new_tokens)
+
+
+@dataclass
+class GenerationStart:
+    """What both generate loops start from: the validated prompts, one SamplingParams per request
+    and the output buffer (max_new_tokens wide, stopping at the model's EOS)."""
+
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    buffer: TokenBuffer
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompts)
+
+
+def start_generation(
+    model: LanguageModel,
+    prompt_ids: torch.Tensor | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+) -> GenerationStart:
+    """Checks a generate call's arguments against ``model`` (the target: its vocabulary bounds the
+    prompt ids, its EOS ends a request) and sets up the output."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise input_error("max_new_tokens", "an int >= 0", repr(max_new_tokens))
+    prompts = as_prompts(prompt_ids, getattr(model, "vocab_size", None))
+    params = as_params_list(sampling_params, len(prompts))
+    return GenerationStart(prompts, params, TokenBuffer(len(prompts), max_new_tokens, stop_token_ids(model)))
 
 
 @dataclass

@@ -30,15 +30,14 @@ from spec_samplers.decoding.output import (
     GenerationOutput,
     RequestStats,
     TokenBuffer,
-    as_prompts,
     left_pad,
     model_device,
-    stop_token_ids,
+    start_generation,
 )
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
 from spec_samplers.errors import input_error
 from spec_samplers.registry import get_sampler
-from spec_samplers.sampling_params import SamplingParams, as_params_list
+from spec_samplers.sampling_params import SamplingParams
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -152,13 +151,10 @@ class SpeculativeDecoder:
             :class:`GenerationOutput`: token_ids [B, max_new_tokens] (-1 after EOS) and
             per-request statistics.
         """
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-            raise input_error("max_new_tokens", "an int >= 0", repr(max_new_tokens))
-        prompts = as_prompts(prompt_ids, getattr(self.target, "vocab_size", None))
-        B, k = len(prompts), self.num_speculative_tokens
-        params = as_params_list(sampling_params, B)
+        start = start_generation(self.target, prompt_ids, max_new_tokens, sampling_params)
+        prompts, params, buffer = start.prompts, start.params, start.buffer
+        B, k = start.batch_size, self.num_speculative_tokens
         seeds = request_seeds(params, seed)
-        buffer = TokenBuffer(B, max_new_tokens, stop_token_ids(self.target))
         stats = _Counters(B, k)
         if B == 0 or max_new_tokens == 0:
             return stats.output(buffer)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from spec_samplers.kernels import sampling_kernels
 from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, interpreting, vocab_split
 from spec_samplers.layout import RowLayout, VerifyBatch
@@ -87,6 +88,7 @@ def plan_softmax_stats(
     draft: torch.Tensor | None,  # logits, [B, K, V] padded or [T, V] ragged
     temperature: torch.Tensor,  # [B] float
     split: VocabSplit,
+    filters: VerifyBatch | None = None,
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
     """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
     int32, {t_stats_ptr, d_stats_ptr}).
@@ -94,7 +96,8 @@ def plan_softmax_stats(
     Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
     logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
     softmax keeps every entry); see :func:`spec_samplers.kernels.common.row_stats`.
-    ``d_stats_ptr`` is None without a draft."""
+    ``d_stats_ptr`` is None without a draft. With ``filters`` (a batch with per-request top-k /
+    top-p / min-p) the launches end with :func:`plan_filter_cuts`, which sets (sum, cut)."""
     B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
     device = target.device
     has_draft = draft is not None
@@ -131,6 +134,8 @@ def plan_softmax_stats(
             name="softmax_combine",
         ),
     ]
+    if filters is not None and filters.filtered:
+        launches += plan_filter_cuts(filters, target, draft, stats[0], stats[1])
     return launches, amax[0], amax[1], dict(t_stats_ptr=stats[0], d_stats_ptr=stats[1])
 
 
@@ -161,7 +166,54 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
     start.split = split if split is not None else vocab_split(V, B, device)
     if batch.temperature is not None:
         start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
-            layout, target, draft, batch.temperature, start.split
+            layout, target, draft, batch.temperature, start.split, filters=batch
         )
         start.amax = (amax_val, amax_idx)
     return start
+
+
+def plan_filter_cuts(
+    batch: VerifyBatch,
+    target: torch.Tensor,  # logits [B, K+1, V] padded or [T, V] ragged, vocab stride 1
+    draft: torch.Tensor | None,  # logits [B, K, V] padded or [T, V] ragged, vocab stride 1
+    t_stats: torch.Tensor | None,  # [B, K+1, 3] fp32 (max, sum, cut): max filled by the softmax statistics
+    d_stats: torch.Tensor | None,  # [B, K+1, 3] fp32, or None without a draft
+) -> list[KernelLaunch]:
+    """Launches that overwrite (sum, cut) of every row with its request's top-k / top-p / min-p
+    (``batch.top_k`` ...; :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so
+    the verification kernels read filtered probabilities straight from the logits. Run after the
+    softmax statistics (they read the row max)."""
+    assert batch.filtered and batch.temperature is not None
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    launches = []
+    for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
+        if x is None or stats is None or B == 0 or x.numel() == 0:
+            continue
+        stride_b, stride_k = row_strides(layout, x)
+        launches.append(
+            KernelLaunch(
+                sampling_kernels.filter_cut_kernel,
+                (B, K + 1),
+                dict(
+                    x_ptr=x,
+                    stride_b=stride_b,
+                    stride_k=stride_k,
+                    cu_ptr=layout.cu_num_draft_tokens,
+                    temp_ptr=batch.temperature,
+                    top_k_ptr=batch.top_k,
+                    top_p_ptr=batch.top_p,
+                    min_p_ptr=batch.min_p,
+                    stats_ptr=stats,
+                    K=K,
+                    num_rows=layout.num_rows,
+                    V=layout.vocab_size,
+                    RAGGED=layout.ragged,
+                    BONUS_ROW=bonus_row,
+                    BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
+                    PRECISE=precise_math(),
+                ),
+                name="filter_cut",
+            )
+        )
+    return launches

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
-from spec_samplers.kernels.common import clean, fold_argmax
+from spec_samplers.kernels.common import clean, fold_argmax, request_span, row_offset, scaled_exp
 from spec_samplers.kernels.rng import exponential_from_words, precise_exp, random_words
 from spec_samplers.rng_sampling import STREAM_SAMPLE
 
@@ -46,11 +46,18 @@ _RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
 PIVOTS = 16
 #: passes that always suffice: each divides the key width (< 2**32) by PIVOTS + 1
 MAX_PASSES = 8
+#: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
+SEARCH_BLOCK_V = 256
 _PIVOTS = tl.constexpr(PIVOTS)
 _MAX_PASSES = tl.constexpr(MAX_PASSES)
 #: search modes: top-k (count of the values above < k) and top-p (mass above < top_p * total)
 MODE_COUNT = 0
 MODE_MASS = 1
+
+
+def search_block(vocab_size: int) -> int:
+    """BLOCK_V of the pivot-search kernels (a power of two in [16, SEARCH_BLOCK_V])."""
+    return max(16, min(SEARCH_BLOCK_V, triton.next_power_of_2(vocab_size)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,6 +74,19 @@ def load_values(ptr, offs, mask, LOGITS: tl.constexpr):
         return tl.minimum(x, _FLOAT32_MAX) + 0.0
     else:
         return clean(tl.load(ptr + offs, mask=mask, other=0.0))
+
+
+@triton.jit
+def load_row_values(ptr, offs, mask, s_max, s_temp, LOGITS: tl.constexpr, SCALED: tl.constexpr, PRECISE: tl.constexpr):
+    """:func:`load_values`, or with SCALED the verification samplers' weights of logits,
+    e = exp((x - s_max) / s_temp) (``common.scaled_exp``, 1 at the row max; masked lanes 0): the
+    values their per-request filters compare (``filtered_softmax_reference``)."""
+    if SCALED:
+        x = tl.load(ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        return tl.where(mask, scaled_exp(x, s_max, s_temp, PRECISE), 0.0)
+    else:
+        return load_values(ptr, offs, mask, LOGITS)
 
 
 @triton.jit
@@ -208,16 +228,94 @@ def _pick(vec, lanes, idx):
 
 
 @triton.jit
-def _mass_at_least(base, V, lo, m_ref, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+def _mass_at_least(
+    base,
+    V,
+    lo,
+    m_ref,
+    s_max,
+    s_temp,
+    LOGITS: tl.constexpr,
+    SCALED: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
     """Fixed-point mass of the row's values >= lo."""
     total = tl.zeros([], tl.int64)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < V
-        v = load_values(base, offs, mask, LOGITS)
+        v = load_row_values(base, offs, mask, s_max, s_temp, LOGITS, SCALED, PRECISE)
         units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
         total += tl.sum(tl.where(mask & (v >= lo), units, 0), axis=0)
     return total
+
+
+@triton.jit
+def pivot_search(
+    base,
+    V,
+    lo,
+    hi,
+    k,
+    top_p,
+    m_ref,
+    s_max,
+    s_temp,
+    MODE: tl.constexpr,
+    LOGITS: tl.constexpr,
+    SCALED: tl.constexpr,
+    TRACK_MASS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """tau of one filter on the row at ``base``: the smallest row value v >= lo with
+    MODE_COUNT: #(values > v) < k; MODE_MASS: M(> v) < top_p * M(>= lo) or M(> v) = 0.
+    Returns (lo, hi, mass of the values >= lo (TRACK_MASS)): the search ends with lo >= hi and
+    lo = tau (a row value, or the starting lo when every value >= it is kept: the same kept set).
+    hi starts at the row max (hi = lo: the filter is off)."""
+    m_lo = tl.zeros([], tl.int64)
+    if TRACK_MASS:
+        # (a missing row has lo = +inf: mass 0, and the loop below never runs)
+        m_lo = _mass_at_least(base, V, lo, m_ref, s_max, s_temp, LOGITS, SCALED, BLOCK_V, PRECISE)
+    thr = tl.zeros([], tl.float64)
+    if MODE == 1:
+        thr = top_p.to(tl.float64) * m_lo.to(tl.float64)
+        hi = tl.where(top_p >= 1.0, lo, hi)
+    lanes = tl.arange(0, _PIVOTS)
+    for _ in range(_MAX_PASSES):
+        if lo < hi:
+            key_lo = to_key(lo)
+            width = to_key(hi) - key_lo
+            piv = from_key(key_lo + ((lanes + 1).to(tl.int64) * width) // (_PIVOTS + 1))  # [PIVOTS] ascending
+            count = tl.zeros([_PIVOTS], tl.int64)
+            mass = tl.zeros([_PIVOTS], tl.int64)
+            below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max row value <= pivot
+            above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min row value > pivot
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                mask = offs < V
+                v = load_row_values(base, offs, mask, s_max, s_temp, LOGITS, SCALED, PRECISE)
+                gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
+                le = (v[None, :] <= piv[:, None]) & mask[None, :]
+                if MODE == 0:
+                    count += tl.sum(gt.to(tl.int64), axis=1)
+                if TRACK_MASS:
+                    units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+                    mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
+                below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
+                above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
+            if MODE == 0:
+                passes = count < k
+            else:
+                passes = (mass == 0) | (mass.to(tl.float64) < thr)
+            # The test is monotone in the pivot: the first pivot that passes brackets tau.
+            first = tl.min(tl.where(passes, lanes, _PIVOTS), axis=0)
+            hi = tl.where(first < _PIVOTS, _pick(below, lanes, first), hi)
+            if TRACK_MASS:
+                m_lo = tl.where(first > 0, _pick(mass, lanes, first - 1), m_lo)
+            lo = tl.where(first > 0, _pick(above, lanes, first - 1), lo)
+    return lo, hi, m_lo
 
 
 @triton.jit(do_not_specialize=["R"])
@@ -239,67 +337,106 @@ def search_kernel(
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """tau of one filter for output row b: the smallest row value v >= lo with
-    MODE_COUNT: #(values > v) < k; MODE_MASS: M(> v) < top_p * M(>= lo) or M(> v) = 0.
-    The launcher starts lo at the row min (or at tau_k, top-p after top-k) and hi at the row max
-    (hi = lo when the filter is off); lo and hi stay row values throughout."""
+    """:func:`pivot_search` for output row b. The launcher starts lo at the row min (or at tau_k,
+    top-p after top-k) and hi at the row max (hi = lo when the filter is off)."""
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
-    base = x_ptr + r * stride_r
-    lo = tl.load(lo_ptr + b)
-    hi = tl.load(hi_ptr + b)
     m_ref = 0.0
     if LOGITS:
         m_ref = row_max_ref(max_ptr, b)
-    m_lo = tl.zeros([], tl.int64)
-    if TRACK_MASS:
-        # (a missing row has lo = +inf: mass 0, and the loop below never runs)
-        m_lo = _mass_at_least(base, V, lo, m_ref, LOGITS, BLOCK_V, PRECISE)
     k = tl.zeros([], tl.int64)
-    thr = tl.zeros([], tl.float64)
+    top_p = 1.0
     if MODE == 0:
         k = tl.load(k_ptr + b)
     else:
         top_p = tl.load(p_ptr + b)
-        thr = top_p.to(tl.float64) * m_lo.to(tl.float64)
-        hi = tl.where(top_p >= 1.0, lo, hi)
-    lanes = tl.arange(0, _PIVOTS)
-    for _ in range(_MAX_PASSES):
-        if lo < hi:
-            key_lo = to_key(lo)
-            width = to_key(hi) - key_lo
-            piv = from_key(key_lo + ((lanes + 1).to(tl.int64) * width) // (_PIVOTS + 1))  # [PIVOTS] ascending
-            count = tl.zeros([_PIVOTS], tl.int64)
-            mass = tl.zeros([_PIVOTS], tl.int64)
-            below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max row value <= pivot
-            above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min row value > pivot
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                mask = offs < V
-                v = load_values(base, offs, mask, LOGITS)
-                gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
-                le = (v[None, :] <= piv[:, None]) & mask[None, :]
-                if MODE == 0:
-                    count += tl.sum(gt.to(tl.int64), axis=1)
-                if TRACK_MASS:
-                    units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-                    mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
-                below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
-                above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
-            if MODE == 0:
-                passes = count < k
-            else:
-                passes = (mass == 0) | (mass.to(tl.float64) < thr)
-            # The test is monotone in the pivot: the first pivot that passes brackets tau.
-            first = tl.min(tl.where(passes, lanes, _PIVOTS), axis=0)
-            hi = tl.where(first < _PIVOTS, _pick(below, lanes, first), hi)
-            if TRACK_MASS:
-                m_lo = tl.where(first > 0, _pick(mass, lanes, first - 1), m_lo)
-            lo = tl.where(first > 0, _pick(above, lanes, first - 1), lo)
+    lo, hi, m_lo = pivot_search(
+        x_ptr + r * stride_r,
+        V,
+        tl.load(lo_ptr + b),
+        tl.load(hi_ptr + b),
+        k,
+        top_p,
+        m_ref,
+        0.0,
+        1.0,
+        MODE,
+        LOGITS,
+        False,
+        TRACK_MASS,
+        BLOCK_V,
+        PRECISE,
+    )
     tl.store(lo_ptr + b, lo)
     tl.store(hi_ptr + b, hi)
     if TRACK_MASS:
         tl.store(mass_ptr + b, m_lo)
+
+
+# num_rows (T) follows the batch size, which changes every engine step: not specialised, so a new
+# batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows"])
+def filter_cut_kernel(
+    x_ptr,
+    stride_b,
+    stride_k,  # logits [B, K(+1), V] padded or [T, V] ragged, vocab stride 1
+    cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
+    temp_ptr,  # [B] float, <= 0 acts as 1 (greedy requests are decided by the argmax)
+    top_k_ptr,  # [B] int64, 0 = off
+    top_p_ptr,  # [B] fp32, 1 = off
+    min_p_ptr,  # [B] fp32, 0 = off
+    stats_ptr,  # [B, K+1, 3] fp32 (max, sum, cut): reads max, writes sum and cut
+    K,
+    num_rows,
+    V,
+    RAGGED: tl.constexpr,
+    BONUS_ROW: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Per-request filters of row (b, i) on the weights e = exp((x - max) / T): the cut (keep
+    e >= cut; vLLM's order: min-p, top-k, top-p on the survivors) and the kept weights' sum,
+    exactly ``filtered_softmax_reference``'s (fixed-point mass, so the sum is the same float)."""
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
+    off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    if BONUS_ROW:
+        exists = ok & (i <= n)
+    else:
+        exists = ok & (i < n)
+    if exists:
+        slot = (b * (K + 1) + i) * 3
+        s_max = tl.load(stats_ptr + slot)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        t = tl.where(t > 0.0, t, 1.0)
+        hi = tl.where(s_max > float("-inf"), 1.0, 0.0)  # e = 1 at the max; no mass: nothing to keep
+        lo = hi * 0.0
+        floor = tl.minimum(tl.load(min_p_ptr + b) * hi, hi)
+        top_k = tl.load(top_k_ptr + b)
+        base = x_ptr + off
+        tau_k, _, _ = pivot_search(
+            base, V, lo, tl.where(top_k > 0, hi, lo), top_k, 1.0, 0.0, s_max, t, 0, False, True, False, BLOCK_V, PRECISE
+        )
+        cut, _, kept = pivot_search(
+            base,
+            V,
+            tl.maximum(floor, tau_k),
+            hi,
+            top_k,
+            tl.load(top_p_ptr + b),
+            0.0,
+            s_max,
+            t,
+            1,
+            False,
+            True,
+            True,
+            BLOCK_V,
+            PRECISE,
+        )
+        tl.store(stats_ptr + slot + 1, kept.to(tl.float32) * (1.0 / _MASS_SCALE))
+        tl.store(stats_ptr + slot + 2, cut)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,18 +13,33 @@ engine whose batch size changes every step compiles a bounded set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from spec_samplers.kernels import sampling_kernels as sk
-from spec_samplers.kernels.backend import VocabSplit, triton_next_pow2, vocab_split
+from spec_samplers.kernels.backend import VocabSplit, vocab_split
 from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
 
-#: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
-SEARCH_BLOCK_V = 256
+
+def _rows(x: torch.Tensor, rows: torch.Tensor) -> dict[str, object]:
+    """Kernel arguments addressing output row b's input row ``rows[b]`` of ``x`` [R, V]."""
+    return dict(x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, R=x.shape[0], V=x.shape[1])
 
 
-def _search_block(vocab_size: int) -> int:
-    return max(16, min(SEARCH_BLOCK_V, triton_next_pow2(vocab_size)))
+def _blocks(split: VocabSplit) -> dict[str, object]:
+    """Kernel arguments of the (B, NB) vocabulary split."""
+    return dict(chunk=split.chunk, NB=split.num_blocks, BLOCK_V=split.block_v)
+
+
+def _run_over_rows(
+    kernel: object, name: str, x: torch.Tensor, rows: torch.Tensor, split: VocabSplit, logits: bool, **args: object
+) -> None:
+    """One (B, NB) launch over the vocabulary blocks of each output row's input row."""
+    grid = (rows.shape[0], split.num_blocks)
+    KernelLaunch(
+        kernel, grid, dict(_rows(x, rows), **_blocks(split), LOGITS=logits, PRECISE=precise_math(), **args), name=name
+    ).run()
 
 
 def _row_stats(
@@ -43,29 +58,20 @@ def _row_stats(
     softmax = temperature is not None
     psum = torch.empty((B, NB), dtype=torch.float32, device=x.device) if softmax else None
     pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
-    KernelLaunch(
+    _run_over_rows(
         sk.stats_kernel,
-        (B, NB),
-        dict(
-            x_ptr=x,
-            stride_r=x.stride(0),
-            rows_ptr=rows,
-            temp_ptr=temperature,
-            max_ptr=pmax,
-            min_ptr=pmin,
-            sum_ptr=psum,
-            amax_ptr=pidx,
-            R=x.shape[0],
-            V=x.shape[1],
-            chunk=split.chunk,
-            NB=NB,
-            LOGITS=logits,
-            SOFTMAX=softmax,
-            BLOCK_V=split.block_v,
-            PRECISE=precise_math(),
-        ),
-        name="stats",
-    ).run()
+        "stats",
+        x,
+        rows,
+        split,
+        logits,
+        temp_ptr=temperature,
+        max_ptr=pmax,
+        min_ptr=pmin,
+        sum_ptr=psum,
+        amax_ptr=pidx,
+        SOFTMAX=softmax,
+    )
     row_max = pmax.amax(dim=1)
     row_min = pmin.amin(dim=1)
     if not softmax:
@@ -99,21 +105,17 @@ def _search(
         sk.search_kernel,
         (B,),
         dict(
-            x_ptr=x,
-            stride_r=x.stride(0),
-            rows_ptr=rows,
+            **_rows(x, rows),
             max_ptr=row_max,
             lo_ptr=lo,
             hi_ptr=hi,
             mass_ptr=mass,
             k_ptr=top_k,
             p_ptr=top_p,
-            R=x.shape[0],
-            V=x.shape[1],
             MODE=mode,
             LOGITS=logits,
             TRACK_MASS=track_mass,
-            BLOCK_V=_search_block(x.shape[1]),
+            BLOCK_V=sk.search_block(x.shape[1]),
             PRECISE=precise_math(),
         ),
         name="search",
@@ -187,32 +189,56 @@ def sample_triton(
     NB = split.num_blocks
     pkey = torch.empty((B, NB), dtype=torch.float32, device=device)
     pidx = torch.empty((B, NB), dtype=torch.int32, device=device)
-    KernelLaunch(
+    seeds, offsets = seeds.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+    _run_over_rows(
         sk.race_kernel,
-        (B, NB),
-        dict(
-            x_ptr=x,
-            stride_r=x.stride(0),
-            rows_ptr=rows,
-            max_ptr=row_max,
-            tau_ptr=tau,
-            seed_ptr=seeds.to(torch.int64).contiguous(),
-            offset_ptr=offsets.to(torch.int64).contiguous(),
-            key_ptr=pkey,
-            idx_ptr=pidx,
-            R=R,
-            V=V,
-            chunk=split.chunk,
-            NB=NB,
-            LOGITS=logits,
-            BLOCK_V=split.block_v,
-            PRECISE=precise_math(),
-        ),
-        name="race",
-    ).run()
+        "race",
+        x,
+        rows,
+        split,
+        logits,
+        max_ptr=row_max,
+        tau_ptr=tau,
+        seed_ptr=seeds,
+        offset_ptr=offsets,
+        key_ptr=pkey,
+        idx_ptr=pidx,
+    )
     tokens = pidx.gather(1, torch.argmax(pkey, dim=1, keepdim=True))[:, 0].to(torch.int64)
     valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
     return torch.where(valid, tokens, -1), valid
+
+
+def _rowwise(
+    kernel: object,
+    name: str,
+    x: torch.Tensor,  # [B, V] fp32/fp16/bf16
+    out_dtype: torch.dtype,
+    split: VocabSplit | None,
+    thresholds: Mapping[str, object] | None,
+    **args: object,
+) -> torch.Tensor:
+    """[B, V] ``out_dtype``: one elementwise kernel over every row of ``x``, grid (B, NB), after
+    the row thresholds when ``thresholds`` (:func:`thresholds_triton`'s filter arguments) is given
+    (``tau_ptr``, and ``mass_ptr`` when the kept mass is asked for)."""
+    B, V = x.shape
+    out = torch.empty((B, V), dtype=out_dtype, device=x.device)
+    if B == 0:
+        return out
+    x = vocab_contiguous(x)
+    if split is None:
+        split = vocab_split(V, B, x.device)
+    if thresholds is not None:
+        rows = torch.arange(B, dtype=torch.int64, device=x.device)
+        tau, _, kept_mass = thresholds_triton(x, rows, split=split, **thresholds)  # type: ignore[arg-type]
+        args = dict(args, tau_ptr=tau, **({"mass_ptr": kept_mass} if kept_mass is not None else {}))
+    KernelLaunch(
+        kernel,
+        (B, split.num_blocks),
+        dict(x_ptr=x, stride_r=x.stride(0), out_ptr=out, V=V, chunk=split.chunk, BLOCK_V=split.block_v, **args),
+        name=name,
+    ).run()
+    return out
 
 
 def renorm_triton(
@@ -224,32 +250,8 @@ def renorm_triton(
     split: VocabSplit | None = None,
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.sampling.reference.renorm_reference` (one filter)."""
-    B, V = probs.shape
-    out = torch.empty((B, V), dtype=out_dtype, device=probs.device)
-    if B == 0:
-        return out
-    probs = vocab_contiguous(probs)
-    rows = torch.arange(B, dtype=torch.int64, device=probs.device)
-    if split is None:
-        split = vocab_split(V, B, probs.device)
-    tau, _, kept_mass = thresholds_triton(probs, rows, False, top_k, top_p, None, False, split, need_kept_mass=True)
-    KernelLaunch(
-        sk.renorm_kernel,
-        (B, split.num_blocks),
-        dict(
-            x_ptr=probs,
-            stride_r=probs.stride(0),
-            tau_ptr=tau,
-            mass_ptr=kept_mass,
-            out_ptr=out,
-            stride_o=out.stride(0),
-            V=V,
-            chunk=split.chunk,
-            BLOCK_V=split.block_v,
-        ),
-        name="renorm",
-    ).run()
-    return out
+    filters = dict(logits=False, top_k=top_k, top_p=top_p, min_p=None, joint=False, need_kept_mass=True)
+    return _rowwise(sk.renorm_kernel, "renorm", probs, out_dtype, split, filters, stride_o=probs.shape[1])
 
 
 def mask_logits_triton(
@@ -259,31 +261,8 @@ def mask_logits_triton(
     split: VocabSplit | None = None,
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.sampling.reference.mask_logits_reference`."""
-    B, V = logits.shape
-    out = torch.empty((B, V), dtype=logits.dtype, device=logits.device)
-    if B == 0:
-        return out
-    logits = vocab_contiguous(logits)
-    rows = torch.arange(B, dtype=torch.int64, device=logits.device)
-    if split is None:
-        split = vocab_split(V, B, logits.device)
-    tau, _, _ = thresholds_triton(logits, rows, True, top_k, None, None, False, split)
-    KernelLaunch(
-        sk.mask_kernel,
-        (B, split.num_blocks),
-        dict(
-            x_ptr=logits,
-            stride_r=logits.stride(0),
-            tau_ptr=tau,
-            out_ptr=out,
-            stride_o=out.stride(0),
-            V=V,
-            chunk=split.chunk,
-            BLOCK_V=split.block_v,
-        ),
-        name="mask",
-    ).run()
-    return out
+    filters = dict(logits=True, top_k=top_k, top_p=None, min_p=None, joint=False)
+    return _rowwise(sk.mask_kernel, "mask", logits, logits.dtype, split, filters, stride_o=logits.shape[1])
 
 
 def softmax_triton(
@@ -295,31 +274,24 @@ def softmax_triton(
     """Kernel twin of :func:`spec_samplers.sampling.reference.softmax_reference` (equal up to
     the rounding of the row sums, whose order differs). Returns [B, V] fp32."""
     B, V = logits.shape
-    out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
     if B == 0:
-        return out
+        return torch.empty((B, V), dtype=torch.float32, device=logits.device)
     logits = vocab_contiguous(logits)
     rows = torch.arange(B, dtype=torch.int64, device=logits.device)
     if split is None:
         split = vocab_split(V, B, logits.device)
     temperature = temperature.to(torch.float32).contiguous()
     row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
-    KernelLaunch(
+    return _rowwise(
         sk.softmax_kernel,
-        (B, split.num_blocks),
-        dict(
-            x_ptr=logits,
-            stride_r=logits.stride(0),
-            temp_ptr=temperature,
-            max_ptr=row_max,
-            sum_ptr=row_sum,
-            argmax_ptr=argmax,
-            out_ptr=out,
-            V=V,
-            chunk=split.chunk,
-            BLOCK_V=split.block_v,
-            PRECISE=precise_math(),
-        ),
-        name="softmax",
-    ).run()
-    return out
+        "softmax",
+        logits,
+        torch.float32,
+        split,
+        None,
+        temp_ptr=temperature,
+        max_ptr=row_max,
+        sum_ptr=row_sum,
+        argmax_ptr=argmax,
+        PRECISE=precise_math(),
+    )

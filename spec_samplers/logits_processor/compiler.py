@@ -76,48 +76,32 @@ def _always(window: list[Op]) -> bool:
     return True
 
 
-def _joint(window: list[Op]) -> bool:
-    return bool(window[0].params.get("joint_topk_topp", False))
+def fuse_into(fused: type[Op]) -> Callable[[list[Op]], Op]:
+    """A ``build`` that gives ``fused`` the window's params merged (an earlier op's value wins:
+    the filters' and the temperature's over the sampling op's and the softmax's)."""
+
+    def build(window: list[Op]) -> Op:
+        params: dict[str, object] = {}
+        for op in reversed(window):
+            params.update(op.params)
+        return fused(**params)
+
+    return build
 
 
-def _sample_params(window: list[Op]) -> dict[str, object]:
-    return dict(window[-1].params)
+#: (pattern, fused op, priority): temperature into softmax, and filters into the sampling that follows
+BUILTIN_FUSIONS: tuple[tuple[tuple[type[Op], ...], type[Op], int], ...] = (
+    ((ops.TemperatureOp, ops.SoftmaxOp), ops.FusedTemperatureSoftmaxOp, 10),
+    ((ops.ProbsTopKOp, ops.TopPOp, ops.ProbsSampleOp), ops.FusedProbsTopKTopPSampleOp, 100),
+    ((ops.ProbsTopKOp, ops.ProbsSampleOp), ops.FusedProbsTopKSampleOp, 10),
+    ((ops.TopPOp, ops.ProbsSampleOp), ops.FusedProbsTopPSampleOp, 10),
+    ((ops.MinPOp, ops.ProbsSampleOp), ops.FusedProbsMinPSampleOp, 10),
+)
 
 
 def default_fusion_rules() -> list[FusionRule]:
-    """The built-in rules: temperature into softmax, and filters into the sampling that follows."""
-    return [
-        FusionRule(
-            (ops.TemperatureOp, ops.SoftmaxOp),
-            _always,
-            lambda w: ops.FusedTemperatureSoftmaxOp(**{**w[1].params, **w[0].params}),
-            prio=10,
-        ),
-        FusionRule(
-            (ops.ProbsTopKOp, ops.TopPOp, ops.ProbsSampleOp),
-            _always,
-            lambda w: ops.FusedProbsTopKTopPSampleOp(**{**_sample_params(w), **w[1].params, **w[0].params}),
-            prio=100,
-        ),
-        FusionRule(
-            (ops.ProbsTopKOp, ops.ProbsSampleOp),
-            _always,
-            lambda w: ops.FusedProbsTopKSampleOp(**{**_sample_params(w), **w[0].params}),
-            prio=10,
-        ),
-        FusionRule(
-            (ops.TopPOp, ops.ProbsSampleOp),
-            _always,
-            lambda w: ops.FusedProbsTopPSampleOp(**{**_sample_params(w), **w[0].params}),
-            prio=10,
-        ),
-        FusionRule(
-            (ops.MinPOp, ops.ProbsSampleOp),
-            _always,
-            lambda w: ops.FusedProbsMinPSampleOp(**{**_sample_params(w), **w[0].params}),
-            prio=10,
-        ),
-    ]
+    """The built-in rules (:data:`BUILTIN_FUSIONS`), unguarded."""
+    return [FusionRule(pattern, _always, fuse_into(fused), prio) for pattern, fused, prio in BUILTIN_FUSIONS]
 
 
 # -- default validity checks --------------------------------------------------------------------

@@ -10,7 +10,8 @@ or a [B] tensor with one value per row; sampling ops also take ``indices``, ``ge
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
@@ -120,189 +121,137 @@ def greedy_logits(
     return torch.where((temperature == 0)[:, None], onehot, scaled)
 
 
+def temperature_logits(
+    logits: torch.Tensor,  # [B, V] float
+    temperature: torch.Tensor | float,  # scalar or [B]
+) -> torch.Tensor:
+    """[B, V] fp32: :func:`greedy_logits` with a scalar or per-row temperature."""
+    return greedy_logits(logits, _row_param(temperature, logits.shape[0], logits.device))
+
+
+#: the check of each runtime filter parameter (the value the op passes on)
+PARAM_CHECKS: dict[str, Callable[[object], Any]] = {
+    "temperature": check_temperature,
+    "top_k": check_top_k,
+    "top_p": check_top_p,
+    "min_p": check_min_p,
+}
+LOGITS, PROBS, INDICES = TensorType.LOGITS, TensorType.PROBS, TensorType.INDICES
+
+
+class CallOp(Op):
+    """A built-in op: checks its runtime parameters (``params``, in order) and calls
+    ``call(tensor, *params)``, where ``call`` names a :mod:`spec_samplers.sampling` operation
+    (given the pipe's ``backend``, and when the op outputs INDICES the sampling arguments
+    ``indices``, ``deterministic``, ``generator``, ``seed``, ``offset``) or is a function of this
+    module. PROBS outputs are fp32. Declared by class keywords::
+
+        class TopPOp(CallOp, io=(PROBS, PROBS), call="top_p_renorm_probs", params=("top_p",)): ...
+    """
+
+    CALL: ClassVar[str | Callable[..., torch.Tensor]]
+    PARAMS: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(
+        cls,
+        io: tuple[TensorType, TensorType] | None = None,
+        call: str | Callable[..., torch.Tensor] = "",
+        params: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if io is not None:
+            cls.IN, cls.OUT = io
+            # a plain function stored on the class would bind as a method of the op
+            cls.CALL = call if isinstance(call, str) else staticmethod(call)
+            cls.PARAMS = params
+
+    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
+        out = self.check_input(tensor)
+        values = [PARAM_CHECKS[name](self.param(name, kwargs)) for name in self.PARAMS]
+        if not isinstance(self.CALL, str):
+            return TaggedTensor(self.CALL(tensor.data, *values), out)
+        extra: dict[str, Any] = {"backend": _backend(self, kwargs)}
+        if out == INDICES:
+            extra.update(self._sample_kwargs(kwargs))
+        result = getattr(_sampling(), self.CALL)(tensor.data, *values, **extra)
+        return TaggedTensor(result.to(torch.float32) if out == PROBS else result, out)
+
+    def _sample_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        sample = {name: self.param(name, kwargs, required=False) for name in ("indices", "generator", "seed", "offset")}
+        sample["deterministic"] = self.param("deterministic", kwargs, required=False) is not False
+        if self.PARAMS == ("top_k", "top_p"):  # ``joint_topk_topp`` from TopK picks FlashInfer's order
+            sample["filter_apply_order"] = "joint" if self.params.get("joint_topk_topp") else "top_k_first"
+        return sample
+
+
 # -- logits -> logits ---------------------------------------------------------------------------
 
 
-class TemperatureOp(Op):
+class TemperatureOp(CallOp, io=(LOGITS, LOGITS), call=temperature_logits, params=("temperature",)):
     """LOGITS -> LOGITS: logits / temperature (T == 0: greedy, see :func:`greedy_logits`)."""
 
-    IN = TensorType.LOGITS
-    OUT = TensorType.LOGITS
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        t = check_temperature(self.param("temperature", kwargs))
-        x = tensor.data
-        return TaggedTensor(greedy_logits(x, _row_param(t, x.shape[0], x.device)), out)
-
-
-class LogitsTopKOp(Op):
+class LogitsTopKOp(CallOp, io=(LOGITS, LOGITS), call="top_k_mask_logits", params=("top_k",)):
     """LOGITS -> LOGITS: logits below the k-th largest set to -inf (ties kept);
     :func:`spec_samplers.sampling.top_k_mask_logits`."""
-
-    IN = TensorType.LOGITS
-    OUT = TensorType.LOGITS
-
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        k = check_top_k(self.param("top_k", kwargs))
-        return TaggedTensor(_sampling().top_k_mask_logits(tensor.data, k, backend=_backend(self, kwargs)), out)
 
 
 # -- logits -> probs ----------------------------------------------------------------------------
 
 
-class SoftmaxOp(Op):
+class SoftmaxOp(CallOp, io=(LOGITS, PROBS), call="softmax"):
     """LOGITS -> PROBS: :func:`spec_samplers.sampling.softmax` (fp32)."""
 
-    IN = TensorType.LOGITS
-    OUT = TensorType.PROBS
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        return TaggedTensor(_sampling().softmax(tensor.data, backend=_backend(self, kwargs)), out)
-
-
-class FusedTemperatureSoftmaxOp(Op):
+class FusedTemperatureSoftmaxOp(CallOp, io=(LOGITS, PROBS), call="softmax", params=("temperature",)):
     """LOGITS -> PROBS: softmax(logits / temperature) in one pass (T == 0: one-hot of the argmax);
     :func:`spec_samplers.sampling.softmax`."""
-
-    IN = TensorType.LOGITS
-    OUT = TensorType.PROBS
-
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        t = check_temperature(self.param("temperature", kwargs))
-        return TaggedTensor(_sampling().softmax(tensor.data, temperature=t, backend=_backend(self, kwargs)), out)
 
 
 # -- probs -> probs -----------------------------------------------------------------------------
 
 
-class ProbsTopKOp(Op):
+class ProbsTopKOp(CallOp, io=(PROBS, PROBS), call="top_k_renorm_probs", params=("top_k",)):
     """PROBS -> PROBS: the top-k survivors (ties kept) renormalised;
     :func:`spec_samplers.sampling.top_k_renorm_probs`."""
 
-    IN = TensorType.PROBS
-    OUT = TensorType.PROBS
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        k = check_top_k(self.param("top_k", kwargs))
-        probs = _sampling().top_k_renorm_probs(tensor.data, k, backend=_backend(self, kwargs))
-        return TaggedTensor(probs.to(torch.float32), out)
-
-
-class TopPOp(Op):
+class TopPOp(CallOp, io=(PROBS, PROBS), call="top_p_renorm_probs", params=("top_p",)):
     """PROBS -> PROBS: the top-p survivors renormalised; :func:`spec_samplers.sampling.top_p_renorm_probs`."""
 
-    IN = TensorType.PROBS
-    OUT = TensorType.PROBS
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        p = check_top_p(self.param("top_p", kwargs))
-        return TaggedTensor(_sampling().top_p_renorm_probs(tensor.data, p, backend=_backend(self, kwargs)), out)
-
-
-class MinPOp(Op):
+class MinPOp(CallOp, io=(PROBS, PROBS), call=min_p_renorm_probs, params=("min_p",)):
     """PROBS -> PROBS: keep p >= min_p * max p, renormalised (:func:`min_p_renorm_probs`)."""
-
-    IN = TensorType.PROBS
-    OUT = TensorType.PROBS
-
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        return TaggedTensor(min_p_renorm_probs(tensor.data, self.param("min_p", kwargs)), out)
 
 
 # -- sampling (-> indices) ----------------------------------------------------------------------
 
 
-def _sample_kwargs(op: Op, kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "indices": op.param("indices", kwargs, required=False),
-        "deterministic": bool(op.param("deterministic", kwargs, required=False) is not False),
-        "generator": op.param("generator", kwargs, required=False),
-        "seed": op.param("seed", kwargs, required=False),
-        "offset": op.param("offset", kwargs, required=False),
-        "backend": _backend(op, kwargs),
-    }
-
-
-class ProbsSampleOp(Op):
+class ProbsSampleOp(CallOp, io=(PROBS, INDICES), call="sampling_from_probs"):
     """PROBS -> INDICES: :func:`spec_samplers.sampling.sampling_from_probs`."""
 
-    IN = TensorType.PROBS
-    OUT = TensorType.INDICES
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        return TaggedTensor(_sampling().sampling_from_probs(tensor.data, **_sample_kwargs(self, kwargs)), out)
-
-
-class LogitsSampleOp(Op):
+class LogitsSampleOp(CallOp, io=(LOGITS, INDICES), call="sampling_from_logits"):
     """LOGITS -> INDICES: :func:`spec_samplers.sampling.sampling_from_logits` (no probabilities written)."""
 
-    IN = TensorType.LOGITS
-    OUT = TensorType.INDICES
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        return TaggedTensor(_sampling().sampling_from_logits(tensor.data, **_sample_kwargs(self, kwargs)), out)
-
-
-class FusedProbsTopKSampleOp(Op):
+class FusedProbsTopKSampleOp(CallOp, io=(PROBS, INDICES), call="top_k_sampling_from_probs", params=("top_k",)):
     """PROBS -> INDICES: top-k then sample in one pass; :func:`spec_samplers.sampling.top_k_sampling_from_probs`."""
 
-    IN = TensorType.PROBS
-    OUT = TensorType.INDICES
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        k = check_top_k(self.param("top_k", kwargs))
-        return TaggedTensor(_sampling().top_k_sampling_from_probs(tensor.data, k, **_sample_kwargs(self, kwargs)), out)
-
-
-class FusedProbsTopPSampleOp(Op):
+class FusedProbsTopPSampleOp(CallOp, io=(PROBS, INDICES), call="top_p_sampling_from_probs", params=("top_p",)):
     """PROBS -> INDICES: top-p then sample in one pass; :func:`spec_samplers.sampling.top_p_sampling_from_probs`."""
 
-    IN = TensorType.PROBS
-    OUT = TensorType.INDICES
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        p = check_top_p(self.param("top_p", kwargs))
-        return TaggedTensor(_sampling().top_p_sampling_from_probs(tensor.data, p, **_sample_kwargs(self, kwargs)), out)
-
-
-class FusedProbsMinPSampleOp(Op):
+class FusedProbsMinPSampleOp(CallOp, io=(PROBS, INDICES), call="min_p_sampling_from_probs", params=("min_p",)):
     """PROBS -> INDICES: min-p then sample in one pass; :func:`spec_samplers.sampling.min_p_sampling_from_probs`."""
 
-    IN = TensorType.PROBS
-    OUT = TensorType.INDICES
 
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        m = check_min_p(self.param("min_p", kwargs))
-        return TaggedTensor(_sampling().min_p_sampling_from_probs(tensor.data, m, **_sample_kwargs(self, kwargs)), out)
-
-
-class FusedProbsTopKTopPSampleOp(Op):
+class FusedProbsTopKTopPSampleOp(
+    CallOp, io=(PROBS, INDICES), call="top_k_top_p_sampling_from_probs", params=("top_k", "top_p")
+):
     """PROBS -> INDICES: top-k, top-p and sample in one pass;
     :func:`spec_samplers.sampling.top_k_top_p_sampling_from_probs`. ``joint_topk_topp`` (from
     :class:`TopK`) applies both filters to the full row; otherwise top-p runs on the top-k
     survivors, which is what the unfused TopK -> TopP -> Sample computes."""
-
-    IN = TensorType.PROBS
-    OUT = TensorType.INDICES
-
-    def __call__(self, tensor: TaggedTensor, **kwargs: Any) -> TaggedTensor:
-        out = self.check_input(tensor)
-        k = check_top_k(self.param("top_k", kwargs))
-        p = check_top_p(self.param("top_p", kwargs))
-        order = "joint" if self.params.get("joint_topk_topp") else "top_k_first"
-        tokens = _sampling().top_k_top_p_sampling_from_probs(
-            tensor.data, k, p, filter_apply_order=order, **_sample_kwargs(self, kwargs)
-        )
-        return TaggedTensor(tokens, out)

@@ -9,7 +9,7 @@ arguments of the pipe override them (``Temperature(temperature=0.7)`` or
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from spec_samplers.logits_processor import operators as ops
 from spec_samplers.logits_processor.op import Op
@@ -44,29 +44,37 @@ class LogitsProcessor(ABC):
         return f"{type(self).__name__}({inner})"
 
 
-def _only(processor: LogitsProcessor, input_type: TensorType, allowed: TensorType) -> None:
-    if input_type != allowed:
-        raise ValueError(f"{type(processor).__name__} can only be applied to {allowed}, got {input_type}")
+class BuiltinProcessor(LogitsProcessor):
+    """A built-in processor: one op for each input type it takes, declared by the class keyword
+    ``ops_by_input`` (input type -> op class): ``class TopP(BuiltinProcessor, ops_by_input={PROBS: ops.TopPOp})``."""
+
+    OPS: ClassVar[dict[TensorType, type[Op]]] = {}
+
+    def __init_subclass__(cls, ops_by_input: dict[TensorType, type[Op]] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if ops_by_input is not None:
+            cls.OPS = ops_by_input
+
+    def legalize(self, input_type: TensorType) -> list[Op]:
+        if input_type not in self.OPS:
+            allowed = " or ".join(map(str, self.OPS))
+            raise ValueError(f"{type(self).__name__} can only be applied to {allowed}, got {input_type}")
+        return [self.OPS[input_type](**self.params)]
 
 
-class Temperature(LogitsProcessor):
+LOGITS, PROBS = TensorType.LOGITS, TensorType.PROBS
+
+
+class Temperature(BuiltinProcessor, ops_by_input={LOGITS: ops.TemperatureOp}):
     """LOGITS -> LOGITS: divide by ``temperature`` (runtime; scalar or [B]; 0 = greedy).
     Must come before :class:`Softmax`."""
 
-    def legalize(self, input_type: TensorType) -> list[Op]:
-        _only(self, input_type, TensorType.LOGITS)
-        return [ops.TemperatureOp(**self.params)]
 
-
-class Softmax(LogitsProcessor):
+class Softmax(BuiltinProcessor, ops_by_input={LOGITS: ops.SoftmaxOp}):
     """LOGITS -> PROBS. At most one per pipeline; fused with a preceding :class:`Temperature`."""
 
-    def legalize(self, input_type: TensorType) -> list[Op]:
-        _only(self, input_type, TensorType.LOGITS)
-        return [ops.SoftmaxOp(**self.params)]
 
-
-class TopK(LogitsProcessor):
+class TopK(BuiltinProcessor, ops_by_input={LOGITS: ops.LogitsTopKOp, PROBS: ops.ProbsTopKOp}):
     """Keep the ``top_k`` (runtime) largest entries, ties kept. LOGITS -> LOGITS (others set to
     -inf) or PROBS -> PROBS (others zeroed, renormalised). ``joint_topk_topp`` (construction):
     when followed by :class:`TopP` and :class:`Sample`, apply both filters to the full row."""
@@ -74,41 +82,19 @@ class TopK(LogitsProcessor):
     def __init__(self, joint_topk_topp: bool = False, **params: Any):
         super().__init__(joint_topk_topp=joint_topk_topp, **params)
 
-    def legalize(self, input_type: TensorType) -> list[Op]:
-        if input_type == TensorType.LOGITS:
-            return [ops.LogitsTopKOp(**self.params)]
-        if input_type == TensorType.PROBS:
-            return [ops.ProbsTopKOp(**self.params)]
-        raise ValueError(f"TopK can only be applied to LOGITS or PROBS, got {input_type}")
 
-
-class TopP(LogitsProcessor):
+class TopP(BuiltinProcessor, ops_by_input={PROBS: ops.TopPOp}):
     """PROBS -> PROBS: keep the most probable tokens up to mass ``top_p`` (runtime, (0, 1]),
     renormalised."""
 
-    def legalize(self, input_type: TensorType) -> list[Op]:
-        _only(self, input_type, TensorType.PROBS)
-        return [ops.TopPOp(**self.params)]
 
-
-class MinP(LogitsProcessor):
+class MinP(BuiltinProcessor, ops_by_input={PROBS: ops.MinPOp}):
     """PROBS -> PROBS: keep p >= ``min_p`` (runtime, [0, 1]) times the largest, renormalised."""
 
-    def legalize(self, input_type: TensorType) -> list[Op]:
-        _only(self, input_type, TensorType.PROBS)
-        return [ops.MinPOp(**self.params)]
 
-
-class Sample(LogitsProcessor):
+class Sample(BuiltinProcessor, ops_by_input={LOGITS: ops.LogitsSampleOp, PROBS: ops.ProbsSampleOp}):
     """LOGITS or PROBS -> INDICES: one token per row (runtime ``indices``, ``generator``,
     ``seed``, ``offset``). Terminal: nothing may follow it."""
 
     def __init__(self, deterministic: bool = True, **params: Any):
         super().__init__(deterministic=deterministic, **params)
-
-    def legalize(self, input_type: TensorType) -> list[Op]:
-        if input_type == TensorType.LOGITS:
-            return [ops.LogitsSampleOp(**self.params)]
-        if input_type == TensorType.PROBS:
-            return [ops.ProbsSampleOp(**self.params)]
-        raise ValueError(f"Sample can only be applied to LOGITS or PROBS, got {input_type}")

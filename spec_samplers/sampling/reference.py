@@ -33,7 +33,7 @@ import torch
 from spec_samplers import rng_sampling
 from spec_samplers.constants import FLOAT32_MAX
 from spec_samplers.constants import SAMPLING_MASS_BITS as MASS_BITS
-from spec_samplers.torch_ops import clean_probs
+from spec_samplers.torch_ops import clean_probs, probs_from_logits, scaled_exp
 
 MASS_SCALE = float(2**MASS_BITS)
 
@@ -84,8 +84,13 @@ def filter_threshold(
     min_p: torch.Tensor | None,  # [B] fp32
     joint: bool = False,  # top-k and top-p on the full row (True) or top-p after top-k (False)
     fast: bool = False,
+    min_p_first: bool = False,  # vLLM's order: min-p, then top-k, then top-p on the survivors
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (tau [B] fp32: keep values >= tau, kept mass [B] int64).
+
+    FlashInfer's order (default) applies min-p last, to the values top-k / top-p kept; vLLM's
+    (``min_p_first``) applies it first, so top-p's total is the mass of the min-p and top-k
+    survivors. Top-k keeps the same tokens either way (max(tau_min_p, tau_k)).
 
     ``fast`` (CPU: it reads data-dependent sizes on the host) sorts only a prefix of each row
     (torch.topk), growing it until the thresholds are decided inside it: the same tau as the full
@@ -93,7 +98,10 @@ def filter_threshold(
     B, V = values.shape
     row_max = values.max(dim=-1).values
     row_min = values.min(dim=-1).values
-    tau = row_min
+    floor = row_min
+    if min_p is not None and min_p_first:
+        floor = torch.maximum(row_min, min_p_threshold(row_max, min_p))
+    tau = floor
     if top_k is not None or top_p is not None:
         size = V
         if fast and B:
@@ -104,13 +112,13 @@ def filter_threshold(
             order = torch.topk(values, size, dim=-1) if size < V else torch.sort(values, dim=-1, descending=True)
             sorted_desc = order.values
             decided = torch.ones(B, dtype=torch.bool, device=values.device)
-            tau = row_min
+            tau = floor
             if top_k is not None:
                 off = (top_k <= 0) | (top_k >= V)
                 decided &= off | (top_k <= size)
-                tau = torch.where(off, row_min, top_k_threshold(sorted_desc, top_k.clamp(1, size)))
+                tau = torch.where(off, floor, torch.maximum(floor, top_k_threshold(sorted_desc, top_k.clamp(1, size))))
             if top_p is not None:
-                tau_lo = row_min if joint or top_k is None else tau
+                tau_lo = floor if joint or top_k is None else tau
                 total = torch.where(values >= tau_lo[:, None], fixed_mass(weights), 0).sum(dim=-1)
                 sorted_mass = fixed_mass(weights.gather(1, order.indices))
                 tau_p, inside = top_p_threshold(sorted_desc, sorted_mass, top_p, tau_lo, total)
@@ -183,6 +191,46 @@ def softmax_reference(
     probs = torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
     onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
     return torch.where((temperature == 0)[:, None], onehot, probs)
+
+
+def filtered_softmax_reference(
+    logits: torch.Tensor,  # [N, V] fp32/fp16/bf16
+    temperature: torch.Tensor,  # [N] float; 0 = greedy (one-hot of the argmax), other values <= 0 act as 1
+    top_k: torch.Tensor | None = None,  # [N] int64, 0 = off
+    top_p: torch.Tensor | None = None,  # [N] fp32, 1 = off
+    min_p: torch.Tensor | None = None,  # [N] fp32, 0 = off
+    fast: bool | None = None,
+) -> torch.Tensor:
+    """[N, V] fp32: the distribution a verification sampler judges against when a request brings
+    SamplingParams, defined so that a kernel can apply it while reading logits, without writing it.
+
+    Weights are the shared logits rule e = exp((x - max) / T) (:func:`spec_samplers.torch_ops.scaled_exp`,
+    1 at the max); the filters keep e >= tau in vLLM's order (min-p: e >= min_p; top-k, ties kept;
+    top-p on the survivors' fixed-point mass; :func:`filter_threshold` with ``min_p_first``), and the
+    kept weights are divided by their fixed-point mass (a sum that does not depend on the order it is
+    taken in, so a kernel gets the same float). Greedy rows (T = 0) are the one-hot of the argmax,
+    rows without a finite or +inf logit all zero, as :func:`spec_samplers.torch_ops.probs_from_logits`.
+
+    Example::
+
+        >>> q = filtered_softmax_reference(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([1.0]),
+        ...                                top_k=torch.tensor([2]))
+        >>> q[0, 2].item()
+        0.0
+    """
+    if fast is None:
+        fast = logits.device.type == "cpu"
+    x = logits.to(torch.float32)
+    x = torch.where(torch.isnan(x), torch.full((), float("-inf"), device=x.device), x)
+    row_max = x.amax(dim=-1, keepdim=True)
+    t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))[:, None]
+    e = scaled_exp(x, row_max, t)
+    tau, kept_mass = filter_threshold(e, e, top_k, top_p, min_p, fast=fast, min_p_first=True)
+    kept_sum = kept_mass.to(torch.float32) * (1.0 / MASS_SCALE)
+    keep = (e >= tau[:, None]) & (kept_sum > 0)[:, None]
+    probs = torch.where(keep, e / torch.where(kept_sum > 0, kept_sum, 1.0)[:, None], 0.0)
+    greedy = probs_from_logits(x, torch.zeros_like(temperature))  # one-hot rows (zero without mass)
+    return torch.where((temperature == 0)[:, None], greedy, probs)
 
 
 def race(

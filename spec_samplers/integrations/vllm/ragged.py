@@ -98,6 +98,41 @@ class RaggedVerifier:
         self._ragged: Callable[..., torch.Tensor] = ragged if callable(ragged) else sampler.forward
         self._keywords = _accepted_keywords(self._ragged)
 
+    @property
+    def has_logits_entry(self) -> bool:
+        """Whether the sampler verifies ragged logits itself (``forward_ragged_from_logits``,
+        greedy requests at temperature 0 included): one call, no probability tensor."""
+        fn = getattr(self.sampler, "forward_ragged_from_logits", None)
+        return callable(fn) and getattr(type(self.sampler), "has_op", lambda: True)()
+
+    def from_logits(
+        self,
+        target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16, row t scores draft token t
+        bonus_token_ids: torch.Tensor,  # [B] int32/int64
+        draft_logits: torch.Tensor | None,  # [T, V] or None for point-mass drafts
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumulative sum of k_b
+        max_spec_len: int,
+        *,
+        temperature: torch.Tensor,  # [B] float, 0 = greedy request
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+    ) -> torch.Tensor:
+        """Returns [B, K+1] int64, -1 padded (requires :attr:`has_logits_entry`)."""
+        fn: Callable[..., torch.Tensor] = self.sampler.forward_ragged_from_logits  # type: ignore[assignment]
+        keywords = _accepted_keywords(fn)
+        extra = {k: v for k, v in (("seeds", seeds), ("offsets", offsets)) if v is not None and k in keywords}
+        return fn(
+            target_logits,
+            bonus_token_ids,
+            draft_logits,
+            draft_token_ids,
+            cu_num_draft_tokens,
+            max_spec_len,
+            temperature=temperature,
+            **extra,
+        )
+
     def accepts(self, keyword: str) -> bool:
         """Whether the sampler's entry point takes ``keyword`` (seeds, offsets, is_greedy, seeded_seqs)."""
         return keyword in self._keywords

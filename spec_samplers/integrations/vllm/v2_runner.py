@@ -33,7 +33,9 @@ reproduces; vocabularies of different size are cut to the smaller one, as vLLM d
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -45,85 +47,25 @@ from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 def make_rejection_sample(
     sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ):
-    """A drop-in for Model Runner V2's ``rejection_sample`` that verifies with ``sampler``.
+    """A drop-in for Model Runner V2's ``rejection_sample`` (:func:`verify`'s signature after
+    ``verifier``) that verifies with ``sampler``.
 
     vLLM's synthetic mode, block verification, FLy (0.33) and watermarking are vLLM's own
-    verification schemes, so calls that use them go to vLLM's function (the engine config refuses
-    each of them together with our section, so such calls only come from code that bypasses it).
+    verification schemes, so calls that use them go to vLLM's function with the arguments as given
+    (the engine config refuses each of them together with our section, so such calls only come
+    from code that bypasses it).
     """
     verifier = RaggedVerifier(sampler)
+    signature = inspect.signature(verify)
 
-    def rejection_sample(
-        target_logits: torch.Tensor,  # [num_logits, V], processed
-        draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] before temperature, or None
-        draft_sampled: torch.Tensor,  # [num_logits]
-        cu_num_logits: torch.Tensor,  # [R+1]
-        pos: torch.Tensor,  # [num_logits]
-        idx_mapping: torch.Tensor,  # [R]
-        expanded_idx_mapping: torch.Tensor,  # [num_logits]
-        expanded_local_pos: torch.Tensor,  # [num_logits]
-        temperature: torch.Tensor,  # [max_num_reqs]
-        seed: torch.Tensor,  # [max_num_reqs] int64
-        num_speculative_steps: int,
-        synthetic_conditional_rates: torch.Tensor | None = None,
-        use_fp64: bool = False,
-        use_block_verification: bool = False,
-        contexts: torch.Tensor | None = None,
-        watermarking: torch.Tensor | None = None,
-        watermarking_skip_mask: torch.Tensor | None = None,
-        watermark_key: int | None = None,
-        fly_window_size: int = 0,  # vLLM 0.33
-        fly_entropy_threshold: float = 0.3,  # vLLM 0.33
-        fly_entropy_top_k: int = 3,  # vLLM 0.33
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def rejection_sample(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (sampled [R, S+1] int64, -1 padded; num_sampled [R] int32)."""
-        vllm_only = synthetic_conditional_rates is not None or use_block_verification or contexts is not None
-        if vllm_only or fly_window_size > 0:
-            # (0.32's function has no fly_* parameters: pass them only when FLy is on)
-            fly = (
-                {}
-                if fly_window_size <= 0
-                else dict(
-                    fly_window_size=fly_window_size,
-                    fly_entropy_threshold=fly_entropy_threshold,
-                    fly_entropy_top_k=fly_entropy_top_k,
-                )
-            )
-            return vllm_rejection_sample(
-                target_logits,
-                draft_logits,
-                draft_sampled,
-                cu_num_logits,
-                pos,
-                idx_mapping,
-                expanded_idx_mapping,
-                expanded_local_pos,
-                temperature,
-                seed,
-                num_speculative_steps,
-                synthetic_conditional_rates,
-                use_fp64=use_fp64,
-                use_block_verification=use_block_verification,
-                contexts=contexts,
-                watermarking=watermarking,
-                watermarking_skip_mask=watermarking_skip_mask,
-                watermark_key=watermark_key,
-                **fly,
-            )
-        return verify(
-            verifier,
-            target_logits,
-            draft_logits,
-            draft_sampled,
-            cu_num_logits,
-            pos,
-            idx_mapping,
-            expanded_idx_mapping,
-            expanded_local_pos,
-            temperature,
-            seed,
-            num_speculative_steps,
-        )
+        call = signature.bind(verifier, *args, **kwargs)
+        a = call.arguments
+        vllm_only = a.get("synthetic_conditional_rates") is not None or a.get("use_block_verification")
+        if vllm_only or a.get("contexts") is not None or a.get("fly_window_size", 0) > 0:
+            return vllm_rejection_sample(*args, **kwargs)
+        return verify(*call.args, **call.kwargs)
 
     rejection_sample.__spec_samplers_sampler__ = sampler  # type: ignore[attr-defined]
     return rejection_sample
@@ -151,8 +93,19 @@ def verify(
     expanded_idx_mapping: torch.Tensor,  # [L]
     expanded_local_pos: torch.Tensor,  # [L]
     temperature: torch.Tensor,  # [max_num_reqs]
-    seed: torch.Tensor,  # [max_num_reqs]
+    seed: torch.Tensor,  # [max_num_reqs] int64
     num_speculative_steps: int,
+    # vLLM's own schemes, never set here (make_rejection_sample hands those calls to vLLM):
+    synthetic_conditional_rates: torch.Tensor | None = None,
+    use_fp64: bool = False,
+    use_block_verification: bool = False,
+    contexts: torch.Tensor | None = None,
+    watermarking: torch.Tensor | None = None,
+    watermarking_skip_mask: torch.Tensor | None = None,
+    watermark_key: int | None = None,
+    fly_window_size: int = 0,  # vLLM 0.33
+    fly_entropy_threshold: float = 0.3,  # vLLM 0.33
+    fly_entropy_top_k: int = 3,  # vLLM 0.33
 ) -> tuple[torch.Tensor, torch.Tensor]:
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
@@ -175,33 +128,49 @@ def verify(
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
 
-    argmax = logits.argmax(dim=-1)  # [L]
-    bonus_probs = logits[bonus_rows].softmax(dim=-1, dtype=torch.float32)  # [R, V]
-    bonus = torch.where(is_greedy, argmax[bonus_rows], sample_rows(bonus_probs, seeds, offsets, num_draft))  # [R]
-    greedy = greedy_verify_ragged(argmax[draft_rows], draft_ids, bonus, cu_draft, num_speculative_steps)
+    bonus_logits = logits[bonus_rows]  # [R, V]
+    bonus_probs = bonus_logits.softmax(dim=-1, dtype=torch.float32)  # [R, V]
+    bonus_argmax = bonus_logits.argmax(dim=-1)  # [R]
+    bonus = torch.where(is_greedy, bonus_argmax, sample_rows(bonus_probs, seeds, offsets, num_draft))  # [R]
 
-    target_probs = logits[draft_rows].softmax(dim=-1, dtype=torch.float32)  # [T, V]
-    draft_probs = None
+    target_rows = logits[draft_rows]  # [T, V]: the requests' rows back to back (the ragged layout)
+    draft_rows_logits = None
     if draft_logits is not None:
         rows_state = expanded_idx_mapping[draft_rows].to(torch.int64)  # [T]
         rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
         row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
-        draft_probs = (draft_logits[rows_state, rows_step, :vocab].to(torch.float32) / row_temp[:, None]).softmax(
-            dim=-1
-        )
+        # vLLM's target logits arrive divided by T; the drafter's do not: divide them the same way
+        draft_rows_logits = draft_logits[rows_state, rows_step, :vocab].to(torch.float32)
+        draft_rows_logits.div_(row_temp[:, None])
         # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
         # from p: vLLM resamples it from q, and so do our samplers for any out-of-range draft id.
-    out = verifier(
-        target_probs,
-        bonus,
-        draft_probs,
-        draft_ids,
-        cu_draft,
-        num_speculative_steps,
-        seeds=seeds,
-        offsets=offsets,
-        is_greedy=is_greedy,
-    )
-    out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
+    if verifier.has_logits_entry:
+        # One call verifies every request from the logits (greedy ones, T = 0, by the argmax, as
+        # vLLM): no probability tensor, no second verification of the greedy rows.
+        ones = torch.ones_like(temp)
+        out = verifier.from_logits(
+            target_rows,
+            bonus,
+            draft_rows_logits,
+            draft_ids,
+            cu_draft,
+            num_speculative_steps,
+            temperature=torch.where(is_greedy, 0.0, ones),
+            seeds=seeds,
+            offsets=offsets,
+        )
+    else:
+        out = verifier(
+            target_rows.softmax(dim=-1, dtype=torch.float32),
+            bonus,
+            None if draft_rows_logits is None else draft_rows_logits.softmax(dim=-1),
+            draft_ids,
+            cu_draft,
+            num_speculative_steps,
+            seeds=seeds,
+            offsets=offsets,
+        )
+        greedy = greedy_verify_ragged(target_rows.argmax(dim=-1), draft_ids, bonus, cu_draft, num_speculative_steps)
+        out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
     num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1).to(torch.int32)  # [R]
     return out, num_sampled
