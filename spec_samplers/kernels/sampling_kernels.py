@@ -34,8 +34,9 @@ import triton.language as tl
 
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
-from spec_samplers.kernels.common import clean, fold_argmax, request_span, row_offset, scaled_exp
+from spec_samplers.kernels.common import clean, fold_argmax, load_q, request_span, row_offset, scaled_exp
 from spec_samplers.kernels.rng import exponential_from_words, precise_exp, random_words
+from spec_samplers.kernels.softmax_kernels import row_partials
 from spec_samplers.rng_sampling import STREAM_SAMPLE
 
 _MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
@@ -149,6 +150,23 @@ def output_row(rows_ptr, b, R):
 
 
 @triton.jit
+def row_block(rows_ptr, R, V, chunk):
+    """(output row b, its input row (clamped), vocab range [lo, hi) of this program's block; empty
+    when the input row does not exist) of a (B, NB) grid."""
+    b = tl.program_id(0)
+    r, ok = output_row(rows_ptr, b, R)
+    lo = tl.program_id(1) * chunk
+    return b, r, lo, tl.where(ok, tl.minimum(lo + chunk, V), lo)
+
+
+@triton.jit
+def output_block(chunk, V):
+    """(row b (int64), vocab range [lo, hi)) of this program of a (B, NB) elementwise grid."""
+    lo = tl.program_id(1) * chunk
+    return tl.program_id(0).to(tl.int64), lo, tl.minimum(lo + chunk, V)
+
+
+@triton.jit
 def row_max_ref(max_ptr, b):
     """Row max for the logits' weights exp(x - max) (0 when the row is all -inf)."""
     m = tl.load(max_ptr + b)
@@ -180,41 +198,25 @@ def stats_kernel(
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    blk = tl.program_id(1)
-    r, ok = output_row(rows_ptr, b, R)
-    lo = blk * chunk
-    hi = tl.where(ok, tl.minimum(lo + chunk, V), lo)
-    t = 1.0
+    b, r, lo, hi = row_block(rows_ptr, R, V, chunk)
+    slot = b * NB + tl.program_id(1)
     if SOFTMAX:
+        # the verification samplers' softmax (one rule for the package): max of x, sum of exp((x - max) / T)
         t = tl.load(temp_ptr + b)
-        t = tl.where(t > 0.0, t, 1.0)
-    base = x_ptr + r * stride_r
-    vmax = float("-inf")
-    vmin = float("inf")
-    s = 0.0
-    best = float("-inf")
-    best_idx = lo
-    for start in range(lo, hi, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        mask = offs < hi
-        v = load_values(base, offs, mask, LOGITS)
-        if SOFTMAX:
-            best, best_idx = fold_argmax(tl.where(mask, v, float("-inf")), start, best, best_idx)
-            v = tl.math.div_rn(v, t)
-        new_max = tl.maximum(vmax, tl.max(tl.where(mask, v, float("-inf")), axis=0))
-        vmin = tl.minimum(vmin, tl.min(tl.where(mask, v, float("inf")), axis=0))
-        if SOFTMAX:
-            ref = tl.where(new_max > float("-inf"), new_max, 0.0)
-            e = tl.where(mask, precise_exp(v - ref, PRECISE), 0.0)
-            s = s * precise_exp(tl.where(vmax > float("-inf"), vmax, ref) - ref, PRECISE) + tl.sum(e, axis=0)
-        vmax = new_max
-    slot = b * NB + blk
-    tl.store(max_ptr + slot, vmax)
-    tl.store(min_ptr + slot, vmin)
-    if SOFTMAX:
+        m, s, _, best_idx = row_partials(x_ptr, r * stride_r, lo, hi, tl.where(t > 0.0, t, 1.0), BLOCK_V, PRECISE)
+        tl.store(max_ptr + slot, m)
         tl.store(sum_ptr + slot, s)
         tl.store(amax_ptr + slot, best_idx.to(tl.int32))
+    else:
+        vmax = float("-inf")
+        vmin = float("inf")
+        for start in range(lo, hi, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            v = load_values(x_ptr + r * stride_r, offs, offs < hi, LOGITS)
+            vmax = tl.maximum(vmax, tl.max(tl.where(offs < hi, v, float("-inf")), axis=0))
+            vmin = tl.minimum(vmin, tl.min(tl.where(offs < hi, v, float("inf")), axis=0))
+        tl.store(max_ptr + slot, vmax)
+        tl.store(min_ptr + slot, vmin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,9 +464,7 @@ def race_kernel(
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    blk = tl.program_id(1)
-    r, ok = output_row(rows_ptr, b, R)
+    b, r, lo, hi = row_block(rows_ptr, R, V, chunk)
     base = x_ptr + r * stride_r
     tau = tl.load(tau_ptr + b)
     seed = tl.load(seed_ptr + b)
@@ -472,8 +472,6 @@ def race_kernel(
     m_ref = 0.0
     if LOGITS:
         m_ref = row_max_ref(max_ptr, b)
-    lo = blk * chunk
-    hi = tl.where(ok, tl.minimum(lo + chunk, V), lo)
     best = float("-inf")
     best_idx = lo
     for start in range(lo, hi, BLOCK_V):
@@ -484,8 +482,9 @@ def race_kernel(
         e = sample_exponential(seed, offset, offs, PRECISE)
         keys = tl.where(mask & (v >= tau), tl.math.div_rn(w * _RACE_SCALE, e), float("-inf"))
         best, best_idx = fold_argmax(keys, start, best, best_idx)
-    tl.store(key_ptr + b * NB + blk, best)
-    tl.store(idx_ptr + b * NB + blk, best_idx.to(tl.int32))
+    slot = b * NB + tl.program_id(1)
+    tl.store(key_ptr + slot, best)
+    tl.store(idx_ptr + slot, best_idx.to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["chunk"])
@@ -500,13 +499,10 @@ def renorm_kernel(
     chunk,
     BLOCK_V: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
+    b, lo, hi = output_block(chunk, V)
     tau = tl.load(tau_ptr + b)
     denom = tl.load(mass_ptr + b).to(tl.float32) * (1.0 / _MASS_SCALE)
     safe = tl.where(denom > 0.0, denom, 1.0)
-    lo = blk * chunk
-    hi = tl.minimum(lo + chunk, V)
     for start in range(lo, hi, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < hi
@@ -527,11 +523,8 @@ def mask_kernel(
     chunk,
     BLOCK_V: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
+    b, lo, hi = output_block(chunk, V)
     tau = tl.load(tau_ptr + b)
-    lo = blk * chunk
-    hi = tl.minimum(lo + chunk, V)
     for start in range(lo, hi, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < hi
@@ -549,7 +542,7 @@ def softmax_kernel(
     stride_r,  # [B, V] fp32/fp16/bf16 logits
     temp_ptr,  # [B] fp32 (0: one-hot of the argmax; < 0 acts as 1)
     max_ptr,
-    sum_ptr,  # [B] fp32 row max of x / T and sum of exp(x / T - max)
+    sum_ptr,  # [B] fp32 row max of x and sum of exp((x - max) / T)
     argmax_ptr,  # [B] int64 argmax of the logits (used where T == 0)
     out_ptr,  # [B, V] fp32, contiguous
     V,
@@ -557,20 +550,17 @@ def softmax_kernel(
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
+    b, lo, hi = output_block(chunk, V)
     t_raw = tl.load(temp_ptr + b)
     t = tl.where(t_raw > 0.0, t_raw, 1.0)
-    m = row_max_ref(max_ptr, b)
+    m = tl.load(max_ptr + b)
     s = tl.load(sum_ptr + b)
-    safe = tl.where(s > 0.0, s, 1.0)
     amax = tl.load(argmax_ptr + b)
-    lo = blk * chunk
-    hi = tl.minimum(lo + chunk, V)
     for start in range(lo, hi, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < hi
-        v = tl.math.div_rn(load_values(x_ptr + b * stride_r, offs, mask, True), t)
-        p = tl.where(s > 0.0, tl.math.div_rn(precise_exp(v - m, PRECISE), safe), 0.0)
-        p = tl.where(t_raw == 0.0, tl.where(offs == amax, 1.0, 0.0), p)
+        p = load_q(x_ptr + b * stride_r, offs, mask, t, m, s, 0.0, True, PRECISE)
+        # (a row without mass has no argmax: -1 matches no lane; scalar & vector masks trip the interpreter)
+        onehot = tl.where(offs == tl.where(s > 0.0, amax, -1), 1.0, 0.0)
+        p = tl.where(t_raw == 0.0, onehot, p)
         tl.store(out_ptr + b * V + offs, p, mask=mask)

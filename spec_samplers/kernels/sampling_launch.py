@@ -20,6 +20,7 @@ import torch
 from spec_samplers.kernels import sampling_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, vocab_split
 from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
+from spec_samplers.torch_ops import scaled_exp
 
 
 def _rows(x: torch.Tensor, rows: torch.Tensor) -> dict[str, object]:
@@ -49,40 +50,30 @@ def _row_stats(
     split: VocabSplit,
     temperature: torch.Tensor | None = None,  # [B] fp32: softmax statistics of x / T
 ) -> tuple[torch.Tensor, ...]:
-    """(row max [B], row min [B]) of the cleaned values, and for softmax also (sum of exp [B],
-    argmax [B] int64). A missing row has max -inf and min +inf."""
-    B = rows.shape[0]
-    NB = split.num_blocks
-    pmax = torch.empty((B, NB), dtype=torch.float32, device=x.device)
-    pmin = torch.empty((B, NB), dtype=torch.float32, device=x.device)
+    """(row max [B], row min [B]) of the cleaned values; for softmax (``temperature`` given)
+    (row max [B] of the logits, sum of exp((x - max) / T) [B], argmax [B] int64) instead. A missing
+    row has max -inf and min +inf."""
+    B, NB = rows.shape[0], split.num_blocks
     softmax = temperature is not None
-    psum = torch.empty((B, NB), dtype=torch.float32, device=x.device) if softmax else None
-    pidx = torch.empty((B, NB), dtype=torch.int32, device=x.device) if softmax else None
-    _run_over_rows(
-        sk.stats_kernel,
-        "stats",
-        x,
-        rows,
-        split,
-        logits,
-        temp_ptr=temperature,
-        max_ptr=pmax,
-        min_ptr=pmin,
-        sum_ptr=psum,
-        amax_ptr=pidx,
-        SOFTMAX=softmax,
-    )
+
+    def part(dtype: torch.dtype, wanted: bool = True) -> torch.Tensor | None:
+        return torch.empty((B, NB), dtype=dtype, device=x.device) if wanted else None
+
+    pmax, pmin = part(torch.float32), part(torch.float32, not softmax)
+    psum, pidx = part(torch.float32, softmax), part(torch.int32, softmax)
+    parts = dict(max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx)
+    _run_over_rows(sk.stats_kernel, "stats", x, rows, split, logits, temp_ptr=temperature, SOFTMAX=softmax, **parts)
+    assert pmax is not None
     row_max = pmax.amax(dim=1)
-    row_min = pmin.amin(dim=1)
-    if not softmax:
-        return row_max, row_min
+    if temperature is None:
+        assert pmin is not None
+        return row_max, pmin.amin(dim=1)
     assert psum is not None and pidx is not None
-    ref = torch.where(row_max > float("-inf"), row_max, 0.0)
-    block_ref = torch.where(pmax > float("-inf"), pmax, ref[:, None])
-    row_sum = (psum * torch.exp(block_ref - ref[:, None])).sum(dim=1)
+    t = torch.where(temperature > 0, temperature, 1.0)[:, None]
+    row_sum = (psum * scaled_exp(pmax, row_max[:, None], t)).sum(dim=1)  # block sums rescaled to the row max
     first_max = torch.argmax(pmax, dim=1, keepdim=True)  # lowest block holding the max
     argmax = pidx.gather(1, first_max)[:, 0].to(torch.int64)
-    return row_max, row_min, row_sum, argmax
+    return row_max, row_sum, argmax
 
 
 def _search(
@@ -101,25 +92,11 @@ def _search(
     int64 or None)."""
     B = rows.shape[0]
     mass = torch.empty(B, dtype=torch.int64, device=x.device) if track_mass else None
-    KernelLaunch(
-        sk.search_kernel,
-        (B,),
-        dict(
-            **_rows(x, rows),
-            max_ptr=row_max,
-            lo_ptr=lo,
-            hi_ptr=hi,
-            mass_ptr=mass,
-            k_ptr=top_k,
-            p_ptr=top_p,
-            MODE=mode,
-            LOGITS=logits,
-            TRACK_MASS=track_mass,
-            BLOCK_V=sk.search_block(x.shape[1]),
-            PRECISE=precise_math(),
-        ),
-        name="search",
-    ).run()
+    interval = dict(lo_ptr=lo, hi_ptr=hi, mass_ptr=mass)
+    flags = dict(MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, PRECISE=precise_math())
+    block = sk.search_block(x.shape[1])
+    args = dict(_rows(x, rows), max_ptr=row_max, k_ptr=top_k, p_ptr=top_p, BLOCK_V=block, **interval, **flags)
+    KernelLaunch(sk.search_kernel, (B,), args, name="search").run()
     return lo, mass
 
 
@@ -281,7 +258,7 @@ def softmax_triton(
     if split is None:
         split = vocab_split(V, B, logits.device)
     temperature = temperature.to(torch.float32).contiguous()
-    row_max, _, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
+    row_max, row_sum, argmax = _row_stats(logits, rows, True, split, temperature)
     return _rowwise(
         sk.softmax_kernel,
         "softmax",

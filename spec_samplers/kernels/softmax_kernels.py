@@ -27,7 +27,9 @@ def effective_temperature(temp_ptr, b):
 
 
 @triton.jit
-def _row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+    """Online (max, sum of exp((x - max) / temp), max again, its index) of logits ptr[off + lo:off + hi]
+    (the shared logits rule; NaN counts as -inf): one block's partials of a fused softmax."""
     m = float("-inf")
     s = 0.0
     best = float("-inf")
@@ -68,7 +70,7 @@ def softmax_partials_kernel(
     slot = (b * (K + 1) + i) * NB + blk
     t_off, t_ok = row_offset(b, i, start, n, num_rows, target[1], target[2], RAGGED)
     if t_ok:
-        m, s, best, best_idx = _row_partials(target[0], t_off, lo, hi, temp, BLOCK_V, PRECISE)
+        m, s, best, best_idx = row_partials(target[0], t_off, lo, hi, temp, BLOCK_V, PRECISE)
         tl.store(parts[0] + slot, m)
         tl.store(parts[1] + slot, s)
         tl.store(parts[4] + slot, best)
@@ -76,7 +78,7 @@ def softmax_partials_kernel(
     if draft[0] is not None:
         d_off, d_ok = row_offset(b, i, start, n, num_rows, draft[1], draft[2], RAGGED)
         if d_ok & (i < n):
-            m, s, _, _ = _row_partials(draft[0], d_off, lo, hi, temp, BLOCK_V, PRECISE)
+            m, s, _, _ = row_partials(draft[0], d_off, lo, hi, temp, BLOCK_V, PRECISE)
             tl.store(parts[2] + slot, m)
             tl.store(parts[3] + slot, s)
 

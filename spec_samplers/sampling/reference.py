@@ -170,27 +170,24 @@ def softmax_reference(
     temperature: torch.Tensor,  # [B] fp32; 0 = greedy (one-hot of the argmax), other values <= 0 act as 1
     fast: bool | None = None,
 ) -> torch.Tensor:
-    """[B, V] fp32 softmax(logits / T); a row that is all -inf (or NaN) gives zeros.
+    """[B, V] fp32 softmax(logits / T): the package's one logits rule
+    (:func:`spec_samplers.torch_ops.probs_from_logits`, exp((x - max) / T) / sum, as the
+    verification samplers); a row that is all -inf (or NaN) gives zeros.
 
-    ``fast`` (default: on CPU) runs torch.softmax on every row and the spelled-out definition
-    only on the rows that need it (non-finite logits, T == 0), found on the host."""
+    ``fast`` (default: on CPU) runs torch.softmax on every row and the spelled-out rule only on
+    the rows that need it (non-finite logits, T == 0), found on the host."""
     if fast is None:
         fast = logits.device.type == "cpu"
+    if not (fast and logits.shape[0]):
+        return probs_from_logits(logits, temperature)
     t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=logits.device))
-    if fast and logits.shape[0]:
-        x = logits.to(torch.float32)
-        probs = torch.softmax(x if bool((t == 1).all()) else x / t[:, None], dim=-1)
-        lo, hi = torch.aminmax(x, dim=-1)  # NaN propagates: one pass finds the non-finite rows
-        special = torch.nonzero((temperature == 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)).flatten()
-        if special.numel():
-            probs[special] = softmax_reference(logits[special], temperature[special], fast=False)
-        return probs
-    x = clean_logits(logits)
-    w = logit_weights(x / t[:, None])
-    total = w.sum(dim=-1, keepdim=True)
-    probs = torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
-    onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
-    return torch.where((temperature == 0)[:, None], onehot, probs)
+    x = logits.to(torch.float32)
+    probs = torch.softmax(x if bool((t == 1).all()) else x / t[:, None], dim=-1)
+    lo, hi = torch.aminmax(x, dim=-1)  # NaN propagates: one pass finds the non-finite rows
+    special = torch.nonzero((temperature == 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)).flatten()
+    if special.numel():
+        probs[special] = probs_from_logits(logits[special], temperature[special])
+    return probs
 
 
 def filtered_softmax_reference(
