@@ -24,7 +24,7 @@ META = torch.device("meta")
 SMS = 132
 
 
-def _batch(B: int, k: int, V: int, logits: bool) -> VerifyBatch:
+def _batch(B: int, k: int, V: int, logits: bool | str) -> VerifyBatch:
     target = torch.empty(B, k + 1, V, device=META)
     draft = torch.empty(B, k, V, device=META)
     ids = torch.empty(B, k, dtype=torch.int64, device=META)
@@ -35,6 +35,8 @@ def _batch(B: int, k: int, V: int, logits: bool) -> VerifyBatch:
         if logits
         else {"is_greedy": torch.empty(B, dtype=torch.bool, device=META)}
     )
+    if logits == "filtered":  # SamplingParams filters: the filter-cut launches join the plan
+        extra.update(top_k=seeds, top_p=torch.empty(B, device=META), min_p=torch.empty(B, device=META))
     return VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=seeds, **extra)
 
 
@@ -67,8 +69,9 @@ def _variants(batch_sizes, ks, V, logits):
 
 def test_compiled_variants_stay_bounded_as_the_batch_size_changes():
     vocab_pass = {"residual_partials", "argmax_partials", "softmax_partials", "typical_partials", "block_partials"}
+    vocab_pass |= {"filter_cut"}  # BLOCK_V from the vocabulary size alone: one variant
     for V in (32000, 128256, 152064):
-        for logits in (False, True):
+        for logits in (False, True, "filtered"):
             fixed_k = _variants(range(1, 1025), [4], V, logits)
             for (name, _), variants in fixed_k.items():
                 bound = len(BLOCK_V_CHOICES) if name in vocab_pass else MAX_VOCAB_BLOCKS.bit_length()
