@@ -3,7 +3,8 @@
 Each case draws a sampler, an entry, tiny shapes (B <= 3, K <= 3, V <= 40), a dtype, strict mode
 and check_values on or off, and then bends the inputs: strided and expanded (stride 0) tensors,
 NaN / +-inf / negative / all-zero / all -inf rows, huge logits, edge temperatures (0, 1e-38,
-+inf, negative, NaN), out-of-range ids, point-mass drafts, and inconsistent ragged metadata.
++inf, negative, NaN) or per-request SamplingParams (top-k / top-p / min-p, extreme values
+included), out-of-range ids, point-mass drafts, and inconsistent ragged metadata.
 
 A violation is:
 
@@ -29,7 +30,9 @@ import torch
 
 import spec_samplers.kernels.rejection_launch  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
 import spec_samplers.kernels.typical_launch  # noqa: F401
-from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
+from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingParams, TypicalAcceptanceSampler
+from spec_samplers.sampling.reference import filtered_softmax_reference
+from spec_samplers.sampling_params import sampling_tensors
 from spec_samplers.torch_ops import clean_probs, probs_from_logits
 
 SEED = int(os.environ.get("FUZZ_SEED", "20260509"))
@@ -50,6 +53,7 @@ ARGUMENTS = {
     "seeds",
     "offsets",
     "is_greedy",
+    "sampling_params",
 }
 ENTRIES = ("forward", "forward_ragged", "forward_from_logits", "forward_ragged_from_logits")
 
@@ -161,7 +165,19 @@ def make_case(rng: random.Random, gen: torch.Generator) -> dict:
             max_spec_len = rng.choice([-1, 2**40])
         fits_int32 = all(abs(c) < 2**31 for c in cu.tolist())
         args += [bend(cu.to(rng.choice([torch.int32, torch.int64])) if fits_int32 else cu, rng), max_spec_len]
-    if logits:
+    params = None
+    if logits and rng.random() < 0.4:  # per-request SamplingParams, applied by the samplers themselves
+        params = [
+            SamplingParams(
+                temperature=rng.choice([0.0, 0.7, 1.0, 3.0]),
+                top_k=rng.choice([0, 1, 3, 50]),
+                top_p=rng.choice([1.0, 0.9, 0.5, 1e-6]),
+                min_p=rng.choice([0.0, 0.1, 1.0]),
+            )
+            for _ in range(B)
+        ]
+        kwargs["sampling_params"] = params
+    elif logits:
         temps = [rng.choice([0.0, 0.5, 1.0, 2.0, INF, 1e-38, -1.0, NAN, 1.0]) for _ in range(B)]
         args.append(bend(expand_rows(torch.tensor(temps, dtype=torch.float32), rng), rng))
     if sampler in ("rejection", "block"):
@@ -182,6 +198,7 @@ def make_case(rng: random.Random, gen: torch.Generator) -> dict:
         V=V,
         ragged=ragged,
         logits=logits,
+        params=params,
         max_spec_len=max_spec_len,
     )
 
@@ -221,7 +238,11 @@ def q_rows(case: dict) -> list[tuple[int, int, list[torch.Tensor | None]]]:
             else:
                 row = target[b, i]
             if row is not None:
-                if case["logits"]:
+                if case["params"] is not None:  # the processed target (vLLM's order)
+                    st = sampling_tensors(case["params"][b], 1, "cpu")
+                    t = torch.where(st.is_greedy, 0.0, st.temperature)
+                    row = filtered_softmax_reference(row[None], t, st.top_k, st.top_p, st.min_p)[0]
+                elif case["logits"]:
                     row = probs_from_logits(row[None], case["args"][-1][b : b + 1])[0]
                 else:
                     row = clean_probs(row)
