@@ -7,7 +7,7 @@ synchronisation; grids depend on shapes only, so a CUDA graph can capture a call
 Compiled variants: the search kernel has 2 modes x 2 input kinds x mass tracking on/off, the
 vocabulary kernels one variant per input kind and flag set; block sizes come from
 :func:`spec_samplers.kernels.backend.vocab_split` (BLOCK_V in {256, 512, 1024} on CUDA) and
-SEARCH_BLOCK_V, and the per-step integers (R, chunk, NB) are not specialised on, so a serving
+``sampling_kernels.SEARCH_BLOCK_V``, and the per-step integers (R, chunk, NB) are not specialised on, so a serving
 engine whose batch size changes every step compiles a bounded set.
 """
 
