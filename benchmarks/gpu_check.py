@@ -338,6 +338,18 @@ def _us(fn: Callable[[], object], *, cold: bool, iters: int) -> float:
     return float(t["time_s"]) * 1e6
 
 
+def _timed(
+    impl: str, kernel: str, fn: Callable[[], object], floor_us: float, shape: dict, iters: tuple[int, int]
+) -> dict:
+    """One timing row: warm and L2-cold medians of fn() against the byte floor."""
+    warm = _us(fn, cold=False, iters=iters[0])
+    cold = _us(fn, cold=True, iters=iters[1])
+    row = {"impl": impl, "kernel": kernel, **shape, "warm_us": warm, "cold_us": cold, "floor_us": floor_us}
+    row["cold_over_floor"] = cold / floor_us
+    print("time", row, flush=True)
+    return row
+
+
 def run_timings(
     bw: float, vocabs=VOCABS, batches=BATCHES, ks=KS, warm_iters: int = 100, cold_iters: int = 30
 ) -> tuple[list[dict], list[str]]:
@@ -352,6 +364,8 @@ def run_timings(
                     inp = make_inputs(B, k, V, dtype, seed=7, worst_case=True)
                     bt = verify_batches(inp)
                     b = inp.target.element_size()
+                    shape = {"V": V, "B": B, "k": k, "dtype": str(dtype).replace("torch.", "")}
+                    iters = (warm_iters, cold_iters)
                     floors = {
                         "rejection": 2 * B * V * b,
                         "rejection_point_mass": B * V * b,
@@ -363,24 +377,7 @@ def run_timings(
                         def fn(n: str = name, bt: dict[str, VerifyBatch] = bt) -> torch.Tensor:
                             return kernel[n](bt[n])
 
-                        warm = _us(fn, cold=False, iters=warm_iters)
-                        cold = _us(fn, cold=True, iters=cold_iters)
-                        floor_us = floor_bytes / bw * 1e6
-                        rows.append(
-                            {
-                                "impl": "spec_samplers",
-                                "kernel": name,
-                                "V": V,
-                                "B": B,
-                                "k": k,
-                                "dtype": str(dtype).replace("torch.", ""),
-                                "warm_us": warm,
-                                "cold_us": cold,
-                                "floor_us": floor_us,
-                                "cold_over_floor": cold / floor_us,
-                            }
-                        )
-                        print("time", rows[-1], flush=True)
+                        rows.append(_timed("spec_samplers", name, fn, floor_bytes / bw * 1e6, shape, iters))
                     for impl, prepare in (
                         ("flashinfer", baselines.prepare_flashinfer),
                         ("vllm", baselines.prepare_vllm_v1),
@@ -391,24 +388,7 @@ def run_timings(
                             if str(exc) not in notes:
                                 notes.append(str(exc))
                             continue
-                        warm = _us(call, cold=False, iters=warm_iters)
-                        cold = _us(call, cold=True, iters=cold_iters)
-                        floor_us = 2 * B * V * b / bw * 1e6
-                        rows.append(
-                            {
-                                "impl": impl,
-                                "kernel": "rejection",
-                                "V": V,
-                                "B": B,
-                                "k": k,
-                                "dtype": str(dtype).replace("torch.", ""),
-                                "warm_us": warm,
-                                "cold_us": cold,
-                                "floor_us": floor_us,
-                                "cold_over_floor": cold / floor_us,
-                            }
-                        )
-                        print("time", rows[-1], flush=True)
+                        rows.append(_timed(impl, "rejection", call, 2 * B * V * b / bw * 1e6, shape, iters))
                     del inp, bt
                     torch.cuda.empty_cache()
     return rows, notes
