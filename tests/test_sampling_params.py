@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from params_reference import reference_row
 
 from spec_samplers import SamplingParams, SpecSamplerInputError
 from spec_samplers.sampling_params import process_logits, sampling_tensors
@@ -62,28 +63,6 @@ def test_valid_fields_and_greedy_reset():
     assert SamplingParams(seed=2**64 - 1).seed_int64 == -1
     duck = SimpleNamespace(temperature=0.8, top_p=0.95, top_k=-1, min_p=0.0, seed=7)  # e.g. vllm.SamplingParams
     assert SamplingParams.from_any(duck) == SamplingParams(temperature=0.8, top_p=0.95, top_k=-1, seed=7)
-
-
-def reference_row(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """One row, step by step as vLLM describes it, in float64."""
-    x = logits.double()
-    if p.is_greedy:
-        out = torch.zeros_like(x)
-        out[int(torch.argmax(x))] = 1
-        return out
-    probs = torch.softmax(x / p.temperature, -1)
-    if p.min_p > 0:
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, 0)
-        probs = probs / probs.sum()
-    if p.top_k > 0:
-        kth = sorted(probs.tolist(), reverse=True)[min(p.top_k, len(probs)) - 1]
-        probs = torch.where(probs >= kth, probs, 0)
-        probs = probs / probs.sum()
-    if p.top_p < 1:
-        keep = torch.tensor([float(probs[probs > v].sum()) < p.top_p for v in probs.tolist()])
-        probs = torch.where(keep, probs, 0)
-        probs = probs / probs.sum()
-    return probs
 
 
 def test_process_logits_matches_the_row_reference():

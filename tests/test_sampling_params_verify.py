@@ -2,7 +2,7 @@
 
 Design. Each request r has fixed target logits [k+1, V], draft logits [k, V] and its own
 SamplingParams; it is repeated over N rows (distinct seeds), so rows are i.i.d. trials. Drafts are
-sampled from the draft processed with the same parameters (float64 reference written here, step
+sampled from the draft processed with the same parameters (float64 reference in tests/params_reference.py, step
 by step in vLLM's order). Per request and slot, the emitted token (given the slot is reached)
 follows the processed target q'_i: chi-square, significance CHI2_ALPHA = 1e-3 per test (false
 failure rate at a random seed; seeds are fixed, so the suite is deterministic). Acceptance at
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from params_reference import processed_rows
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 from spec_samplers import RejectionSampler, SamplingParams, SpecSamplerInputError, TypicalAcceptanceSampler
@@ -30,41 +31,14 @@ REQUESTS = [
 ]
 
 
-def processed_reference(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """[..., V] -> [..., V] float64, one row at a time: softmax(x / T), min-p, top-k (ties kept),
-    top-p (ties with the last kept token kept), each renormalised; greedy: one-hot argmax."""
-    flat = logits.reshape(-1, logits.shape[-1]).double()
-    rows = []
-    for x in flat:
-        if p.is_greedy:
-            out = torch.zeros_like(x)
-            out[int(torch.argmax(x))] = 1
-            rows.append(out)
-            continue
-        probs = torch.softmax(x / p.temperature, -1)
-        if p.min_p > 0:
-            probs = torch.where(probs >= p.min_p * probs.max(), probs, 0)
-            probs = probs / probs.sum()
-        if p.top_k > 0:
-            kth = sorted(probs.tolist(), reverse=True)[min(p.top_k, len(probs)) - 1]
-            probs = torch.where(probs >= kth, probs, 0)
-            probs = probs / probs.sum()
-        if p.top_p < 1:
-            keep = torch.tensor([float(probs[probs > v].sum()) < p.top_p for v in probs.tolist()])
-            probs = torch.where(keep, probs, 0)
-            probs = probs / probs.sum()
-        rows.append(probs)
-    return torch.stack(rows).view(logits.shape)
-
-
 def make_batch(seed: int, dtype: torch.dtype):
     """Requests x N rows: logits, drafts sampled from the processed draft, params per row."""
     gen = torch.Generator().manual_seed(seed)
     R = len(REQUESTS)
     target = (torch.randn(R, K + 1, V, generator=gen) * 2).to(dtype)
     draft = (target[:, :K].float() + 0.8 * torch.randn(R, K, V, generator=gen)).to(dtype)
-    q = torch.stack([processed_reference(target[r], REQUESTS[r]) for r in range(R)])  # [R, K+1, V]
-    p = torch.stack([processed_reference(draft[r], REQUESTS[r]) for r in range(R)])  # [R, K, V]
+    q = torch.stack([processed_rows(target[r], REQUESTS[r]) for r in range(R)])  # [R, K+1, V]
+    p = torch.stack([processed_rows(draft[r], REQUESTS[r]) for r in range(R)])  # [R, K, V]
     ids = torch.stack(
         [torch.multinomial(p[r].float(), N, replacement=True, generator=gen).T for r in range(R)]
     )  # [R, N, K]
