@@ -22,6 +22,7 @@ from vllm_support import (  # noqa: F401
     install,
     make_model_dir,
     restore_seams,
+    v2_args,
     v2_inputs,
     v2_rejection_sampler,
     verify_in_chunks,
@@ -212,38 +213,14 @@ def test_mixed_greedy_random_with_padded_v0_sampler(restore_seams):
     L = int(inputs["cu_num_logits"][-1])
     target_logits = torch.randn(L, V, generator=gen)
     draft_logits = torch.randn(5, K, V, generator=gen)
-    sampled, num_sampled = seam(
-        target_logits,
-        draft_logits,
-        inputs["draft_sampled"],
-        inputs["cu_num_logits"],
-        inputs["pos"],
-        inputs["idx_mapping"],
-        inputs["expanded_idx_mapping"],
-        inputs["expanded_local_pos"],
-        inputs["temperature"],
-        inputs["seed"],
-        K,
-    )
+    sampled, num_sampled = seam(target_logits, draft_logits, *v2_args(inputs), K)
     greedy = greedy_expected(requests, target_logits, K)
     for r in (0, 2):
         assert torch.equal(sampled[r], greedy[r])
     assert num_sampled.tolist() == (sampled != -1).sum(1).tolist()
     # Same answer as our built-in sampler's ragged method: the padding is exact.
     ragged = v2_runner.make_rejection_sample(RejectionSampler(), vllm_rejection_sample=None)
-    again, _ = ragged(
-        target_logits,
-        draft_logits,
-        inputs["draft_sampled"],
-        inputs["cu_num_logits"],
-        inputs["pos"],
-        inputs["idx_mapping"],
-        inputs["expanded_idx_mapping"],
-        inputs["expanded_local_pos"],
-        inputs["temperature"],
-        inputs["seed"],
-        K,
-    )
+    again, _ = ragged(target_logits, draft_logits, *v2_args(inputs), K)
     assert torch.equal(sampled, again)
 
 

@@ -239,6 +239,24 @@ def v2_inputs(requests: list[dict], vocab_size: int, num_speculative_steps: int,
     )
 
 
+#: the inputs Model Runner V2 passes to rejection_sample positionally, after the two logits tensors
+V2_POSITIONAL = (
+    "draft_sampled",
+    "cu_num_logits",
+    "pos",
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+    "temperature",
+    "seed",
+)
+
+
+def v2_args(inputs: dict) -> list:
+    """:data:`V2_POSITIONAL` of ``inputs``, in order."""
+    return [inputs[name] for name in V2_POSITIONAL]
+
+
 def call_v2(module, target_logits, draft_logits, inputs: dict):
     """The seam called exactly as Model Runner V2's RejectionSampler._verify calls it (standard
     method, no watermark)."""
@@ -246,14 +264,7 @@ def call_v2(module, target_logits, draft_logits, inputs: dict):
     return module.rejection_sample(
         target_logits,
         draft_logits,
-        inputs["draft_sampled"],
-        inputs["cu_num_logits"],
-        inputs["pos"],
-        inputs["idx_mapping"],
-        inputs["expanded_idx_mapping"],
-        inputs["expanded_local_pos"],
-        inputs["temperature"],
-        inputs["seed"],
+        *v2_args(inputs),
         inputs["num_speculative_steps"],
         None,
         use_fp64=False,
