@@ -97,13 +97,20 @@ class RaggedVerifier:
         self.uses_ragged_method = callable(ragged)
         self._ragged: Callable[..., torch.Tensor] = ragged if callable(ragged) else sampler.forward
         self._keywords = _accepted_keywords(self._ragged)
+        # decided once: the runners call this every engine step
+        logits_entry = getattr(sampler, "forward_ragged_from_logits", None)
+        has_op = getattr(type(sampler), "has_op", lambda: True)
+        self._logits_entry: Callable[..., torch.Tensor] | None = None
+        self._logits_keywords: set[str] = set()
+        if callable(logits_entry) and has_op():
+            self._logits_entry = logits_entry
+            self._logits_keywords = _accepted_keywords(logits_entry)
 
     @property
     def has_logits_entry(self) -> bool:
         """Whether the sampler verifies ragged logits itself (``forward_ragged_from_logits``,
         greedy requests at temperature 0 included): one call, no probability tensor."""
-        fn = getattr(self.sampler, "forward_ragged_from_logits", None)
-        return callable(fn) and getattr(type(self.sampler), "has_op", lambda: True)()
+        return self._logits_entry is not None
 
     def from_logits(
         self,
@@ -119,8 +126,9 @@ class RaggedVerifier:
         offsets: torch.Tensor | None = None,  # [B] int64
     ) -> torch.Tensor:
         """Returns [B, K+1] int64, -1 padded (requires :attr:`has_logits_entry`)."""
-        fn: Callable[..., torch.Tensor] = self.sampler.forward_ragged_from_logits  # type: ignore[assignment]
-        keywords = _accepted_keywords(fn)
+        fn = self._logits_entry
+        assert fn is not None, "the sampler has no forward_ragged_from_logits"
+        keywords = self._logits_keywords
         extra = {k: v for k, v in (("seeds", seeds), ("offsets", offsets)) if v is not None and k in keywords}
         return fn(
             target_logits,
