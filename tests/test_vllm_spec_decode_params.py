@@ -426,3 +426,22 @@ def test_v2_verify_in_chunks_emits_vllms_processed_target(model_dir, restore_sea
         )
         collect(pairs, sc.kinds, out)
     check_law(sc, {kind: torch.stack(rows) for kind, rows in pairs.items()})
+
+
+def test_registration_wraps_each_vllm_function_once(restore_seams, monkeypatch):
+    """register() (also when vLLM loads plugins again) wraps each of WRAPS once, around vLLM's own."""
+    import importlib
+
+    import vllm.plugins
+
+    from spec_samplers.integrations.vllm import plugin as plugin_impl
+
+    for _ in range(2):
+        monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+        vllm.plugins.load_general_plugins()
+    for wrap in plugin_impl.WRAPS:
+        module = importlib.import_module(wrap.module)
+        owner = module if wrap.owner is None else getattr(module, wrap.owner)
+        wrapper = getattr(owner, wrap.attribute)
+        assert getattr(wrapper, "__spec_samplers_wraps__", False), wrap
+        assert wrapper.__wrapped__.__module__.startswith("vllm."), wrap  # vLLM's own, wrapped once
