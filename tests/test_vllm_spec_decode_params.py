@@ -153,8 +153,11 @@ class Scenario:
             return GREEDY_TOKEN
         if not probabilistic:
             return int(self.draft_logits[kind].argmax())
-        q = (self.draft_logits[kind] / self.params[self.kinds.index(kind)].temperature).softmax(-1)
-        return int(torch.multinomial(q, 1, generator=gen))
+        return int(torch.multinomial(self.q(kind), 1, generator=gen))
+
+    def q(self, kind: str) -> torch.Tensor:
+        """[V]: vLLM's probabilistic drafting law, softmax(draft logits / T) (T = 1 for greedy requests)."""
+        return (self.draft_logits[kind] / (KINDS[kind]["temperature"] or 1.0)).softmax(-1)
 
 
 def scenario() -> Scenario:
@@ -324,12 +327,7 @@ def test_v1_forward_emits_vllms_processed_target(model_dir, restore_seams, monke
     md = metadata_for(sc.params, logitsprocs)
     B = len(sc.kinds)
     logits = torch.stack([sc.raw[kind] for kind in sc.kinds]).reshape(2 * B, V)  # rows: draft, bonus
-    draft_probs = torch.stack(
-        [
-            (sc.draft_logits[k] / max(p.temperature, 1e-5) if p.temperature > 0 else sc.draft_logits[k]).softmax(-1)
-            for k, p in zip(sc.kinds, sc.params, strict=True)
-        ]
-    )  # [B, V]: what vLLM's probabilistic drafter passes (softmax(draft logits / T)); None for greedy drafting
+    draft_probs = torch.stack([sc.q(kind) for kind in sc.kinds])  # [B, V]; greedy drafting passes None
     gen = torch.Generator().manual_seed(5)
     torch.manual_seed(6)  # our sampler draws from torch's default generator (no per-request seeds)
     pairs: dict[str, list] = {kind: [] for kind in KINDS}
