@@ -9,6 +9,10 @@ a pass-through observer that, after vLLM's own constructor, reads ``additional_c
 current ``VllmConfig`` (vLLM builds its model runner inside ``set_current_vllm_config``). Only if
 it holds our section is the module's ``rejection_sample`` replaced (logged once per attribute);
 otherwise vLLM's own function stays, or is put back. Bad sections raise there: at engine start.
+
+``WRAPS`` lists the few other vLLM functions wrapped on import (spec_decode_params.py: min_p and
+logit_bias with speculative decoding); each wrapper reads the configuration it is given and,
+without our section, is vLLM's function.
 """
 
 from __future__ import annotations
@@ -62,6 +66,35 @@ SEAMS = (
     ),
 )
 _SEAMS_BY_MODULE = {seam.module: seam for seam in SEAMS}
+
+
+@dataclass(frozen=True)
+class Wrap:
+    """A vLLM function or method wrapped once its module is imported; the wrapper (built by
+    ``factory`` from vLLM's function) checks the configuration itself and, without our section,
+    calls vLLM's function with the arguments as given."""
+
+    module: str
+    owner: str | None  # the class in ``module`` holding ``attribute``; None: a module global
+    attribute: str
+    factory: str  # "module:function" building the wrapper from vLLM's function
+
+
+_PARAMS = "spec_samplers.integrations.vllm.spec_decode_params"
+#: min_p and logit_bias with speculative decoding (spec_decode_params.py): validation in the
+#: front end, V1's logits processors in the worker
+WRAPS = (
+    Wrap("vllm.sampling_params", "SamplingParams", "_validate_spec_decode", f"{_PARAMS}:validate_spec_decode"),
+    Wrap("vllm.v1.engine.input_processor", "InputProcessor", "_validate_params", f"{_PARAMS}:validate_params"),
+    Wrap("vllm.v1.worker.gpu_model_runner", None, "build_logitsprocs", f"{_PARAMS}:build_logitsprocs"),
+    Wrap(
+        "vllm.v1.sample.rejection_sampler",
+        "RejectionSampler",
+        "apply_logits_processors",
+        "spec_samplers.integrations.vllm.v1_runner:apply_logits_processors",
+    ),
+)
+_WRAPPED_MARK = "__spec_samplers_wraps__"
 #: the class, in each seam's module, whose construction tells us the configuration
 OBSERVED_CLASS = "RejectionSampler"
 _OBSERVER_MARK = "__spec_samplers_observer__"
@@ -108,6 +141,8 @@ def register() -> None:
             return
         for module_name in _SEAMS_BY_MODULE:
             _when_imported(module_name, _observe_module)
+        for wrap in WRAPS:
+            _when_imported(wrap.module, functools.partial(_apply_wrap, wrap))
 
 
 def is_registered() -> bool:
@@ -121,11 +156,11 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
     """Runs a hook right after one of a few named modules is executed; ignores every other import."""
 
     def __init__(self) -> None:
-        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+        self.hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        hook = self.hooks.pop(fullname, None)
-        if hook is None:
+        hooks = self.hooks.pop(fullname, None)
+        if hooks is None:
             return None
         spec = None
         for finder in sys.meta_path:  # whoever would have found it (path, editable installs, ...)
@@ -144,7 +179,8 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
             vars(loader).pop("exec_module", None)  # one-shot: a shared loader is left as it was
             exec_module(module)
             if module.__name__ == fullname:
-                hook(module)
+                for hook in hooks:
+                    hook(module)
 
         try:
             loader.exec_module = exec_then_hook
@@ -161,7 +197,7 @@ def _when_imported(module_name: str, hook: Callable[[ModuleType], None]) -> None
     if module is not None:
         hook(module)
         return
-    _watcher.hooks[module_name] = hook
+    _watcher.hooks.setdefault(module_name, []).append(hook)
     if _watcher not in sys.meta_path:
         sys.meta_path.insert(0, _watcher)
 
@@ -185,6 +221,20 @@ def _observe_module(module: ModuleType) -> None:
 
         setattr(__init__, _OBSERVER_MARK, True)
         cls.__init__ = __init__
+
+
+def _apply_wrap(wrap: Wrap, module: ModuleType) -> None:
+    owner: Any = module if wrap.owner is None else getattr(module, wrap.owner, None)
+    vllm_function = getattr(owner, wrap.attribute, None)
+    if vllm_function is None:  # vLLM's own behaviour (the refusal) stays
+        logger.warning("spec_samplers: %s has no %s.%s; not wrapped", wrap.module, wrap.owner, wrap.attribute)
+        return
+    if getattr(vllm_function, _WRAPPED_MARK, False):
+        return
+    factory_module, factory_name = wrap.factory.split(":")
+    wrapper = getattr(importlib.import_module(factory_module), factory_name)(vllm_function)
+    setattr(wrapper, _WRAPPED_MARK, True)
+    setattr(owner, wrap.attribute, wrapper)
 
 
 def _current_vllm_config() -> Any:

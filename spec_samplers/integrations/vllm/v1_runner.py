@@ -13,6 +13,7 @@ the others draw from torch's default generator. Output [B, K+1] int32, -1 padded
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -115,3 +116,83 @@ def verify(
         )
         out = torch.where(is_greedy[:, None], greedy, out)
     return out.to(torch.int32)
+
+
+# --- logit bias and min-p on the draft rows (issue 21: min_p / logit_bias with speculative decoding) ---
+
+
+def apply_logits_processors(vllm_apply_logits_processors: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Wraps V1's ``RejectionSampler.apply_logits_processors`` so that the draft rows get the logit
+    bias and min-p processors that vLLM's Sampler applies to the bonus rows, in the Sampler's order:
+    the bias before the penalties, min-p after them and before temperature, top-k and top-p.
+
+    vLLM's method applies penalties, allowed-token and bad-words masks and min-tokens to the draft
+    rows, but not the batch's ``LogitBiasLogitsProcessor`` / ``MinPLogitsProcessor``; vLLM builds
+    those with speculative decoding only when our section is set
+    (:func:`spec_samplers.integrations.vllm.spec_decode_params.build_logitsprocs`), so without it
+    this wrapper finds neither and changes nothing. The masks commute with the bias (-inf stays
+    -inf), so adding it first is the Sampler's order. Min-p is applied before temperature as
+    ``x < max(x) + T log(min_p)``, which is vLLM's ``p < min_p max(p)`` on ``softmax(x / T)``."""
+
+    @functools.wraps(vllm_apply_logits_processors)
+    def _apply_logits_processors(
+        self: Any, logits: torch.Tensor, sampling_metadata: Any, metadata: Any
+    ) -> torch.Tensor:
+        logitsprocs = sampling_metadata.logitsprocs
+        logits = add_logit_bias_to_draft_rows(
+            logits, logitsprocs.non_argmax_invariant, metadata.cu_num_draft_tokens, metadata.max_spec_len
+        )
+        logits = vllm_apply_logits_processors(self, logits, sampling_metadata, metadata)
+        return apply_min_p_to_draft_rows(
+            logits, logitsprocs.argmax_invariant, metadata.cu_num_draft_tokens, sampling_metadata.temperature
+        )
+
+    return _apply_logits_processors
+
+
+def _first_of(processors: list[Any], class_name: str) -> Any:
+    return next((p for p in processors if type(p).__name__ == class_name), None)
+
+
+def add_logit_bias_to_draft_rows(
+    logits: torch.Tensor,  # [T, V] fp32, updated in place
+    processors: list[Any],  # the batch's non-argmax-invariant V1 logits processors
+    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive
+    max_spec_len: int,  # K: no request has more drafts (a host int in vLLM's metadata)
+) -> torch.Tensor:
+    """Adds each request's ``logit_bias`` to every one of its draft rows, from the batch's
+    ``LogitBiasLogitsProcessor`` (its ``(request, token)`` pairs and biases, already on the device).
+    [T, V]: the same tensor."""
+    bias = _first_of(processors, "LogitBiasLogitsProcessor")
+    if bias is None or not bias.biases or logits.shape[0] == 0:  # biases: a host dict
+        return logits
+    reqs, tokens = (t.to(torch.int64) for t in bias.logits_slice)  # [P], [P]
+    cu = cu_num_draft_tokens.to(torch.int64)  # [B]
+    num_draft = torch.diff(cu, prepend=cu.new_zeros(1))  # [B]
+    step = torch.arange(max_spec_len, device=logits.device)  # [K]
+    valid = step[None, :] < num_draft[reqs][:, None]  # [P, K]
+    rows = torch.where(valid, (cu - num_draft)[reqs][:, None] + step[None, :], 0)  # [P, K]
+    values = torch.where(valid, bias.bias_tensor.to(logits.dtype)[:, None], 0.0)  # [P, K]: 0 added off the rows
+    columns = tokens[:, None].expand_as(rows)  # [P, K]
+    logits.index_put_((rows.reshape(-1), columns.reshape(-1)), values.reshape(-1), accumulate=True)
+    return logits
+
+
+def apply_min_p_to_draft_rows(
+    logits: torch.Tensor,  # [T, V] fp32 before temperature, updated in place
+    processors: list[Any],  # the batch's argmax-invariant V1 logits processors
+    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive
+    temperature: torch.Tensor | None,  # [B] fp32, 0 for greedy requests; None when all are greedy
+) -> torch.Tensor:
+    """Masks to -inf the tokens that min-p drops from each draft row, from the batch's
+    ``MinPLogitsProcessor`` (``min_p`` [B, 1] on the device). [T, V]: the same tensor."""
+    min_p = _first_of(processors, "MinPLogitsProcessor")
+    if min_p is None or not min_p.min_p_count or temperature is None or logits.shape[0] == 0:
+        return logits
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    req_of_row = torch.searchsorted(cu_num_draft_tokens.to(torch.int64), rows, right=True)  # [T]
+    row_min_p = min_p.min_p.reshape(-1)[req_of_row]  # [T]; 0 where unset (greedy requests have 0)
+    row_temp = temperature.to(torch.float32)[req_of_row]  # [T]
+    row_temp = torch.where(row_temp > 0, row_temp, 1.0)  # vLLM divides greedy rows by 1
+    threshold = logits.amax(dim=-1) + row_temp * torch.log(row_min_p)  # [T]; -inf where min_p = 0
+    return logits.masked_fill_(logits < threshold[:, None], float("-inf"))
