@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypedDict
 
 import torch
 
-from spec_samplers import validation
+from spec_samplers import custom_ops, validation
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
@@ -158,6 +158,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_emitted_tokens: torch.Tensor = torch.zeros((), dtype=torch.long)
         self.num_accepted_per_position: torch.Tensor = torch.zeros(0, dtype=torch.long)
         self.num_draft_tokens: int = 0
+        self._op_handle = custom_ops.register_sampler(self)  # names this instance to spec_samplers::verify
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._op_handle = custom_ops.register_sampler(self)  # a copy (deepcopy, pickle) is another instance
 
     def extra_repr(self) -> str:
         options = [
@@ -259,10 +264,20 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self._require_op(entry)
         if entry.endswith("_from_logits"):
             _check_one_of(temperature, sampling_params)
-        logits = temperature is not None or sampling_params is not None
         ragged = cu_num_draft_tokens is not None
+        if ragged and max_spec_len is None:
+            raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
+        if custom_ops.routed(target):  # Dynamo traces, or meta tensors: one op with a fake implementation
+            if sampling_params is not None or seeded_seqs:
+                name, instead = (
+                    ("sampling_params", "temperature=") if seeded_seqs is None else ("seeded_seqs", "seeds=")
+                )
+                raise input_error(name, f"None under torch.compile and on meta tensors (pass {instead})", "a value")
+            rows = (target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len)
+            return custom_ops.verify(self._op_handle, entry, *rows, temperature, seeds, offsets, is_greedy, stochastic)
+        logits = temperature is not None or sampling_params is not None
         if ragged:
-            assert max_spec_len is not None and cu_num_draft_tokens is not None
+            assert max_spec_len is not None and cu_num_draft_tokens is not None  # for mypy: checked above
             names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
             shapes = validation.check_ragged_metadata(
                 target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
@@ -435,7 +450,7 @@ class Processing(TypedDict):
     sampling_params: SamplingParams | Sequence[SamplingParams] | None
 
 
-class Randomness(TypedDict, total=False):
+class Randomness(TypedDict):
     """The stochastic entries' randomness arguments."""
 
     seeded_seqs: dict[int, torch.Generator] | None
