@@ -19,13 +19,12 @@ so such a sampler gets them right through ``_create_output`` or by calling
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 
-from spec_samplers import validation
+from spec_samplers import custom_ops, validation
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
@@ -159,6 +158,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_emitted_tokens: torch.Tensor = torch.zeros((), dtype=torch.long)
         self.num_accepted_per_position: torch.Tensor = torch.zeros(0, dtype=torch.long)
         self.num_draft_tokens: int = 0
+        self._op_handle = custom_ops.register_sampler(self)  # names this instance to spec_samplers::verify
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._op_handle = custom_ops.register_sampler(self)  # a copy (deepcopy, pickle) is another instance
 
     def extra_repr(self) -> str:
         options = [
@@ -260,10 +264,20 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self._require_op(entry)
         if entry.endswith("_from_logits"):
             _check_one_of(temperature, sampling_params)
-        logits = temperature is not None or sampling_params is not None
         ragged = cu_num_draft_tokens is not None
+        if ragged and max_spec_len is None:
+            raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
+        if custom_ops.routed(target):  # Dynamo traces, or meta tensors: one op with a fake implementation
+            if sampling_params is not None or seeded_seqs:
+                name, instead = (
+                    ("sampling_params", "temperature=") if seeded_seqs is None else ("seeded_seqs", "seeds=")
+                )
+                raise input_error(name, f"None under torch.compile and on meta tensors (pass {instead})", "a value")
+            rows = (target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len)
+            return custom_ops.verify(self._op_handle, entry, *rows, temperature, seeds, offsets, is_greedy, stochastic)
+        logits = temperature is not None or sampling_params is not None
         if ragged:
-            assert max_spec_len is not None and cu_num_draft_tokens is not None
+            assert max_spec_len is not None and cu_num_draft_tokens is not None  # for mypy: checked above
             names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
             shapes = validation.check_ragged_metadata(
                 target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
@@ -413,179 +427,199 @@ def _forward_of(cls: type) -> Callable[..., Any]:
     return SpecDecodeBaseSampler.forward
 
 
-# -- the four entries, written once for both families -------------------------------------------
+# -- the public entries ---------------------------------------------------------------------------
 #
-# Each function below is one entry with the arguments every sampler takes; ``randomness`` carries
-# the stochastic samplers' own arguments through to ``_run``. :func:`_entry` makes the method
-# users call, with the signature they see: the function's, plus the randomness arguments for the
-# stochastic samplers (the deterministic ones take none, so that a seed is never silently ignored).
+# Each entry is a plain method that names its arguments and hands them to ``_run``, the one
+# pipeline. The deterministic samplers' entries take no randomness arguments, so that a seed is
+# never silently ignored; the stochastic samplers' take ``seeded_seqs`` (by position too, after the
+# entry's own positional arguments), ``seeds`` and ``offsets``, and the probability entries
+# ``is_greedy``.
 
 
-def _forward(
-    self: SpecDecodeBaseSampler,
-    target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-    draft_probs: torch.Tensor | None,  # [B, k, V] fp32/fp16/bf16, or None for point-mass drafts
-    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-    **randomness: Any,
-) -> torch.Tensor:
-    """Returns [B, k+1] int64: accepted drafts, the recovered or bonus token, then -1."""
-    return self._run("forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, **randomness)
+class Ragged(TypedDict):
+    """The ragged entries' layout arguments, as :meth:`SpecDecodeBaseSampler._run` takes them."""
+
+    cu_num_draft_tokens: torch.Tensor  # [B] int32/int64
+    max_spec_len: int
 
 
-def _forward_ragged(
-    self: SpecDecodeBaseSampler,
-    target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16: row t scores draft token t
-    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-    draft_probs: torch.Tensor | None,  # [T, V] or None for point-mass drafts
-    draft_token_ids: torch.Tensor,  # [T] int32/int64
-    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b (k_b may be 0)
-    max_spec_len: int,  # K >= every k_b: fixes the output width
-    **randomness: Any,
-) -> torch.Tensor:
-    """The ragged layout engines use (vLLM V1). Returns [B, K+1] int64, -1 padded.
+class Processing(TypedDict):
+    """The logits entries' processing arguments (one of the two is given)."""
 
-    Same tokens as :meth:`forward` on the same data (and seeds). There are no bonus rows, so a
-    bonus id outside [0, V) becomes -1 rather than a resample.
-    """
-    return self._run(
-        "forward_ragged",
-        target_probs,
-        bonus_token_ids,
-        draft_probs,
-        draft_token_ids,
-        cu_num_draft_tokens=cu_num_draft_tokens,
-        max_spec_len=max_spec_len,
-        **randomness,
-    )
+    temperature: torch.Tensor | None  # [B] float
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None
 
 
-def _forward_from_logits(
-    self: SpecDecodeBaseSampler,
-    target_logits: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
-    draft_logits: torch.Tensor | None,  # [B, k, V] or None for point-mass drafts
-    draft_token_ids: torch.Tensor,  # [B, k] int32/int64
-    temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
-    *,
-    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    **randomness: Any,
-) -> torch.Tensor:
-    """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T)
-    (each request's T for both; T == 0 makes the request greedy on the target logits'
-    argmax). The Triton backend fuses the softmax and never writes a probability tensor.
-    Returns [B, k+1] int64. Without strict mode a NaN logit counts as -inf and a negative or
-    non-finite T as 1; strict mode raises for both.
+class Randomness(TypedDict):
+    """The stochastic entries' randomness arguments."""
 
-    ``sampling_params`` (instead of ``temperature``): one :class:`~spec_samplers.SamplingParams`
-    for the batch, or a list with one per request. Target and draft logits are then processed
-    alike, per request, in vLLM's order: temperature, min-p, top-k (ties kept), top-p, each
-    renormalised (greedy requests: the target's argmax). The output follows the processed
-    target exactly, provided each draft token was sampled from the draft logits processed with
-    the same parameters: that is the distribution the drafts are judged against (a drafter
-    that samples at temperature only, as vLLM's, is judged against the wrong p).
-    ``SamplingParams.seed`` is not read here: stochastic samplers take ``seeds`` / ``offsets``
-    or ``seeded_seqs``.
-
-    Example::
-
-        >>> out = sampler.forward_from_logits(target_logits, bonus, draft_logits, draft_ids,
-        ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
-    """
-    return self._run(
-        "forward_from_logits",
-        target_logits,
-        bonus_token_ids,
-        draft_logits,
-        draft_token_ids,
-        temperature=temperature,
-        sampling_params=sampling_params,
-        **randomness,
-    )
+    seeded_seqs: dict[int, torch.Generator] | None
+    seeds: torch.Tensor | None  # [B] int64
+    offsets: torch.Tensor | None  # [B] int64
+    is_greedy: torch.Tensor | None  # [B] bool
+    stochastic: bool
 
 
-def _forward_ragged_from_logits(
-    self: SpecDecodeBaseSampler,
-    target_logits: torch.Tensor,  # [T, V] fp32/fp16/bf16
-    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
-    draft_logits: torch.Tensor | None,  # [T, V] or None
-    draft_token_ids: torch.Tensor,  # [T] int32/int64
-    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumsum of k_b
-    max_spec_len: int,  # K
-    temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
-    *,
-    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    **randomness: Any,
-) -> torch.Tensor:
-    """Ragged twin of :meth:`forward_from_logits` (``temperature`` or ``sampling_params``).
-    Returns [B, K+1] int64, -1 padded."""
-    return self._run(
-        "forward_ragged_from_logits",
-        target_logits,
-        bonus_token_ids,
-        draft_logits,
-        draft_token_ids,
-        cu_num_draft_tokens=cu_num_draft_tokens,
-        max_spec_len=max_spec_len,
-        temperature=temperature,
-        sampling_params=sampling_params,
-        **randomness,
-    )
-
-
-_Param = inspect.Parameter
-#: vLLM V0's generator per seeded row; positional, right after the entry's own positional arguments
-_SEEDED_SEQS = _Param(
-    "seeded_seqs", _Param.POSITIONAL_OR_KEYWORD, default=None, annotation="dict[int, torch.Generator] | None"
-)
-#: [B] int64 per-row seeds kept on device and [B] int64 counter offsets (default 0), keyword-only
-_SEEDS = tuple(
-    _Param(name, _Param.KEYWORD_ONLY, default=None, annotation="torch.Tensor | None") for name in ("seeds", "offsets")
-)
-#: [B] bool rows sampled at temperature 0; the logits entries read it from the temperature instead
-_IS_GREEDY = _Param("is_greedy", _Param.KEYWORD_ONLY, default=None, annotation="torch.Tensor | None")
-
-
-def _entry(fn: Callable[..., torch.Tensor], *randomness: inspect.Parameter) -> Callable[..., torch.Tensor]:
-    """The public entry that ``fn`` implements, named as fn without its underscore. With
-    ``randomness`` (keyword-only parameters: the stochastic samplers' entry) it also takes
-    ``seeded_seqs``, by position too, and runs the pipeline with ``stochastic=True``; without,
-    it takes fn's arguments only. ``inspect.signature`` and ``help()`` show that signature."""
-    name = fn.__name__.removeprefix("_")
-    stochastic = bool(randomness)
-    params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    params[0] = params[0].replace(annotation=_Param.empty)  # self
-    num_positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[1:])
-    if stochastic:
-        # seeded_seqs follows the positional arguments; the keyword-only ones lead the rest
-        params[num_positional + 1 : num_positional + 1] = [_SEEDED_SEQS, *randomness]
-    signature = inspect.signature(fn).replace(parameters=params)
-    names = frozenset(p.name for p in params[1:])
-
-    def entry(self: SpecDecodeBaseSampler, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if len(args) <= num_positional and names.issuperset(kwargs):  # the usual call: nothing to bind
-            return fn(self, *args, stochastic=stochastic, **kwargs)
-        try:
-            arguments = signature.bind(self, *args, **kwargs).arguments
-        except TypeError as error:  # a wrong call: say so as Python would for a def
-            raise TypeError(f"{name}() {error}") from None
-        del arguments["self"]
-        return fn(self, **arguments, stochastic=stochastic)
-
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = fn.__doc__
-    entry.__module__ = fn.__module__
-    entry.__signature__ = signature  # type: ignore[attr-defined]
-    return entry
+def _randomness(
+    seeded_seqs: dict[int, torch.Generator] | None,
+    seeds: torch.Tensor | None,  # [B] int64
+    offsets: torch.Tensor | None,  # [B] int64
+    is_greedy: torch.Tensor | None = None,  # [B] bool
+) -> Randomness:
+    return Randomness(seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True)
 
 
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
     """Samplers whose output is a function of the inputs alone: the entries take no seeds."""
 
-    forward = _entry(_forward)
-    forward_ragged = _entry(_forward_ragged)
-    forward_from_logits = _entry(_forward_from_logits)
-    forward_ragged_from_logits = _entry(_forward_ragged_from_logits)
+    def forward(
+        self,
+        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [B, k, V] fp32/fp16/bf16, or None
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+    ) -> torch.Tensor:
+        """Verify k drafts per request, padded layout (vLLM V0's ``forward``).
+
+        Parameters
+        ----------
+        target_with_bonus_probs, draft_probs : torch.Tensor
+            [B, k+1, V] and [B, k, V] fp32/fp16/bf16: the target's probabilities at the k draft
+            positions and the bonus position; the drafts' (None: point-mass drafts).
+        bonus_token_ids, draft_token_ids : torch.Tensor
+            [B, 1] and [B, k] int32/int64: the token emitted after k acceptances; the drafts.
+
+        Returns
+        -------
+        torch.Tensor
+            [B, k+1] int64, row b: its accepted drafts, one more token, then -1 to the end.
+
+        Examples
+        --------
+        >>> out = TypicalAcceptanceSampler()(target_probs, bonus_ids, None, draft_ids)  # [B, k+1]
+        """
+        return self._run("forward", target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+
+    def forward_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V] fp32/fp16/bf16
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_probs: torch.Tensor | None,  # [T, V] fp32/fp16/bf16, or None
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumsum of k_b
+        max_spec_len: int,  # K >= every k_b
+    ) -> torch.Tensor:
+        """Verify k_b drafts per request, ragged layout (vLLM V1): T = sum_b k_b rows.
+
+        Parameters
+        ----------
+        target_probs, draft_probs : torch.Tensor
+            [T, V] fp32/fp16/bf16: row t scores draft token t (``draft_probs`` None: point-mass
+            drafts).
+        bonus_token_ids, draft_token_ids, cu_num_draft_tokens : torch.Tensor
+            [B] (or [B, 1]), [T] and [B] int32/int64; ``cu_num_draft_tokens`` is the inclusive
+            cumulative sum of k_b (k_b may be 0).
+        max_spec_len : int
+            K >= every k_b: fixes the output width.
+
+        Returns
+        -------
+        torch.Tensor
+            [B, K+1] int64, -1 padded: the same tokens as :meth:`forward` on the same data. There
+            are no bonus rows, so a bonus id outside [0, V) becomes -1 rather than a resample.
+
+        Examples
+        --------
+        >>> out = sampler.forward_ragged(target_probs, bonus_ids, None, draft_ids,
+        ...                              torch.tensor([2, 2, 5]), max_spec_len=3)  # [3, 4]
+        """
+        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
+        return self._run("forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids, **ragged)
+
+    def forward_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [B, k+1, V] logits
+        bonus_token_ids: torch.Tensor,  # [B, 1] int32/int64
+        draft_logits: torch.Tensor | None,  # [B, k, V] logits, or None
+        draft_token_ids: torch.Tensor,  # [B, k] int32/int64
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T).
+
+        Each request's T serves both; T == 0 makes the request greedy on the target logits'
+        argmax. The Triton backend fuses the softmax and never writes a probability tensor.
+        Without strict mode a NaN logit counts as -inf and a negative or non-finite T as 1;
+        strict mode raises for both.
+
+        Parameters
+        ----------
+        target_logits, draft_logits : torch.Tensor
+            [B, k+1, V] and [B, k, V] fp32/fp16/bf16 (``draft_logits`` None: point-mass drafts).
+        bonus_token_ids, draft_token_ids : torch.Tensor
+            [B, 1] and [B, k] int32/int64.
+        temperature : torch.Tensor, optional
+            [B] float, 0 = greedy request. Give this or ``sampling_params``.
+        sampling_params : SamplingParams or sequence of SamplingParams, optional
+            One for the batch or one per request. Target and draft logits are then processed
+            alike, per request, in vLLM's order: temperature, min-p, top-k (ties kept), top-p,
+            each renormalised (greedy requests: the target's argmax). The output follows the
+            processed target exactly, provided each draft token was sampled from the draft
+            logits processed with the same parameters. ``SamplingParams.seed`` is not read here.
+
+        Returns
+        -------
+        torch.Tensor
+            [B, k+1] int64, -1 padded, as :meth:`forward`; greedy requests emit the target's
+            argmax where they stop accepting.
+
+        Examples
+        --------
+        >>> out = sampler.forward_from_logits(target_logits, bonus_ids, draft_logits, draft_ids,
+        ...                                   temperature=torch.tensor([0.8, 0.0]))
+        """
+        processing = Processing(temperature=temperature, sampling_params=sampling_params)
+        inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
+        return self._run("forward_from_logits", *inputs, **processing)
+
+    def forward_ragged_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [T, V] logits
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int32/int64
+        draft_logits: torch.Tensor | None,  # [T, V] logits, or None
+        draft_token_ids: torch.Tensor,  # [T] int32/int64
+        cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64
+        max_spec_len: int,  # K >= every k_b
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> torch.Tensor:
+        """Ragged twin of :meth:`forward_from_logits`.
+
+        Parameters
+        ----------
+        target_logits, draft_logits : torch.Tensor
+            [T, V] fp32/fp16/bf16 (``draft_logits`` may be None: point-mass drafts).
+        bonus_token_ids, draft_token_ids, cu_num_draft_tokens, max_spec_len
+            As :meth:`forward_ragged`.
+        temperature, sampling_params
+            As :meth:`forward_from_logits` (one of the two).
+
+        Returns
+        -------
+        torch.Tensor
+            [B, K+1] int64, -1 padded, as :meth:`forward_ragged`.
+
+        Examples
+        --------
+        >>> out = sampler.forward_ragged_from_logits(target_logits, bonus_ids, None, draft_ids,
+        ...     cu_num_draft_tokens, max_spec_len, sampling_params=SamplingParams(temperature=0.7))
+        """
+        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
+        processing = Processing(temperature=temperature, sampling_params=sampling_params)
+        inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
+        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing)
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
@@ -595,7 +629,197 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
     request; offsets default to 0); the probability entries also take ``is_greedy`` ([B] bool,
     rows sampled at temperature 0)."""
 
-    forward = _entry(_forward, *_SEEDS, _IS_GREEDY)
-    forward_ragged = _entry(_forward_ragged, *_SEEDS, _IS_GREEDY)
-    forward_from_logits = _entry(_forward_from_logits, *_SEEDS)
-    forward_ragged_from_logits = _entry(_forward_ragged_from_logits, *_SEEDS)
+    def forward(
+        self,
+        target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] float
+        bonus_token_ids: torch.Tensor,  # [B, 1] int
+        draft_probs: torch.Tensor | None,  # [B, k, V] float or None
+        draft_token_ids: torch.Tensor,  # [B, k] int
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        is_greedy: torch.Tensor | None = None,  # [B] bool
+    ) -> torch.Tensor:
+        """Verify k drafts per request, padded layout (vLLM V0's ``forward``).
+
+        Parameters
+        ----------
+        target_with_bonus_probs : torch.Tensor
+            [B, k+1, V] fp32/fp16/bf16: the target's probabilities at the k draft positions and
+            the bonus position.
+        bonus_token_ids : torch.Tensor
+            [B, 1] int32/int64: the token emitted after k acceptances.
+        draft_probs : torch.Tensor or None
+            [B, k, V] fp32/fp16/bf16: the law each draft was sampled from, or None for
+            point-mass drafts (greedy drafting).
+        draft_token_ids : torch.Tensor
+            [B, k] int32/int64.
+        seeded_seqs : dict[int, torch.Generator], optional
+            vLLM V0's per-row generators: row b's seed is drawn from ``seeded_seqs[b]``.
+        seeds, offsets : torch.Tensor, optional
+            [B] int64 on the inputs' device: the counter RNG's key per request and its offset
+            (default 0). Rows without a seed draw one from torch's default generator.
+        is_greedy : torch.Tensor, optional
+            [B] bool: requests sampled at temperature 0 (verified against the target's argmax).
+
+        Returns
+        -------
+        torch.Tensor
+            [B, k+1] int64: the accepted drafts, the recovered or bonus token, then -1.
+
+        Examples
+        --------
+        >>> sampler = RejectionSampler()
+        >>> seeds, offsets = torch.arange(B), torch.zeros(B, dtype=torch.int64)
+        >>> out = sampler(target_probs, bonus_ids, draft_probs, draft_ids, seeds=seeds, offsets=offsets)
+        """
+        randomness = _randomness(seeded_seqs, seeds, offsets, is_greedy)
+        inputs = (target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        return self._run("forward", *inputs, **randomness)
+
+    def forward_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T, V] float
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int
+        draft_probs: torch.Tensor | None,  # [T, V] float or None
+        draft_token_ids: torch.Tensor,  # [T] int
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,  # K >= every k_b
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64: per request, not per row
+        offsets: torch.Tensor | None = None,  # [B] int64
+        is_greedy: torch.Tensor | None = None,  # [B] bool: per request
+    ) -> torch.Tensor:
+        """Verify k_b drafts per request, ragged layout (vLLM V1): T = sum_b k_b rows.
+
+        Parameters
+        ----------
+        target_probs, draft_probs : torch.Tensor
+            [T, V] fp32/fp16/bf16: row t scores draft token t (``draft_probs`` may be None).
+        bonus_token_ids : torch.Tensor
+            [B] or [B, 1] int32/int64.
+        draft_token_ids : torch.Tensor
+            [T] int32/int64.
+        cu_num_draft_tokens : torch.Tensor
+            [B] int32/int64: inclusive cumulative sum of k_b (k_b may be 0).
+        max_spec_len : int
+            K >= every k_b: fixes the output width.
+        seeded_seqs, seeds, offsets, is_greedy
+            As :meth:`forward`.
+
+        Returns
+        -------
+        torch.Tensor
+            [B, K+1] int64, -1 padded: the same tokens as :meth:`forward` on the same data and
+            seeds. A bonus id outside [0, V) becomes -1 rather than a resample.
+
+        Examples
+        --------
+        >>> out = sampler.forward_ragged(target_probs, bonus_ids, draft_probs, draft_ids,
+        ...                              torch.tensor([2, 2, 5]), 3, seeds=torch.arange(3))
+        """
+        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
+        randomness = _randomness(seeded_seqs, seeds, offsets, is_greedy)
+        inputs = (target_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        return self._run("forward_ragged", *inputs, **ragged, **randomness)
+
+    def forward_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [B, k+1, V] logits
+        bonus_token_ids: torch.Tensor,  # [B, 1]
+        draft_logits: torch.Tensor | None,  # [B, k, V] logits or None
+        draft_token_ids: torch.Tensor,  # [B, k]
+        temperature: torch.Tensor | None = None,  # [B], 0 = greedy
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` on q = softmax(target_logits / T) and p = softmax(draft_logits / T).
+
+        Each request's T serves both; T == 0 makes the request greedy on the target logits'
+        argmax (so there is no ``is_greedy``). The Triton backend fuses the softmax and never
+        writes a probability tensor.
+
+        Parameters
+        ----------
+        target_logits : torch.Tensor
+            [B, k+1, V] fp32/fp16/bf16.
+        bonus_token_ids : torch.Tensor
+            [B, 1] int32/int64.
+        draft_logits : torch.Tensor or None
+            [B, k, V] fp32/fp16/bf16, or None for point-mass drafts.
+        draft_token_ids : torch.Tensor
+            [B, k] int32/int64.
+        temperature : torch.Tensor, optional
+            [B] float, 0 = greedy request. Give this or ``sampling_params``.
+        seeded_seqs, seeds, offsets
+            As :meth:`forward`.
+        sampling_params : SamplingParams or sequence of SamplingParams, optional
+            Per-request processing in vLLM's order (temperature, min-p, top-k, top-p), as
+            :meth:`SpecDecodeDeterministicBaseSampler.forward_from_logits`; lossless for the
+            processed target when the drafts were sampled from the draft processed alike.
+            ``SamplingParams.seed`` is not read here: pass ``seeds``.
+
+        Returns
+        -------
+        torch.Tensor
+            [B, k+1] int64, -1 padded (the layout of :meth:`forward`'s output, whatever the
+            input form).
+
+        Examples
+        --------
+        >>> out = sampler.forward_from_logits(target_logits, bonus_ids, draft_logits, draft_ids,
+        ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
+        """
+        processing = Processing(temperature=temperature, sampling_params=sampling_params)
+        randomness = _randomness(seeded_seqs, seeds, offsets)
+        inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
+        return self._run("forward_from_logits", *inputs, **processing, **randomness)
+
+    def forward_ragged_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [T, V] logits
+        bonus_token_ids: torch.Tensor,  # [B] or [B, 1]
+        draft_logits: torch.Tensor | None,  # [T, V] logits or None
+        draft_token_ids: torch.Tensor,  # [T]
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,  # K >= every k_b
+        temperature: torch.Tensor | None = None,  # [B], 0 = greedy
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        *,
+        seeds: torch.Tensor | None = None,  # [B] int64: per request, not per row
+        offsets: torch.Tensor | None = None,  # [B] int64
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward_from_logits` in the ragged layout of :meth:`forward_ragged`.
+
+        Parameters
+        ----------
+        target_logits : torch.Tensor
+            [T, V] fp32/fp16/bf16: row t scores draft token t.
+        draft_logits : torch.Tensor or None
+            [T, V] fp32/fp16/bf16, or None for point-mass drafts.
+        bonus_token_ids, draft_token_ids, cu_num_draft_tokens, max_spec_len
+            As :meth:`forward_ragged`: [B] (or [B, 1]), [T], [B] and K.
+        temperature, sampling_params, seeded_seqs, seeds, offsets
+            As :meth:`forward_from_logits`.
+
+        Returns
+        -------
+        torch.Tensor
+            [B, K+1] int64, -1 padded: row b holds at most k_b + 1 tokens.
+
+        Examples
+        --------
+        >>> out = sampler.forward_ragged_from_logits(target_logits, bonus_ids, draft_logits, draft_ids,
+        ...     cu_num_draft_tokens, max_spec_len, temperature=torch.ones(B), seeds=seeds)
+        """
+        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
+        processing = Processing(temperature=temperature, sampling_params=sampling_params)
+        randomness = _randomness(seeded_seqs, seeds, offsets)
+        inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
+        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **randomness)

@@ -16,6 +16,7 @@ import torch
 
 from spec_samplers import rng
 from spec_samplers.constants import ENTROPY_EPS, ENTROPY_EPS_FP32, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS, fp32_value
+from spec_samplers.errors import input_error
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.sampling.reference import filtered_softmax_reference
@@ -193,13 +194,13 @@ def _ragged_ids(draft_token_ids: torch.Tensor, draft_rows: torch.Tensor) -> torc
 def _softmax_rows(batch: VerifyBatch, logits: torch.Tensor, per_request: int) -> torch.Tensor:
     """[R, V] fp32 probabilities of ``per_request`` consecutive rows per request, each at its
     request's temperature (and filters, when the batch has them)."""
-    assert batch.temperature is not None
+    if batch.temperature is None:
+        raise input_error("temperature", "a [B] float tensor for logits inputs (VerifyBatch.temperature)", None)
 
     def rows(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.repeat_interleave(per_request)
 
-    t = rows(batch.temperature)
-    assert t is not None
+    t = batch.temperature.repeat_interleave(per_request)
     if not batch.filtered:
         return probs_from_logits(logits, t)
     return filtered_softmax_reference(logits, t, rows(batch.top_k), rows(batch.top_p), rows(batch.min_p))
@@ -245,7 +246,10 @@ def flat_inputs(batch: VerifyBatch) -> FlatInputs:
 
 def _seeds_offsets(batch: VerifyBatch, sampler: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch's [B] int64 seeds (the samplers that draw need them) and offsets (default 0)."""
-    assert batch.seeds is not None, f"{sampler} needs per-request seeds"
+    if batch.seeds is None:
+        raise input_error(
+            "seeds", f"[B] int64 per-request seeds (VerifyBatch.seeds): {sampler} draws random numbers", None
+        )
     offsets = batch.offsets
     if offsets is None:
         offsets = torch.zeros(batch.layout.batch_size, dtype=torch.int64, device=batch.target.device)

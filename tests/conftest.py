@@ -5,12 +5,15 @@ set before anything imports triton, and the kernel modules are imported here, on
 setting (a test that later sets TRITON_INTERPRET=0 must not be the first to build them).
 
 Helpers for the kernel tests (import them with ``from conftest import ...``): ``DEVICE``,
-``KERNEL_BACKEND``, ``to_device`` and ``small_split``.
+``KERNEL_BACKEND``, ``to_device``, ``case_on_device``, ``small_split`` and ``run_compile_check``.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +34,28 @@ KERNEL_BACKEND = "auto" if DEVICE.type == "cuda" else "triton"
 
 def to_device(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     return [None if t is None else t.to(DEVICE) for t in tensors]
+
+
+def case_on_device(case, *, use_draft: bool = True, greedy: bool = True, offsets: bool = True) -> list:
+    """A kernel case's padded inputs on DEVICE, in the launchers' order: (target, draft, ids, bonus,
+    seeds, offsets, is_greedy); draft, offsets and is_greedy None where switched off."""
+    draft = case.draft if use_draft else None
+    rest = (case.offsets if offsets else None, case.is_greedy if greedy else None)
+    return to_device(case.target, draft, case.draft_ids, case.bonus, case.seeds, *rest)
+
+
+def run_compile_check(script: str, tmp_path: Path) -> str:
+    """Run ``tests/{script}`` in a fresh interpreter without TRITON_INTERPRET, so that Triton
+    compiles for a real target (no GPU needed: Triton ships ptxas), with its own kernel cache.
+    Returns its stdout; fails with the end of its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), env.get("PYTHONPATH", "")])
+    script_path = str(Path(__file__).with_name(script))
+    proc = subprocess.run([sys.executable, script_path], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
 
 
 def small_split(V: int, B: int, block_v: int = 64, num_blocks: int = 3) -> VocabSplit:

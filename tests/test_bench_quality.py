@@ -27,15 +27,16 @@ def _tv_bound(dist: torch.Tensor, rows: int) -> float:
     return mean_bound + math.sqrt(math.log(1 / DELTA) / (2 * C * rows))
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [
-        workloads.softmax_setting(0.5, 1.0, 300, 3),
+def one_setting_per_kind(softmax_sigma: float) -> list[workloads.Setting]:
+    """A softmax, a sparse (top-10) and a point-mass workload: V = 300, 3 contexts."""
+    return [
+        workloads.softmax_setting(softmax_sigma, 1.0, 300, 3),
         workloads.sparse_setting(2.0, 10, 300, 3),
         workloads.point_setting(1.0, 300, 3),
-    ],
-    ids=lambda s: s.kind,
-)
+    ]
+
+
+@pytest.mark.parametrize("setting", one_setting_per_kind(softmax_sigma=0.5), ids=lambda s: s.kind)
 @pytest.mark.parametrize("sampler", [RejectionSampler(), VllmV0RejectionSampler()], ids=["ours", "vllm_v0_torch"])
 def test_lossless_matches_theory(setting, sampler):
     """Acceptance and emitted within quality.Z_BOUND standard errors of the theory (false failure
@@ -54,15 +55,7 @@ def test_lossless_matches_theory(setting, sampler):
     assert m["tv_output"]["noise_floor"] < _tv_bound(target, rows)
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [
-        workloads.softmax_setting(1.0, 1.0, 300, 3),
-        workloads.sparse_setting(2.0, 10, 300, 3),
-        workloads.point_setting(1.0, 300, 3),
-    ],
-    ids=lambda s: s.kind,
-)
+@pytest.mark.parametrize("setting", one_setting_per_kind(softmax_sigma=1.0), ids=lambda s: s.kind)
 def test_block_verification_matches_its_theory(setting):
     """Block verification against its own theory (P(tau >= i) = E[rho_i], Monte Carlo; closed form
     for point-mass drafts): z within quality.Z_BOUND (its stderr includes the Monte Carlo's), every

@@ -18,6 +18,7 @@ import math
 
 import pytest
 import torch
+from conftest import case_on_device
 from kernel_cases import make_case, ragged_view
 from op_entries import (
     block_verify_from_logits_reference,
@@ -350,30 +351,33 @@ def _dev(*ts):
     return [None if t is None else t.to(DEVICE) for t in ts]
 
 
+def _ragged_on_device(target, draft, draft_ids, num_drafts: list[int], use_draft: bool):
+    """(target rows [T, V], draft rows [T, V] or None, ids [T], cu_num_draft_tokens [B]) on DEVICE:
+    request b keeps its first num_drafts[b] drafts; no draft rows unless ``use_draft``."""
+    rt, rd, rids, cu = _dev(*ragged_view(target, draft, draft_ids, torch.tensor(num_drafts)))
+    return rt, rd if use_draft else None, rids, cu
+
+
+def _kernel_equals_reference(reference, kernel, args, split) -> torch.Tensor:
+    """The launcher's tokens on ``args`` equal the reference's (returned)."""
+    ref = reference(*args)
+    out = kernel(*args, split=split)
+    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    return ref
+
+
 @pytest.mark.parametrize("use_draft", [True, False])
 @pytest.mark.parametrize("greedy", ["none", "mixed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_padded_and_ragged(use_draft, greedy, dtype):
     B, K, V = 4, 3, 48
     case = make_case(B, K, V, seed=30 + use_draft + 2 * (greedy == "mixed"), dtype=dtype, greedy=greedy, closeness=0.4)
-    target, draft, ids, bonus, seeds, offs, g = _dev(
-        case.target,
-        case.draft if use_draft else None,
-        case.draft_ids,
-        case.bonus,
-        case.seeds,
-        case.offsets,
-        case.is_greedy if greedy != "none" else None,
-    )
-    ref = block_verify_reference(target, bonus, draft, ids, seeds, offs, g)
-    out = block_verify_triton(target, bonus, draft, ids, seeds, offs, g, split=_split(V, B))
-    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
-    k_b = torch.tensor([3, 0, 2, 1])
-    rt, rd, rids, cu = _dev(*ragged_view(case.target, case.draft, case.draft_ids, k_b))
-    rd = rd if use_draft else None
-    ref = block_verify_ragged_reference(rt, bonus[:, 0], rd, rids, cu, K, seeds, offs, g)
-    out = block_verify_ragged_triton(rt, bonus[:, 0], rd, rids, cu, K, seeds, offs, g, split=_split(V, B))
-    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    target, draft, ids, bonus, seeds, offs, g = case_on_device(case, use_draft=use_draft, greedy=greedy != "none")
+    args = (target, bonus, draft, ids, seeds, offs, g)
+    _kernel_equals_reference(block_verify_reference, block_verify_triton, args, _split(V, B))
+    rt, rd, rids, cu = _ragged_on_device(case.target, case.draft, case.draft_ids, [3, 0, 2, 1], use_draft)
+    args = (rt, bonus[:, 0], rd, rids, cu, K, seeds, offs, g)
+    _kernel_equals_reference(block_verify_ragged_reference, block_verify_ragged_triton, args, _split(V, B))
 
 
 @pytest.mark.parametrize("use_draft", [True, False])
@@ -389,17 +393,12 @@ def test_kernel_logits(use_draft):
         case.seeds,
         case.offsets,
     )
-    ref = block_verify_from_logits_reference(tl_, bonus, dl, ids, temp, seeds, offs)
-    out = block_verify_from_logits_triton(tl_, bonus, dl, ids, temp, seeds, offs, split=_split(V, B))
-    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
-    k_b = torch.tensor([3, 1, 0, 2])
-    rt, rd, rids, cu = _dev(*ragged_view(case.target_logits, case.draft_logits, case.draft_ids, k_b))
-    rd = rd if use_draft else None
-    ref = block_verify_ragged_from_logits_reference(rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs)
-    out = block_verify_ragged_from_logits_triton(
-        rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs, split=_split(V, B)
-    )
-    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    args = (tl_, bonus, dl, ids, temp, seeds, offs)
+    _kernel_equals_reference(block_verify_from_logits_reference, block_verify_from_logits_triton, args, _split(V, B))
+    rt, rd, rids, cu = _ragged_on_device(case.target_logits, case.draft_logits, case.draft_ids, [3, 1, 0, 2], use_draft)
+    args = (rt, bonus[:, 0], rd, rids, cu, K, temp, seeds, offs)
+    reference, kernel = block_verify_ragged_from_logits_reference, block_verify_ragged_from_logits_triton
+    _kernel_equals_reference(reference, kernel, args, _split(V, B))
 
 
 @pytest.mark.parametrize("use_draft", [True, False])
@@ -407,18 +406,10 @@ def test_kernel_bad_ids_zero_mass_and_nan(use_draft):
     B, K, V = 4, 3, 33
     case = make_case(B, K, V, seed=50 + use_draft, greedy="mixed", closeness=0.1, bad_ids=True, zero_mass=True)
     case.target[2, :, :4] = float("nan")
-    args = _dev(
-        case.target,
-        case.bonus,
-        case.draft if use_draft else None,
-        case.draft_ids,
-        case.seeds,
-        case.offsets,
-        case.is_greedy,
-    )
-    ref = block_verify_reference(*args)
-    out = block_verify_triton(*args, split=_split(V, B, block_v=16, num_blocks=2))
-    assert torch.equal(out, ref), f"kernel\n{out}\nreference\n{ref}"
+    target, draft, ids, bonus, seeds, offs, g = case_on_device(case, use_draft=use_draft)
+    args = (target, bonus, draft, ids, seeds, offs, g)
+    split = _split(V, B, block_v=16, num_blocks=2)
+    ref = _kernel_equals_reference(block_verify_reference, block_verify_triton, args, split)
     assert bool(((ref >= -1) & (ref < V)).all())
 
 

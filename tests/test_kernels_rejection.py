@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE  # noqa: E402
+from conftest import DEVICE, case_on_device  # noqa: E402
 from conftest import small_split as _split
 from conftest import to_device as _dev
 from kernel_cases import make_case, ragged_view  # noqa: E402
@@ -24,14 +24,8 @@ from spec_samplers.kernels.backend import vocab_split  # noqa: E402
 def _check_padded(case, *, use_draft=True, greedy=True, offsets=True, split=None):
     B, K = case.draft_ids.shape
     V = case.target.shape[-1]
-    target, draft, ids, bonus, seeds, offs, g = _dev(
-        case.target,
-        case.draft if use_draft else None,
-        case.draft_ids,
-        case.bonus,
-        case.seeds,
-        case.offsets if offsets else None,
-        case.is_greedy if greedy else None,
+    target, draft, ids, bonus, seeds, offs, g = case_on_device(
+        case, use_draft=use_draft, greedy=greedy, offsets=offsets
     )
     ref = rejection_sample_reference(target, bonus, draft, ids, seeds, offs, g)
     out = rejection_sample_triton(target, bonus, draft, ids, seeds, offs, g, split=split or _split(V, B))

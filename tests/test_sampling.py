@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sampling_cases import FILTERS, filter_kwargs
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 import spec_samplers.sampling as sampling
@@ -467,14 +468,7 @@ def test_fast_cpu_path_matches_the_definition():
     m = torch.rand(2 * B, generator=g) * 0.3
     for logits in (False, True):
         xx = torch.log(x) if logits else x
-        for kw in (
-            dict(),
-            dict(top_k=k),
-            dict(top_p=p),
-            dict(min_p=m),
-            dict(top_k=k, top_p=p),
-            dict(top_k=k, top_p=p, joint=True),
-        ):
+        for kw in (filter_kwargs(filters, k, p, m) for filters in FILTERS):
             slow = ref.sample_reference(xx, rows, seeds, offsets, logits, **kw, fast=False)
             fast = ref.sample_reference(xx, rows, seeds, offsets, logits, **kw, fast=True)
             assert torch.equal(slow[0], fast[0]) and torch.equal(slow[1], fast[1]), (logits, list(kw))

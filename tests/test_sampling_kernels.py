@@ -9,14 +9,12 @@ shapes stay tiny; ``split`` forces several vocabulary blocks and short vector st
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_compile_check
+from sampling_cases import FILTERS, filter_kwargs
 
 import spec_samplers.sampling as sampling
 from spec_samplers.kernels import sampling_kernels as sk
@@ -60,16 +58,6 @@ def _params(B: int, V: int, seed: int):
     return top_k, top_p, min_p, seeds, offsets
 
 
-FILTERS = [
-    dict(),
-    dict(top_k=True),
-    dict(top_p=True),
-    dict(min_p=True),
-    dict(top_k=True, top_p=True),
-    dict(top_k=True, top_p=True, joint=True),
-]
-
-
 @pytest.mark.parametrize("split", SPLITS, ids=["split3", "split1"])
 @pytest.mark.parametrize("logits", [False, True], ids=["probs", "logits"])
 @pytest.mark.parametrize("filters", FILTERS, ids=lambda f: "+".join(f) or "plain")
@@ -78,12 +66,7 @@ def test_sample_kernel_equals_reference(filters, logits, split):
     x = _rows("logits" if logits else "probs", B, V, seed=len(filters) + 10 * logits)
     top_k, top_p, min_p, seeds, offsets = _params(B, V, seed=3)
     rows = torch.tensor([0, 3, 1, 2], device=DEVICE)
-    kw = dict(
-        top_k=top_k if filters.get("top_k") else None,
-        top_p=top_p if filters.get("top_p") else None,
-        min_p=min_p if filters.get("min_p") else None,
-        joint=bool(filters.get("joint")),
-    )
+    kw = filter_kwargs(filters, top_k, top_p, min_p)
     want = ref.sample_reference(x, rows, seeds, offsets, logits, **kw, fast=False)
     got = sl.sample_triton(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, split=_split(V, B, split), **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"kernel {got}\nreference {want}"
@@ -238,16 +221,4 @@ def test_gpu_check_hook_runs():
 def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
     """The interpreter accepts programs the compiler rejects: compile every reachable variant
     (no GPU needed: Triton ships ptxas)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("sampling_compile_check.py"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled all sampling kernel variants" in proc.stdout
+    assert "compiled all sampling kernel variants" in run_compile_check("sampling_compile_check.py", tmp_path)

@@ -236,20 +236,7 @@ def test_vllm_only_schemes_stay_vllms(kwargs):
     calls = []
     seam = v2_runner.make_rejection_sample(RejectionSampler(), lambda *a, **kw: calls.append((a, kw)) or "vllm")
     inputs = v2_inputs([dict(state=0, pos=0, drafts=[1, 2])], 4, 2)
-    args = [torch.zeros(3, 4), None] + [
-        inputs[k]
-        for k in (
-            "draft_sampled",
-            "cu_num_logits",
-            "pos",
-            "idx_mapping",
-            "expanded_idx_mapping",
-            "expanded_local_pos",
-            "temperature",
-            "seed",
-            "num_speculative_steps",
-        )
-    ]
+    args = [torch.zeros(3, 4), None, *v2_args(inputs), inputs["num_speculative_steps"]]
     synthetic = kwargs.pop("synthetic_conditional_rates", None)
     assert seam(*args, synthetic, **kwargs) == "vllm"
     assert len(calls) == 1

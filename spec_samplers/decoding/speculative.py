@@ -19,7 +19,6 @@ caches and retire finished requests).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import torch
@@ -35,6 +34,7 @@ from spec_samplers.decoding.output import (
     start_generation,
 )
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
+from spec_samplers.engine_seam import bind
 from spec_samplers.errors import input_error
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams
@@ -49,20 +49,6 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if V > vocab_size:
         return logits[..., :vocab_size]
     return torch.nn.functional.pad(logits, (0, vocab_size - V), value=float("-inf"))
-
-
-def _seed_mode(sampler: torch.nn.Module) -> str:
-    """How the sampler takes randomness: "tensors" (seeds=/offsets=), "generators"
-    (seeded_seqs, vLLM V0's API) or "none" (deterministic)."""
-    try:
-        params = inspect.signature(sampler.forward).parameters
-    except (TypeError, ValueError):
-        return "none"
-    if "seeds" in params and "offsets" in params:
-        return "tensors"
-    if "seeded_seqs" in params:
-        return "generators"
-    return "none"
 
 
 class SpeculativeDecoder:
@@ -105,7 +91,7 @@ class SpeculativeDecoder:
         self.draft = draft
         self.sampler = sampler
         self.num_speculative_tokens = k
-        self._seed_mode = _seed_mode(sampler)
+        self._bound = bind(sampler)  # how it takes randomness, read once
 
     def _verify(
         self,
@@ -117,9 +103,9 @@ class SpeculativeDecoder:
         offsets: torch.Tensor,  # [B] int64
     ) -> torch.Tensor:
         args = (target_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        if self._seed_mode == "tensors":
+        if self._bound.randomness == "tensors":
             return self.sampler(*args, seeds=seeds, offsets=offsets)
-        if self._seed_mode == "generators":  # one generator per row: a host loop, V0 samplers only
+        if self._bound.randomness == "generators":  # one generator per row: a host loop, V0 samplers only
             device = target_probs.device
             seeded = {
                 b: torch.Generator(device=device).manual_seed(derive_seed(s, o) & ((1 << 63) - 1))

@@ -3,13 +3,13 @@ verification sampler, "process then verify" in one call (:meth:`LogitsPipe.verif
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from spec_samplers import validation
+from spec_samplers.engine_seam import BoundSampler, bind
 from spec_samplers.errors import input_error
 from spec_samplers.layout import RowLayout
 from spec_samplers.logits_processor.compiler import (
@@ -80,6 +80,7 @@ class LogitsPipe:
         self.compiled = False
         self._custom_fusion_rules = list(custom_fusion_rules or ())
         self._custom_validity_checks = list(custom_validity_checks or ())
+        self._bound: BoundSampler | None = None  # the last sampler verify() ran, as the seam read it
         if compile:
             self.compile()
 
@@ -218,23 +219,28 @@ class LogitsPipe:
 
         target_probs = process(target_logits, K + 1)
         draft_probs = None if draft_logits is None else process(draft_logits, K)
-        accepted = inspect.signature(sampler.forward).parameters
-        extra: dict[str, Any] = {}
-        for name, value in (
-            ("seeded_seqs", seeded_seqs),
-            ("seeds", seeds),
-            ("offsets", offsets),
-            ("is_greedy", is_greedy),
-        ):
-            if name in accepted:
-                extra[name] = value
-            elif value is not None and name != "is_greedy":
-                raise input_error(name, f"None: {type(sampler).__name__} draws no random numbers", "a value")
-        if ragged:
-            return sampler.forward_ragged(
-                target_probs, bonus_token_ids, draft_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, **extra
+        bound = self._bind(sampler)
+        entry = "forward_ragged" if ragged else "forward"
+        if bound.entry(entry) is None:
+            name = type(sampler).__name__
+            raise input_error(
+                "cu_num_draft_tokens", f"None: {name} has no forward_ragged (padded layout only)", "a tensor"
             )
-        return sampler.forward(target_probs, bonus_token_ids, draft_probs, draft_token_ids, **extra)
+        randomness = dict(seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets)
+        for name, value in randomness.items():
+            if value is not None and not bound.accepts(entry, name):
+                raise input_error(name, f"None: {type(sampler).__name__} draws no random numbers", "a value")
+        extra = bound.randomness_for(entry, **randomness, is_greedy=is_greedy)
+        rows = (target_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        if ragged:
+            return bound.entries[entry](*rows, cu_num_draft_tokens, max_spec_len, **extra)
+        return bound.entries[entry](*rows, **extra)
+
+    def _bind(self, sampler: Any) -> BoundSampler:
+        """The sampler as the seam reads it: once per sampler, not on every call."""
+        if self._bound is None or self._bound.sampler is not sampler:
+            self._bound = bind(sampler)
+        return self._bound
 
 
 def _greedy_rows(temperature: object, batch_size: int, device: torch.device) -> torch.Tensor | None:

@@ -15,13 +15,15 @@ import torch
 
 from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from spec_samplers.errors import input_error
+from spec_samplers.rng import SEED_HIGH  # seeds drawn for seed=None lie in [0, SEED_HIGH)
 from spec_samplers.rng_sampling import derive_row_seeds
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-PARAM_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-INT_DTYPES = (torch.int32, torch.int64)
-#: seeds drawn for ``seed=None`` lie in [0, SEED_HIGH)
-SEED_HIGH = 2**62
+#: the input dtypes (the verification samplers' probability dtypes) and the index dtypes, defined
+#: once in validation; the per-request parameter tensors may also be fp64
+FLOAT_DTYPES = PROBS_DTYPES
+PARAM_FLOAT_DTYPES = (*PROBS_DTYPES, torch.float64)
+INT_DTYPES = ID_DTYPES
 FILTER_ORDERS = ("top_k_first", "joint")
 
 

@@ -21,12 +21,10 @@ Everything is vectorised over the batch: no host synchronisation, no loop over r
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
+from spec_samplers.engine_seam import bind
+from spec_samplers.errors import input_error
 from spec_samplers.layout import ragged_layout
 from spec_samplers.output import build_output, num_leading_accepted
 
@@ -81,30 +79,17 @@ def greedy_verify_ragged(
     return build_output(drafts, n, final)
 
 
-def _accepted_keywords(fn: Callable[..., Any]) -> set[str]:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return {"seeds", "offsets", "is_greedy", "seeded_seqs"}
-    return {p.name for p in params}
-
-
 class RaggedVerifier:
-    """Calls one sampler on ragged inputs, by its ragged method or through padding."""
+    """Calls one sampler on ragged inputs, by its ragged method or through padding. What it
+    calls is read once (:func:`spec_samplers.engine_seam.bind`): the runners call it every step."""
 
     def __init__(self, sampler: torch.nn.Module):
         self.sampler = sampler
-        ragged = getattr(sampler, "forward_ragged", None)
-        self.uses_ragged_method = callable(ragged)
-        self._ragged: Callable[..., torch.Tensor] = ragged if callable(ragged) else sampler.forward
-        self._keywords = _accepted_keywords(self._ragged)
-        # decided once: the runners call this every engine step
-        logits_entry = getattr(sampler, "forward_ragged_from_logits", None)
-        has_op = getattr(type(sampler), "has_op", lambda: True)
-        self._logits_entry: Callable[..., torch.Tensor] | None = None
-        self._logits_keywords: set[str] = set()
-        if callable(logits_entry) and has_op():
-            self._logits_entry = logits_entry
-            self._logits_keywords = _accepted_keywords(logits_entry)
+        self.bound = bind(sampler)
+        ragged = self.bound.entry("forward_ragged")
+        self.uses_ragged_method = ragged is not None
+        self._entry_name = "forward_ragged" if ragged is not None else "forward"
+        self._logits_entry = self.bound.entry("forward_ragged_from_logits")
 
     @property
     def has_logits_entry(self) -> bool:
@@ -127,9 +112,13 @@ class RaggedVerifier:
     ) -> torch.Tensor:
         """Returns [B, K+1] int64, -1 padded (requires :attr:`has_logits_entry`)."""
         fn = self._logits_entry
-        assert fn is not None, "the sampler has no forward_ragged_from_logits"
-        keywords = self._logits_keywords
-        extra = {k: v for k, v in (("seeds", seeds), ("offsets", offsets)) if v is not None and k in keywords}
+        if fn is None:
+            raise input_error(
+                "sampler",
+                "a sampler with forward_ragged_from_logits (see RaggedVerifier.has_logits_entry)",
+                type(self.sampler).__name__,
+            )
+        extra = self.bound.randomness_for("forward_ragged_from_logits", seeds=seeds, offsets=offsets)
         return fn(
             target_logits,
             bonus_token_ids,
@@ -143,7 +132,7 @@ class RaggedVerifier:
 
     def accepts(self, keyword: str) -> bool:
         """Whether the sampler's entry point takes ``keyword`` (seeds, offsets, is_greedy, seeded_seqs)."""
-        return keyword in self._keywords
+        return self.bound.accepts(self._entry_name, keyword)
 
     def __call__(
         self,
@@ -160,12 +149,12 @@ class RaggedVerifier:
         seeded_seqs: dict[int, torch.Generator] | None = None,  # row -> generator (V0 samplers)
     ) -> torch.Tensor:
         """Returns [B, K+1] int64, -1 padded."""
-        extra: dict[str, Any] = {"seeds": seeds, "offsets": offsets, "is_greedy": is_greedy}
-        if seeds is None:  # seeds already drawn from the generators must not be drawn twice
-            extra["seeded_seqs"] = seeded_seqs
-        kwargs = {k: v for k, v in extra.items() if v is not None and k in self._keywords}
+        # seeds already drawn from the generators must not be drawn twice
+        generators = seeded_seqs if seeds is None else None
+        randomness = dict(seeds=seeds, offsets=offsets, is_greedy=is_greedy, seeded_seqs=generators)
+        kwargs = self.bound.randomness_for(self._entry_name, **randomness)
         if self.uses_ragged_method:
-            return self._ragged(
+            return self.bound.entries["forward_ragged"](
                 target_probs,
                 bonus_token_ids,
                 draft_probs,

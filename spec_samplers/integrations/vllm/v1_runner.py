@@ -14,12 +14,12 @@ the others draw from torch's default generator. Output [B, K+1] int32, -1 padded
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
 from spec_samplers.seeding import row_seeds
 
@@ -33,18 +33,12 @@ def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Calla
     with the arguments as given. The engine config refuses both with our section, so these calls
     only come from code that bypasses it.
     """
-    verifier = RaggedVerifier(sampler)
-    signature = inspect.signature(verify)
+    return replace_engine_function(sampler, RaggedVerifier(sampler), verify, vllm_rejection_sample, _vllm_only)
 
-    def rejection_sample(*args: Any, **kwargs: Any) -> torch.Tensor:
-        """Returns [B, max_spec_len + 1] int32, -1 padded (vLLM's PLACEHOLDER_TOKEN_ID)."""
-        call = signature.bind(verifier, *args, **kwargs)
-        if call.arguments.get("synthetic_mode") or call.arguments.get("fly_window_size") is not None:
-            return vllm_rejection_sample(*args, **kwargs)
-        return verify(*call.args, **call.kwargs)
 
-    rejection_sample.__spec_samplers_sampler__ = sampler  # type: ignore[attr-defined]
-    return rejection_sample
+def _vllm_only(arguments: Mapping[str, Any]) -> bool:
+    """vLLM's synthetic mode and FLy: calls that stay vLLM's."""
+    return bool(arguments.get("synthetic_mode")) or arguments.get("fly_window_size") is not None
 
 
 def verify(

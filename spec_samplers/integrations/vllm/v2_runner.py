@@ -33,13 +33,13 @@ reproduces; vocabularies of different size are cut to the smaller one, as vLLM d
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from spec_samplers import rng
+from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 
@@ -55,20 +55,14 @@ def make_rejection_sample(
     (the engine config refuses each of them together with our section, so such calls only come
     from code that bypasses it).
     """
-    verifier = RaggedVerifier(sampler)
-    signature = inspect.signature(verify)
+    return replace_engine_function(sampler, RaggedVerifier(sampler), verify, vllm_rejection_sample, _vllm_only)
 
-    def rejection_sample(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (sampled [R, S+1] int64, -1 padded; num_sampled [R] int32)."""
-        call = signature.bind(verifier, *args, **kwargs)
-        a = call.arguments
-        vllm_only = a.get("synthetic_conditional_rates") is not None or a.get("use_block_verification")
-        if vllm_only or a.get("contexts") is not None or a.get("fly_window_size", 0) > 0:
-            return vllm_rejection_sample(*args, **kwargs)
-        return verify(*call.args, **call.kwargs)
 
-    rejection_sample.__spec_samplers_sampler__ = sampler  # type: ignore[attr-defined]
-    return rejection_sample
+def _vllm_only(arguments: Mapping[str, Any]) -> bool:
+    """vLLM's own schemes (synthetic mode, block verification, contexts, FLy): calls that stay vLLM's."""
+    a = arguments
+    vllm_scheme = a.get("synthetic_conditional_rates") is not None or a.get("use_block_verification")
+    return bool(vllm_scheme) or a.get("contexts") is not None or a.get("fly_window_size", 0) > 0
 
 
 def sample_rows(
