@@ -45,7 +45,16 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (6, ("spec_samplers.registry",)),
     (7, ("spec_samplers.integrations", "spec_samplers.decoding")),
     (8, ("spec_samplers.bench",)),
-    (9, ("spec_samplers.cli", "spec_samplers.__init__", "spec_samplers.__main__", "spec_samplers.generate_cli")),
+    (
+        9,
+        (
+            "spec_samplers.cli",
+            "spec_samplers.__init__",
+            "spec_samplers.__main__",
+            "spec_samplers.generate_cli",
+            "spec_samplers.profile_cli",
+        ),
+    ),
 ]
 
 #: same-or-lower imports that are still forbidden: (importer prefix, imported prefix, why)

@@ -15,6 +15,7 @@ default is the PyTorch path) with the vocabulary split of a modeled GPU.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,10 +46,11 @@ class Launch:
 
     def bound(self) -> dict[str, Any]:
         """The kernel's parameters by name (launch options such as num_warps left out)."""
-        params = list(self.kernel.signature.parameters)
+        signature = inspect.signature(self.kernel.fn)
+        params = list(signature.parameters)
         named = dict(zip(params, self.args))
         named.update({k: v for k, v in self.kwargs.items() if k in params})
-        for name, param in self.kernel.signature.parameters.items():
+        for name, param in signature.parameters.items():
             if name not in named and param.default is not param.empty:
                 named[name] = param.default
         return named
@@ -112,12 +114,12 @@ def recording(execute: bool, ops: EagerOps | None = None) -> Iterator[list[Launc
         return run
 
     for cls in originals:
-        cls.run = patched(cls)  # type: ignore[method-assign]
+        cls.run = patched(cls)
     try:
         yield launches
     finally:
         for cls, original in originals.items():
-            cls.run = original  # type: ignore[method-assign]
+            cls.run = original
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -172,8 +174,10 @@ class EagerOps(TorchDispatchMode):
         ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         aliasing = [r.alias_info is not None for r in schema.returns]
-        is_view = bool(aliasing) and all(aliasing) and not any(
-            r.alias_info is not None and r.alias_info.is_write for r in schema.returns
+        is_view = (
+            bool(aliasing)
+            and all(aliasing)
+            and not any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
         )
         if is_view or name in _NO_TRAFFIC or name.startswith("aten::_local_scalar"):
             traffic_in, traffic_out, created = [], [], []

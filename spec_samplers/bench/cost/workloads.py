@@ -4,7 +4,8 @@ Each workload is built for a :class:`Shape` on a device: ``meta`` (full-shape tr
 only) or ``cpu`` (the interpreter's byte counting at small shapes, with random values). All of a
 step's requests have k drafts and temperature :data:`TEMPERATURE`; draft ids are uniform over the
 vocabulary, so nearly every request rejects its first draft and pays a recovery pass (the worst
-case of docs/design.md section 6).
+case of docs/design.md section 6). On CPU each draft is its target row's least likely token, so
+every request rejects its first draft (deterministic: the small-shape counts scale exactly).
 
 * ``ours``: the sampler's ragged entry (``forward_ragged_from_logits`` for logits, ``forward_ragged``
   for probabilities) on [T, V] target rows, T = B*k, bonus ids given;
@@ -48,7 +49,7 @@ class Shape:
         return Shape(batch_size, self.k, vocab_size, self.dtype, self.sampler, self.entry, self.drafts)
 
 
-class _Inputs:
+class Inputs:
     """Tensors on ``device``: random values on CPU (seeded), shapes only on meta."""
 
     def __init__(self, device: torch.device, seed: int = 0):
@@ -70,6 +71,12 @@ class _Inputs:
             return torch.empty(n, dtype=dtype, device=self.device)
         return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype)
 
+    def rejected(self, target: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """[rows] the least likely token of each target row: a draft the verifier rejects."""
+        if self.gen is None:
+            return torch.empty(target.shape[0], dtype=dtype, device=self.device)
+        return target.float().argmin(-1).to(dtype)
+
     def arange(self, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.arange(n, dtype=dtype, device=self.device)
 
@@ -89,10 +96,10 @@ def prepare_vllm() -> None:
     from triton.backends import backends
 
     driver = backends["nvidia"].driver
-    driver.is_active = staticmethod(lambda: True)  # type: ignore[method-assign]
+    driver.is_active = staticmethod(lambda: True)
 
 
-def _sampler(shape: Shape) -> torch.nn.Module:
+def _sampler(shape: Shape) -> Any:
     from spec_samplers.registry import get_sampler
 
     return get_sampler(shape.sampler, backend="triton")
@@ -100,23 +107,25 @@ def _sampler(shape: Shape) -> torch.nn.Module:
 
 def ours(shape: Shape, device: torch.device) -> Callable[[], Any]:
     B, k, V = shape.batch_size, shape.k, shape.vocab_size
-    x, T = _Inputs(device), shape.batch_size * shape.k
+    x, T = Inputs(device), shape.batch_size * shape.k
     sampler = _sampler(shape)
     cu = x.arange(B) * k + k
-    ids, bonus, seeds = x.ids(T, V), x.ids(B, V), x.ids(B, 2**62)
+    bonus, seeds = x.ids(B, V), x.ids(B, 2**62)
     with_draft = shape.drafts == "probs"
     if shape.entry == "logits":
         dtype = DTYPES[shape.dtype]
         target, draft = x.normal(T, V, dtype=dtype), x.normal(T, V, dtype=dtype) if with_draft else None
-        temp = x.full(B, TEMPERATURE)
+        ids, temp = x.rejected(target), x.full(B, TEMPERATURE)
         return lambda: sampler.forward_ragged_from_logits(
             target, bonus, draft, ids, cu, k, temperature=temp, seeds=seeds
         )
     target, draft = x.probs(T, V), x.probs(T, V) if with_draft else None
+    ids = x.rejected(target)
     return lambda: sampler.forward_ragged(target, bonus, draft, ids, cu, k, seeds=seeds)
 
 
-def _v1_inputs(shape: Shape, x: _Inputs) -> SimpleNamespace:
+def v1_inputs(shape: Shape, x: Inputs) -> SimpleNamespace:
+    """What V1's ``RejectionSampler.forward`` holds for one step (metadata as a namespace)."""
     B, k, V = shape.batch_size, shape.k, shape.vocab_size
     T = B * k
     rows = x.arange(T + B).view(B, k + 1)
@@ -128,11 +137,13 @@ def _v1_inputs(shape: Shape, x: _Inputs) -> SimpleNamespace:
         top_p=None,
         generators={},
     )
+    logits = x.normal(T + B, V, dtype=DTYPES[shape.dtype])  # what the model returns: [T + B, V]
+    target_index = rows[:, :k].reshape(-1)
     return SimpleNamespace(
-        logits=x.normal(T + B, V, dtype=DTYPES[shape.dtype]),  # what the model returns: [T + B, V]
-        target_index=rows[:, :k].reshape(-1),
+        logits=logits,
+        target_index=target_index,
         draft_probs=x.probs(T, V) if shape.drafts == "probs" else None,
-        ids=x.ids(T, V, torch.int32),
+        ids=x.rejected(logits[target_index], torch.int32),
         num_draft=[k] * B,
         cu=(x.arange(B, torch.int32) + 1) * k,
         bonus=x.ids(B, V, torch.int32).view(B, 1),
@@ -151,24 +162,22 @@ def _v1_glue(a: SimpleNamespace) -> torch.Tensor:
 def vllm_v1(shape: Shape, device: torch.device) -> Callable[[], Any]:
     from vllm.v1.sample.rejection_sampler import rejection_sample
 
-    a = _v1_inputs(shape, _Inputs(device))
-    return lambda: rejection_sample(
-        a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata
-    )
+    a = v1_inputs(shape, Inputs(device))
+    return lambda: rejection_sample(a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata)
 
 
 def ours_v1_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
     from spec_samplers.integrations.vllm import v1_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
 
-    a = _v1_inputs(shape, _Inputs(device))
+    a = v1_inputs(shape, Inputs(device))
     verifier = RaggedVerifier(_sampler(shape))
     return lambda: v1_runner.verify(
         verifier, a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata
     )
 
 
-def v2_arguments(shape: Shape, x: _Inputs) -> dict[str, Any]:
+def v2_arguments(shape: Shape, x: Inputs, logits: torch.Tensor) -> dict[str, Any]:
     """Model Runner V2's ``rejection_sample`` arguments after ``target_logits``, laid out as its
     input kernels lay them out (one request per state slot, every request with k drafts)."""
     B, k, V = shape.batch_size, shape.k, shape.vocab_size
@@ -176,7 +185,8 @@ def v2_arguments(shape: Shape, x: _Inputs) -> dict[str, Any]:
     i32 = torch.int32
     return dict(
         draft_logits=x.normal(B, k, V, dtype=DTYPES[shape.dtype]) if shape.drafts == "probs" else None,
-        draft_sampled=x.ids(L, V),
+        # the draft scored by row i is draft_sampled[i + 1]
+        draft_sampled=x.rejected(logits.roll(1, 0)),
         cu_num_logits=x.arange(B + 1, i32) * (k + 1),
         pos=x.arange(L) + 100,
         idx_mapping=x.arange(B, i32),
@@ -200,9 +210,9 @@ def _v2_glue(logits: torch.Tensor, a: dict[str, Any]) -> torch.Tensor:
 def vllm_mrv2(shape: Shape, device: torch.device) -> Callable[[], Any]:
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
 
-    x = _Inputs(device)
+    x = Inputs(device)
     logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
-    a = v2_arguments(shape, x)
+    a = v2_arguments(shape, x, logits)
     return lambda: rejection_sample(_v2_glue(logits, a), **a)
 
 
@@ -210,9 +220,9 @@ def ours_v2_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
     from spec_samplers.integrations.vllm import v2_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
 
-    x = _Inputs(device)
+    x = Inputs(device)
     logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
-    a = v2_arguments(shape, x)
+    a = v2_arguments(shape, x, logits)
     verifier = RaggedVerifier(_sampler(shape))
     return lambda: v2_runner.verify(verifier, _v2_glue(logits, a), **a)
 
