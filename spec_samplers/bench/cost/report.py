@@ -87,11 +87,23 @@ def _loop_cycles(variant: dict[str, Any], sites: list[dict[str, Any]], programs:
     return {"warp_cycles": cycles, "vocab_elements": elements, "per_element": per_element}
 
 
-def profile(workload: str, shape: Shape, sass: bool = True) -> dict[str, Any]:
-    """Launches, bytes, instructions and modeled times of one call of ``workload`` at ``shape``."""
+def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, Any] | None = None) -> dict[str, Any]:
+    """Launches, bytes, instructions and modeled times of one call of ``workload`` at ``shape``.
+
+    ``counts`` caches the interpreter's small-shape counts across calls that differ only in B and
+    V (a sweep counts once per workload)."""
+    if workload == "flashinfer-chain":
+        from spec_samplers.bench.cost import flashinfer_peer
+
+        return flashinfer_peer.profile_chain(shape)
     base = {"workload": workload, "shape": asdict(shape)}
     full = run_stage("compiled", {**base, "num_sms": model.H100.sms, "sass": sass})
-    counted = run_stage("interpreted", {**base, "small_batch": SMALL_BATCH, "small_vocab": list(SMALL_VOCAB)})
+    key = (workload, shape.at(SMALL_BATCH, SMALL_VOCAB[0]))
+    counted = counts.get(key) if counts is not None else None
+    if counted is None:
+        counted = run_stage("interpreted", {**base, "small_batch": SMALL_BATCH, "small_vocab": list(SMALL_VOCAB)})
+        if counts is not None:
+            counts[key] = counted
     runs = counted["runs"]
     pairs = list(zip(_match(full["launches"], runs[0]), _match(full["launches"], runs[1])))
     launches = []
@@ -115,7 +127,15 @@ def profile(workload: str, shape: Shape, sass: bool = True) -> dict[str, Any]:
             for name, hw in model.HARDWARE.items()
         }
         launches.append(row)
-    eager = full["eager"]
+    return summarize(workload, shape, launches, full["eager"])
+
+
+def summarize(
+    workload: str, shape: Shape, launches: list[dict[str, Any]], eager: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Totals of one call: its launches (with ``modeled`` kernel times) and eager ops at full
+    shape; eager ops move their bytes at the bandwidth, every launch and data-moving op pays the
+    launch latency (eager or CUDA-graph)."""
     moving = [op for op in eager if op["bytes_read"] + op["bytes_written"] > 0]
     itemsize = DTYPES[shape.dtype].itemsize
     totals: dict[str, Any] = {}
