@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_arguments(p)
     p.set_defaults(func=cmd_generate)
     p = sub.add_parser(
-        "profile", help="modeled GPU cost of one verification call (launches, bytes, SASS); no GPU needed"
+        "profile",
+        help="modeled GPU cost of one verification call (launches, bytes, SASS); no GPU needed",
+        description="Every kernel launch of one call, the bytes each moves (counted by Triton's interpreter), "
+        "its sm_90 SASS (registers, spills, occupancy, instructions per vocabulary element) and a MODELED "
+        "time on H100/H200; docs/cost-model.md.",
     )
     add_profile_arguments(p)
     return parser

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload",
         action="append",
         choices=WORKLOADS,
-        help="what to profile (repeatable; default ours): our sampler, our vLLM seams, or vLLM's own verification",
+        help="what to profile (repeatable; default ours): our sampler, our vLLM seams, vLLM's own verification, "
+        "or FlashInfer's chain_speculative_sampling with its softmax",
     )
     p.add_argument("--no-sass", action="store_true", help="skip the sm_90 compile (no instruction counts)")
     p.add_argument("--json", metavar="PATH", help="write the full profile (every launch and constant) as JSON")

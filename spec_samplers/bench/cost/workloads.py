@@ -21,6 +21,7 @@ every request rejects its first draft (deterministic: the small-shape counts sca
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -116,12 +117,19 @@ def ours(shape: Shape, device: torch.device) -> Callable[[], Any]:
         dtype = DTYPES[shape.dtype]
         target, draft = x.normal(T, V, dtype=dtype), x.normal(T, V, dtype=dtype) if with_draft else None
         ids, temp = x.rejected(target), x.full(B, TEMPERATURE)
-        return lambda: sampler.forward_ragged_from_logits(
-            target, bonus, draft, ids, cu, k, temperature=temp, seeds=seeds
-        )
+        entry = sampler.forward_ragged_from_logits
+        extra = _randomness(entry, seeds)
+        return lambda: entry(target, bonus, draft, ids, cu, k, temperature=temp, **extra)
     target, draft = x.probs(T, V), x.probs(T, V) if with_draft else None
     ids = x.rejected(target)
-    return lambda: sampler.forward_ragged(target, bonus, draft, ids, cu, k, seeds=seeds)
+    entry = sampler.forward_ragged
+    extra = _randomness(entry, seeds)
+    return lambda: entry(target, bonus, draft, ids, cu, k, **extra)
+
+
+def _randomness(entry: Callable[..., Any], seeds: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``seeds=`` for an entry that takes it (a deterministic sampler's does not)."""
+    return {"seeds": seeds} if "seeds" in inspect.signature(entry).parameters else {}
 
 
 def v1_inputs(shape: Shape, x: Inputs) -> SimpleNamespace:
