@@ -36,10 +36,17 @@ def versions() -> dict[str, str]:
 
 
 def trimmed(result: dict) -> dict:
-    """The JSON keeps per launch what the table shows (loops' load lists dropped: size)."""
+    """The JSON keeps per launch what the tables show: each loop's classes and the widths of its
+    loads, not the loads one by one (size)."""
     for launch in result["launches"]:
-        for loop in launch.pop("loops", []):
-            launch.setdefault("loop_classes", []).append(loop["classes"])
+        launch["loops"] = [
+            {
+                "classes": loop["classes"],
+                "issue_cycles": loop["issue_cycles"],
+                "loads": [{"width": ld["width"]} for ld in loop["loads"]],
+            }
+            for loop in launch.get("loops", [])
+        ]
     return result
 
 
@@ -145,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "failures": failures,
     }
-    (out / f"{date}-cost-model.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{date}-cost-model.json").write_text(json.dumps(doc, separators=(",", ":")))
     (out / f"{date}-cost-model.md").write_text(render(doc))
     print(f"wrote {out / f'{date}-cost-model.md'} and .json", file=sys.stderr)
     return 0

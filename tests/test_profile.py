@@ -179,8 +179,8 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     x = wl.Inputs(META)
     logits = x.normal(REQUESTS * (STEPS + 1), VOCAB)
     v2 = wl.v2_arguments(shape, x, logits)
-    assert _seam_vocab_tensors(lambda: v2_runner.verify(verifier, logits, **v2)) == 262
-    assert _seam_vocab_tensors(lambda: v2_runner.verify(verifier, logits, **{**v2, "draft_logits": None})) == 260
+    assert _seam_vocab_tensors(lambda: v2_runner.verify(verifier, logits, **v2)) == 263
+    assert _seam_vocab_tensors(lambda: v2_runner.verify(verifier, logits, **{**v2, "draft_logits": None})) == 261
 
     a = wl.v1_inputs(shape, x)
     target = a.logits[a.target_index].float()
