@@ -200,6 +200,10 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _per(per_element: dict[str, float], key: str, digits: int) -> str:
+    return f"{per_element.get(key, 0.0):.{digits}f}" if per_element else "-"
+
+
 def launch_table(result: dict[str, Any]) -> str:
     """Per launch of one profile: grid, bytes, SASS resources, loop instructions per element."""
     head = (
@@ -212,6 +216,8 @@ def launch_table(result: dict[str, Any]) -> str:
             lines.append(f"| {r['name']} | {r['grid']} | {r['num_warps']} | {r.get('error', '')} |")
             continue
         sass, pe, t = r["sass"], r["per_element"], r["modeled"]["H100"]
+        if r.get("vocab_elements", 0) < result["shape"]["vocab_size"]:
+            pe = {}  # a per-request kernel: no vocabulary axis to count per element
         widths = Counter(f"{ld['width'] * 8}bit" for lp in r["loops"] for ld in lp["loads"])
         for key, n in r["straight_classes"].items():
             if key.startswith("ldg_"):
@@ -221,8 +227,8 @@ def launch_table(result: dict[str, Any]) -> str:
             f"| {r['name']} | {tuple(r['grid'])} | {r['num_warps']} | {r['bytes'] / 1e6:.2f} "
             f"| {sass.get('registers', '?')} | {sass.get('spill_instructions', '?')} "
             f"| {sass.get('shared_bytes', '?')} | {sass.get('occupancy', 0):.2f} "
-            f"| {pe.get('total', 0):.1f} | {pe.get('int_mul', 0):.2f} | {pe.get('fp32', 0):.1f} "
-            f"| {pe.get('fp64', 0):.2f} "
-            f"| {pe.get('mufu', 0):.2f} | {loads or '-'} | {t['memory_s'] * 1e6:.1f} / {t['issue_s'] * 1e6:.1f} |"
+            f"| {_per(pe, 'total', 1)} | {_per(pe, 'int_mul', 2)} | {_per(pe, 'fp32', 1)} "
+            f"| {_per(pe, 'fp64', 2)} | {_per(pe, 'mufu', 2)} | {loads or '-'} "
+            f"| {t['memory_s'] * 1e6:.1f} / {t['issue_s'] * 1e6:.1f} |"
         )
     return "\n".join(lines)
