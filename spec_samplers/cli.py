@@ -8,6 +8,7 @@ import sys
 
 from spec_samplers.bench.cli import add_arguments as add_bench_arguments
 from spec_samplers.generate_cli import add_arguments as add_generate_arguments
+from spec_samplers.profile_cli import add_arguments as add_profile_arguments
 
 
 def _format_default(value: object) -> str:
@@ -64,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="speculative decoding of a prompt with two local transformers models")
     add_generate_arguments(p)
     p.set_defaults(func=cmd_generate)
+    p = sub.add_parser(
+        "profile",
+        help="modeled GPU cost of one verification call (launches, bytes, SASS); no GPU needed",
+        description="Every kernel launch of one call, the bytes each moves (counted by Triton's interpreter), "
+        "its sm_90 SASS (registers, spills, occupancy, instructions per vocabulary element) and a MODELED "
+        "time on H100/H200; docs/cost-model.md.",
+    )
+    add_profile_arguments(p)
     return parser
 
 

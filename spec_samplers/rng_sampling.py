@@ -86,6 +86,11 @@ def derive_row_seeds(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) ->
     seeds = seed.reshape(1).to(torch.int64)
     offsets = offset.reshape(1).to(torch.int64)
     r = torch.arange(num_rows, device=seeds.device, dtype=torch.int64)
-    w0, w1, _, _ = rng.philox_words(seeds, offsets, r, STREAM_ROW_SEED)
+    return derive_seeds(seeds, offsets, r, STREAM_ROW_SEED)
+
+
+def derive_seeds(seeds: torch.Tensor, offsets: torch.Tensor, counters: torch.Tensor, stream: int) -> torch.Tensor:
+    """int64 seeds (broadcast shape) made of words (0, 1) of (seed, offset, counter) on ``stream``."""
+    w0, w1, _, _ = rng.philox_words(seeds, offsets, counters, stream)
     hi = w1 - ((w1 >> 31) << 32)  # as a signed 32-bit value, so the product cannot overflow
     return (hi * 2**32) | w0

@@ -1,8 +1,9 @@
 """How tokens are drawn: each request's SamplingParams and its own random stream.
 
-Draws use the counter-based generator the samplers use (``spec_samplers.rng``): the exponential
-race argmax_x p(x) / E_x, with E_x keyed by (request seed, offset, position, token id) on a stream
-of its own, is an exact sample of p. A request's tokens therefore depend on its seed and its own
+Draws go through the FlashInfer-compatible sampling operation (``sampling_from_probs``: its Triton
+kernels on CUDA, its PyTorch reference elsewhere, the same tokens), with one seed per draw derived
+from (request seed, offset, position) on a stream of its own by the counter-based generator the
+samplers use (``spec_samplers.rng``): an exact sample of p. A request's tokens therefore depend on its seed and its own
 step counters only, never on its batch neighbours. The streams (``rng.STREAM_DECODE_*``) separate
 the decoding loop's draws (draft tokens, bonus tokens, plain autoregressive steps) from each other
 and from the verification sampler's, which receives the same request seed.
@@ -11,10 +12,12 @@ and from the verification sampler's, which receives the same request seed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
 from spec_samplers import rng as _rng
+from spec_samplers.rng_sampling import derive_seeds
 from spec_samplers.sampling_params import (
     SamplingParams,
     SamplingTensors,
@@ -67,10 +70,17 @@ def draw(
     stream: int,
 ) -> torch.Tensor:
     """An exact sample of each row of ``probs`` (rows need not be normalised), keyed by
-    (seed, offset, position) on ``stream``: [N] int64. Vectorised, no host synchronisation."""
-    N, V = probs.shape
-    pos = torch.full((N,), position, dtype=torch.int64, device=probs.device)
-    return _rng.race(probs, _rng.recover_exponentials(seeds, offsets, pos, V, stream))
+    (seed, offset, position) on ``stream``: [N] int64. Vectorised, no host synchronisation.
+
+    The draw is the FlashInfer-compatible ``sampling_from_probs`` with a per-draw seed (words of
+    (seed, offset, position) on ``stream``): its Triton kernels on CUDA, its PyTorch reference
+    elsewhere, the same tokens on both (``backend="auto"``)."""
+    from spec_samplers.sampling.api import sampling_from_probs
+
+    pos = torch.full((probs.shape[0],), position, dtype=torch.int64, device=probs.device)
+    draw_seeds = derive_seeds(seeds.to(probs.device), offsets.to(probs.device), pos, stream)
+    tokens = sampling_from_probs(probs, seed=draw_seeds, offset=torch.zeros_like(draw_seeds), backend="auto")
+    return cast(torch.Tensor, tokens).to(torch.int64)  # (a tuple only with return_valid=True)
 
 
 class SampleStrategy:

@@ -1,0 +1,162 @@
+"""Regenerate the cost-model results: ours vs vLLM V1 vs Model Runner V2 vs FlashInfer, modeled.
+
+    python benchmarks/cost_model.py            # writes benchmarks/results/<date>-cost-model.{md,json}
+
+V = 128256, bf16 logits, k = 4, B in {1, 8, 64, 256}; every time is **modeled** (docs/cost-model.md)
+from the kernels that exist when it runs (the launches are discovered from the call, not listed).
+Needs the vllm extra (vLLM 0.33 and the flashinfer-python wheel it installs) and nvcc for the
+FlashInfer peer; a peer that cannot be profiled is reported as such, not dropped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from spec_samplers.bench.cost import model, report
+from spec_samplers.bench.cost.workloads import Shape
+
+WORKLOADS = ("ours", "vllm-v1", "vllm-mrv2", "flashinfer-chain", "ours-v1-seam", "ours-v2-seam")
+BATCHES = (1, 8, 64, 256)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("spec-samplers", "torch", "triton", "vllm", "flashinfer-python"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def trimmed(result: dict) -> dict:
+    """The JSON keeps per launch what the tables show: each loop's classes and the widths of its
+    loads, not the loads one by one (size)."""
+    for launch in result["launches"]:
+        launch["loops"] = [
+            {
+                "classes": loop["classes"],
+                "issue_cycles": loop["issue_cycles"],
+                "loads": [{"width": ld["width"]} for ld in loop["loads"]],
+            }
+            for loop in launch.get("loops", [])
+        ]
+    return result
+
+
+def speedups(results: list[dict]) -> str:
+    lines = [
+        "| B | vs vLLM V1 | vs vLLM MRv2 | vs FlashInfer chain (+ softmax) | ours / byte floor (H100) |",
+        "|---|---|---|---|---|",
+    ]
+    by = {(r["workload"], r["shape"]["batch_size"]): r for r in results if "modeled" in r}
+    for b in BATCHES:
+        ours = by.get(("ours", b))
+        if ours is None:
+            continue
+        t = ours["modeled"]["H100"]["graph_s"]
+        cells = []
+        for peer in ("vllm-v1", "vllm-mrv2", "flashinfer-chain"):
+            other = by.get((peer, b))
+            cells.append(f"{other['modeled']['H100']['graph_s'] / t:.2f}x" if other else "n/a")
+        lines.append(f"| {b} | " + " | ".join(cells) + f" | {ours['modeled']['H100']['graph_over_floor']:.1f}x |")
+    return "\n".join(lines)
+
+
+def traffic_check(results: list[dict]) -> str:
+    """Our counted vocabulary bytes against docs/design.md's traffic formula (model.design_traffic)."""
+    lines = [
+        "| B | counted vocabulary bytes loaded (MB) | design formula (MB) | counted / formula |",
+        "|---|---|---|---|",
+    ]
+    for r in results:
+        if r["workload"] == "ours" and r.get("design_vocab_bytes"):
+            counted, formula = r["counted_vocab_bytes_loaded"], r["design_vocab_bytes"]
+            lines.append(
+                f"| {r['shape']['batch_size']} | {counted / 1e6:.1f} | {formula / 1e6:.1f} | {counted / formula:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def render(doc: dict) -> str:
+    results, failures = doc["results"], doc["failures"]
+    md = [
+        f"# Cost model, {doc['date']}: ours vs vLLM vs FlashInfer (all times MODELED, not measured)",
+        "",
+        "Regenerate: `python benchmarks/cost_model.py`. Model and constants: docs/cost-model.md.",
+        "V = 128256, bf16 logits, k = 4, temperature 0.7, probabilistic drafts, every request rejecting its",
+        "first draft (the worst case). Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
+        "",
+        "## Modeled time per call (H100 with CUDA graphs), peer / ours",
+        "",
+        speedups(results),
+        "",
+        "## Per call",
+        "",
+        report.table(results),
+        "",
+        "## Our traffic against the design's formula (counted by the interpreter, scaled)",
+        "",
+        traffic_check(results),
+        "",
+    ]
+    for r in results:
+        if r["shape"]["batch_size"] == 64:
+            md += [f"## Launches of {r['workload']} at B = 64 (modeled)", "", report.launch_table(r), ""]
+            e = r["eager_ops"]
+            md += [
+                f"Eager ops outside kernels: {e['count']} moving data, {e['vocab_sized']} vocabulary-sized: "
+                f"{e['by_op']}",
+                "",
+            ]
+    if failures:
+        md += ["## Not profiled", ""] + [
+            f"- {f['workload']} B={f['batch_size']}: {f['error'][-300:]}" for f in failures
+        ]
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/results", help="folder for <date>-cost-model.{md,json}")
+    p.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 8 64 256)")
+    p.add_argument("--workload", action="append", choices=WORKLOADS, help="workloads (default all)")
+    p.add_argument("--render", metavar="JSON", help="only rewrite the .md next to an existing .json")
+    args = p.parse_args(argv)
+    if args.render:
+        path = Path(args.render)
+        path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
+        return 0
+    counts: dict = {}
+    results, failures = [], []
+    for workload in args.workload or WORKLOADS:
+        for b in args.batch or BATCHES:
+            shape = Shape(b, 4, 128256, "bfloat16")
+            try:
+                results.append(trimmed(report.profile(workload, shape, counts=counts)))
+            except Exception as exc:  # a peer that cannot be profiled is reported, not dropped
+                failures.append({"workload": workload, "batch_size": b, "error": str(exc)[-2000:]})
+            print(f"{workload} B={b} done", file=sys.stderr)
+    date = datetime.date.today().isoformat()
+    out = Path(args.out)
+    doc = {
+        "date": date,
+        "versions": versions(),
+        "constants": model.constants(),
+        "results": results,
+        "failures": failures,
+    }
+    (out / f"{date}-cost-model.json").write_text(json.dumps(doc, separators=(",", ":")))
+    (out / f"{date}-cost-model.md").write_text(render(doc))
+    print(f"wrote {out / f'{date}-cost-model.md'} and .json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

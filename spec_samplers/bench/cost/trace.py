@@ -1,0 +1,247 @@
+"""What a call launches, caught at Triton's launch path, and the eager PyTorch ops it runs.
+
+:func:`recording` patches ``run`` of Triton's ``JITFunction`` (compiled mode) and
+``InterpretedFunction`` (``TRITON_INTERPRET=1``): every ``kernel[grid](...)`` of any package
+goes through it, so the kernels are discovered from the call, not listed. With ``execute=False``
+a launch is recorded and not run (tracing at full shape on meta tensors).
+
+:class:`EagerOps` is a dispatch mode that records every PyTorch op with its bytes read and
+written; ops whose tensors hold at least a vocabulary row are flagged.
+
+:func:`kernels_forced` makes our samplers plan their Triton launches for meta tensors (whose
+default is the PyTorch path) with the vocabulary split of a modeled GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+@dataclass
+class Launch:
+    """One ``kernel[grid](*args, **kwargs)`` call."""
+
+    kernel: Any  # triton JITFunction or InterpretedFunction
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    grid: tuple[int, ...]
+    #: index of the eager op recorded just before this launch (the launch order among eager ops)
+    after_op: int = -1
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+    @property
+    def module(self) -> str:
+        return self.kernel.fn.__module__
+
+    def bound(self) -> dict[str, Any]:
+        """The kernel's parameters by name (launch options such as num_warps left out)."""
+        signature = inspect.signature(self.kernel.fn)
+        params = list(signature.parameters)
+        named = dict(zip(params, self.args))
+        named.update({k: v for k, v in self.kwargs.items() if k in params})
+        for name, param in signature.parameters.items():
+            if name not in named and param.default is not param.empty:
+                named[name] = param.default
+        return named
+
+    @property
+    def num_warps(self) -> int:
+        return int(self.kwargs.get("num_warps", 4))
+
+    @property
+    def programs(self) -> int:
+        n = 1
+        for g in self.grid:
+            n *= int(g)
+        return n
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(argument path, tensor) of every tensor argument, tuples flattened."""
+        found: list[tuple[str, torch.Tensor]] = []
+
+        def walk(path: str, value: Any) -> None:
+            if isinstance(value, torch.Tensor):
+                found.append((path, value))
+            elif isinstance(value, tuple):
+                for i, v in enumerate(value):
+                    walk(f"{path}[{i}]", v)
+
+        for name, value in self.bound().items():
+            walk(name, value)
+        return found
+
+
+def _grid(grid: Any, launch_args: dict[str, Any]) -> tuple[int, ...]:
+    if callable(grid):
+        grid = grid(launch_args)
+    return tuple(int(g) for g in grid)
+
+
+@contextlib.contextmanager
+def recording(execute: bool, ops: EagerOps | None = None) -> Iterator[list[Launch]]:
+    """Record every Triton launch made inside the block (and run it when ``execute``)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    launches: list[Launch] = []
+    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+
+    def patched(cls: type) -> Callable[..., Any]:
+        original = originals[cls]
+
+        def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if warmup:
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            launch = Launch(self, args, kwargs, (), len(ops.records) - 1 if ops is not None else -1)
+            launch.grid = _grid(grid, {**launch.bound(), **kwargs})
+            launches.append(launch)
+            if execute:
+                with ops.paused() if ops is not None else contextlib.nullcontext():
+                    return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            return None
+
+        return run
+
+    for cls in originals:
+        cls.run = patched(cls)
+    try:
+        yield launches
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class EagerOp:
+    name: str
+    bytes_read: int
+    bytes_written: int
+    #: the largest tensor it touches, in elements
+    largest: int
+    #: a new tensor at least half a vocabulary row long (not a view, not in place)
+    creates_vocab_tensor: bool
+    vocab_sized: bool
+
+
+#: ops that move no data (views, metadata, allocation without initialisation)
+_NO_TRAFFIC = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::set_")
+
+
+@dataclass
+class EagerOps(TorchDispatchMode):
+    """Records every PyTorch op (outside Triton launches) with the bytes it reads and writes.
+
+    Bytes: the non-aliasing outputs are written and every tensor input is read (an in-place op
+    writes its first argument). Views and allocations move nothing. Ops on tensors of at least
+    half a vocabulary row of elements are flagged vocabulary-sized (the counter RNG works on
+    [rows, V/2] word tensors: with a full row as the bar, one request's RNG ops would slip under)."""
+
+    vocab_size: int
+    records: list[EagerOp] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        self._paused = 0
+        self.vocab_bar = max(1, self.vocab_size // 2)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self._paused:
+            return out
+        schema = func._schema
+        name = schema.name
+        ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        aliasing = [r.alias_info is not None for r in schema.returns]
+        is_view = (
+            bool(aliasing)
+            and all(aliasing)
+            and not any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
+        )
+        if is_view or name in _NO_TRAFFIC or name.startswith("aten::_local_scalar"):
+            traffic_in, traffic_out, created = [], [], []
+        else:
+            written = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+            created = [o for o, alias in zip(outs, aliasing + [False] * len(outs)) if not alias]
+            traffic_out = list(created) + ([ins[0]] if written and ins else [])
+            traffic_in = ins
+        largest = max([t.numel() for t in ins + outs] or [0])
+        self.records.append(
+            EagerOp(
+                name=name,
+                bytes_read=sum(map(_nbytes, traffic_in)),
+                bytes_written=sum(map(_nbytes, traffic_out)),
+                largest=largest,
+                creates_vocab_tensor=any(t.numel() >= self.vocab_bar for t in created),
+                vocab_sized=bool(traffic_in or traffic_out) and largest >= self.vocab_bar,
+            )
+        )
+        return out
+
+
+def _rebind(original: Callable[..., Any], replacement: Callable[..., Any]) -> list[tuple[Any, str]]:
+    """Point every ``spec_samplers`` module attribute bound to ``original`` at ``replacement``."""
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "spec_samplers" or name.startswith("spec_samplers.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, attr, replacement)
+                patched.append((module, attr))
+    return patched
+
+
+def _import_all(package: str) -> None:
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{info.name}")
+
+
+@contextlib.contextmanager
+def kernels_forced(num_sms: int) -> Iterator[None]:
+    """Our samplers take their Triton path on meta tensors, with the vocabulary split that a CUDA
+    device with ``num_sms`` multiprocessors gets (:func:`spec_samplers.kernels.backend.vocab_split`)."""
+    from spec_samplers.kernels import backend
+
+    original_use, original_split = backend.use_triton, backend.vocab_split
+
+    def use_triton(choice: str, device: torch.device) -> bool:
+        return choice != "torch"
+
+    # the meta device's split would be the CPU one: use the CUDA rule of vocab_split
+    def cuda_split(vocab_size: int, num_requests: int, device: torch.device, **kw: Any) -> Any:
+        return backend.plan_vocab_split(vocab_size, num_requests, 4 * num_sms, 1024, **kw)
+
+    _import_all("spec_samplers.kernels")  # launchers are imported lazily: bind them first
+    patched = _rebind(original_use, use_triton) + _rebind(original_split, cuda_split)
+    try:
+        yield
+    finally:
+        for module, attr in patched:
+            setattr(module, attr, original_use if attr == "use_triton" else original_split)

@@ -1,0 +1,110 @@
+"""The stages that need one Triton mode each, run as ``python -m spec_samplers.bench.cost.worker
+STAGE CONFIG_JSON`` (the mode is fixed when triton is first imported, so each runs in its own
+process); prints one JSON document.
+
+* ``compiled`` (TRITON_INTERPRET unset): the full-shape trace on meta tensors (launches, eager
+  ops) and every distinct launched variant compiled for sm_90 and read (:mod:`.sass`);
+* ``interpreted`` (TRITON_INTERPRET=1): the call run at a small batch and two small vocabulary
+  sizes with the interpreter's traffic counted (:mod:`.counting`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+def _shape(config: dict[str, Any]) -> Any:
+    from spec_samplers.bench.cost.workloads import Shape
+
+    return Shape(**config["shape"])
+
+
+def _prepare(workload: str) -> None:
+    from spec_samplers.bench.cost.workloads import VLLM_WORKLOADS, prepare_vllm
+
+    if workload in VLLM_WORKLOADS:
+        prepare_vllm()
+
+
+def compiled(config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from spec_samplers.bench.cost import sass, trace
+    from spec_samplers.bench.cost.workloads import build
+
+    _prepare(config["workload"])
+    shape = _shape(config)
+    call = build(config["workload"], shape, torch.device("meta"))
+    ops = trace.EagerOps(shape.vocab_size)
+    with trace.kernels_forced(config["num_sms"]), trace.recording(execute=False, ops=ops) as launches, ops:
+        call()
+    variants: dict[str, Any] = {}
+    rows = []
+    for launch in launches:
+        key = sass.variant_key(launch)
+        if key not in variants and config.get("sass", True):
+            variants[key] = sass.compile_variant(launch)
+        rows.append(
+            {
+                "name": launch.name,
+                "module": launch.module,
+                "grid": list(launch.grid),
+                "programs": launch.programs,
+                "num_warps": launch.num_warps,
+                "after_op": launch.after_op,
+                "tensors": {path: list(t.shape) for path, t in launch.tensors()},
+                "variant": key,
+            }
+        )
+    return {"launches": rows, "eager": [vars(o) for o in ops.records], "variants": variants}
+
+
+def interpreted(config: dict[str, Any]) -> dict[str, Any]:
+    from spec_samplers.bench.cost import counting, trace
+    from spec_samplers.bench.cost.workloads import build
+
+    _prepare(config["workload"])
+    from spec_samplers.bench.cost import standins
+
+    standins.install()
+    shape = _shape(config)
+    runs = []
+    for vocab in config["small_vocab"]:
+        call = build(config["workload"], shape.at(config["small_batch"], vocab), __import__("torch").device("cpu"))
+        with counting.counting() as counts, trace.recording(execute=True):
+            call()
+        runs.append([c.as_dict() for c in counts])
+    return {"runs": runs}
+
+
+def run_stage(stage: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Run ``stage`` in a fresh interpreter with the Triton mode it needs; returns its JSON."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if stage == "interpreted":
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "spec_samplers.bench.cost.worker", stage, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"cost-model stage {stage!r} failed for {config}:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    stage, config = argv[0], json.loads(argv[1])
+    result = {"compiled": compiled, "interpreted": interpreted}[stage](config)
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

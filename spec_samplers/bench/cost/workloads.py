@@ -1,0 +1,252 @@
+"""The calls the cost model traces: one verification step from what the engine holds to tokens.
+
+Each workload is built for a :class:`Shape` on a device: ``meta`` (full-shape tracing: shapes
+only) or ``cpu`` (the interpreter's byte counting at small shapes, with random values). All of a
+step's requests have k drafts and temperature :data:`TEMPERATURE`; draft ids are uniform over the
+vocabulary, so nearly every request rejects its first draft and pays a recovery pass (the worst
+case of docs/design.md section 6). On CPU each draft is its target row's least likely token, so
+every request rejects its first draft (deterministic: the small-shape counts scale exactly).
+
+* ``ours``: the sampler's ragged entry (``forward_ragged_from_logits`` for logits, ``forward_ragged``
+  for probabilities) on [T, V] target rows, T = B*k, bonus ids given;
+* ``ours-v1-seam`` / ``vllm-v1``: vLLM's V1 runner from its [T + B, V] logits: its glue
+  (``RejectionSampler.forward``: gather the target rows, fp32 copy, clone, temperature via
+  ``apply_sampling_constraints``) then our seam or vLLM's ``rejection_sample``; draft
+  probabilities [T, V] fp32 as V1's drafters hand them over (its bonus draw is vLLM's sampler,
+  not counted on either side);
+* ``ours-v2-seam`` / ``vllm-mrv2``: Model Runner V2 from its [B(k+1), V] logits: its glue
+  (``apply_sampling_params``: fp32 copy, ``apply_temperature``) then our seam or vLLM's
+  ``rejection_sample`` (which draws the bonus token too), draft logits [B, k, V] as cached.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+TEMPERATURE = 0.7
+WORKLOADS = ("ours", "ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "flashinfer-chain")
+#: the workloads that import vLLM
+VLLM_WORKLOADS = ("ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch_size: int
+    k: int
+    vocab_size: int
+    dtype: str = "bfloat16"  # of the logits the engine holds
+    sampler: str = "rejection_sampler"
+    entry: str = "logits"  # "logits" or "probs" (ours only)
+    drafts: str = "probs"  # "probs" (probabilistic drafts) or "point" (point-mass drafts)
+
+    def at(self, batch_size: int, vocab_size: int) -> Shape:
+        return Shape(batch_size, self.k, vocab_size, self.dtype, self.sampler, self.entry, self.drafts)
+
+
+class Inputs:
+    """Tensors on ``device``: random values on CPU (seeded), shapes only on meta."""
+
+    def __init__(self, device: torch.device, seed: int = 0):
+        self.device = device
+        self.gen = torch.Generator().manual_seed(seed) if device.type != "meta" else None
+
+    def normal(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.gen is None:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        return torch.randn(shape, generator=self.gen).to(dtype)
+
+    def probs(self, *shape: int) -> torch.Tensor:
+        if self.gen is None:
+            return torch.empty(shape, device=self.device)
+        return torch.randn(shape, generator=self.gen).softmax(-1)
+
+    def ids(self, n: int, vocab: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        if self.gen is None:
+            return torch.empty(n, dtype=dtype, device=self.device)
+        return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype)
+
+    def rejected(self, target: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """[rows] the least likely token of each target row: a draft the verifier rejects."""
+        if self.gen is None:
+            return torch.empty(target.shape[0], dtype=dtype, device=self.device)
+        return target.float().argmin(-1).to(dtype)
+
+    def arange(self, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.arange(n, dtype=dtype, device=self.device)
+
+    def full(self, n: int, value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.full((n,), value, dtype=dtype, device=self.device)
+
+
+def prepare_vllm() -> None:
+    """Let vLLM import its real Triton kernels on a machine without a GPU.
+
+    vLLM swaps Triton for a placeholder when no Triton driver is active (no GPU here), and its
+    kernels would then be plain functions; the CUDA driver is declared active for its import.
+    Run before anything imports vLLM (the workers run it first)."""
+    import os
+
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from triton.backends import backends
+
+    driver = backends["nvidia"].driver
+    driver.is_active = staticmethod(lambda: True)
+
+
+def _sampler(shape: Shape) -> Any:
+    from spec_samplers.registry import get_sampler
+
+    return get_sampler(shape.sampler, backend="triton")
+
+
+def ours(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    B, k, V = shape.batch_size, shape.k, shape.vocab_size
+    x, T = Inputs(device), shape.batch_size * shape.k
+    sampler = _sampler(shape)
+    cu = x.arange(B) * k + k
+    bonus, seeds = x.ids(B, V), x.ids(B, 2**62)
+    with_draft = shape.drafts == "probs"
+    if shape.entry == "logits":
+        dtype = DTYPES[shape.dtype]
+        target, draft = x.normal(T, V, dtype=dtype), x.normal(T, V, dtype=dtype) if with_draft else None
+        ids, temp = x.rejected(target), x.full(B, TEMPERATURE)
+        entry = sampler.forward_ragged_from_logits
+        extra = _randomness(entry, seeds)
+        return lambda: entry(target, bonus, draft, ids, cu, k, temperature=temp, **extra)
+    target, draft = x.probs(T, V), x.probs(T, V) if with_draft else None
+    ids = x.rejected(target)
+    entry = sampler.forward_ragged
+    extra = _randomness(entry, seeds)
+    return lambda: entry(target, bonus, draft, ids, cu, k, **extra)
+
+
+def _randomness(entry: Callable[..., Any], seeds: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``seeds=`` for an entry that takes it (a deterministic sampler's does not)."""
+    return {"seeds": seeds} if "seeds" in inspect.signature(entry).parameters else {}
+
+
+def v1_inputs(shape: Shape, x: Inputs) -> SimpleNamespace:
+    """What V1's ``RejectionSampler.forward`` holds for one step (metadata as a namespace)."""
+    B, k, V = shape.batch_size, shape.k, shape.vocab_size
+    T = B * k
+    rows = x.arange(T + B).view(B, k + 1)
+    metadata = SimpleNamespace(
+        all_greedy=False,
+        all_random=True,
+        temperature=x.full(B, TEMPERATURE),
+        top_k=None,
+        top_p=None,
+        generators={},
+    )
+    logits = x.normal(T + B, V, dtype=DTYPES[shape.dtype])  # what the model returns: [T + B, V]
+    target_index = rows[:, :k].reshape(-1)
+    return SimpleNamespace(
+        logits=logits,
+        target_index=target_index,
+        draft_probs=x.probs(T, V) if shape.drafts == "probs" else None,
+        ids=x.rejected(logits[target_index], torch.int32),
+        num_draft=[k] * B,
+        cu=(x.arange(B, torch.int32) + 1) * k,
+        bonus=x.ids(B, V, torch.int32).view(B, 1),
+        metadata=metadata,
+    )
+
+
+def _v1_glue(a: SimpleNamespace) -> torch.Tensor:
+    """``RejectionSampler.forward`` up to ``rejection_sample`` (raw-logprobs mode: the clone)."""
+    from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
+
+    target = a.logits[a.target_index].to(torch.float32).clone()
+    return apply_sampling_constraints(target, a.cu, a.metadata)
+
+
+def vllm_v1(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    from vllm.v1.sample.rejection_sampler import rejection_sample
+
+    a = v1_inputs(shape, Inputs(device))
+    return lambda: rejection_sample(a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata)
+
+
+def ours_v1_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    from spec_samplers.integrations.vllm import v1_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    a = v1_inputs(shape, Inputs(device))
+    verifier = RaggedVerifier(_sampler(shape))
+    return lambda: v1_runner.verify(
+        verifier, a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata
+    )
+
+
+def v2_arguments(shape: Shape, x: Inputs, logits: torch.Tensor) -> dict[str, Any]:
+    """Model Runner V2's ``rejection_sample`` arguments after ``target_logits``, laid out as its
+    input kernels lay them out (one request per state slot, every request with k drafts)."""
+    B, k, V = shape.batch_size, shape.k, shape.vocab_size
+    L = B * (k + 1)
+    i32 = torch.int32
+    return dict(
+        draft_logits=x.normal(B, k, V, dtype=DTYPES[shape.dtype]) if shape.drafts == "probs" else None,
+        # the draft scored by row i is draft_sampled[i + 1]
+        draft_sampled=x.rejected(logits.roll(1, 0)),
+        cu_num_logits=x.arange(B + 1, i32) * (k + 1),
+        pos=x.arange(L) + 100,
+        idx_mapping=x.arange(B, i32),
+        expanded_idx_mapping=x.arange(L, i32) // (k + 1),
+        expanded_local_pos=x.arange(L, i32) % (k + 1),
+        temperature=x.full(B, TEMPERATURE),
+        seed=x.ids(B, 2**62),
+        num_speculative_steps=k,
+    )
+
+
+def _v2_glue(logits: torch.Tensor, a: dict[str, Any]) -> torch.Tensor:
+    """``Sampler.apply_sampling_params`` for temperature-only requests: fp32 copy, temperature."""
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
+
+    processed = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+    apply_temperature(processed, a["expanded_idx_mapping"], a["temperature"])
+    return processed
+
+
+def vllm_mrv2(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+
+    x = Inputs(device)
+    logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
+    a = v2_arguments(shape, x, logits)
+    return lambda: rejection_sample(_v2_glue(logits, a), **a)
+
+
+def ours_v2_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    from spec_samplers.integrations.vllm import v2_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    x = Inputs(device)
+    logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
+    a = v2_arguments(shape, x, logits)
+    verifier = RaggedVerifier(_sampler(shape))
+    return lambda: v2_runner.verify(verifier, _v2_glue(logits, a), **a)
+
+
+BUILDERS: dict[str, Callable[[Shape, torch.device], Callable[[], Any]]] = {
+    "ours": ours,
+    "ours-v1-seam": ours_v1_seam,
+    "ours-v2-seam": ours_v2_seam,
+    "vllm-v1": vllm_v1,
+    "vllm-mrv2": vllm_mrv2,
+}
+
+
+def build(workload: str, shape: Shape, device: torch.device) -> Callable[[], Any]:
+    """The call of ``workload`` at ``shape`` with inputs on ``device`` (built outside the call,
+    so tracing the call sees only the step itself)."""
+    if workload not in BUILDERS:
+        raise ValueError(f"workload: expected one of {', '.join(BUILDERS)}, got {workload!r}")
+    return BUILDERS[workload](shape, device)
