@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from spec_samplers.bench.cost import model, sass, trace
+from spec_samplers.bench.cost.totals import summarize
 from spec_samplers.bench.cost.workloads import DTYPES, TEMPERATURE, Inputs, Shape
 
 THREADS = 1024  # DISPATCH_COMPUTE_CAP_NUM_THREADS for compute capability >= 8
@@ -86,8 +87,6 @@ def _softmax_ops(shape: Shape) -> list[dict[str, Any]]:
 
 
 def profile_chain(shape: Shape) -> dict[str, Any]:
-    from spec_samplers.bench.cost.report import summarize
-
     B, k, V = shape.batch_size, shape.k, shape.vocab_size
     vec = next(v for v in (4, 2, 1) if V % v == 0)  # std::gcd(16 / sizeof(float), d)
     read = sass.read_cubin(compile_chain(vec), THREADS // 32, 0)

@@ -9,8 +9,9 @@ from typing import Any
 
 from spec_samplers.bench.cost import model
 from spec_samplers.bench.cost.counting import scale
+from spec_samplers.bench.cost.totals import summarize
 from spec_samplers.bench.cost.worker import run_stage
-from spec_samplers.bench.cost.workloads import DTYPES, Shape
+from spec_samplers.bench.cost.workloads import Shape
 
 #: the small shapes the interpreter counts at: a batch of 2 and two vocabularies of a few race
 #: groups (RACE_GROUP = 1024), so fixed per-request reads and per-V reads separate
@@ -128,52 +129,6 @@ def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, An
         }
         launches.append(row)
     return summarize(workload, shape, launches, full["eager"])
-
-
-def summarize(
-    workload: str, shape: Shape, launches: list[dict[str, Any]], eager: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Totals of one call: its launches (with ``modeled`` kernel times) and eager ops at full
-    shape; eager ops move their bytes at the bandwidth, every launch and data-moving op pays the
-    launch latency (eager or CUDA-graph)."""
-    moving = [op for op in eager if op["bytes_read"] + op["bytes_written"] > 0]
-    itemsize = DTYPES[shape.dtype].itemsize
-    totals: dict[str, Any] = {}
-    for name, hw in model.HARDWARE.items():
-        kernel_s = sum(r["modeled"][name]["kernel_s"] for r in launches if "modeled" in r)
-        eager_s = sum((op["bytes_read"] + op["bytes_written"]) / hw.bandwidth for op in moving)
-        count = len(launches) + len(moving)
-        floor = model.byte_floor(hw, shape.batch_size, shape.vocab_size, itemsize)
-        totals[name] = {
-            "eager_s": kernel_s + eager_s + count * hw.launch_eager,
-            "graph_s": kernel_s + eager_s + count * hw.launch_graph,
-            "kernels_s": kernel_s,
-            "eager_ops_s": eager_s,
-            "floor_s": floor,
-        }
-        totals[name]["graph_over_floor"] = totals[name]["graph_s"] / floor
-    kernel_bytes = sum(r.get("bytes", 0.0) for r in launches)
-    vocab_kernel_bytes = sum(r.get("vocab_bytes_loaded", 0.0) for r in launches)
-    return {
-        "workload": workload,
-        "shape": asdict(shape),
-        "launches": launches,
-        "eager_ops": {
-            "count": len(moving),
-            "vocab_sized": sum(op["vocab_sized"] for op in eager),
-            "vocab_tensors_created": sum(op["creates_vocab_tensor"] for op in eager),
-            "bytes": sum(op["bytes_read"] + op["bytes_written"] for op in moving),
-            "by_op": dict(Counter(op["name"] for op in eager if op["vocab_sized"])),
-        },
-        "kernel_bytes": kernel_bytes,
-        "design_vocab_bytes": model.design_traffic(
-            shape.batch_size, shape.k, shape.vocab_size, itemsize, shape.entry, shape.drafts
-        )
-        if workload == "ours"
-        else None,
-        "counted_vocab_bytes_loaded": vocab_kernel_bytes,
-        "modeled": totals,
-    }
 
 
 def _us(seconds: float) -> str:

@@ -227,6 +227,7 @@ def _import_all(package: str) -> None:
 def kernels_forced(num_sms: int) -> Iterator[None]:
     """Our samplers take their Triton path on meta tensors, with the vocabulary split that a CUDA
     device with ``num_sms`` multiprocessors gets (:func:`spec_samplers.kernels.backend.vocab_split`)."""
+    from spec_samplers import custom_ops
     from spec_samplers.kernels import backend
 
     original_use, original_split = backend.use_triton, backend.vocab_split
@@ -241,7 +242,8 @@ def kernels_forced(num_sms: int) -> Iterator[None]:
     _import_all("spec_samplers.kernels")  # launchers are imported lazily: bind them first
     patched = _rebind(original_use, use_triton) + _rebind(original_split, cuda_split)
     try:
-        yield
+        with custom_ops.meta_runs_code():  # the launch plan, not the custom op's fake
+            yield
     finally:
         for module, attr in patched:
             setattr(module, attr, original_use if attr == "use_triton" else original_split)
