@@ -55,9 +55,12 @@ from pathlib import Path
 import torch
 
 from spec_samplers.bench import baselines
-from spec_samplers.bench.cases import Case, make_case, ragged_view
 from spec_samplers.bench.timing import time_call
 from spec_samplers.layout import VerifyBatch
+
+# the input factory of the CPU kernel tests (tests/kernel_cases.py), so both check the same cases
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from kernel_cases import Case, make_case, ragged_view  # noqa: E402
 
 VOCABS = (32000, 128256, 152064)
 BATCHES = (1, 8, 64, 256)
@@ -84,7 +87,7 @@ def _version(name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs: the factory the CPU kernel tests use (spec_samplers.bench.cases), on DEVICE.
+# Inputs: the factory the CPU kernel tests use (tests/kernel_cases.py), on DEVICE.
 
 
 def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_case: bool = False) -> Case:
@@ -157,7 +160,7 @@ def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
     }
 
 
-#: the settings of spec-samplers bench --sampling-params, cycled over the requests (one greedy)
+#: the settings of spec-samplers bench params, cycled over the requests (one greedy)
 FILTER_SETTINGS = (
     dict(temperature=0.8, top_p=0.95),
     dict(temperature=1.0, top_k=50),

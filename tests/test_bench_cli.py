@@ -43,7 +43,6 @@ def quick_run(tmp_path_factory):
         text=True,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": REPO},
-        timeout=300,
     )
     return proc, json.loads(json_path.read_text()) if json_path.exists() else None, png_path
 

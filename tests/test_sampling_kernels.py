@@ -247,7 +247,6 @@ def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "compiled all sampling kernel variants" in proc.stdout

@@ -12,5 +12,5 @@ Modules:
     suite      grid and device of the pytest-benchmark suite in ``benchmarks/``
 
 Nothing here is imported by ``import spec_samplers``; matplotlib and tqdm are optional
-(``pip install spec-samplers[bench]``) and only needed for ``--plot`` and the progress bar.
+(``pip install -e ".[bench]"`` in a checkout) and only needed for ``--plot`` and the progress bar.
 """
