@@ -174,7 +174,9 @@ sampling_from_probs = _sampling(
     Returns [B] tokens (int32, or the dtype of ``indices``), and with ``return_valid`` also [B]
     bool (the row has mass; invalid rows give -1). ``deterministic`` is accepted and ignored
     (every path is deterministic). ``check_nan`` raises ValueError on NaN in ``probs`` (and checks
-    parameter tensors and ``indices``; it synchronises with the host).
+    parameter tensors and ``indices``; it synchronises with the host). Without it NaN entries count
+    as probability 0, and a row left without mass (all NaN) gives token -1 with valid False, in
+    every sampling op: FlashInfer gives token 0 there (valid False too); -1 is never a real token.
 
     Example::
 
