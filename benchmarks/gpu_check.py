@@ -24,6 +24,11 @@ On a CUDA machine this one script
 It exits with status 1 when an equality or graph check fails on a probabilities input, and with
 a "CUDA required" error on machines without CUDA.
 
+Not covered here, and so run by hand on a GPU machine: the snippet of docs/vllm.md that starts a
+vLLM engine with ``LLM(...)`` (tests/test_readme_snippets.py skips it without CUDA, as it needs a
+GPU and a model). Put a model and an EAGLE head at the paths it names (or edit them) and run
+``python -m pytest tests/test_readme_snippets.py -k vllm``: with CUDA the test runs the snippet.
+
 Memory floor (docs/design.md, performance model): time >= bytes that must be read / measured bandwidth, where the
 bandwidth is that of a device-to-device copy (2 * bytes / time) measured in the same run.
 Bytes that must be read, per call (b = bytes per element of the input dtype):
