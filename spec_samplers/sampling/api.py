@@ -8,7 +8,7 @@ reference (:mod:`spec_samplers.sampling.reference`) elsewhere; the keyword-only 
 Both give the same tokens on the same inputs, seeds and offsets.
 
 Semantics and randomness: :mod:`spec_samplers.sampling.reference`. Differences from FlashInfer
-are listed in the README ("FlashInfer-compatible sampling operations").
+are listed in docs/sampling.md.
 """
 
 from __future__ import annotations
