@@ -61,6 +61,11 @@ def test_old_mode_flags_name_the_subcommand(capsys, argv, replacement):
     assert err.startswith("spec-samplers bench: error: ") and replacement in err and "is now a subcommand" in err
 
 
+def test_options_before_a_subcommand_are_refused_not_dropped(capsys):
+    assert main(["bench", "--quick", "sampling"]) == 2
+    assert "options go after the subcommand: spec-samplers bench sampling --quick" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--k", "-1"], ["--k", "0"], ["--trials", "0"], ["--trials", "x"]])
 def test_demo_rejects_bad_counts_as_usage_errors(capsys, argv):
     with pytest.raises(SystemExit) as exc:

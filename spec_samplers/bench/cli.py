@@ -50,13 +50,21 @@ MOVED_FLAGS = {
 
 def moved_flag_message(argv: list[str]) -> str | None:
     """For ``spec-samplers bench`` arguments that use a mode flag of the flag-based CLI, the error
-    naming the subcommand that replaces it (None otherwise)."""
+    naming the subcommand that replaces it; for options given before a subcommand, the error
+    saying where they go (None otherwise)."""
     if not argv or argv[0] != "bench" or (len(argv) > 1 and argv[1] in SUBCOMMANDS):
         return None
     for arg in argv[1:]:
         flag = arg.partition("=")[0]
         if flag in MOVED_FLAGS:
             return f"spec-samplers bench: error: {flag} is now a subcommand: {MOVED_FLAGS[flag]} (see bench --help)"
+    later = [arg for arg in argv[2:] if arg in SUBCOMMANDS]
+    if later:  # argparse would let the subcommand's defaults silently replace the options before it
+        options = argv[1 : argv.index(later[0])]
+        return (
+            f"spec-samplers bench: error: options go after the subcommand: "
+            f"spec-samplers bench {later[0]} {' '.join(options)} ..."
+        )
     return None
 
 
