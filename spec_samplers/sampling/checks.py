@@ -93,7 +93,7 @@ def _param_tensor(name: str, t: torch.Tensor, batch_size: int, device: torch.dev
     if t.dim() != 1 or t.shape[0] != batch_size:
         raise input_error(
             name,
-            f"a scalar or a 1-d tensor of shape ({batch_size},) (one per output)",
+            f"a scalar or a tensor of shape ({batch_size},) (one per output)",
             f"{_shape(t)} (FlashInfer: {flashinfer_shape_sentence(t, batch_size)})",
         )
     if t.is_complex():
