@@ -16,9 +16,7 @@ from spec_samplers.sampling_params import SamplingParams, process_logits
 
 def test_quick_run_tables_and_json(tmp_path, capsys):
     path = tmp_path / "p.json"
-    code = main(
-        ["bench", "params", "--quick", "--rows", "64", "--vocab", "64", "--k", "2", "--json", str(path)]
-    )
+    code = main(["bench", "params", "--quick", "--rows", "64", "--vocab", "64", "--k", "2", "--json", str(path)])
     out = capsys.readouterr().out
     assert code == 0
     assert "trace: T=0.8 top_p=0.95" in out and "temperature only" in out and "Gain of drafting alike" in out
