@@ -24,6 +24,11 @@ On a CUDA machine this one script
 It exits with status 1 when an equality or graph check fails on a probabilities input, and with
 a "CUDA required" error on machines without CUDA.
 
+Not covered here, and so run by hand on a GPU machine: the snippet of docs/vllm.md that starts a
+vLLM engine with ``LLM(...)`` (tests/test_readme_snippets.py skips it without CUDA, as it needs a
+GPU and a model). Put a model and an EAGLE head at the paths it names (or edit them) and run
+``python -m pytest tests/test_readme_snippets.py -k vllm``: with CUDA the test runs the snippet.
+
 Memory floor (docs/design.md, performance model): time >= bytes that must be read / measured bandwidth, where the
 bandwidth is that of a device-to-device copy (2 * bytes / time) measured in the same run.
 Bytes that must be read, per call (b = bytes per element of the input dtype):
@@ -55,9 +60,12 @@ from pathlib import Path
 import torch
 
 from spec_samplers.bench import baselines
-from spec_samplers.bench.cases import Case, make_case, ragged_view
 from spec_samplers.bench.timing import time_call
 from spec_samplers.layout import VerifyBatch
+
+# the input factory of the CPU kernel tests (tests/kernel_cases.py), so both check the same cases
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from kernel_cases import Case, make_case, ragged_view  # noqa: E402
 
 VOCABS = (32000, 128256, 152064)
 BATCHES = (1, 8, 64, 256)
@@ -84,7 +92,7 @@ def _version(name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs: the factory the CPU kernel tests use (spec_samplers.bench.cases), on DEVICE.
+# Inputs: the factory the CPU kernel tests use (tests/kernel_cases.py), on DEVICE.
 
 
 def make_inputs(B: int, k: int, V: int, dtype: torch.dtype, seed: int, *, worst_case: bool = False) -> Case:
@@ -157,7 +165,7 @@ def verify_batches(inp: Case) -> dict[str, VerifyBatch]:
     }
 
 
-#: the settings of spec-samplers bench --sampling-params, cycled over the requests (one greedy)
+#: the settings of spec-samplers bench params, cycled over the requests (one greedy)
 FILTER_SETTINGS = (
     dict(temperature=0.8, top_p=0.95),
     dict(temperature=1.0, top_k=50),

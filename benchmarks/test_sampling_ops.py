@@ -1,6 +1,6 @@
 """pytest-benchmark suite of the FlashInfer-compatible sampling operations (spec_samplers.sampling)
 against the PyTorch way (sort-based top-k / top-p, torch.softmax, exponential-race sampling), and
-FlashInfer itself on CUDA when it imports. The same calls as ``spec-samplers bench --ops sampling``
+FlashInfer itself on CUDA when it imports. The same calls as ``spec-samplers bench sampling``
 (spec_samplers/bench/sampling_ops.py).
 
 Grid: B in 1,16 x V in 32000,128256 by default; SPEC_SAMPLERS_SAMPLING_FULL=1 runs the full grid

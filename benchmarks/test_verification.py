@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from spec_samplers.bench import baselines, quality, timing, workloads
-from spec_samplers.bench.runner import is_lossless
 from spec_samplers.bench.suite import DTYPES, bench_device, quick_mode
 from spec_samplers.registry import get_sampler_class, sampler_options
 
@@ -53,7 +52,7 @@ def _make_callable(kind: str, name: str, options: dict[str, object], device: tor
                 "which the quick smoke run uses)"
             )
         sampler = get_sampler_class(name)(**options)
-        return lambda *inputs: lambda: sampler(*inputs), is_lossless(type(sampler))
+        return lambda *inputs: lambda: sampler(*inputs), type(sampler).lossless
     return baselines.BASELINES[name], True  # every baseline implements lossless rejection sampling
 
 

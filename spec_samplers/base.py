@@ -121,6 +121,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     Subclasses declare:
 
     * ``lossless``: whether the emitted tokens follow the target distribution exactly;
+    * ``acceptance_law``: "token" (each draft judged on its own, as rejection sampling) or
+      "block" (block verification): which lossless acceptance theory the bench compares with;
     * ``reference_op``: the PyTorch reference, ``fn(batch: VerifyBatch, **op_options) -> [B, K+1]``;
     * ``kernel_op``: ``"module:function"`` of the kernel launcher with the same signature,
       imported only when the Triton backend runs (None: the reference runs everywhere);
@@ -131,6 +133,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     """
 
     lossless: ClassVar[bool | None] = None
+    acceptance_law: ClassVar[str] = "token"
     applies_filters: ClassVar[bool] = False
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
     kernel_op: ClassVar[str | None] = None

@@ -15,14 +15,14 @@ share its vocabulary. Prints the text, the acceptance and the tokens per target 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from spec_samplers.bench.models import add_sampling_arguments
+    from spec_samplers.bench.arguments import add_sampling_arguments, positive_int
 
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--target", required=True, metavar="PATH", help="target model directory")
     p.add_argument("--draft", required=True, metavar="PATH", help="draft model directory")
-    p.add_argument("--prompt", required=True, metavar="TEXT")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--sampler", default="rejection_sampler", help="registered sampler (spec-samplers list)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="sampler option (repeatable)")
     p.add_argument("--seed", type=int, help="random seed of the request")
@@ -32,17 +32,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from spec_samplers.bench import runner
-    from spec_samplers.bench.cli import _device
-    from spec_samplers.bench.models import encode, load_pair, sampling_params_from_args
+    from spec_samplers.bench.arguments import MODEL_DTYPES, resolve_device, sampling_params_from_args
     from spec_samplers.decoding import SpeculativeDecoder
+    from spec_samplers.integrations.transformers import check_model_dir, encode_prompt, load_model_pair
 
     try:
-        device = _device(args.device)
+        check_model_dir(args.target, "--target")  # before loading anything: a missing path answers at once
+        check_model_dir(args.draft, "--draft")
+        device = resolve_device(args.device)
         params = sampling_params_from_args(args, seed=args.seed)
         spec = runner.resolve_samplers([args.sampler], args.option, sweep=False)[0]
-        target, draft, tokenizer = load_pair(args.target, args.draft, device, args.model_dtype)
+        target, draft, tokenizer = load_model_pair(args.target, args.draft, device, MODEL_DTYPES[args.model_dtype])
         decoder = SpeculativeDecoder(target, draft, spec.sampler, num_speculative_tokens=args.k)
-        prompt = encode(tokenizer, args.prompt)
+        prompt = encode_prompt(tokenizer, args.prompt)
         out = decoder.generate([prompt], args.max_new_tokens, params)
     except (ValueError, OSError, ImportError) as exc:
         print(f"spec-samplers generate: error: {exc}", file=sys.stderr)

@@ -19,7 +19,7 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         backend: "auto" (Triton kernels for CUDA tensors when triton imports, else PyTorch),
             "torch" (always the PyTorch path) or "triton" (always the kernels; CPU tensors only
             under TRITON_INTERPRET=1). Both give the same tokens on the same inputs and seeds
-            (README.md, "Robustness" states the exact guarantee).
+            (docs/contract.md, "Triton vs PyTorch", states the exact guarantee).
         check_values: also check the probabilities / logits (finite, non-negative, rows summing
             to one; synchronises with the host).
         use_flashinfer: vLLM V0's option, accepted and recorded; ``backend`` picks the kernels.

@@ -47,6 +47,16 @@ def _check_tensor(name: str, t: object, rank: int, dtypes: tuple[torch.dtype, ..
     return t
 
 
+def _shape_mismatch(shape: tuple[int, ...], B: int, k: int, V: int, target_name: str) -> str:
+    """What differs in a draft tensor's [B, k, V] shape, and which argument fixes each expected size."""
+    sources = (("B", B, "draft_token_ids"), ("k", k, "draft_token_ids"), ("V", V, target_name))
+    return "; ".join(
+        f"{name} = {got} where {source} gives {want}"
+        for (name, want, source), got in zip(sources, shape, strict=True)
+        if got != want
+    )
+
+
 def check_metadata(
     target_with_bonus_probs: torch.Tensor,  # [B, k+1, V]
     bonus_token_ids: torch.Tensor,  # [B, 1]
@@ -79,8 +89,8 @@ def check_metadata(
         if tuple(draft_probs.shape) != (B, k, V):
             raise input_error(
                 draft_name,
-                f"shape ({B}, {k}, {V}) (V from {target_name})",
-                f"shape {tuple(draft_probs.shape)}",
+                f"shape ({B}, {k}, {V})",
+                f"shape {tuple(draft_probs.shape)} ({_shape_mismatch(tuple(draft_probs.shape), B, k, V, target_name)})",
             )
         tensors.append((draft_name, draft_probs))
     for name, t in tensors:

@@ -181,3 +181,19 @@ def test_ragged_errors():
     bonus[0, 0] = -5
     out = RejectionSampler().forward_ragged(flat_t, bonus, flat_t, flat_i, cu, K)
     assert out[0].tolist() == ids[0].tolist() + [-1]
+
+
+@pytest.mark.parametrize(
+    ("draft_shape", "hint"),
+    [
+        ((2, 2, 10), "(k = 2 where draft_token_ids gives 3)"),
+        ((2, 3, 11), "(V = 11 where target_with_bonus_probs gives 10)"),
+        ((3, 2, 10), "(B = 3 where draft_token_ids gives 2; k = 2 where draft_token_ids gives 3)"),
+    ],
+)
+def test_draft_probs_shape_error_names_what_differs(draft_shape, hint):
+    target = torch.softmax(torch.randn(2, 4, 10), -1)
+    draft = torch.softmax(torch.randn(*draft_shape), -1)
+    with pytest.raises(SpecSamplerInputError) as exc:
+        RejectionSampler()(target, torch.zeros(2, 1, dtype=torch.long), draft, torch.zeros(2, 3, dtype=torch.long))
+    assert str(exc.value) == f"draft_probs: expected shape (2, 3, 10), got shape {draft_shape} {hint}"

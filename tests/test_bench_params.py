@@ -1,4 +1,4 @@
-"""``spec-samplers bench --sampling-params``: acceptance with drafts processed alike vs by
+"""``spec-samplers bench params``: acceptance with drafts processed alike vs by
 temperature only; measured acceptance within Z_BOUND (4.5, false-failure rate 7e-6 per check)
 standard errors of the lossless theory sum min(p, q'); JSON document; argument errors."""
 
@@ -16,9 +16,7 @@ from spec_samplers.sampling_params import SamplingParams, process_logits
 
 def test_quick_run_tables_and_json(tmp_path, capsys):
     path = tmp_path / "p.json"
-    code = main(
-        ["bench", "--sampling-params", "--quick", "--rows", "64", "--vocab", "64", "--k", "2", "--json", str(path)]
-    )
+    code = main(["bench", "params", "--quick", "--rows", "64", "--vocab", "64", "--k", "2", "--json", str(path)])
     out = capsys.readouterr().out
     assert code == 0
     assert "trace: T=0.8 top_p=0.95" in out and "temperature only" in out and "Gain of drafting alike" in out
@@ -47,5 +45,5 @@ def test_theory_is_sum_min_of_the_processed_pair():
 
 
 def test_bad_rows(capsys):
-    assert main(["bench", "--sampling-params", "--rows", "1"]) == 2
+    assert main(["bench", "params", "--rows", "1"]) == 2
     assert "--rows: expected an integer >= 2" in capsys.readouterr().err

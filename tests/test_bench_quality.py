@@ -53,6 +53,24 @@ def test_lossless_matches_theory(setting, sampler):
         assert abs(measured - expected) < binomial_bound(expected, m["rows"]), (measured, expected)  # Bernoulli per row
     assert m["tv_output"]["estimate"] < _tv_bound(target, rows)
     assert m["tv_output"]["noise_floor"] < _tv_bound(target, rows)
+    assert abs(m["tv_output"]["excess_z"]) < quality.Z_BOUND, m["tv_output"]  # TV out is the floor's noise
+
+
+@pytest.mark.parametrize("rows", [64, 1024])
+def test_tv_noise_floor_is_the_exact_mean_and_sd_of_the_estimate_on_exact_draws(rows):
+    """tv_noise_floor (De Moivre's closed form) equals the mean of 2000 replicate estimates on
+    exact draws within 5 of its standard errors (false failure < 1e-6), and tv_noise_sd their sd
+    within 25% (its own relative error is ~6%: a 4-sigma margin)."""
+    target, _ = workloads.make_pairs(workloads.softmax_setting(1.0, 0.5, 300, 3), seed=1)
+    gen = torch.Generator().manual_seed(11)
+    replicates = 2000
+    draws = torch.multinomial(target, rows * replicates, replacement=True, generator=gen)
+    draws = draws.view(3, replicates, rows).transpose(0, 1)
+    counts = torch.zeros(replicates, 3, 300).scatter_add_(2, draws, torch.ones(replicates, 3, rows))
+    estimates = (0.5 * (counts.double() / rows - target.double()).abs().sum(-1)).mean(-1)  # [replicates]
+    sd = float(estimates.std())
+    assert abs(quality.tv_noise_floor(target, rows) - float(estimates.mean())) < 5 * sd / replicates**0.5
+    assert abs(quality.tv_noise_sd(target, rows, gen) / sd - 1) < 0.25
 
 
 @pytest.mark.parametrize("setting", one_setting_per_kind(softmax_sigma=1.0), ids=lambda s: s.kind)

@@ -15,7 +15,7 @@ A violation is:
   probabilities), an accepted position whose token is not the draft, or a bonus slot that holds
   anything but the bonus id (or, padded with an invalid bonus id, a token of the bonus row);
 * no token at all where position 0 has one to give (a distribution in its target row, or a valid
-  bonus id when k_b = 0), or a token from a malformed ragged request (README.md, "Robustness");
+  bonus id when k_b = 0), or a token from a malformed ragged request (docs/contract.md, "Robustness");
 * the two backends answering differently (different tokens, or one raising and not the other).
 
 Fixed seed; the Triton kernels run through the interpreter on the CPU.

@@ -1,4 +1,4 @@
-"""``spec-samplers generate`` and ``spec-samplers bench --models`` on a tiny saved model pair."""
+"""``spec-samplers generate`` and ``spec-samplers bench models`` on a tiny saved model pair."""
 
 from __future__ import annotations
 
@@ -53,7 +53,19 @@ def test_generate_reports_bad_options(model_dirs, capsys):
     assert main(["generate", "--target", target, "--draft", draft, "--prompt", "ab", "--top-p", "0"]) == 2
     assert "top_p: expected a number in (0, 1]" in capsys.readouterr().err
     assert main(["generate", "--target", target + "-missing", "--draft", draft, "--prompt", "ab"]) == 2
-    assert "error" in capsys.readouterr().err
+    assert f"--target: {target}-missing does not exist" in capsys.readouterr().err
+
+
+def test_generate_names_a_missing_model_directory_before_loading_anything(capsys, monkeypatch):
+    import spec_samplers.integrations.transformers as hf
+
+    def fail(*args, **kwargs):
+        raise AssertionError("nothing may be loaded for a missing directory")
+
+    monkeypatch.setattr(hf, "require_transformers", fail)
+    assert main(["generate", "--target", "/no/such/dir", "--draft", "/no/such/draft", "--prompt", "ab"]) == 2
+    err = capsys.readouterr().err
+    assert "--target: /no/such/dir does not exist" in err and "local model directory" in err
 
 
 def test_bench_models_reports_acceptance_and_speedup(model_dirs, capsys, tmp_path):
@@ -62,7 +74,7 @@ def test_bench_models_reports_acceptance_and_speedup(model_dirs, capsys, tmp_pat
     code = main(
         [
             "bench",
-            "--models",
+            "models",
             target,
             draft,
             "--prompt",

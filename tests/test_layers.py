@@ -170,14 +170,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-#: loops being removed on another branch (issue 22 item 4: bench as subcommands, no circle);
-#: delete the entry when that lands: the test then holds the bench to it too
-KNOWN_CYCLES = [["spec_samplers.bench.cli", "spec_samplers.bench.models", "spec_samplers.bench.sampling_ops"]]
-
-
 def test_no_import_cycle():
     """No loop of imports, inside a layer too (a loop across layers is also an upward import)."""
-    found = [c for c in cycles(import_graph()) if c not in KNOWN_CYCLES]
+    found = cycles(import_graph())
     problems = [f"layer {layer_of(c[0])}: {' <-> '.join(c)}" for c in found]
     assert not problems, "\n".join(problems)
 

@@ -1,6 +1,6 @@
 """Issue 9's adversarial findings, one test (or a few) each; every one failed on d952d38.
 
-Behaviours chosen (README.md, "Robustness"):
+Behaviours chosen (docs/contract.md, "Robustness"):
 
 1. every tensor argument may be strided or expanded (stride 0): [B] metadata is copied to
    contiguous memory once (VerifyBatch / RowLayout), larger tensors are read through strides;

@@ -403,7 +403,7 @@ def test_chain_counters_have_flashinfer_meaning():
         (lambda p: sampling.min_p_sampling_from_probs(p, -0.1), "min_p"),
         (lambda p: sampling.min_p_sampling_from_probs(p, torch.tensor([0.1, -0.5]), check_nan=True), "min_p"),
         (lambda p: sampling.top_k_sampling_from_probs(p, 2.5), "top_k"),
-        (lambda p: sampling.top_k_sampling_from_probs(p, torch.tensor([1.0, 2.0])), "top_k"),
+        (lambda p: sampling.top_k_sampling_from_probs(p, torch.tensor([1.0, 2.0j])), "top_k"),
         (lambda p: sampling.sampling_from_probs(p[0]), "probs"),
         (lambda p: sampling.sampling_from_probs(p.to(torch.int32)), "probs"),
         (lambda p: sampling.sampling_from_probs(p.tolist()), "probs"),

@@ -1,4 +1,4 @@
-"""``spec-samplers bench --ops sampling``: runs, prints a row per (op, B, V), writes JSON."""
+"""``spec-samplers bench sampling``: runs, prints a row per (op, B, V), writes JSON."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from spec_samplers.cli import main
 def test_bench_ops_sampling_quick(tmp_path, capsys):
     out = tmp_path / "sampling.json"
     ops = ["top_k_top_p_sampling_from_probs", "top_p_renorm_probs", "chain_speculative_sampling"]
-    args = ["bench", "--ops", "sampling", "--quick", "--threads", "1", "--json", str(out)]
+    args = ["bench", "sampling", "--quick", "--threads", "1", "--json", str(out)]
     for op in ops:
-        args += ["--sampling-op", op]
+        args += ["--op", op]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "floor" in text and all(op in text for op in ops)
@@ -26,7 +26,7 @@ def test_bench_ops_sampling_quick(tmp_path, capsys):
 
 
 def test_bench_ops_sampling_rejects_unknown_op(capsys):
-    assert main(["bench", "--ops", "sampling", "--quick", "--sampling-op", "nope"]) == 2
+    assert main(["bench", "sampling", "--quick", "--op", "nope"]) == 2
     assert "unknown nope" in capsys.readouterr().err
 
 

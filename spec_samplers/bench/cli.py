@@ -1,4 +1,8 @@
-"""Arguments and entry of ``spec-samplers bench`` (wired into ``spec_samplers.cli``)."""
+"""Arguments and entry of ``spec-samplers bench`` and its subcommands ``verify`` (also the bare
+``bench``), ``sampling``, ``params`` and ``models`` (wired into ``spec_samplers.cli``).
+
+This module imports the subcommands' modules; they import only :mod:`spec_samplers.bench.arguments`
+for what they share, never this module."""
 
 from __future__ import annotations
 
@@ -8,58 +12,64 @@ import sys
 
 import torch
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
+from spec_samplers.bench import models, params_bench, sampling_ops
+from spec_samplers.bench.arguments import add_device_arguments, dtype_list, int_list, positive_int, resolve_device
 
 DESCRIPTION = """\
-Acceptance microbenchmarks. Runs every registered sampler (or --sampler NAME, repeatable) over
-synthetic draft/target pairs of controlled divergence (or --from-file pairs) and prints acceptance
-per position and overall, tokens emitted per step, the theory for lossless samplers, the output's
-total variation from the target, and the time per call with bytes moved and GB/s.
+Acceptance microbenchmarks. Bare `bench` (= `bench verify`) runs the verification samplers; the
+subcommands `sampling`, `params` and `models` run the other benchmarks (`bench SUBCOMMAND --help`).
+
+verify: runs every registered sampler (or --sampler NAME, repeatable) over synthetic draft/target
+pairs of controlled divergence (or --from-file pairs) and prints acceptance per position and
+overall, tokens emitted per step, the theory for lossless samplers, the output's total variation
+from the target (next to the estimator's noise floor +- its sd), and the time per call with bytes
+moved and GB/s.
 --sampler typical_acceptance_sampler sweeps posterior_threshold x posterior_alpha (those not
 given with --option) and plots acceptance against TV from the target.
 --from-file: a .pt dict (torch.save) or .safetensors file with float tensors target_probs [N, V]
 and draft_probs [N, V]; row n is one context (the two models' next-token distributions).
 Runs on one CPU thread unless --threads says otherwise (fastest on small or shared machines)."""
 
+SAMPLING_DESCRIPTION = """\
+The FlashInfer-compatible sampling operations (spec_samplers.sampling) timed against PyTorch's
+sort-based top-k/top-p on the same inputs, with each call's bytes and its share of the copy
+bandwidth floor (spec_samplers/bench/sampling_ops.py)."""
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
+PARAMS_DESCRIPTION = """\
+Acceptance under vLLM SamplingParams (temperature, top-k, top-p, min-p): drafts processed like the
+target vs by temperature only, measured and next to the lossless theory sum min(p, q')
+(spec_samplers/bench/params_bench.py)."""
 
-
-def _dtype_list(text: str) -> tuple[torch.dtype, ...]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in DTYPES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"expected comma-separated dtypes from {', '.join(DTYPES)}, got {text!r}")
-    return tuple(dict.fromkeys(DTYPES[n] for n in names))
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+#: the mode flags that became subcommands, and the command that replaces each
+MOVED_FLAGS = {
+    "--models": "spec-samplers bench models TARGET DRAFT",
+    "--ops": "spec-samplers bench sampling (or bench verify)",
+    "--sampling-params": "spec-samplers bench params",
+}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = DESCRIPTION
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+def moved_flag_message(argv: list[str]) -> str | None:
+    """For ``spec-samplers bench`` arguments that use a mode flag of the flag-based CLI, the error
+    naming the subcommand that replaces it; for options given before a subcommand, the error
+    saying where they go (None otherwise)."""
+    if not argv or argv[0] != "bench" or (len(argv) > 1 and argv[1] in SUBCOMMANDS):
+        return None
+    for arg in argv[1:]:
+        flag = arg.partition("=")[0]
+        if flag in MOVED_FLAGS:
+            return f"spec-samplers bench: error: {flag} is now a subcommand: {MOVED_FLAGS[flag]} (see bench --help)"
+    later = [arg for arg in argv[2:] if arg in SUBCOMMANDS]
+    if later:  # argparse would let the subcommand's defaults silently replace the options before it
+        options = argv[1 : argv.index(later[0])]
+        return (
+            f"spec-samplers bench: error: options go after the subcommand: "
+            f"spec-samplers bench {later[0]} {' '.join(options)} ..."
+        )
+    return None
+
+
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench verify`` (and of the bare ``bench``)."""
     p.add_argument(
         "--sampler", action="append", metavar="NAME", help="sampler to run (repeatable; default: all registered)"
     )
@@ -71,29 +81,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="constructor option for the selected samplers that have it (repeatable), e.g. posterior_alpha=0.2",
     )
     p.add_argument("--no-sweep", action="store_true", help="do not sweep options (typical acceptance explorer)")
-    p.add_argument("--k", type=_positive_int, default=4, help="draft tokens per step (default 4)")
-    p.add_argument("--rows", type=_positive_int, help="rows per context in the quality runs (default 1024, quick 128)")
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per step (default 4)")
+    p.add_argument("--rows", type=positive_int, help="rows per context in the quality runs (default 1024, quick 128)")
     p.add_argument(
-        "--batch-sizes", type=_int_list, help="timed batch sizes (default 1,4,16,64 on CPU; 1,8,32,128,512 on CUDA)"
+        "--batch-sizes", type=int_list, help="timed batch sizes (default 1,4,16,64 on CPU; 1,8,32,128,512 on CUDA)"
     )
-    p.add_argument("--vocab", type=_positive_int, help="vocabulary size of the timed calls (default 32000, quick 2048)")
+    p.add_argument("--vocab", type=positive_int, help="vocabulary size of the timed calls (default 32000, quick 2048)")
     p.add_argument(
         "--dtype",
-        type=_dtype_list,
+        type=dtype_list,
         default=(torch.float32,),
         help="probability dtypes of the timed calls, e.g. float32,bfloat16",
     )
     p.add_argument("--min-time", type=float, help="seconds of repeats per timed point (default 0.2, quick 0.02)")
     p.add_argument("--no-timing", action="store_true", help="skip the timing")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch CPU threads (default 1: the workload is many small calls, and on a small or "
-        "shared machine more threads wait on each other; raise it on an idle many-core machine)",
-    )
-    p.add_argument("--seed", type=int, default=0)
+    add_device_arguments(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workloads and the samplers (default 0)")
     p.add_argument("--from-file", metavar="PATH", help="benchmark on saved target/draft probabilities (layout above)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (schema: spec_samplers/bench/report.py)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
@@ -101,53 +104,82 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--progress", action="store_true", help="progress bar even when stderr is not a terminal (needs tqdm)"
     )
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
-    p.add_argument(
-        "--sampling-params",
-        action="store_true",
-        help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
-        "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)",
-    )
-    from spec_samplers.bench.models import add_arguments as add_model_arguments
 
-    add_model_arguments(p)
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench sampling``."""
+    p.description = SAMPLING_DESCRIPTION
     p.add_argument(
-        "--ops",
-        choices=("verification", "sampling"),
-        default="verification",
-        help="what to benchmark: the verification samplers (default) or the FlashInfer-compatible "
-        "sampling operations against PyTorch's sort-based top-k/top-p (spec_samplers/bench/sampling_ops.py)",
-    )
-    p.add_argument(
-        "--full",
-        action="store_true",
-        help="--ops sampling: the full grid B in 1,16,128,512 x V in 32000,128256,152064 (default 1,16 x 32000,128256)",
-    )
-    p.add_argument("--vocabs", type=_int_list, help="--ops sampling: vocabulary sizes (comma-separated)")
-    p.add_argument(
+        "--op",
         "--sampling-op",
         action="append",
         dest="sampling_ops",
         metavar="NAME",
-        help="--ops sampling: one operation to time (repeatable; default: all)",
+        help=f"one operation to time (repeatable; default: all of {', '.join(sampling_ops.OPS)})",
     )
+    p.add_argument(
+        "--batch-sizes", type=int_list, help="batch sizes (comma-separated; default 1,16, full 1,16,128,512)"
+    )
+    p.add_argument(
+        "--vocabs", type=int_list, help="vocabulary sizes (comma-separated; default 32000,128256, full adds 152064)"
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the full grid B in 1,16,128,512 x V in 32000,128256,152064 (default 1,16 x 32000,128256)",
+    )
+    p.add_argument("--min-time", type=float, help="seconds of repeats per timed point (default 0.2, quick 0.02)")
+    add_device_arguments(p)
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--progress", action="store_true", help="print each point to stderr as it is timed")
+    p.add_argument("--quick", action="store_true", help="tiny workload: B 1,4 x V 2048 (seconds; for tests)")
 
 
-def _device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"--device: expected cpu, cuda or cuda:N, got {name!r}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device: {name!r} requested but CUDA is not available (torch {torch.__version__})")
-    return device
+def add_params_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench params``."""
+    p.description = PARAMS_DESCRIPTION
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per step (default 4)")
+    p.add_argument("--rows", type=positive_int, help="rows per context (default 1024, quick 128)")
+    p.add_argument("--vocab", type=positive_int, help="vocabulary size (default 1000, quick 256)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workloads and the sampler (default 0)")
+    add_device_arguments(p)
+    p.add_argument("--json", metavar="PATH", help=f"write the results as JSON (schema {params_bench.SCHEMA})")
+    p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
+
+
+#: subcommand -> (help line, argument builder)
+SUBCOMMANDS = {
+    "verify": (
+        "the verification samplers on synthetic or saved pairs (what the bare bench runs)",
+        add_verify_arguments,
+    ),
+    "sampling": ("the FlashInfer-compatible sampling operations vs PyTorch", add_sampling_arguments),
+    "params": (
+        "acceptance under vLLM SamplingParams, drafts processed alike vs temperature only",
+        add_params_arguments,
+    ),
+    "models": ("acceptance and speedup on a local transformers model pair", models.add_arguments),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``bench`` parser: the verify options (the bare ``bench``) and the subcommands."""
+    p.description = DESCRIPTION
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_verify_arguments(p)
+    sub = p.add_subparsers(dest="bench_command", title="subcommands", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for name, (help_line, add) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_line, description=help_line)
+        sp.formatter_class = argparse.RawDescriptionHelpFormatter
+        add(sp)
+        if name == "verify":
+            sp.description = DESCRIPTION
 
 
 def build_config(args: argparse.Namespace):
     from spec_samplers.bench import runner, workloads
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     specs = runner.resolve_samplers(args.sampler, args.option, sweep=not args.no_sweep)
     loaded = {}
     if args.from_file:
@@ -177,47 +209,55 @@ def build_config(args: argparse.Namespace):
     )
 
 
+def _error(exc: Exception) -> int:
+    print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def cmd_sampling(args: argparse.Namespace) -> int:
+    """``spec-samplers bench sampling``."""
+    bad = sorted(set(args.sampling_ops or ()) - set(sampling_ops.OPS))
+    if bad:
+        return _error(ValueError(f"--op: unknown {', '.join(bad)}; choose from {', '.join(sampling_ops.OPS)}"))
+    try:
+        return sampling_ops.main(args)
+    except (ValueError, RuntimeError) as exc:
+        return _error(exc)
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    """``spec-samplers bench params``."""
+    try:
+        return params_bench.main(args)
+    except ValueError as exc:
+        return _error(exc)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    """``spec-samplers bench [verify | sampling | params | models]``."""
+    torch.set_num_threads(args.threads)
+    command = args.bench_command or "verify"
+    if command == "models":
+        return models.main(args)
+    if command == "sampling":
+        return cmd_sampling(args)
+    if command == "params":
+        return cmd_params(args)
+    return cmd_verify(args)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``spec-samplers bench`` / ``bench verify``: the verification samplers."""
     from spec_samplers.bench import report, runner
 
-    if getattr(args, "models", None):
-        from spec_samplers.bench.models import cmd_bench_models
-
-        return cmd_bench_models(args)
-    torch.set_num_threads(args.threads)
-    if args.sampling_params:
-        from spec_samplers.bench.params_bench import cmd_params_bench
-
-        try:
-            return cmd_params_bench(args, _device(args.device))
-        except ValueError as exc:
-            print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
-            return 2
-    if args.ops == "sampling":
-        from spec_samplers.bench import sampling_ops
-
-        bad = sorted(set(args.sampling_ops or ()) - set(sampling_ops.OPS))
-        if bad:
-            print(
-                f"spec-samplers bench: error: --sampling-op: unknown {', '.join(bad)}; choose from "
-                f"{', '.join(sampling_ops.OPS)}",
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            return sampling_ops.main(args)
-        except (ValueError, RuntimeError) as exc:
-            print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
-            return 2
     try:
         config = build_config(args)
         if args.plot:
-            from spec_samplers.bench.plot import _pyplot
+            from spec_samplers.bench.plot import require_pyplot
 
-            _pyplot()  # fail before the run, not after it
+            require_pyplot()  # fail before the run, not after it
     except (ValueError, RuntimeError) as exc:  # BenchError is a ValueError
-        print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     document = {
         "schema": report.SCHEMA,
         "machine": report.machine_info(config.device),

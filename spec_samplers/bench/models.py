@@ -1,4 +1,4 @@
-"""``spec-samplers bench --models TARGET DRAFT``: acceptance and speedup on a real model pair.
+"""``spec-samplers bench models TARGET DRAFT``: acceptance and speedup on a real model pair.
 
 For every selected sampler (default: all registered), each prompt is generated on its own
 (batch 1, the latency setting) with speculative decoding, and again with plain autoregressive
@@ -30,8 +30,14 @@ from typing import Any
 
 import torch
 
-from spec_samplers.bench.cli import DTYPES
-from spec_samplers.sampling_params import SamplingParams
+from spec_samplers.bench.arguments import (
+    MODEL_DTYPES,
+    add_device_arguments,
+    add_sampling_arguments,
+    positive_int,
+    resolve_device,
+    sampling_params_from_args,
+)
 
 SCHEMA = "spec-samplers-models/1"
 DEFAULT_PROMPTS = (
@@ -40,70 +46,32 @@ DEFAULT_PROMPTS = (
     "def fibonacci(n):",
     "Speculative decoding works by",
 )
-#: the bench's dtype names, and "auto": the checkpoint's own dtype
-MODEL_DTYPES: dict[str, torch.dtype | None] = {"auto": None, **DTYPES}
-
-
-def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    """SamplingParams fields as options (shared by ``generate`` and ``bench --models``)."""
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1: off)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most probable tokens (default 0: off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="keep tokens >= min_p * max probability (default 0: off)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
-    p.add_argument(
-        "--model-dtype",
-        choices=sorted(MODEL_DTYPES),
-        default="auto",
-        help="dtype to load the models in (default auto: the checkpoint's; float32 on CPU)",
-    )
+DESCRIPTION = """\
+Speculative decoding on a real model pair: TARGET and DRAFT are local model directories
+(transformers format: save_pretrained output or a Hugging Face snapshot; nothing is downloaded).
+Each prompt is generated at batch 1 with every selected sampler (default: all registered) and
+with the target alone; prints acceptance (overall, per position, and next to the lossless
+expectation), tokens per round, tokens/s, the speedup over the target alone, and the speedup
+expected from the measured pass costs (tok/rnd / (c k + v))."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The model-pair options of ``spec-samplers bench`` (the others are shared with the synthetic runs)."""
-    group = p.add_argument_group("model pairs (--models)")
-    group.add_argument(
-        "--models",
-        nargs=2,
-        metavar=("TARGET", "DRAFT"),
-        help="benchmark speculative decoding on two local model directories (transformers format) "
-        "instead of synthetic distributions; uses --sampler, --option, --k, --seed, --device, "
-        "--threads, --json",
+    """The options of ``spec-samplers bench models``."""
+    p.description = DESCRIPTION
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("target", metavar="TARGET", help="target model directory")
+    p.add_argument("draft", metavar="DRAFT", help="draft model directory (same vocabulary as the target)")
+    p.add_argument(
+        "--sampler", action="append", metavar="NAME", help="sampler to run (repeatable; default: all registered)"
     )
-    group.add_argument(
-        "--prompt", action="append", metavar="TEXT", help="prompt (repeatable; default: 4 built-in prompts)"
-    )
-    group.add_argument("--stop-at-eos", action="store_true", help="stop at the target's EOS (default: ignore it)")
-    add_sampling_arguments(group)  # type: ignore[arg-type]
-
-
-def sampling_params_from_args(args: argparse.Namespace, seed: int | None = None) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed)
-
-
-def load_pair(
-    target: str, draft: str, device: torch.device, model_dtype: str, stop_at_eos: bool = True
-) -> tuple[Any, Any, Any]:
-    """(target, draft) as HFLanguageModel and the target's tokenizer, from local directories."""
-    from spec_samplers.integrations.transformers import HFLanguageModel, load_tokenizer
-
-    dtype = MODEL_DTYPES[model_dtype]
-    if dtype is None and device.type == "cpu":
-        dtype = torch.float32  # CPU matmuls in bf16/fp16 are slow and some are missing
-    models = []
-    for path in (target, draft):
-        model = HFLanguageModel.from_pretrained(path, device=device, dtype=dtype)
-        if not stop_at_eos:
-            model = HFLanguageModel(model.model, eos_token_id=None)
-        models.append(model)
-    return models[0], models[1], load_tokenizer(target)
-
-
-def encode(tokenizer: Any, prompt: str) -> list[int]:
-    ids = list(tokenizer(prompt)["input_ids"])
-    if not ids:
-        raise ValueError(f"--prompt {prompt!r}: the tokenizer gives no tokens")
-    return ids
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="sampler option (repeatable)")
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first prompt's request (default 0)")
+    p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt (repeatable; default: 4 built-in prompts)")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop at the target's EOS (default: ignore it)")
+    p.add_argument("--json", metavar="PATH", help=f"write the results as JSON (schema {SCHEMA})")
+    add_device_arguments(p)
+    add_sampling_arguments(p)
 
 
 def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
@@ -164,14 +132,16 @@ def _sum_stats(outputs: Sequence[Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the model-pair benchmark; returns the JSON document."""
     from spec_samplers.bench import runner
-    from spec_samplers.bench.cli import _device
     from spec_samplers.decoding import SpeculativeDecoder, generate_autoregressive
+    from spec_samplers.integrations.transformers import encode_prompt, load_model_pair
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     specs = runner.resolve_samplers(args.sampler, args.option, sweep=False)
     params = sampling_params_from_args(args)
-    target, draft, tokenizer = load_pair(args.models[0], args.models[1], device, args.model_dtype, args.stop_at_eos)
-    prompts = [encode(tokenizer, text) for text in (args.prompt or DEFAULT_PROMPTS)]
+    target, draft, tokenizer = load_model_pair(
+        args.target, args.draft, device, MODEL_DTYPES[args.model_dtype], args.stop_at_eos
+    )
+    prompts = [encode_prompt(tokenizer, text) for text in (args.prompt or DEFAULT_PROMPTS)]
     n = args.max_new_tokens
 
     def plain(model: Any) -> tuple[list[Any], float]:
@@ -221,8 +191,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["expected_speedup"] = None if per_round is None else per_round / (cost_ratio * args.k + verify_cost)
     return {
         "schema": SCHEMA,
-        "target": args.models[0],
-        "draft": args.models[1],
+        "target": args.target,
+        "draft": args.draft,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "k": args.k,
@@ -285,12 +255,10 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cmd_bench_models(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def main(args: argparse.Namespace) -> int:
+    """``spec-samplers bench models``."""
+    torch.set_num_threads(args.threads)
     try:
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {args.max_new_tokens}")
         document = run(args)
     except (ValueError, OSError, ImportError) as exc:  # BenchError and SamplingParams errors are ValueErrors
         print(f"spec-samplers bench: error: {exc}", file=sys.stderr)

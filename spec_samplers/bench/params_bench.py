@@ -1,6 +1,6 @@
 """Acceptance under vLLM SamplingParams: drafts processed alike vs by temperature only.
 
-``spec-samplers bench --sampling-params`` runs this instead of the default suite.
+``spec-samplers bench params`` runs it.
 
 A request's SamplingParams turn the target's logits into q' (temperature, min-p, top-k, top-p in
 vLLM's order, :func:`spec_samplers.sampling_params.process_logits`). The draft can be sampled
@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from spec_samplers.bench import quality, report
+from spec_samplers.bench.arguments import resolve_device
 from spec_samplers.rejection import RejectionSampler
 from spec_samplers.sampling_params import SamplingParams, process_logits
 
@@ -158,8 +159,9 @@ def render(document: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def cmd_params_bench(args: argparse.Namespace, device: torch.device) -> int:
-    """``spec-samplers bench --sampling-params`` (arguments from :mod:`spec_samplers.bench.cli`)."""
+def main(args: argparse.Namespace) -> int:
+    """``spec-samplers bench params`` (its arguments: spec_samplers.bench.cli.add_params_arguments)."""
+    device = resolve_device(args.device)
     quick = bool(args.quick)
     vocab = args.vocab or (256 if quick else 1000)
     rows = args.rows or (128 if quick else 1024)

@@ -4,15 +4,17 @@ size, and (when a sweep ran) acceptance vs the output's TV from the target."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def _pyplot():
+def require_pyplot():
     try:
         import matplotlib
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or spec-samplers[bench])") from exc
+        raise RuntimeError(
+            "--plot needs matplotlib: pip install matplotlib (or pip install -e '.[bench]' in a checkout)"
+        ) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -60,132 +62,139 @@ def _tv_out(e: dict[str, Any]) -> float:
     return tv["exact"] if tv.get("exact") is not None else tv["excess"]
 
 
+MARKERS = "osD^v<>" * 9
+
+
+def _first_sampler(plain: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first sampler's entries (one label per setting is enough)."""
+    return [e for e in plain if e["sampler"] == plain[0]["sampler"]] if plain else []
+
+
+def acceptance_panel(ax, plain: Sequence[dict[str, Any]]) -> None:
+    """Acceptance at the first position against TV(draft, target), with the lossless line 1 - TV."""
+    xs = [i / 100 for i in range(101)]
+    ax.plot(xs, [1 - x for x in xs], "k--", lw=1, label="lossless theory 1 - TV")
+    for m, (label, group) in zip(MARKERS, _group(plain, "sampler").items()):
+        ax.scatter(
+            [e["tv_draft_target"] for e in group],
+            [e["per_position"][0] for e in group],
+            marker=m,
+            label=label,
+            alpha=0.8,
+        )
+    _label_point_mass(ax, _first_sampler(plain), lambda e: e["per_position"][0])
+    ax.set(
+        xlabel="TV(draft, target)",
+        ylabel="acceptance at position 1 (first draft)",
+        title="Acceptance at position 1 vs divergence",
+        xlim=(0, 1),
+        ylim=(0, 1.02),
+    )
+    ax.legend(fontsize=7)
+
+
+def emitted_panel(ax, plain: Sequence[dict[str, Any]], k: int) -> None:
+    """Tokens emitted per step against TV(draft, target), with the lossless curve."""
+    xs = [i / 100 for i in range(101)]
+    ax.plot(
+        xs, [sum((1 - x) ** i for i in range(k + 1)) for x in xs], "k--", lw=1, label=f"(1-a^{k + 1})/(1-a), a = 1 - TV"
+    )
+    for m, (label, group) in zip(MARKERS, _group(plain, "sampler").items()):
+        ax.scatter(
+            [e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8
+        )
+    _label_point_mass(ax, _first_sampler(plain), lambda e: e["emitted"])
+    ax.set(
+        xlabel="TV(draft, target)",
+        ylabel="tokens emitted per step (all positions)",
+        title=f"Emitted tokens (k={k})",
+        xlim=(0, 1),
+        ylim=(0, k + 1.1),
+    )
+    ax.legend(fontsize=7)
+
+
+def _mean_point(group: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """(TV out, acceptance), each the mean over the group's settings."""
+    n = len(group)
+    return sum(_tv_out(e) for e in group) / n, sum(e["acceptance"] for e in group) / n
+
+
+def sweep_panel(
+    ax, swept: Sequence[dict[str, Any]], plain: Sequence[dict[str, Any]], samplers: Sequence[dict[str, Any]]
+) -> None:
+    """The speed/quality trade-off of a sweep: acceptance against TV(output, target), one line per
+    value of the first swept option through the values of the others; lossless samplers as stars."""
+    series: dict[str, list[tuple[float, float, str]]] = {}
+    for label, group in _group(swept, "sampler").items():
+        keys = next(s["swept"] for s in samplers if s["label"] == label)
+        opts = group[0]["options"]
+        head = f"{group[0]['name']} {_short(keys[0])}={opts[keys[0]]:g}" if keys else group[0]["name"]
+        rest = ", ".join(f"{_short(key)}={opts[key]:g}" for key in keys[1:])
+        series.setdefault(head, []).append((*_mean_point(group), rest))
+    seen: set[tuple[float, float]] = set()
+    for m, (head, points) in zip(MARKERS, series.items()):
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=m, label=head, alpha=0.8)
+        for tv, acc, rest in points:
+            spot = (round(tv, 3), round(acc, 3))
+            if rest and spot not in seen:
+                seen.add(spot)
+                ax.annotate(rest, (tv, acc), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    lossless = {s["label"] for s in samplers if s["lossless"]}
+    for label, group in _group(plain, "sampler").items():
+        if label in lossless:
+            tv, acc = _mean_point(group)
+            ax.scatter([tv], [acc], marker="*", s=120, color="k", label=f"{label} (lossless)")
+    ax.set(
+        xlabel="TV(output, target): exact at position 1 where computable, else the estimate's\n"
+        "excess over its noise floor (mean over settings)",
+        ylabel="acceptance, all positions (mean over settings)",
+        title="Speed/quality trade-off",
+    )
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def timing_panel(ax, timing: Sequence[dict[str, Any]]) -> None:
+    """Time per call against batch size, one line per sampler and dtype (log-log)."""
+    for m, (_label, group) in zip(MARKERS, _group(timing, "sampler").items()):
+        for dtype, rows in _group(group, "dtype").items():
+            rows = sorted(rows, key=lambda e: e["batch_size"])
+            ax.plot(
+                [e["batch_size"] for e in rows],
+                [e["time_s"] * 1e3 for e in rows],
+                marker=m,
+                label=f"{rows[0]['name']} {dtype}",
+            )
+    first = timing[0]
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch size B",
+        ylabel="ms per call",
+        title=f"Time per call ({first['device']}, k={first['k']}, V={first['vocab_size']})",
+    )
+    _plain_ticks(ax)
+    ax.legend(fontsize=7)
+
+
 def write_plot(path: str, document: dict[str, Any]) -> None:
-    plt = _pyplot()
+    """The PNG of a ``spec-samplers bench`` document: one panel per part that ran."""
+    plt = require_pyplot()
     swept_labels = {s["label"] for s in document["samplers"] if s["swept"]}
     plain = [e for e in document["acceptance"] if e["sampler"] not in swept_labels]
     swept = [e for e in document["acceptance"] if e["sampler"] in swept_labels]
-    k = document["config"]["k"]
-    panels = []
+    panels: list[Callable[[Any], None]] = []
     if plain:
-        panels += ["acceptance", "emitted"]
+        panels.append(lambda ax: acceptance_panel(ax, plain))
+        panels.append(lambda ax: emitted_panel(ax, plain, document["config"]["k"]))
     if swept:
-        panels.append("sweep")
+        panels.append(lambda ax: sweep_panel(ax, swept, plain, document["samplers"]))
     if document["timing"]:
-        panels.append("timing")
+        panels.append(lambda ax: timing_panel(ax, document["timing"]))
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 4.4), squeeze=False)
-    axes = dict(zip(panels, axes[0]))
-    markers = "osD^v<>"
-
-    if plain:
-        xs = [i / 100 for i in range(101)]
-        ax = axes["acceptance"]
-        ax.plot(xs, [1 - x for x in xs], "k--", lw=1, label="lossless theory 1 - TV")
-        for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
-            ax.scatter(
-                [e["tv_draft_target"] for e in group],
-                [e["per_position"][0] for e in group],
-                marker=m,
-                label=label,
-                alpha=0.8,
-            )
-        _label_point_mass(
-            ax, plain[:1] and [e for e in plain if e["sampler"] == plain[0]["sampler"]], lambda e: e["per_position"][0]
-        )
-        ax.set(
-            xlabel="TV(draft, target)",
-            ylabel="acceptance at position 1 (first draft)",
-            title="Acceptance at position 1 vs divergence",
-            xlim=(0, 1),
-            ylim=(0, 1.02),
-        )
-        ax.legend(fontsize=7)
-        ax = axes["emitted"]
-        ax.plot(
-            xs,
-            [sum((1 - x) ** i for i in range(k + 1)) for x in xs],
-            "k--",
-            lw=1,
-            label=f"(1-a^{k + 1})/(1-a), a = 1 - TV",
-        )
-        for m, (label, group) in zip(markers * 9, _group(plain, "sampler").items()):
-            ax.scatter(
-                [e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8
-            )
-        _label_point_mass(ax, [e for e in plain if e["sampler"] == plain[0]["sampler"]], lambda e: e["emitted"])
-        ax.set(
-            xlabel="TV(draft, target)",
-            ylabel="tokens emitted per step (all positions)",
-            title=f"Emitted tokens (k={k})",
-            xlim=(0, 1),
-            ylim=(0, k + 1.1),
-        )
-        ax.legend(fontsize=7)
-
-    if swept:
-        ax = axes["sweep"]
-        # one line per value of the first swept option, through the values of the others
-        series: dict[str, list[tuple[float, float, str]]] = {}
-        for label, group in _group(swept, "sampler").items():
-            keys = next(s["swept"] for s in document["samplers"] if s["label"] == label)
-            n = len(group)
-            tv = sum(_tv_out(e) for e in group) / n
-            acc = sum(e["acceptance"] for e in group) / n
-            opts = group[0]["options"]
-            head = f"{group[0]['name']} {_short(keys[0])}={opts[keys[0]]:g}" if keys else group[0]["name"]
-            rest = ", ".join(f"{_short(key)}={opts[key]:g}" for key in keys[1:])
-            series.setdefault(head, []).append((tv, acc, rest))
-        seen: set[tuple[float, float]] = set()
-        for m, (head, points) in zip(markers * 9, series.items()):
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=m, label=head, alpha=0.8)
-            for tv, acc, rest in points:
-                spot = (round(tv, 3), round(acc, 3))
-                if rest and spot not in seen:
-                    seen.add(spot)
-                    ax.annotate(rest, (tv, acc), fontsize=6, xytext=(3, 2), textcoords="offset points")
-        for label, group in _group(plain, "sampler").items():
-            lossless = any(s["label"] == label and s["lossless"] for s in document["samplers"])
-            if lossless:
-                n = len(group)
-                ax.scatter(
-                    [sum(_tv_out(e) for e in group) / n],
-                    [sum(e["acceptance"] for e in group) / n],
-                    marker="*",
-                    s=120,
-                    color="k",
-                    label=f"{label} (lossless)",
-                )
-        ax.set(
-            xlabel="TV(output, target): exact at position 1 where computable, else the estimate's\n"
-            "excess over its noise floor (mean over settings)",
-            ylabel="acceptance, all positions (mean over settings)",
-            title="Speed/quality trade-off",
-        )
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-
-    if document["timing"]:
-        ax = axes["timing"]
-        for m, (_label, group) in zip(markers * 9, _group(document["timing"], "sampler").items()):
-            for dtype, rows in _group(group, "dtype").items():
-                rows = sorted(rows, key=lambda e: e["batch_size"])
-                ax.plot(
-                    [e["batch_size"] for e in rows],
-                    [e["time_s"] * 1e3 for e in rows],
-                    marker=m,
-                    label=f"{rows[0]['name']} {dtype}",
-                )
-        first = document["timing"][0]
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="batch size B",
-            ylabel="ms per call",
-            title=f"Time per call ({first['device']}, k={first['k']}, V={first['vocab_size']})",
-        )
-        _plain_ticks(ax)
-        ax.legend(fontsize=7)
-
+    for draw, ax in zip(panels, axes[0]):
+        draw(ax)
     machine = document["machine"]
     title = f"spec-samplers bench - {machine['device_name']} - torch {machine['torch']} - {machine['date'][:10]}"
     fig.suptitle(title, fontsize=9)

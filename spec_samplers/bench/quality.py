@@ -27,10 +27,12 @@ q(x)^i: the token-wise closed form, exactly (block verification gains nothing th
 
 Output quality: the total variation between the distribution of the first emitted token and the
 target, estimated per context from the empirical token frequencies over its rows and averaged
-over contexts. The estimate is biased upwards by sampling noise, so the same estimator is
-applied to ``rows`` exact draws from q_c: that is ``noise_floor``, what an exact (lossless)
-sampler scores. ``excess`` = estimate - noise_floor; a lossless sampler's excess is ~0 (either
-sign), typical acceptance's is its quality cost.
+over contexts. The estimate is biased upwards by sampling noise: ``noise_floor`` is its exact
+mean when the tokens are exact draws from q_c (what a lossless sampler scores on average;
+:func:`tv_noise_floor`) and ``noise_sd`` its standard deviation there (:func:`tv_noise_sd`).
+``excess`` = estimate - noise_floor and ``excess_z`` = excess / noise_sd: a lossless sampler's
+excess_z is roughly a standard score, typical acceptance's excess is its
+quality cost.
 
 Where the law of the first emitted token is computable the report gives it exactly instead
 (``exact``, no sampling noise): typical acceptance at position 0 emits x ~ p_c when
@@ -39,6 +41,7 @@ q_c(x) > threshold(H(q_c)) and argmax q_c otherwise (:func:`typical_first_token_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -142,8 +145,40 @@ def typical_first_token_law(
 
 
 def _empirical_tv(counts: torch.Tensor, target: torch.Tensor, rows: int) -> torch.Tensor:
-    """counts: [C, V] token counts over ``rows`` draws per context; target: [C, V]. Returns [C]."""
-    return 0.5 * (counts.double() / rows - target.double()).abs().sum(dim=1)
+    """counts: [..., C, V] token counts over ``rows`` draws per context; target: [C, V]. Returns [..., C]."""
+    return 0.5 * (counts.double() / rows - target.double()).abs().sum(dim=-1)
+
+
+#: replicate estimates on exact draws behind the noise floor's standard deviation
+FLOOR_REPLICATES = 128
+
+
+def tv_noise_floor(target: torch.Tensor, rows: int) -> float:
+    """The exact mean of the TV estimate (:func:`_empirical_tv`, averaged over contexts) when the
+    ``rows`` tokens of each context are exact draws from its target row: with N ~ Bin(rows, q),
+    E|N - rows q| = 2 nu C(rows, nu) q^nu (1 - q)^(rows - nu + 1), nu = floor(rows q) + 1
+    (De Moivre's mean absolute deviation of the binomial), summed over tokens."""
+    q = target.double().clamp(0.0, 1.0)  # [C, V]
+    n = float(rows)
+    nu = torch.floor(n * q) + 1
+    inside = (q > 0) & (q < 1) & (nu <= n)  # q = 0 or 1 (or nu > n): the count is exact, deviation 0
+    qs = torch.where(inside, q, torch.full_like(q, 0.5))
+    nus = torch.where(inside, nu, torch.ones_like(nu))
+    log_choose = math.lgamma(n + 1) - torch.lgamma(nus + 1) - torch.lgamma(n - nus + 1)
+    log_mad = torch.log(2 * nus) + log_choose + nus * torch.log(qs) + (n - nus + 1) * torch.log1p(-qs)
+    mad = torch.where(inside, torch.exp(log_mad), torch.zeros_like(q))  # E|N - n q| per token
+    return float((0.5 * mad.sum(dim=1) / n).mean())
+
+
+def tv_noise_sd(target: torch.Tensor, rows: int, generator: torch.Generator) -> float:
+    """Standard deviation of the same estimate on exact draws, from FLOOR_REPLICATES replicate
+    estimates (its relative error is about 1 / sqrt(2 * FLOOR_REPLICATES), 6%); no closed form: the
+    token counts' absolute deviations are correlated through the fixed total."""
+    C, V = target.shape
+    draws = torch.multinomial(target, rows * FLOOR_REPLICATES, replacement=True, generator=generator)
+    draws = draws.view(C, FLOOR_REPLICATES, rows).transpose(0, 1)  # [R, C, rows]
+    counts = torch.zeros(FLOOR_REPLICATES, C, V).scatter_add_(2, draws, torch.ones(FLOOR_REPLICATES, C, rows))
+    return float(_empirical_tv(counts, target, rows).mean(dim=1).std())
 
 
 def measure(
@@ -177,7 +212,6 @@ def measure(
     torch.manual_seed(seed)  # unseeded stochastic samplers draw their row seeds from here
     draft_ids = torch.multinomial(draft, rows * k, replacement=True, generator=gen).view(C * rows, k)
     bonus_ids = torch.multinomial(target, rows, replacement=True, generator=gen).view(C * rows, 1)
-    reference_ids = torch.multinomial(target, rows, replacement=True, generator=gen)  # [C, rows] exact draws
 
     chunk = max(1, CHUNK_ELEMENTS // ((2 * k + 1) * V))
     counts = torch.zeros(C, V, dtype=torch.float32)
@@ -209,9 +243,8 @@ def measure(
     n = C * rows
     acc = torch.cat(accepted_counts).double() / k  # per-row acceptance rate
     emi = torch.cat(emitted_counts).double()
-    ref_counts = torch.zeros(C, V).scatter_add_(1, reference_ids, torch.ones(C, rows))
     tv_est = float(_empirical_tv(counts, target, rows).mean())
-    tv_floor = float(_empirical_tv(ref_counts, target, rows).mean())
+    tv_floor, tv_sd = tv_noise_floor(target, rows), tv_noise_sd(target, rows, gen)
     result: dict[str, Any] = {
         "rows": n,
         "per_position": (per_position / n).tolist(),
@@ -220,7 +253,14 @@ def measure(
         "emitted": float(emi.mean()),
         "emitted_stderr": float(emi.std() / n**0.5),
         "tv_draft_target": tv_draft_target(target, draft),
-        "tv_output": {"estimate": tv_est, "noise_floor": tv_floor, "excess": tv_est - tv_floor, "exact": None},
+        "tv_output": {
+            "estimate": tv_est,
+            "noise_floor": tv_floor,
+            "noise_sd": tv_sd,
+            "excess": tv_est - tv_floor,
+            "excess_z": (tv_est - tv_floor) / tv_sd if tv_sd > 0 else None,
+            "exact": None,
+        },
         "theory": None,
         "z": None,
     }

@@ -23,9 +23,12 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
           "acceptance": float, "acceptance_stderr": float,   # accepted / proposed drafts
           "emitted": float, "emitted_stderr": float,         # tokens emitted per step
           "tv_draft_target": float,           # mean TV(p, q): the setting's divergence
-          "tv_output": {"estimate": float, "noise_floor": float, "excess": float,
-                        "exact": float | null},  # first emitted token vs target (see quality);
-                                              # exact where the law is computable (typical acceptance)
+          "tv_output": {"estimate": float, "noise_floor": float, "noise_sd": float,
+                        "excess": float, "excess_z": float | null,
+                        "exact": float | null},  # first emitted token vs target (see quality):
+                                              # the estimate, its exact mean and sd on exact draws,
+                                              # estimate - mean and that in sds; exact where the
+                                              # law is computable (typical acceptance)
           "theory": null | {"alpha": float, "per_position": [k floats],
                             "acceptance": float, "emitted": float,    # lossless samplers only
                             "method": str, "stderr": {"acceptance": float, "emitted": float}},
@@ -118,10 +121,11 @@ def _f(value: float | None, digits: int = 3) -> str:
 
 
 def _tv_out(tv: dict[str, Any]) -> tuple[str, str]:
-    """(TV out, floor) cells: the exact TV where known, else the estimate and its noise floor."""
+    """(TV out, floor) cells: the exact TV where known, else the estimate and its noise floor
+    +- the floor's standard deviation (an estimate within about 2 sd of the floor is noise)."""
     if tv.get("exact") is not None:
         return _f(tv["exact"]), "exact"
-    return _f(tv["estimate"]), _f(tv["noise_floor"])
+    return _f(tv["estimate"]), f"{_f(tv['noise_floor'])}+-{_f(tv['noise_sd'])}"
 
 
 def acceptance_table(entries: Sequence[dict[str, Any]]) -> str:
@@ -273,8 +277,9 @@ def render(document: dict[str, Any]) -> str:
             "",
             "Acceptance. accept: accepted/proposed drafts, all positions; pos 1: acceptance at",
             "position 1; theory and z (in standard errors) for lossless samplers. TV out: first",
-            "emitted token vs target, exact where computable (floor 'exact'), else an estimate",
-            "whose floor is the same estimate on exact samples. Per-position rates: --json.",
+            "emitted token vs target, exact where computable (floor 'exact'), else an estimate;",
+            "floor: the estimate's exact mean +- sd on exact samples (a lossless sampler's TV out",
+            "lies within ~2 sd of it; excess_z in --json). Per-position rates: --json.",
             "",
             acceptance_table(plain),
         ]

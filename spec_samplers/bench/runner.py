@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from spec_samplers.base import SpecDecodeBaseSampler
 from spec_samplers.bench import quality, timing, workloads
 from spec_samplers.registry import available_samplers, sampler_options
 from spec_samplers.typical import TypicalAcceptanceSampler
@@ -67,16 +68,12 @@ class SamplerSpec:
         }
 
 
-def is_lossless(cls: type) -> bool | None:
-    """The sampler class's own ``lossless`` declaration (None when it declares none)."""
-    declared = getattr(cls, "lossless", None)
-    return declared if isinstance(declared, bool) else None
-
-
-def acceptance_law(cls: type) -> str:
-    """ "block" for samplers that declare ``acceptance_law = "block"`` (block verification), else
-    "token": which lossless theory the quality run compares against."""
-    return "block" if getattr(cls, "acceptance_law", "token") == "block" else "token"
+def sampler_class(name: str, cls: Any) -> type[SpecDecodeBaseSampler]:
+    """A registered entry's class; BenchError unless it is a spec_samplers sampler (the bench
+    reads its declarations: ``lossless``, ``acceptance_law``)."""
+    if not (isinstance(cls, type) and issubclass(cls, SpecDecodeBaseSampler)):
+        raise BenchError(f"sampler {name!r}: {cls!r} is not a subclass of spec_samplers.base.SpecDecodeBaseSampler")
+    return cls
 
 
 def parse_option(text: str) -> tuple[str, object, str]:
@@ -125,7 +122,7 @@ def resolve_samplers(names: list[str] | None, option_texts: Iterable[str], sweep
     for name in names:
         if name not in registered:
             raise BenchError(f"--sampler: unknown sampler {name!r}; available: {', '.join(registered) or '(none)'}")
-    classes = {name: registered[name].load() for name in names}
+    classes = {name: sampler_class(name, registered[name].load()) for name in names}
     accepted = {name: sampler_options(cls) for name, cls in classes.items()}
     given: dict[str, dict[str, Any]] = {name: {} for name in names}
     for text in option_texts:
@@ -153,11 +150,11 @@ def resolve_samplers(names: list[str] | None, option_texts: Iterable[str], sweep
                 SamplerSpec(
                     name,
                     options,
-                    is_lossless(classes[name]),
+                    classes[name].lossless,
                     sampler,
                     tuple(grid),
                     swept == timed_variant,
-                    acceptance_law(classes[name]),
+                    classes[name].acceptance_law,
                 )
             )
     return specs

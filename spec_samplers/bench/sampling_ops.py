@@ -1,4 +1,4 @@
-"""Benchmarks of the FlashInfer-compatible sampling operations (``spec-samplers bench --ops sampling``).
+"""Benchmarks of the FlashInfer-compatible sampling operations (``spec-samplers bench sampling``).
 
 Each operation of :mod:`spec_samplers.sampling` is timed against the PyTorch way of doing the same
 thing: sort-based top-k / top-p masks (vLLM's ``apply_top_k_top_p``), ``torch.softmax``, and
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from spec_samplers.bench.arguments import resolve_device
 from spec_samplers.bench.timing import synchronize, time_call
 
 #: (B, V) grids: the default run stays short on a CPU; ``full`` is the issue's grid
@@ -288,17 +289,16 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(args: Any) -> int:
-    """``spec-samplers bench --ops sampling`` (arguments from spec_samplers.bench.cli)."""
+    """``spec-samplers bench sampling`` (its arguments: spec_samplers.bench.cli.add_sampling_arguments)."""
     import sys
 
     from spec_samplers.bench import report
-    from spec_samplers.bench.cli import _device
 
-    device = _device(args.device)
-    full = bool(getattr(args, "full", False))
+    device = resolve_device(args.device)
+    full = bool(args.full)
     batch_sizes = args.batch_sizes or (FULL_BATCH_SIZES if full else DEFAULT_BATCH_SIZES)
-    vocabs = getattr(args, "vocabs", None) or ((args.vocab,) if args.vocab else FULL_VOCABS if full else DEFAULT_VOCABS)
-    ops = tuple(getattr(args, "sampling_ops", None) or OPS)
+    vocabs = args.vocabs or (FULL_VOCABS if full else DEFAULT_VOCABS)
+    ops = tuple(args.sampling_ops or OPS)
     min_time = args.min_time if args.min_time is not None else (0.02 if args.quick else 0.2)
     if args.quick:
         batch_sizes, vocabs = (1, 4), (2048,)

@@ -3,7 +3,7 @@
 ``HFLanguageModel(model)`` runs a ``transformers`` causal LM (Llama, Qwen2, ... any model that
 takes ``position_ids`` and a 2-d ``attention_mask``) on its own ``DynamicCache``, wrapped in
 :class:`HFKVCache`, which crops per request. transformers is imported when this module's classes
-are used, never by ``import spec_samplers``; it comes with ``pip install 'spec-samplers[transformers]'``.
+are used, never by ``import spec_samplers``; it comes with ``pip install -e ".[transformers]"`` (from a checkout).
 
 Example::
 
@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from importlib import metadata
 from types import ModuleType
@@ -30,7 +31,7 @@ from spec_samplers.errors import input_error
 
 #: oldest transformers whose DynamicCache has per-layer ``keys``/``values`` and ``crop(-n)``
 MIN_TRANSFORMERS = (4, 56)
-INSTALL_HINT = "pip install 'spec-samplers[transformers]'"
+INSTALL_HINT = "pip install -e '.[transformers]' in a checkout of spec-samplers"
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -207,3 +208,42 @@ class HFLanguageModel:
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of a local model directory (no download)."""
     return require_transformers().AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def check_model_dir(path: str, argument: str) -> None:
+    """ValueError naming ``argument`` and ``path`` unless ``path`` is an existing directory.
+
+    Checked before transformers is imported: it would otherwise read a missing path as a Hub
+    repository id and fail late with an error about repository names."""
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ValueError(f"{argument}: {path} {what} (expected a local model directory in transformers format)")
+
+
+def load_model_pair(
+    target: str, draft: str, device: torch.device, dtype: torch.dtype | None = None, stop_at_eos: bool = True
+) -> tuple[HFLanguageModel, HFLanguageModel, Any]:
+    """(target, draft, tokenizer) from two local model directories: both models as
+    :class:`HFLanguageModel` on ``device`` in ``dtype`` (None: the checkpoint's dtype, float32 on
+    CPU), and the target's tokenizer. ``stop_at_eos=False`` drops the EOS ids so that every
+    generation runs to its token budget (what a benchmark wants). Used by ``spec-samplers
+    generate`` and ``spec-samplers bench models``."""
+    check_model_dir(target, "target")
+    check_model_dir(draft, "draft")
+    if dtype is None and device.type == "cpu":
+        dtype = torch.float32  # CPU matmuls in bf16/fp16 are slow and some are missing
+    models = []
+    for path in (target, draft):
+        model = HFLanguageModel.from_pretrained(path, device=device, dtype=dtype)
+        if not stop_at_eos:
+            model = HFLanguageModel(model.model, eos_token_id=None)
+        models.append(model)
+    return models[0], models[1], load_tokenizer(target)
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of ``prompt``; ValueError when the tokenizer gives none."""
+    ids = list(tokenizer(prompt)["input_ids"])
+    if not ids:
+        raise ValueError(f"--prompt {prompt!r}: the tokenizer gives no tokens")
+    return ids

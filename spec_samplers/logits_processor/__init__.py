@@ -2,7 +2,7 @@
 and behaviour (``flashinfer.logits_processor``): processors legalize into typed ops, which are
 type-checked, validated and fused by priority; ops run :mod:`spec_samplers.sampling` (PyTorch on
 CPU, Triton kernels on CUDA). Beyond FlashInfer, :meth:`LogitsPipe.verify` ends a pipe in a
-verification sampler: "process then verify" in one call. See the README, "Logits processing".
+verification sampler: "process then verify" in one call. See docs/logits.md.
 
 Example::
 

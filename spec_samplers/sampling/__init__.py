@@ -5,7 +5,7 @@ Same names, parameters, defaults and return types as FlashInfer 0.6-0.7; beyond 
 ``seed`` / ``offset`` as [B] tensors are honoured per output row on the package's counter RNG (a
 row's token never depends on its batch neighbours), and the PyTorch path (CPU) and the Triton
 kernels (CUDA) give the same tokens. Semantics: :mod:`spec_samplers.sampling.reference`;
-differences from FlashInfer: the README, "FlashInfer-compatible sampling operations".
+differences from FlashInfer: docs/sampling.md.
 
 Example::
 

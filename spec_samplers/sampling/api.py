@@ -8,7 +8,7 @@ reference (:mod:`spec_samplers.sampling.reference`) elsewhere; the keyword-only 
 Both give the same tokens on the same inputs, seeds and offsets.
 
 Semantics and randomness: :mod:`spec_samplers.sampling.reference`. Differences from FlashInfer
-are listed in the README ("FlashInfer-compatible sampling operations").
+are listed in docs/sampling.md.
 """
 
 from __future__ import annotations
@@ -149,7 +149,9 @@ def sampling_from_probs(
         Draws the per-row seeds when ``seed`` is None (default: torch's, of the device).
     check_nan : bool
         Raise ValueError on NaN in ``probs``; also checks parameter tensors and ``indices``
-        (synchronises with the host).
+        (synchronises with the host). Without it NaN entries count as probability 0, and a row
+        left without mass (all NaN) gives token -1 with valid False, in every sampling op:
+        FlashInfer gives token 0 there (valid False too); -1 is never a real token.
     seed, offset : int or torch.Tensor, optional
         Scalars (one stream for the batch, rows decorrelated) or [B] int64 tensors (row b uses
         ``(seed[b], offset[b])``, so its token depends on nothing else); offset defaults to 0.

@@ -74,13 +74,33 @@ def resolve_rows(
     return indices.to(torch.int64), indices.shape[0], indices.dtype
 
 
-def _param_tensor(
-    name: str, t: torch.Tensor, batch_size: int, device: torch.device, dtypes: tuple[torch.dtype, ...]
-) -> torch.Tensor:
+def flashinfer_shape_sentence(t: torch.Tensor, batch_size: int) -> str:
+    """FlashInfer's own sentence for a per-request parameter tensor of the wrong shape (its
+    ``check_tensor_param``), so that code matching FlashInfer's messages keeps working."""
+    if t.dim() == 0:
+        return (
+            "Expected a 1D tensor of shape (batch_size,) or scalar for the sampling parameter, "
+            "but got a 0-dimensional tensor."
+        )
+    if t.dim() > 1:
+        return f"Expected a 1D tensor or scalar for the sampling parameter, but got a {t.dim()}D tensor."
+    return (
+        f"Sampling parameter tensor batch size mismatch: expected length {batch_size} to match the "
+        f"reference tensor batch size, but got length {t.shape[0]}."
+    )
+
+
+def _param_tensor(name: str, t: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
+    """A [B] per-request parameter tensor of any real dtype (bool, integer or floating point, as
+    FlashInfer accepts; the caller converts it as FlashInfer does)."""
     if t.dim() != 1 or t.shape[0] != batch_size:
-        raise input_error(name, f"a scalar or a tensor of shape ({batch_size},) (one per output)", _shape(t))
-    if t.dtype not in dtypes:
-        raise input_error(name, "dtype in " + ", ".join(str(d) for d in dtypes), t.dtype)
+        raise input_error(
+            name,
+            f"a scalar or a tensor of shape ({batch_size},) (one per output)",
+            f"{_shape(t)} (FlashInfer: {flashinfer_shape_sentence(t, batch_size)})",
+        )
+    if t.is_complex():
+        raise input_error(name, "a real dtype (bool, integer or floating point)", t.dtype)
     if t.device != device:
         raise input_error(name, f"device {device}", f"device {t.device}")
     return t
@@ -93,12 +113,18 @@ def _float_scalar(name: str, value: object) -> float:
 
 
 def canonical_top_k(top_k: object, batch_size: int, vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[B] int64 top_k; 0 means "keep every token" (FlashInfer: top_k <= 0 or >= V disables)."""
+    """[B] int64 top_k; 0 means "keep every token" (FlashInfer: top_k <= 0 or >= V disables).
+
+    A tensor of any real dtype is read as FlashInfer reads it (``.int()``): floating values are
+    truncated toward zero, booleans are 0 / 1; NaN keeps every token."""
     if isinstance(top_k, torch.Tensor):
-        t = _param_tensor("top_k", top_k, batch_size, device, INT_DTYPES).to(torch.int64)
+        t = _param_tensor("top_k", top_k, batch_size, device)
+        if t.is_floating_point():  # truncate as .int() does, with NaN / inf defined (never a huge int)
+            t = torch.nan_to_num(t.double(), nan=0.0, posinf=vocab_size, neginf=0.0).clamp(-1, vocab_size).trunc()
+        t = t.to(torch.int64)
     else:
         if isinstance(top_k, bool) or not isinstance(top_k, int):
-            raise input_error("top_k", "an int or an int tensor", type(top_k).__name__)
+            raise input_error("top_k", "an int or a tensor", type(top_k).__name__)
         t = torch.full((batch_size,), top_k, dtype=torch.int64, device=device)
     return torch.where((t <= 0) | (t >= vocab_size), 0, t)
 
@@ -107,7 +133,7 @@ def canonical_top_p(top_p: object, batch_size: int, device: torch.device, check_
     """[B] fp32 top_p in (0, 1]. Unchecked tensor values: NaN and values > 1 keep everything,
     values <= 0 keep only the most probable tokens."""
     if isinstance(top_p, torch.Tensor):
-        t = _param_tensor("top_p", top_p, batch_size, device, PARAM_FLOAT_DTYPES).to(torch.float32)
+        t = _param_tensor("top_p", top_p, batch_size, device).to(torch.float32)  # any real dtype (.float())
         if check_values and batch_size:
             bad = ~((t > 0) & (t <= 1))
             if bool(bad.any()):
@@ -123,7 +149,7 @@ def canonical_min_p(min_p: object, batch_size: int, device: torch.device, check_
     """[B] fp32 min_p in [0, 1]. Unchecked tensor values: NaN counts as 0 (keep everything);
     values > 1 keep only the most probable tokens, negative values keep everything."""
     if isinstance(min_p, torch.Tensor):
-        t = _param_tensor("min_p", min_p, batch_size, device, PARAM_FLOAT_DTYPES).to(torch.float32)
+        t = _param_tensor("min_p", min_p, batch_size, device).to(torch.float32)  # any real dtype (.float())
         if check_values and batch_size:
             bad = ~((t >= 0) & (t <= 1))
             if bool(bad.any()):
@@ -143,7 +169,7 @@ def canonical_temperature(
     if temperature is None:
         return torch.ones((batch_size,), dtype=torch.float32, device=device)
     if isinstance(temperature, torch.Tensor):
-        t = _param_tensor("temperature", temperature, batch_size, device, PARAM_FLOAT_DTYPES).to(torch.float32)
+        t = _param_tensor("temperature", temperature, batch_size, device).to(torch.float32)
         if check_values and batch_size:
             bad = ~(torch.isfinite(t) & (t >= 0))
             if bool(bad.any()):
