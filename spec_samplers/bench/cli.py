@@ -22,7 +22,7 @@ subcommands `sampling`, `params` and `models` run the other benchmarks (`bench S
 verify: runs every registered sampler (or --sampler NAME, repeatable) over synthetic draft/target
 pairs of controlled divergence (or --from-file pairs) and prints acceptance per position and
 overall, tokens emitted per step, the theory for lossless samplers, the output's total variation
-from the target (next to the estimator's noise floor +- its sd), and the time per call with bytes
+from the target (next to the estimator's noise floor ± its sd), and the time per call with bytes
 moved and GB/s.
 --sampler typical_acceptance_sampler sweeps posterior_threshold x posterior_alpha (those not
 given with --option) and plots acceptance against TV from the target.

@@ -122,10 +122,12 @@ def _f(value: float | None, digits: int = 3) -> str:
 
 def _tv_out(tv: dict[str, Any]) -> tuple[str, str]:
     """(TV out, floor) cells: the exact TV where known, else the estimate and its noise floor
-    +- the floor's standard deviation (an estimate within about 2 sd of the floor is noise)."""
+    ± the floor's standard deviation (an estimate within about 2 sd of the floor is noise)."""
     if tv.get("exact") is not None:
         return _f(tv["exact"]), "exact"
-    return _f(tv["estimate"]), f"{_f(tv['noise_floor'])}+-{_f(tv['noise_sd'])}"
+    sd = _f(tv["noise_sd"])
+    # "0.078±.016": the leading zero of the sd dropped, so the table keeps to WIDTH columns
+    return _f(tv["estimate"]), f"{_f(tv['noise_floor'])}±{sd.removeprefix('0')}"
 
 
 def acceptance_table(entries: Sequence[dict[str, Any]]) -> str:
@@ -278,7 +280,7 @@ def render(document: dict[str, Any]) -> str:
             "Acceptance. accept: accepted/proposed drafts, all positions; pos 1: acceptance at",
             "position 1; theory and z (in standard errors) for lossless samplers. TV out: first",
             "emitted token vs target, exact where computable (floor 'exact'), else an estimate;",
-            "floor: the estimate's exact mean +- sd on exact samples (a lossless sampler's TV out",
+            "floor: the estimate's exact mean ± sd on exact samples (a lossless sampler's TV out",
             "lies within ~2 sd of it; excess_z in --json). Per-position rates: --json.",
             "",
             acceptance_table(plain),
