@@ -45,3 +45,4 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     reference_op = staticmethod(rejection_reference)
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
     tree_reference = staticmethod(rejection_tree_reference)
+    tree_kernel = "spec_samplers.kernels.tree_launch:rejection_tree_triton"

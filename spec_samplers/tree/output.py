@@ -13,6 +13,7 @@ import torch
 
 from spec_samplers import rng
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.tree.layout import TreeBatch
 
 
 class TreeOutput(NamedTuple):
@@ -82,3 +83,26 @@ def final_draw(
     if is_greedy is not None and greedy_token is not None:
         token = torch.where(is_greedy, greedy_token, token)
     return torch.where(q_has_mass, token, PLACEHOLDER_TOKEN_ID)
+
+
+def at(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [B, M], idx [B] -> [B] x[b, idx[b]]."""
+    return x.gather(1, idx[:, None]).squeeze(1)
+
+
+def seeds_of(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's [B] int64 seeds and offsets (default 0)."""
+    assert tb.seeds is not None, "tree rejection sampling needs per-request seeds"
+    offsets = tb.offsets if tb.offsets is not None else torch.zeros_like(tb.seeds)
+    return tb.seeds, offsets
+
+
+def finish_walk(
+    tb: TreeBatch, stop: torch.Tensor, residual: torch.Tensor, q_ok: torch.Tensor, q_argmax: torch.Tensor
+) -> TreeOutput:
+    """The final draw at the stop node and the output (shared with the kernel launcher's result)."""
+    seeds, offsets = seeds_of(tb)
+    alive = stop >= 0
+    stop_depth = at(tb.depth, stop.clamp(min=0))
+    final = final_draw(residual, q_ok & alive, stop_depth, seeds, offsets, q_argmax, tb.is_greedy)
+    return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, alive)

@@ -61,7 +61,9 @@ from spec_samplers.reference import typical_accepts
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import clean_probs, valid_ids
 from spec_samplers.tree.layout import TreeBatch
-from spec_samplers.tree.output import TreeOutput, final_draw, path_to, tree_output
+from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, tree_output
+from spec_samplers.tree.output import at as _at
+from spec_samplers.tree.output import seeds_of as _seeds
 
 
 def gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -72,21 +74,10 @@ def gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.where((rows >= 0)[:, None], out, torch.zeros((), device=flat.device))
 
 
-def _at(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x [B, M], idx [B] -> [B] x[b, idx[b]]."""
-    return x.gather(1, idx[:, None]).squeeze(1)
-
-
 def _mass(r: torch.Tensor) -> torch.Tensor:
     """[B] fp32 sum of r [B, V], accumulated in float64 so that a kernel's other summation order
     rounds to the same fp32 (except within ~1e-16 of a rounding boundary)."""
     return r.to(torch.float64).sum(dim=-1).to(torch.float32)
-
-
-def _seeds(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    assert tb.seeds is not None, "tree rejection sampling needs per-request seeds"
-    offsets = tb.offsets if tb.offsets is not None else torch.zeros_like(tb.seeds)
-    return tb.seeds, offsets
 
 
 def rejection_tree_walk(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,7 +115,7 @@ def rejection_tree_walk(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torc
         rem = 1.0 - removed if tb.policy == "without_replacement" else torch.ones_like(removed)
         p_c = torch.where(rem > 0, p_c / torch.where(rem > 0, rem, one), 0.0)  # p'_i(c)
         ok = valid & (p_c > 0)
-        accept = ok & (u[:, j - 1] < r_c / (z * p_c))
+        accept = ok & (u[:, j - 1] < r_c / torch.where(ok, z * p_c, one))
         if greedy is not None:
             # greedy rows: the first child equal to argmax q_u (r stays q_u on greedy rows)
             accept = torch.where(greedy, valid & (tok == q_argmax) & (r_c > 0), accept)
@@ -155,17 +146,6 @@ def rejection_tree_reference(tb: TreeBatch) -> TreeOutput:
     """Recursive rejection sampling over a tree (module docstring). Returns ``TreeOutput``."""
     stop, residual, q_ok, q_argmax = rejection_tree_walk(tb)
     return finish_walk(tb, stop, residual, q_ok, q_argmax)
-
-
-def finish_walk(
-    tb: TreeBatch, stop: torch.Tensor, residual: torch.Tensor, q_ok: torch.Tensor, q_argmax: torch.Tensor
-) -> TreeOutput:
-    """The final draw at the stop node and the output (shared with the kernel launcher's result)."""
-    seeds, offsets = _seeds(tb)
-    alive = stop >= 0
-    stop_depth = _at(tb.depth, stop.clamp(min=0))
-    final = final_draw(residual, q_ok & alive, stop_depth, seeds, offsets, q_argmax, tb.is_greedy)
-    return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, alive)
 
 
 def typical_tree_reference(tb: TreeBatch, posterior_threshold: float, posterior_alpha: float) -> TreeOutput:

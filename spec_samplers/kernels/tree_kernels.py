@@ -1,0 +1,169 @@
+"""Triton kernel of recursive rejection sampling over a draft tree (twin of
+:func:`spec_samplers.tree.reference.rejection_tree_walk`, operation for operation).
+
+Grid (B,): one program walks one request's tree. Nodes are visited in index order (parents come
+first); node j is tried iff its parent is the current node. The residual r of the current node
+lives in the target row while no child has been rejected ("fresh"), then in a [B, 2, V] fp32
+scratch, ping-ponged so that a residual whose mass vanished (<= RESIDUAL_MASS_EPS) can be kept.
+Each tried child costs gathered scalars; a rejected one one vocabulary pass (the new residual and
+its float64 mass); an accepted one none (greedy rows: one argmax pass at the new node). At the
+end the program writes the stop node, the residual there, whether its target row has mass and
+its argmax; the launcher draws the final token from that residual with the package's race
+(:func:`spec_samplers.tree.output.final_draw`), so the draw follows the one rule of rng.py.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from spec_samplers.constants import RESIDUAL_MASS_EPS
+from spec_samplers.kernels import common as kc
+from spec_samplers.kernels.rng import random_words, uniform_from_words
+from spec_samplers.rng import STREAM_ACCEPT
+
+_MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
+_STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+#: POLICY values
+INDEPENDENT = 0
+WITHOUT_REPLACEMENT = 1
+POINT_MASS = 2
+
+
+@triton.jit
+def _row_argmax(ptr, row_off, ok, V, BLOCK_V: tl.constexpr):
+    """(argmax, max) of the cleaned row at ``row_off`` (ties: lowest index); (0, 0) when not ok."""
+    best = -1.0
+    best_idx = 0
+    hi = tl.where(ok, V, 0)
+    for s in range(0, V, BLOCK_V):
+        offs = s + tl.arange(0, BLOCK_V)
+        m = offs < hi
+        q = tl.where(m, kc.clean(tl.load(ptr + row_off + offs, mask=m, other=0.0)), -1.0)
+        best, best_idx = kc.fold_argmax(q, s, best, best_idx)
+    return best_idx.to(tl.int64), tl.maximum(best, 0.0)  # type: ignore[attr-defined]
+
+
+@triton.jit
+def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m):
+    """The current residual at ``offs``: the target row while fresh, else the scratch slot."""
+    from_target = kc.clean(tl.load(t_ptr + t_off + offs, mask=m & fresh, other=0.0))
+    from_scratch = tl.load(s_ptr + s_off + offs, mask=m & (fresh == 0), other=0.0)
+    return tl.where(fresh != 0, from_target, from_scratch)
+
+
+@triton.jit
+def rejection_tree_kernel(
+    target_ptr,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    stride_t,
+    draft_ptr,  # [R', V] or None (point-mass drafts)
+    stride_d,
+    rows_ptr,  # [B, N+1] int64 target row of node j (-1: none)
+    drows_ptr,  # [B, N+1] int64 draft row of node j
+    tokens_ptr,  # [B, N] int64
+    parents_ptr,  # [B, N] int64, cleaned
+    depth_ptr,  # [B, N+1] int64
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
+    greedy_ptr,  # [B] bool or None
+    scratch_ptr,  # [B, 2, V] fp32
+    resid_ptr,  # [B, V] fp32 out: the residual at the stop node
+    stop_ptr,  # [B] int64 out
+    qok_ptr,  # [B] int8 out: the stop node's target row has mass
+    amax_ptr,  # [B] int64 out: its argmax
+    N,
+    V,
+    max_depth,
+    POLICY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    seed = tl.load(seed_ptr + b)
+    offset = tl.load(offset_ptr + b)
+    greedy = 0
+    if greedy_ptr is not None:
+        greedy = tl.load(greedy_ptr + b).to(tl.int32)
+    root_row = tl.load(rows_ptr + b * (N + 1))
+    alive = root_row >= 0
+    cur = tl.where(alive, 0, -1).to(tl.int64)
+    t_off = tl.maximum(root_row, 0) * stride_t
+    s_base = b * 2 * V
+    slot = 0
+    fresh = 1
+    z = 1.0
+    removed = 0.0
+    q_argmax = (b * 0).to(tl.int64)
+    if greedy != 0:
+        q_argmax, _ = _row_argmax(target_ptr, t_off, alive, V, BLOCK_V)
+    for j in range(1, N + 1):
+        par = tl.load(parents_ptr + b * N + j - 1)
+        dj = tl.load(depth_ptr + b * (N + 1) + j)
+        if (par == cur) & (dj >= 1) & (dj <= max_depth):
+            tok_raw = tl.load(tokens_ptr + b * N + j - 1)
+            valid = (tok_raw >= 0) & (tok_raw < V)
+            tok = tl.where(valid, tok_raw, 0)
+            s_off = s_base + slot * V
+            r_c = tl.sum(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, tok + tl.arange(0, 1), valid), 0)
+            d_row = tl.load(drows_ptr + b * (N + 1) + cur)
+            p_c = 1.0
+            if POLICY != 2:
+                p_c = tl.sum(
+                    kc.clean(
+                        tl.load(draft_ptr + tl.maximum(d_row, 0) * stride_d + tok + tl.arange(0, 1),
+                                mask=valid & (d_row >= 0), other=0.0)
+                    ),
+                    0,
+                )  # fmt: skip
+            p_drawn = p_c
+            rem = 1.0
+            if POLICY == 1:
+                rem = 1.0 - removed
+            p_c = tl.where(rem > 0, tl.math.div_rn(p_c, tl.where(rem > 0, rem, 1.0)), 0.0)
+            ok = valid & (p_c > 0)
+            w0, w1, _, _ = random_words(seed, offset, j - 1 + (b * 0), _STREAM_ACCEPT)
+            u = uniform_from_words(w0, w1)
+            accept = ok & (u < tl.math.div_rn(r_c, tl.where(ok, z * p_c, 1.0)))
+            if greedy != 0:
+                accept = valid & (tok == q_argmax) & (r_c > 0)
+            if accept:
+                cur = j + (b * 0)
+                row_j = tl.load(rows_ptr + b * (N + 1) + j)
+                t_off = tl.maximum(row_j, 0) * stride_t
+                fresh = 1
+                z = 1.0
+                removed = 0.0
+                if greedy != 0:
+                    q_argmax, _ = _row_argmax(target_ptr, t_off, row_j >= 0, V, BLOCK_V)
+            elif ok & (greedy == 0):
+                # r' = (r / z - p / rem)+ (point mass: r / z), 0 at the rejected token, into the other slot
+                n_off = s_base + (1 - slot) * V
+                mass = (b * 0).to(tl.float64)
+                d_off = tl.maximum(d_row, 0) * stride_d
+                for s in range(0, V, BLOCK_V):
+                    offs = s + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    r = tl.math.div_rn(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m), z)
+                    if POLICY != 2:
+                        p = kc.clean(tl.load(draft_ptr + d_off + offs, mask=m & (d_row >= 0), other=0.0))
+                        r = tl.maximum(r - tl.math.div_rn(p, rem), 0.0)
+                    r = tl.where(offs == tok, 0.0, r)
+                    tl.store(scratch_ptr + n_off + offs, r, mask=m)
+                    mass += tl.sum(tl.where(m, r, 0.0).to(tl.float64), 0)
+                new_z = mass.to(tl.float32)
+                if new_z > _MASS_EPS:
+                    slot = 1 - slot
+                    fresh = 0
+                    z = new_z
+                if POLICY == 1:
+                    removed = removed + p_drawn
+    # the stop node: its residual, whether its target row has mass, its argmax
+    stop_row = tl.load(rows_ptr + b * (N + 1) + tl.maximum(cur, 0))
+    amax, qmax = _row_argmax(target_ptr, t_off, alive & (stop_row >= 0), V, BLOCK_V)
+    s_off = s_base + slot * V
+    for s in range(0, V, BLOCK_V):
+        offs = s + tl.arange(0, BLOCK_V)
+        m = offs < V
+        tl.store(resid_ptr + b * V + offs, _residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m), mask=m)
+    tl.store(stop_ptr + b, cur)
+    tl.store(qok_ptr + b, (qmax > 0).to(tl.int8))
+    tl.store(amax_ptr + b, amax)

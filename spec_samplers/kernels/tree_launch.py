@@ -1,0 +1,54 @@
+"""Launcher of the tree kernel (:mod:`spec_samplers.kernels.tree_kernels`): shapes, strides,
+scratch, then the final draw and output through :func:`spec_samplers.tree.output.finish_walk`
+(the same code the reference finishes with)."""
+
+from __future__ import annotations
+
+import torch
+
+from spec_samplers.tree.layout import TreeBatch
+from spec_samplers.tree.output import TreeOutput, finish_walk, seeds_of
+
+#: vocabulary block of the per-request loops
+TREE_BLOCK_V = 256
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[R, V] with vocab stride 1 (a strided or expanded view is copied; the row stride is kept)."""
+    return x if x.stride(-1) == 1 or x.shape[0] == 0 else x.contiguous()
+
+
+def rejection_tree_triton(tb: TreeBatch) -> TreeOutput:
+    """:func:`spec_samplers.tree.reference.rejection_tree_reference` on the Triton kernel: same
+    tokens on the same inputs and seeds."""
+    from spec_samplers.kernels.tree_kernels import INDEPENDENT, POINT_MASS, WITHOUT_REPLACEMENT, rejection_tree_kernel
+
+    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
+    device = tb.target.device
+    seeds, offsets = seeds_of(tb)
+    target = _rows(tb.target)
+    if target.shape[0] == 0:
+        target = torch.zeros(1, V, dtype=torch.float32, device=device)
+    point_mass = tb.draft is None or tb.policy == "deterministic"
+    draft = None if point_mass else _rows(tb.draft)  # type: ignore[arg-type]
+    if draft is not None and draft.shape[0] == 0:
+        draft = torch.zeros(1, V, dtype=torch.float32, device=device)
+    policy = POINT_MASS if point_mass else WITHOUT_REPLACEMENT if tb.policy == "without_replacement" else INDEPENDENT
+    scratch = torch.empty(B, 2, V, dtype=torch.float32, device=device)
+    residual = torch.zeros(B, V, dtype=torch.float32, device=device)
+    stop = torch.empty(B, dtype=torch.int64, device=device)
+    q_ok = torch.empty(B, dtype=torch.int8, device=device)
+    q_argmax = torch.empty(B, dtype=torch.int64, device=device)
+    if B:
+        rejection_tree_kernel[(B,)](
+            target, target.stride(0),
+            draft, 0 if draft is None else draft.stride(0),
+            tb.target_rows.contiguous(), tb.draft_rows.contiguous(),
+            tb.tokens.contiguous(), tb.parents.contiguous(), tb.depth.contiguous(),
+            seeds.contiguous(), offsets.contiguous(),
+            None if tb.is_greedy is None else tb.is_greedy.contiguous(),
+            scratch, residual, stop, q_ok, q_argmax,
+            N, V, tb.max_depth,
+            POLICY=policy, BLOCK_V=TREE_BLOCK_V,
+        )  # fmt: skip
+    return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
