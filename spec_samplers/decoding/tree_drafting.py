@@ -191,8 +191,7 @@ def draft_tree(
     for d in range(1, shape.depth + 1):
         f0, f1 = shape.level_start(d - 1), shape.level_start(d)
         if d > 1:  # the draft distributions of level d-1: one tree pass over the nodes so far
-            query_parents = torch.cat([torch.full((n, 1), -1, device=device), parents[:, : f1 - 2] - 1], 1)
-            query_parents = torch.where(query_parents >= 0, query_parents, -1)
+            query_parents = parents[:, : f1 - 1] - 1  # query i is node i + 1; the root (-1) is in the cache
             logits = decoder.draft.forward_tree(_for_draft(tokens[:, : f1 - 1], None), query_parents, draft_cache)  # type: ignore[attr-defined]
             draft_cache.keep_query_slots(torch.zeros(n, f1 - 1, dtype=torch.bool, device=device))
             rows[:, f0:f1] = strategy.probs(fit_vocab(logits[:, f0 - 1 : f1 - 1], vocab))
