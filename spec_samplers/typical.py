@@ -57,6 +57,7 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
     reference_op = staticmethod(typical_reference)
     kernel_op = "spec_samplers.kernels.typical_launch:typical_triton"
     tree_reference = staticmethod(typical_tree_reference)
+    tree_kernel = "spec_samplers.kernels.tree_launch:typical_tree_triton"
     tree_random = False
 
     def __init__(

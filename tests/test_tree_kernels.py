@@ -87,3 +87,25 @@ def test_kernel_awkward_inputs():
     out = _both(lambda s: s.forward_tree(bad_target, draft, bad_tokens, parents, seeds=seeds))
     assert bool((out.token_ids[0] == -1).all())
     assert bool(((out.token_ids >= -1) & (out.token_ids < 10)).all())
+
+
+def _both_typical(call):
+    from spec_samplers import TypicalAcceptanceSampler
+
+    ref = call(TypicalAcceptanceSampler(backend="torch"))
+    ker = call(TypicalAcceptanceSampler(backend=KERNEL_BACKEND))
+    assert torch.equal(ref.token_ids.cpu(), ker.token_ids.cpu()), (ref.token_ids, ker.token_ids)
+    assert torch.equal(ref.node_ids.cpu(), ker.node_ids.cpu())
+    return ref
+
+
+@pytest.mark.parametrize(("shape", "V"), [("binary", 9), ("uneven", 2100)])
+def test_typical_tree_kernel_equals_reference(shape, V):
+    target, _, tokens, parents, _ = _dev(*_workload(SHAPES[shape], "deterministic", 4, V, seed=13))
+    # drafts near the target's mode so that some paths pass
+    tokens = torch.where(torch.arange(tokens.shape[1], device=DEVICE) % 2 == 0, target[:, :-1].argmax(-1), tokens)
+    out = _both_typical(lambda s: s.forward_tree(target, None, tokens, parents))
+    assert bool((out.node_ids >= 0).any())
+    bad = target.clone()
+    bad[1] = float("nan")
+    _both_typical(lambda s: s.forward_tree(bad.bfloat16(), None, tokens.int(), parents, max_depth=2))

@@ -1,5 +1,6 @@
-"""Triton kernel of recursive rejection sampling over a draft tree (twin of
-:func:`spec_samplers.tree.reference.rejection_tree_walk`, operation for operation).
+"""Triton kernels of tree verification: recursive rejection sampling (twin of
+:func:`spec_samplers.tree.reference.rejection_tree_walk`, operation for operation) and Medusa's
+typical tree rule (``typical_tree_kernel``, twin of ``typical_tree_reference``).
 
 Grid (B,): one program walks one request's tree. Nodes are visited in index order (parents come
 first); node j is tried iff its parent is the current node. The residual r of the current node
@@ -17,13 +18,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.constants import RESIDUAL_MASS_EPS
+from spec_samplers.constants import ENTROPY_EPS_FP32, RESIDUAL_MASS_EPS
 from spec_samplers.kernels import common as kc
-from spec_samplers.kernels.rng import random_words, uniform_from_words
+from spec_samplers.kernels.rng import precise_exp, precise_log, random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+_ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
 #: POLICY values
 INDEPENDENT = 0
 WITHOUT_REPLACEMENT = 1
@@ -167,3 +169,77 @@ def rejection_tree_kernel(
     tl.store(stop_ptr + b, cur)
     tl.store(qok_ptr + b, (qmax > 0).to(tl.int8))
     tl.store(amax_ptr + b, amax)
+
+
+@triton.jit
+def typical_tree_kernel(
+    target_ptr,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    stride_t,
+    rows_ptr,  # [B, N+1] int64 target row of node j (-1: none)
+    tokens_ptr,  # [B, N] int64
+    parents_ptr,  # [B, N] int64, cleaned
+    depth_ptr,  # [B, N+1] int64
+    thr_ptr,  # [B, N+1] fp64 scratch: typical threshold of each node's row
+    amax_ptr,  # [B, N+1] int64 scratch: argmax of each node's row
+    rowok_ptr,  # [B, N+1] int8 scratch: the row has mass
+    pass_ptr,  # [B, N+1] int8 scratch: the node's whole path passes
+    stop_ptr,  # [B] int64 out: the deepest passing node (lowest index on ties), -1: none
+    final_ptr,  # [B] int64 out: argmax of its row (-1: no mass)
+    posterior,  # (threshold, alpha) fp32 values
+    N,
+    V,
+    max_depth,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Medusa's tree rule (:func:`spec_samplers.tree.reference.typical_tree_reference`): one
+    vocabulary pass per node row (float64 entropy, argmax), then the path tests on gathered
+    scalars. Grid (B,)."""
+    b = tl.program_id(0).to(tl.int64)
+    base = b * (N + 1)
+    for u in range(0, N + 1):
+        row = tl.load(rows_ptr + base + u)
+        off = tl.maximum(row, 0) * stride_t
+        hi = tl.where(row >= 0, V, 0)
+        ent = tl.full([], 0.0, tl.float64)
+        best = -1.0
+        best_idx = 0
+        for s in range(0, V, BLOCK_V):
+            offs = s + tl.arange(0, BLOCK_V)
+            m = offs < hi
+            q = kc.clean(tl.load(target_ptr + off + offs, mask=m, other=0.0))
+            q64 = q.to(tl.float64)
+            ent += tl.sum(q64 * precise_log(q64 + _ENTROPY_EPS, PRECISE), axis=0)
+            best, best_idx = kc.fold_argmax(tl.where(m, q, -1.0), s, best, best_idx)
+        zero64 = tl.zeros([], tl.float64)
+        thr = tl.minimum((zero64 + posterior[1]) * precise_exp(ent, PRECISE), zero64 + posterior[0])
+        tl.store(thr_ptr + base + u, thr)
+        tl.store(amax_ptr + base + u, best_idx.to(tl.int64))  # type: ignore[attr-defined]
+        tl.store(rowok_ptr + base + u, (best > 0.0).to(tl.int8))
+    root_ok = tl.load(rows_ptr + base) >= 0
+    tl.store(pass_ptr + base, root_ok.to(tl.int8))
+    stop = tl.where(root_ok, 0, -1).to(tl.int64)
+    best_score = (b * 0).to(tl.int64)
+    for j in range(1, N + 1):
+        par = tl.load(parents_ptr + b * N + j - 1)
+        dj = tl.load(depth_ptr + base + j)
+        tok_raw = tl.load(tokens_ptr + b * N + j - 1)
+        valid = (tok_raw >= 0) & (tok_raw < V) & (par >= 0) & (dj <= max_depth)
+        par_c = tl.maximum(par, 0)
+        ok = valid & (tl.load(pass_ptr + base + par_c) != 0)
+        par_row = tl.load(rows_ptr + base + par_c)
+        cand = tl.sum(
+            kc.clean(tl.load(target_ptr + tl.maximum(par_row, 0) * stride_t + tl.where(valid, tok_raw, 0)
+                             + tl.arange(0, 1), mask=ok & (par_row >= 0), other=0.0)),
+            0,
+        )  # fmt: skip
+        ok = ok & (cand.to(tl.float64) > tl.load(thr_ptr + base + par_c))
+        tl.store(pass_ptr + base + j, ok.to(tl.int8))
+        score = dj * (N + 1) - j
+        take = ok & (score > best_score)
+        stop = tl.where(take, j, stop)
+        best_score = tl.where(take, score, best_score)
+    stop_c = tl.maximum(stop, 0)
+    has = (stop >= 0) & (tl.load(rowok_ptr + base + stop_c) != 0)
+    tl.store(stop_ptr + b, stop)
+    tl.store(final_ptr + b, tl.where(has, tl.load(amax_ptr + base + stop_c), -1))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers.constants import fp32_value
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.tree.layout import TreeBatch
-from spec_samplers.tree.output import TreeOutput, finish_walk, seeds_of
+from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
 
 #: vocabulary block of the per-request loops
 TREE_BLOCK_V = 256
@@ -52,3 +54,28 @@ def rejection_tree_triton(tb: TreeBatch) -> TreeOutput:
             POLICY=policy, BLOCK_V=TREE_BLOCK_V,
         )  # fmt: skip
     return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
+
+
+def typical_tree_triton(tb: TreeBatch, posterior_threshold: float, posterior_alpha: float) -> TreeOutput:
+    """:func:`spec_samplers.tree.reference.typical_tree_reference` on the Triton kernel."""
+    from spec_samplers.kernels.tree_kernels import typical_tree_kernel
+
+    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
+    device = tb.target.device
+    target = _rows(tb.target)
+    if target.shape[0] == 0:
+        target = torch.zeros(1, V, dtype=torch.float32, device=device)
+    thr = torch.empty(B, N + 1, dtype=torch.float64, device=device)
+    amax = torch.empty(B, N + 1, dtype=torch.int64, device=device)
+    row_ok = torch.empty(B, N + 1, dtype=torch.int8, device=device)
+    passes = torch.empty(B, N + 1, dtype=torch.int8, device=device)
+    stop = torch.full((B,), -1, dtype=torch.int64, device=device)
+    final = torch.full((B,), -1, dtype=torch.int64, device=device)
+    if B:
+        typical_tree_kernel[(B,)](
+            target, target.stride(0), tb.target_rows.contiguous(), tb.tokens.contiguous(),
+            tb.parents.contiguous(), tb.depth.contiguous(), thr, amax, row_ok, passes, stop, final,
+            (fp32_value(posterior_threshold), fp32_value(posterior_alpha)), N, V, tb.max_depth,
+            BLOCK_V=TREE_BLOCK_V, PRECISE=lc.precise_math(),
+        )  # fmt: skip
+    return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, stop >= 0)
