@@ -113,32 +113,33 @@ def test_tree_needs_a_sampler_with_forward_tree(pair):
 
 
 def test_the_verifier_gets_each_nodes_own_draft_distribution(pair, monkeypatch):
-    """Row j given to forward_tree is the draft's distribution after the path root..j, and node
-    j's target row is the target's after that path (a misaligned row would stay exact but lose
-    acceptance, so the joint-law tests cannot see it)."""
+    """In every round, row j given to forward_tree is the draft's distribution after the committed
+    tokens and the path root..j, and the target's row likewise (a misaligned row stays exact but
+    loses acceptance, so the joint-law tests cannot see it). Two requests, so that rows are
+    padded differently."""
     target, draft = pair
-    seen = {}
+    calls = []
     decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), tree=NodeBudget(7, 3, "sampled"))
     original = type(decoder.sampler).forward_tree
 
     def spy(self, q, p, tokens, parents, *args, **kwargs):
-        seen.setdefault("call", (q.clone(), p.clone(), tokens.clone(), torch.as_tensor(parents).clone()))
-        return original(self, q, p, tokens, parents, *args, **kwargs)
+        out = original(self, q, p, tokens, parents, *args, **kwargs)
+        calls.append((q[0].clone(), p[0].clone(), tokens[0].clone(), torch.as_tensor(parents)[0].clone(), out))
+        return out
 
     monkeypatch.setattr(type(decoder.sampler), "forward_tree", spy)
     prompt = [3, 5, 7, 2]
-    decoder.generate([prompt], max_new_tokens=4, sampling_params=SamplingParams(temperature=1.0), seed=3)
-    q, p, tokens, parents = seen["call"]
-    parents = parents.expand(1, -1) if parents.dim() == 1 else parents
-    for j in range(tokens.shape[1] + 1):
-        path, node = [], j
-        while node > 0:
-            path.insert(0, int(tokens[0, node - 1]))
-            node = int(parents[0, node - 1])
-        with torch.no_grad():
-            ids = torch.tensor([prompt + path])
-            want_p = torch.softmax(draft(ids).logits[0, -1], -1)
-            want_q = torch.softmax(target(ids).logits[0, -1], -1)
-        if j < 6:  # nodes with children: levels 0..2 of a tree of widths 3, 2, 2 (nodes 0..5)
-            torch.testing.assert_close(p[0, j], want_p, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(q[0, j], want_q, rtol=1e-4, atol=1e-5)
+    decoder.generate([prompt, [4, 4, 1]], max_new_tokens=10, sampling_params=SamplingParams(temperature=1.0), seed=3)
+    assert len(calls) >= 3
+    context = list(prompt)
+    for q, p, tokens, parents, out in calls:
+        for j in range(6):  # nodes with children: levels 0..2 of a tree of widths 3, 2, 2
+            path, node = [], j
+            while node > 0:
+                path.insert(0, int(tokens[node - 1]))
+                node = int(parents[node - 1])
+            with torch.no_grad():
+                ids = torch.tensor([context + path])
+                torch.testing.assert_close(p[j], torch.softmax(draft(ids).logits[0, -1], -1), rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(q[j], torch.softmax(target(ids).logits[0, -1], -1), rtol=1e-4, atol=1e-5)
+        context += [t for t in out.token_ids[0].tolist() if t >= 0]

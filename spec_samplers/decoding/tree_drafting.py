@@ -256,7 +256,10 @@ def generate_tree(
     random = getattr(decoder.sampler, "tree_random", True)
     while active.numel():
         n = active.numel()
-        logits = decoder.draft.forward(_for_draft(pending, None), draft_cache)[:, -1]
+        # pending is right-padded with -1 (the last round's output row): read its last token's logits
+        last = (pending >= 0).sum(dim=1) - 1
+        logits = decoder.draft.forward(_for_draft(pending, None), draft_cache)
+        logits = logits.gather(1, last[:, None, None].expand(n, 1, logits.shape[-1]))[:, 0]
         vocab = vocab or logits.shape[-1]
         p_root = strategy.probs(fit_vocab(logits, vocab))
         tokens, parents, p_rows = draft_tree(decoder, shape, p_root, strategy, rounds, draft_cache, vocab)
