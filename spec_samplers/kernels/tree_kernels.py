@@ -49,7 +49,7 @@ def _row_argmax(ptr, row_off, ok, V, BLOCK_V: tl.constexpr):
 @triton.jit
 def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m):
     """The current residual at ``offs``: the target row while fresh, else the scratch slot."""
-    from_target = kc.clean(tl.load(t_ptr + t_off + offs, mask=m & fresh, other=0.0))
+    from_target = kc.clean(tl.load(t_ptr + t_off + offs, mask=m & (fresh != 0), other=0.0))
     from_scratch = tl.load(s_ptr + s_off + offs, mask=m & (fresh == 0), other=0.0)
     return tl.where(fresh != 0, from_target, from_scratch)
 
@@ -96,7 +96,7 @@ def rejection_tree_kernel(
     removed = 0.0
     q_argmax = (b * 0).to(tl.int64)
     if greedy != 0:
-        q_argmax, _ = _row_argmax(target_ptr, t_off, alive, V, BLOCK_V)
+        q_argmax, root_max = _row_argmax(target_ptr, t_off, alive, V, BLOCK_V)
     for j in range(1, N + 1):
         par = tl.load(parents_ptr + b * N + j - 1)
         dj = tl.load(depth_ptr + b * (N + 1) + j)
@@ -122,7 +122,7 @@ def rejection_tree_kernel(
                 rem = 1.0 - removed
             p_c = tl.where(rem > 0, tl.math.div_rn(p_c, tl.where(rem > 0, rem, 1.0)), 0.0)
             ok = valid & (p_c > 0)
-            w0, w1, _, _ = random_words(seed, offset, j - 1 + (b * 0), _STREAM_ACCEPT)
+            w0, w1, w2, w3 = random_words(seed, offset, j - 1 + (b * 0), _STREAM_ACCEPT)
             u = uniform_from_words(w0, w1)
             accept = ok & (u < tl.math.div_rn(r_c, tl.where(ok, z * p_c, 1.0)))
             if greedy != 0:
@@ -135,7 +135,7 @@ def rejection_tree_kernel(
                 z = 1.0
                 removed = 0.0
                 if greedy != 0:
-                    q_argmax, _ = _row_argmax(target_ptr, t_off, row_j >= 0, V, BLOCK_V)
+                    q_argmax, node_max = _row_argmax(target_ptr, t_off, row_j >= 0, V, BLOCK_V)
             elif ok & (greedy == 0):
                 # r' = (r / z - p / rem)+ (point mass: r / z), 0 at the rejected token, into the other slot
                 n_off = s_base + (1 - slot) * V
