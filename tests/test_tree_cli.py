@@ -48,3 +48,14 @@ def test_tree_bench_theory_matches_its_monte_carlo():
     # a chain's closed form: (1 - a^(k+1)) / (1 - a)
     a = float(torch.minimum(p, q).sum())
     assert tree_bench.theory(q, p, [1] * 4) == pytest.approx((1 - a**5) / (1 - a))
+
+
+def test_bench_trees_prints_chain_and_tree_rows(capsys, tmp_path):
+    import json
+
+    path = tmp_path / "trees.json"
+    assert main(["bench", "--trees", "--quick", "--vocab", "16", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "chain 10" in out and "tree 2,2,1" in out and "without_replacement" in out
+    rows = json.loads(path.read_text())
+    assert {r["kind"] for r in rows} == {"chain", "tree"} and all(r["measured"] >= 1 for r in rows)

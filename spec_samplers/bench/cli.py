@@ -107,6 +107,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="instead: acceptance under vLLM SamplingParams, drafts processed alike vs temperature only "
         "(spec_samplers/bench/params_bench.py; uses --k --rows --vocab --seed --device --json --quick)",
     )
+    p.add_argument(
+        "--trees",
+        action="store_true",
+        help="instead: tokens per target pass, chain vs tree at equal node budgets, theory and Monte Carlo "
+        "(spec_samplers/bench/tree_bench.py; uses --vocab (default 64) --seed --json --quick)",
+    )
     from spec_samplers.bench.models import add_arguments as add_model_arguments
 
     add_model_arguments(p)
@@ -185,6 +191,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return cmd_bench_models(args)
     torch.set_num_threads(args.threads)
+    if getattr(args, "trees", False):
+        from spec_samplers.bench import tree_bench
+
+        return tree_bench.main(tree_bench.argv_from_bench(args))
     if args.sampling_params:
         from spec_samplers.bench.params_bench import cmd_params_bench
 

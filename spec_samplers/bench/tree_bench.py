@@ -121,6 +121,13 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def argv_from_bench(args: argparse.Namespace) -> list[str]:
+    """``spec-samplers bench --trees``'s options as this module's command line."""
+    argv = ["--vocab", str(args.vocab or 64), "--seed", str(args.seed)]
+    argv += ["--rounds", "2000", "--sigma", "1.0"] if args.quick else []
+    return argv + (["--json", args.json] if args.json else [])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab", type=int, default=64)
