@@ -215,7 +215,7 @@ def typical_tree_kernel(
         thr = tl.minimum((zero64 + posterior[1]) * precise_exp(ent, PRECISE), zero64 + posterior[0])
         tl.store(thr_ptr + base + u, thr)
         tl.store(amax_ptr + base + u, best_idx.to(tl.int64))  # type: ignore[attr-defined]
-        tl.store(rowok_ptr + base + u, (best > 0.0).to(tl.int8))
+        tl.store(rowok_ptr + base + u, (best > 0.0).to(tl.int8))  # type: ignore[attr-defined]  # a tensor after the loop
     root_ok = tl.load(rows_ptr + base) >= 0
     tl.store(pass_ptr + base, root_ok.to(tl.int8))
     stop = tl.where(root_ok, 0, -1).to(tl.int64)
