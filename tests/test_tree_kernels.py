@@ -126,4 +126,19 @@ def test_tree_kernels_compile_for_sm90(tmp_path):
     script = here / "tree_compile_check.py"
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled all tree kernel variants for sm_90: 14 variants" in proc.stdout
+    assert "compiled all tree kernel variants for sm_90: 26 variants" in proc.stdout
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_kernel_fuses_the_softmax_of_logits(policy):
+    """Logits rows are read as softmax(x / T) inside the kernel (no probability tensor): the
+    reference's tokens, with greedy (T = 0) and hot rows, NaN / -inf / +inf logits, bf16, V = 2100."""
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["binary"], policy, 4, 2100, seed=17))
+    tl_, dl = target.log().clamp(min=-60), draft.log().clamp(min=-60)
+    tl_[1, 2, :7] = float("nan")
+    tl_[2, 0, 5] = float("inf")
+    dl[3, 1] = float("-inf")
+    temperature = torch.tensor([0.0, 0.7, 1.0, 2.5], device=DEVICE)
+    _both(lambda s: s.forward_tree_from_logits(tl_, dl, tokens, parents, temperature, policy, seeds=seeds))
+    _both(lambda s: s.forward_tree_from_logits(tl_.bfloat16(), dl.bfloat16(), tokens, parents, temperature, policy,
+                                               seeds=seeds))  # fmt: skip

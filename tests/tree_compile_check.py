@@ -1,6 +1,6 @@
 """Compile the tree kernels (spec_samplers/kernels/tree_kernels.py) for sm_90 without a GPU, every
 variant the launchers can reach: policy (independent, without replacement, point mass), greedy
-mask or not, fp32 / bf16 rows; the typical kernel for both dtypes. Catches what the interpreter
+mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax); the typical kernel for both dtypes. Catches what the interpreter
 cannot (compiled-mode typing of the scalar walk). Run with TRITON_INTERPRET unset
 (tests/test_tree_kernels.py does)."""
 
@@ -29,13 +29,16 @@ def t(dtype):
 def main():
     count = 0
     i64 = torch.int64
-    for policy, greedy, dtype in itertools.product((0, 1, 2), (False, True), (torch.float32, torch.bfloat16)):
+    for policy, greedy, dtype, logits in itertools.product(
+        (0, 1, 2), (False, True), (torch.float32, torch.bfloat16), (False, True)
+    ):
         args = dict(
             target_ptr=t(dtype), stride_t=5000, draft_ptr=None if policy == 2 else t(dtype), stride_d=5000,
             rows_ptr=t(i64), drows_ptr=t(i64), tokens_ptr=t(i64), parents_ptr=t(i64), depth_ptr=t(i64),
             seed_ptr=t(i64), offset_ptr=t(i64), greedy_ptr=t(torch.bool) if greedy else None,
             scratch_ptr=t(torch.float32), resid_ptr=t(torch.float32), stop_ptr=t(i64), qok_ptr=t(torch.int8),
-            amax_ptr=t(i64), N=10, V=5000, max_depth=3, POLICY=policy, BLOCK_V=TREE_BLOCK_V,
+            amax_ptr=t(i64), temp_ptr=t(torch.float32) if logits else None, N=10, V=5000, max_depth=3,
+            POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=precise_math(),
         )  # fmt: skip
         sig, consts = signature(rejection_tree_kernel, args)
         triton.compile(ASTSource(fn=rejection_tree_kernel, signature=sig, constexprs=consts), target=TARGET)

@@ -33,23 +33,65 @@ POINT_MASS = 2
 
 
 @triton.jit
-def _row_argmax(ptr, row_off, ok, V, BLOCK_V: tl.constexpr):
-    """(argmax, max) of the cleaned row at ``row_off`` (ties: lowest index); (0, 0) when not ok."""
+def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+    """(max, sum, argmax, T) of a logits row: the statistics of torch_ops.probs_from_logits's rule
+    (NaN logits -inf; q = exp((x - max) / T) / sum, T <= 0 or NaN counting as 1; T == 0: the
+    one-hot of the argmax). The sum is accumulated in float64 and rounded once."""
+    hi = tl.where(ok, V, 0)
+    best = float("-inf")
+    best_idx = 0
+    for s in range(0, V, BLOCK_V):
+        offs = s + tl.arange(0, BLOCK_V)
+        m = offs < hi
+        x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
+        x = tl.where(m & (x == x), x, float("-inf"))
+        best, best_idx = kc.fold_argmax(x, s, best, best_idx)
+    t = tl.where(temp > 0, temp, 1.0)
+    total = tl.zeros([], tl.float64)
+    for s in range(0, V, BLOCK_V):
+        offs = s + tl.arange(0, BLOCK_V)
+        m = offs < hi
+        x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
+        x = tl.where(m & (x == x), x, float("-inf"))
+        total += tl.sum(tl.where(m, kc.scaled_exp(x, best, t, PRECISE), 0.0).to(tl.float64), 0)
+    return best, total.to(tl.float32), best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
+
+
+@triton.jit
+def _load(ptr, off, offs, mask, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+    """Cleaned fp32 probabilities at ``offs`` of the row at ``off``: as stored, or (LOGITS) from
+    the logits with the row's statistics ``st`` = (max, sum, argmax, T) of :func:`_logit_stats`."""
+    if LOGITS:
+        x = tl.load(ptr + off + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        has = st[0] > float("-inf")
+        e = kc.scaled_exp(x, st[0], tl.where(st[3] > 0, st[3], 1.0), PRECISE)
+        q = tl.where(has, tl.math.div_rn(e, st[1]), 0.0)
+        one_hot = tl.where(offs == st[2], 1.0, 0.0)
+        q = tl.where(st[3] == 0, tl.where(has, one_hot, 0.0), q)
+        return tl.where(mask, q, 0.0)
+    else:
+        return kc.clean(tl.load(ptr + off + offs, mask=mask, other=0.0))
+
+
+@triton.jit
+def _row_argmax(ptr, row_off, ok, V, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(argmax, max) of the row's probabilities (ties: lowest index); (0, 0) when not ok."""
     best = -1.0
     best_idx = 0
     hi = tl.where(ok, V, 0)
     for s in range(0, V, BLOCK_V):
         offs = s + tl.arange(0, BLOCK_V)
         m = offs < hi
-        q = tl.where(m, kc.clean(tl.load(ptr + row_off + offs, mask=m, other=0.0)), -1.0)
+        q = tl.where(m, _load(ptr, row_off, offs, m, st, LOGITS, PRECISE), -1.0)
         best, best_idx = kc.fold_argmax(q, s, best, best_idx)
     return best_idx.to(tl.int64), tl.maximum(best, 0.0)  # type: ignore[attr-defined]
 
 
 @triton.jit
-def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m):
+def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """The current residual at ``offs``: the target row while fresh, else the scratch slot."""
-    from_target = kc.clean(tl.load(t_ptr + t_off + offs, mask=m & (fresh != 0), other=0.0))
+    from_target = _load(t_ptr, t_off, offs, m & (fresh != 0), st, LOGITS, PRECISE)
     from_scratch = tl.load(s_ptr + s_off + offs, mask=m & (fresh == 0), other=0.0)
     return tl.where(fresh != 0, from_target, from_scratch)
 
@@ -73,12 +115,15 @@ def rejection_tree_kernel(
     stop_ptr,  # [B] int64 out
     qok_ptr,  # [B] int8 out: the stop node's target row has mass
     amax_ptr,  # [B] int64 out: its argmax
+    temp_ptr,  # [R] fp32 temperature of each flat row (0: greedy), or None: the rows hold probabilities
     N,
     V,
     max_depth,
     POLICY: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
+    LOGITS: tl.constexpr = temp_ptr is not None
     b = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + b)
     offset = tl.load(offset_ptr + b)
@@ -89,6 +134,14 @@ def rejection_tree_kernel(
     alive = root_row >= 0
     cur = tl.where(alive, 0, -1).to(tl.int64)
     t_off = tl.maximum(root_row, 0) * stride_t
+    t_st = (0.0, 1.0, (b * 0).to(tl.int64), 1.0)  # logits statistics of the current target row
+    d_st = (0.0, 1.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
+    d_row0 = tl.load(drows_ptr + b * (N + 1))
+    if LOGITS:
+        temp = tl.load(temp_ptr + tl.maximum(root_row, 0))
+        t_st = _logit_stats(target_ptr, t_off, alive, temp, V, BLOCK_V, PRECISE)
+        if POLICY != 2:
+            d_st = _logit_stats(draft_ptr, tl.maximum(d_row0, 0) * stride_d, d_row0 >= 0, temp, V, BLOCK_V, PRECISE)
     s_base = b * 2 * V
     slot = 0
     fresh = 1
@@ -96,7 +149,7 @@ def rejection_tree_kernel(
     removed = 0.0
     q_argmax = (b * 0).to(tl.int64)
     if greedy != 0:
-        q_argmax, root_max = _row_argmax(target_ptr, t_off, alive, V, BLOCK_V)
+        q_argmax, root_max = _row_argmax(target_ptr, t_off, alive, V, t_st, LOGITS, PRECISE, BLOCK_V)
     for j in range(1, N + 1):
         par = tl.load(parents_ptr + b * N + j - 1)
         dj = tl.load(depth_ptr + b * (N + 1) + j)
@@ -105,17 +158,13 @@ def rejection_tree_kernel(
             valid = (tok_raw >= 0) & (tok_raw < V)
             tok = tl.where(valid, tok_raw, 0)
             s_off = s_base + slot * V
-            r_c = tl.sum(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, tok + tl.arange(0, 1), valid), 0)
+            one = tok + tl.arange(0, 1)
+            r_c = tl.sum(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, one, valid, t_st, LOGITS, PRECISE), 0)
             d_row = tl.load(drows_ptr + b * (N + 1) + cur)
             p_c = 1.0
             if POLICY != 2:
-                p_c = tl.sum(
-                    kc.clean(
-                        tl.load(draft_ptr + tl.maximum(d_row, 0) * stride_d + tok + tl.arange(0, 1),
-                                mask=valid & (d_row >= 0), other=0.0)
-                    ),
-                    0,
-                )  # fmt: skip
+                d_off = tl.maximum(d_row, 0) * stride_d
+                p_c = tl.sum(_load(draft_ptr, d_off, one, valid & (d_row >= 0), d_st, LOGITS, PRECISE), 0)
             p_drawn = p_c
             rem = 1.0
             if POLICY == 1:
@@ -134,8 +183,15 @@ def rejection_tree_kernel(
                 fresh = 1
                 z = 1.0
                 removed = 0.0
+                if LOGITS:
+                    temp = tl.load(temp_ptr + tl.maximum(row_j, 0))
+                    t_st = _logit_stats(target_ptr, t_off, row_j >= 0, temp, V, BLOCK_V, PRECISE)
+                    if POLICY != 2:
+                        d_row_j = tl.load(drows_ptr + b * (N + 1) + j)
+                        d_off_j = tl.maximum(d_row_j, 0) * stride_d
+                        d_st = _logit_stats(draft_ptr, d_off_j, d_row_j >= 0, temp, V, BLOCK_V, PRECISE)
                 if greedy != 0:
-                    q_argmax, node_max = _row_argmax(target_ptr, t_off, row_j >= 0, V, BLOCK_V)
+                    q_argmax, node_max = _row_argmax(target_ptr, t_off, row_j >= 0, V, t_st, LOGITS, PRECISE, BLOCK_V)
             elif ok & (greedy == 0):
                 # r' = (r / z - p / rem)+ (point mass: r / z), 0 at the rejected token, into the other slot
                 n_off = s_base + (1 - slot) * V
@@ -144,9 +200,10 @@ def rejection_tree_kernel(
                 for s in range(0, V, BLOCK_V):
                     offs = s + tl.arange(0, BLOCK_V)
                     m = offs < V
-                    r = tl.math.div_rn(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m), z)
+                    r = _residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m, t_st, LOGITS, PRECISE)
+                    r = tl.math.div_rn(r, z)
                     if POLICY != 2:
-                        p = kc.clean(tl.load(draft_ptr + d_off + offs, mask=m & (d_row >= 0), other=0.0))
+                        p = _load(draft_ptr, d_off, offs, m & (d_row >= 0), d_st, LOGITS, PRECISE)
                         r = tl.maximum(r - tl.math.div_rn(p, rem), 0.0)
                     r = tl.where(offs == tok, 0.0, r)
                     tl.store(scratch_ptr + n_off + offs, r, mask=m)
@@ -160,12 +217,13 @@ def rejection_tree_kernel(
                     removed = removed + p_drawn
     # the stop node: its residual, whether its target row has mass, its argmax
     stop_row = tl.load(rows_ptr + b * (N + 1) + tl.maximum(cur, 0))
-    amax, qmax = _row_argmax(target_ptr, t_off, alive & (stop_row >= 0), V, BLOCK_V)
+    amax, qmax = _row_argmax(target_ptr, t_off, alive & (stop_row >= 0), V, t_st, LOGITS, PRECISE, BLOCK_V)
     s_off = s_base + slot * V
     for s in range(0, V, BLOCK_V):
         offs = s + tl.arange(0, BLOCK_V)
         m = offs < V
-        tl.store(resid_ptr + b * V + offs, _residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m), mask=m)
+        r = _residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m, t_st, LOGITS, PRECISE)
+        tl.store(resid_ptr + b * V + offs, r, mask=m)
     tl.store(stop_ptr + b, cur)
     tl.store(qok_ptr + b, (qmax > 0).to(tl.int8))
     tl.store(amax_ptr + b, amax)

@@ -8,7 +8,7 @@ import torch
 
 from spec_samplers.constants import fp32_value
 from spec_samplers.kernels import launch_common as lc
-from spec_samplers.tree.layout import TreeBatch
+from spec_samplers.tree.layout import TreeBatch, as_probabilities
 from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
 
 #: vocabulary block of the per-request loops
@@ -50,8 +50,9 @@ def rejection_tree_triton(tb: TreeBatch) -> TreeOutput:
             seeds.contiguous(), offsets.contiguous(),
             None if tb.is_greedy is None else tb.is_greedy.contiguous(),
             scratch, residual, stop, q_ok, q_argmax,
+            None if tb.temperature is None else tb.temperature.to(torch.float32).contiguous(),
             N, V, tb.max_depth,
-            POLICY=policy, BLOCK_V=TREE_BLOCK_V,
+            POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=lc.precise_math(),
         )  # fmt: skip
     return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
 
@@ -60,6 +61,7 @@ def typical_tree_triton(tb: TreeBatch, posterior_threshold: float, posterior_alp
     """:func:`spec_samplers.tree.reference.typical_tree_reference` on the Triton kernel."""
     from spec_samplers.kernels.tree_kernels import typical_tree_kernel
 
+    tb = as_probabilities(tb)  # (no fused softmax in the typical tree kernel)
     B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
     device = tb.target.device
     target = _rows(tb.target)

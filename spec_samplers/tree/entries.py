@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -177,13 +178,14 @@ class TreeEntries(SpecDecodeBaseSampler):
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
         V = target_logits.shape[2]
         request = torch.arange(B, device=target_logits.device).repeat_interleave(N + 1)
-        greedy, q, p = self._logits_to_probs(
+        greedy, q, p, row_temp = self._logits_rows(
             target_logits.reshape(-1, V), None if draft_logits is None else draft_logits.reshape(-1, V),
             request, temperature, sampling_params, B,
         )  # fmt: skip
         q = q.view(B, N + 1, V)
         p = None if p is None else p.view(B, N + 1, V)
         tb = self._padded_batch(q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
+        tb = replace(tb, temperature=row_temp)
         return self._run_tree("forward_tree_from_logits", tb, B * N, seeds, offsets, seeded_seqs)
 
     def forward_tree_ragged_from_logits(
@@ -211,10 +213,13 @@ class TreeEntries(SpecDecodeBaseSampler):
         # row r belongs to the request b with cu[b-1] + b <= r < cu[b] + b + 1
         ends = cu_num_nodes.to(torch.int64) + torch.arange(1, B + 1, device=rows.device)
         request = torch.searchsorted(ends, rows, right=True).clamp(max=max(B - 1, 0))
-        greedy, q, p = self._logits_to_probs(target_logits, draft_logits, request, temperature, sampling_params, B)
+        greedy, q, p, row_temp = self._logits_rows(
+            target_logits, draft_logits, request, temperature, sampling_params, B
+        )
         tb = self._ragged_batch(
             q, p, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling, max_depth, greedy, names
         )
+        tb = replace(tb, temperature=row_temp)
         return self._run_tree(
             "forward_tree_ragged_from_logits", tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs
         )
@@ -367,7 +372,7 @@ class TreeEntries(SpecDecodeBaseSampler):
             target, draft, rows, node_tokens, clean_parents(node_parents), None, draft_sampling, max_depth, is_greedy
         )
 
-    def _logits_to_probs(
+    def _logits_rows(
         self,
         target: torch.Tensor,  # [R, V] logits
         draft: torch.Tensor | None,  # [R, V] or None
@@ -375,8 +380,11 @@ class TreeEntries(SpecDecodeBaseSampler):
         temperature: torch.Tensor | None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         B: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(is_greedy [B], target probs [R, V], draft probs [R, V] or None)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(is_greedy [B], target rows, draft rows, temperature per row [R] or None). Without
+        SamplingParams filters the rows stay logits (the kernels apply the softmax as they read;
+        the references call :func:`~spec_samplers.tree.layout.as_probabilities`); with filters
+        they are processed into probabilities here."""
         if (temperature is None) == (sampling_params is None):
             raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params= (one of them)", None)
         filters: dict[str, torch.Tensor] = {}
@@ -386,9 +394,11 @@ class TreeEntries(SpecDecodeBaseSampler):
         else:
             assert sampling_params is not None
             t, filters = _sampling_filters(sampling_params, B, target.device)
+        if not filters:
+            return t == 0, target, draft, t[request] if target.shape[0] else t[:0]
         q = _rows_to_probs(target, request, t, filters)
         p = None if draft is None else _rows_to_probs(draft, request, t, filters)
-        return t == 0, q, p
+        return t == 0, q, p, None
 
     def _run_tree(
         self,

@@ -32,12 +32,13 @@ child of any node, so neither it nor its subtree is ever tried. Strict mode rais
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from spec_samplers.errors import input_error
 from spec_samplers.layout import request_spans
+from spec_samplers.torch_ops import probs_from_logits
 
 #: the sibling policies: how the children of one node were drawn from the node's draft row
 POLICIES = ("independent", "without_replacement", "deterministic")
@@ -127,6 +128,9 @@ class TreeBatch:
     seeds: torch.Tensor | None  # [B] int64
     offsets: torch.Tensor | None  # [B] int64
     is_greedy: torch.Tensor | None  # [B] bool
+    # [R] fp32 temperature of each flat row when ``target`` / ``draft`` hold logits (0: greedy;
+    # target and draft rows share flat indices), None for probabilities
+    temperature: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -139,6 +143,17 @@ class TreeBatch:
     @property
     def vocab_size(self) -> int:
         return self.target.shape[1]
+
+
+def as_probabilities(tb: TreeBatch) -> TreeBatch:
+    """``tb`` with logits rows turned into probabilities (:func:`spec_samplers.torch_ops.probs_from_logits`,
+    each row at its temperature); ``tb`` itself when it holds probabilities."""
+    t = tb.temperature
+    if t is None:
+        return tb
+    target = probs_from_logits(tb.target, t) if tb.target.shape[0] else tb.target.float()
+    draft = None if tb.draft is None else probs_from_logits(tb.draft, t) if tb.draft.shape[0] else tb.draft.float()
+    return replace(tb, target=target, draft=draft, temperature=None)
 
 
 def padded_maps(batch_size: int, num_nodes: int, device: torch.device) -> torch.Tensor:

@@ -60,7 +60,7 @@ from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS
 from spec_samplers.reference import typical_accepts
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import clean_probs, valid_ids
-from spec_samplers.tree.layout import TreeBatch
+from spec_samplers.tree.layout import TreeBatch, as_probabilities
 from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, tree_output
 from spec_samplers.tree.output import at as _at
 from spec_samplers.tree.output import seeds_of as _seeds
@@ -83,6 +83,7 @@ def _mass(r: torch.Tensor) -> torch.Tensor:
 def rejection_tree_walk(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The walk of the module docstring. Returns (stop node [B] (-1: no root row), residual at
     the stop node [B, V] fp32, its target row has mass [B] bool, argmax of that row [B])."""
+    tb = as_probabilities(tb)
     B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
     device = tb.target.device
     seeds, offsets = _seeds(tb)
@@ -151,6 +152,7 @@ def rejection_tree_reference(tb: TreeBatch) -> TreeOutput:
 def typical_tree_reference(tb: TreeBatch, posterior_threshold: float, posterior_alpha: float) -> TreeOutput:
     """Medusa's tree rule (module docstring): the deepest node whose whole path passes the
     typical test, then argmax q there. Returns ``TreeOutput``."""
+    tb = as_probabilities(tb)
     B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
     device = tb.target.device
     passes = torch.zeros(B, N + 1, dtype=torch.bool, device=device)
