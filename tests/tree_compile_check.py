@@ -1,8 +1,8 @@
 """Compile the tree kernels (spec_samplers/kernels/tree_kernels.py) for sm_90 without a GPU, every
 variant the launchers can reach: policy (independent, without replacement, point mass), greedy
-mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax); the typical kernel for both dtypes. Catches what the interpreter
-cannot (compiled-mode typing of the scalar walk). Run with TRITON_INTERPRET unset
-(tests/test_tree_kernels.py does)."""
+mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax); the typical kernel for
+both dtypes. Catches what the interpreter cannot (compiled-mode typing of the scalar walk). Run
+with TRITON_INTERPRET unset (tests/test_tree_kernels.py does)."""
 
 import itertools
 import os
