@@ -7,9 +7,10 @@ from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
 from spec_samplers.reference import block_reference
+from spec_samplers.tree.entries import TreeEntries
 
 
-class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
+class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     """Block verification: with the running ratio rho_m = min(rho_{m-1} q(x)/p(x), 1) of each
     draft prefix and the residual mass Z_m = sum (rho_m q_m - p_m)+, the accepted length is the
     last m with u_m < h_m = Z_m / (Z_m + 1 - rho_m) (h = rho at the block's end), so a later
@@ -43,3 +44,9 @@ class BlockVerificationSampler(SpecDecodeStochasticBaseSampler):
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)
     kernel_op = "spec_samplers.kernels.block_launch:block_triton"
+    tree_unsupported = (
+        "tree block verification (Traversal Verification, Weng et al. 2025) is not implemented: its "
+        "acceptance rule for a tree (sequence-level residuals over sibling subtrees, traversed from "
+        "the leaves) could not be established from the paper precisely enough to prove it exact for "
+        "each sibling policy here; use RejectionSampler.forward_tree (exact for every tree and policy)"
+    )

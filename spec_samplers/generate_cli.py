@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spec_samplers.decoding.tree_drafting import NodeBudget
 
 DESCRIPTION = """\
 Generate text from --prompt with speculative decoding: the draft model proposes --k tokens per
@@ -11,7 +15,9 @@ round, the target verifies them with --sampler (any registered sampler; default 
 whose output follows the target's distribution under the sampling options exactly). --target and
 --draft are local model directories in transformers format (save_pretrained output or a Hugging
 Face snapshot directory); nothing is downloaded. The tokenizer is the target's; the draft must
-share its vocabulary. Prints the text, the acceptance and the tokens per target forward pass."""
+share its vocabulary. Prints the text, the acceptance and the tokens per target forward pass.
+With --tree (children per depth, e.g. 2,2,1) or --node-budget (nodes,depth) the draft proposes a
+token tree per round, scored in one target pass with tree attention (docs/trees.md)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +33,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="sampler option (repeatable)")
     p.add_argument("--seed", type=int, help="random seed of the request")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--tree", metavar="B1,B2,..", help="draft a static tree: children per depth (e.g. 2,2,1)")
+    p.add_argument(
+        "--node-budget", metavar="NODES,DEPTH", help="draft a dynamic tree of at most NODES nodes over DEPTH levels"
+    )
+    p.add_argument(
+        "--expansion", choices=("top_k", "sampled"), default="top_k", help="--node-budget expansion (default top_k)"
+    )
+    p.add_argument(
+        "--draft-sampling",
+        choices=("independent", "without_replacement", "deterministic"),
+        default="independent",
+        help="how tree siblings are drawn (default independent)",
+    )
     add_sampling_arguments(p)
+
+
+def tree_from_args(args: argparse.Namespace) -> list[int] | NodeBudget | None:
+    """The ``tree=`` of SpeculativeDecoder from --tree / --node-budget (None: a chain)."""
+    from spec_samplers.decoding.tree_drafting import NodeBudget
+
+    if args.tree and args.node_budget:
+        raise ValueError("--tree and --node-budget: give one of them")
+    try:
+        if args.tree:
+            return [int(b) for b in args.tree.split(",")]
+        if args.node_budget:
+            nodes, depth = (int(x) for x in args.node_budget.split(","))
+            return NodeBudget(nodes, depth, args.expansion)
+    except ValueError as exc:
+        raise ValueError(f"--tree / --node-budget: expected comma-separated ints ({exc})") from None
+    return None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -43,7 +79,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         params = sampling_params_from_args(args, seed=args.seed)
         spec = runner.resolve_samplers([args.sampler], args.option, sweep=False)[0]
         target, draft, tokenizer = load_model_pair(args.target, args.draft, device, MODEL_DTYPES[args.model_dtype])
-        decoder = SpeculativeDecoder(target, draft, spec.sampler, num_speculative_tokens=args.k)
+        tree = tree_from_args(args)
+        decoder = SpeculativeDecoder(
+            target, draft, spec.sampler, num_speculative_tokens=args.k, tree=tree, draft_sampling=args.draft_sampling
+        )
         prompt = encode_prompt(tokenizer, args.prompt)
         out = decoder.generate([prompt], args.max_new_tokens, params)
     except (ValueError, OSError, ImportError) as exc:
@@ -60,9 +99,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     print(
         f"acceptance {stats.acceptance_rate:.3f} ({stats.num_accepted} of {stats.num_drafted} drafts accepted; "
-        f"sampler {spec.label}, k={args.k}); per position {per_position}"
+        f"sampler {spec.label}, {f'tree {tree}' if tree is not None else f'k={args.k}'}); "
+        f"per {'depth' if tree is not None else 'position'} {per_position}"
     )
-    if spec.lossless:
+    if spec.lossless and tree is None:
         print(
             f"judged drafts accepted {stats.verified_acceptance_rate:.3f}, lossless expectation "
             f"sum min(p', q') {stats.expected_acceptance_rate:.3f}"

@@ -6,12 +6,16 @@ from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
 from spec_samplers.reference import rejection_reference
+from spec_samplers.tree.entries import TreeEntries
+from spec_samplers.tree.reference import rejection_tree_reference
 
 
-class RejectionSampler(SpecDecodeStochasticBaseSampler):
+class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     """Accept draft x_i with probability min(1, q_i(x_i) / p_i(x_i)); at the first rejection emit
     a sample of (q - p)+; after k accepted drafts emit the bonus token. The emitted tokens have
-    exactly the target distribution.
+    exactly the target distribution. ``forward_tree`` and its twins verify draft trees by
+    recursive rejection sampling (:mod:`spec_samplers.tree.reference`; docs/trees.md), exact for
+    independent, without-replacement and deterministic siblings.
 
     Args:
         strict_mode: check token-id bounds and the [B] arguments too, as vLLM V0's strict mode
@@ -40,3 +44,5 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
     applies_filters: ClassVar[bool] = True
     reference_op = staticmethod(rejection_reference)
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
+    tree_reference = staticmethod(rejection_tree_reference)
+    tree_kernel = "spec_samplers.kernels.tree_launch:rejection_tree_triton"

@@ -380,3 +380,14 @@ def run_race(eager: Callable[..., torch.Tensor], weights: torch.Tensor, *args: t
                 stacklevel=3,  # the caller of recovery_race / sample_race
             )
     return eager(weights, *args)
+
+
+# --- Trees (spec_samplers.tree) -----------------------------------------------------------------
+# Tree verification has no stream of its own; it calls the public functions above, so it follows
+# whatever rule they implement. Sibling tests: node j (1..N) tests accept_uniforms(seeds, offsets,
+# N)[:, j - 1] (STREAM_ACCEPT, counter j - 1; a node is tested at most once per call). Final
+# draw: recovery_race(residual, seeds, offsets, depth of the stop node) (STREAM_RECOVER, position =
+# that depth; one race per request per call). A chain given as a tree therefore uses the chain
+# sampler's numbers. The Triton tree kernel draws the same uniforms (kernels.rng.random_words /
+# uniform_from_words) and leaves the final race to recovery_race. The decoding loop draws node
+# j's draft token with strategy.draw on STREAM_DECODE_DRAFT at position j (offset = the round).

@@ -11,6 +11,8 @@ from spec_samplers.base import SpecDecodeDeterministicBaseSampler
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.reference import typical_accepts, typical_reference
 from spec_samplers.torch_ops import clean_probs, valid_ids
+from spec_samplers.tree.entries import TreeEntries
+from spec_samplers.tree.reference import typical_tree_reference
 
 
 def _check_option(name: str, value: object) -> float:
@@ -22,9 +24,10 @@ def _check_option(name: str, value: object) -> float:
     return value
 
 
-class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
+class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
     """Accept x_i iff q_i(x_i) > min(posterior_threshold, posterior_alpha * exp(-H(q_i))); at the
-    first rejection emit argmax q_j. ``draft_probs`` is ignored (it may be None).
+    first rejection emit argmax q_j. ``draft_probs`` is ignored (it may be None). ``forward_tree``
+    and its twins apply Medusa's tree rule (the longest candidate path whose every node passes).
 
     Args:
         posterior_threshold: upper bound of the acceptance threshold (vLLM V0 default 0.09).
@@ -53,6 +56,9 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
     applies_filters: ClassVar[bool] = True
     reference_op = staticmethod(typical_reference)
     kernel_op = "spec_samplers.kernels.typical_launch:typical_triton"
+    tree_reference = staticmethod(typical_tree_reference)
+    tree_kernel = "spec_samplers.kernels.tree_launch:typical_tree_triton"
+    tree_random = False
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 
 import spec_samplers.kernels.block_launch  # noqa: E402,F401
 import spec_samplers.kernels.rejection_launch  # noqa: E402,F401
+import spec_samplers.kernels.tree_launch  # noqa: E402,F401
 import spec_samplers.kernels.typical_launch  # noqa: E402,F401
 from spec_samplers.kernels.backend import VocabSplit, vocab_split  # noqa: E402
 

@@ -40,11 +40,17 @@ Acceptance under vLLM SamplingParams (temperature, top-k, top-p, min-p): drafts 
 target vs by temperature only, measured and next to the lossless theory sum min(p, q')
 (spec_samplers/bench/params_bench.py)."""
 
+TREES_DESCRIPTION = """\
+Tokens per target pass, chain vs tree drafting at equal node budgets, on synthetic pairs: theory
+(where computable) and Monte Carlo with the package's own tree verifier
+(spec_samplers/bench/tree_bench.py; docs/trees.md)."""
+
 #: the mode flags that became subcommands, and the command that replaces each
 MOVED_FLAGS = {
     "--models": "spec-samplers bench models TARGET DRAFT",
     "--ops": "spec-samplers bench sampling (or bench verify)",
     "--sampling-params": "spec-samplers bench params",
+    "--trees": "spec-samplers bench trees",
 }
 
 
@@ -147,6 +153,15 @@ def add_params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny workload (seconds; for tests)")
 
 
+def add_trees_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench trees``."""
+    p.description = TREES_DESCRIPTION
+    p.add_argument("--vocab", type=positive_int, help="vocabulary size of the synthetic pairs (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workloads and the verifier (default 0)")
+    p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    p.add_argument("--quick", action="store_true", help="2000 rounds at one draft noise (seconds; for tests)")
+
+
 #: subcommand -> (help line, argument builder)
 SUBCOMMANDS = {
     "verify": (
@@ -159,6 +174,7 @@ SUBCOMMANDS = {
         add_params_arguments,
     ),
     "models": ("acceptance and speedup on a local transformers model pair", models.add_arguments),
+    "trees": ("tokens per target pass, chain vs tree at equal node budgets", add_trees_arguments),
 }
 
 
@@ -234,7 +250,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``spec-samplers bench [verify | sampling | params | models]``."""
+    """``spec-samplers bench [verify | sampling | params | models | trees]``."""
     torch.set_num_threads(args.threads)
     command = args.bench_command or "verify"
     if command == "models":
@@ -243,6 +259,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_sampling(args)
     if command == "params":
         return cmd_params(args)
+    if command == "trees":
+        from spec_samplers.bench import tree_bench
+
+        return tree_bench.main(tree_bench.argv_from_bench(args))
     return cmd_verify(args)
 
 

@@ -244,6 +244,33 @@ class SlotKVCache:
             valid=valid_query,
         )
 
+    def keep_query_slots(self, keep: torch.Tensor) -> None:
+        """(extension, tree decoding) ``keep`` [B, Q] bool over the last Q slots (the last query):
+        the slots marked False stop holding tokens, as crop's holes (a draft tree's rejected
+        branches). Positions stay right: a token's position is the valid slots before it."""
+        if self._valid is None or keep.shape[1] == 0:
+            return
+        Q = keep.shape[1]
+        self._valid = torch.cat([self._valid[:, :-Q], self._valid[:, -Q:] & keep.to(self._valid.device)], dim=1)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Trim trailing slots no request uses and compact when holes waste a quarter of the
+        slots (one read-back)."""
+        valid = self._valid
+        assert valid is not None
+        B, L = valid.shape
+        if B == 0 or L == 0:
+            return
+        slot_end = torch.arange(1, L + 1, device=valid.device)
+        end_t = (valid.any(dim=0) * slot_end).amax()
+        end, remaining = torch.stack([end_t, valid.sum(dim=1).amax()]).tolist()
+        if end < L:
+            self._storage_trim(L - end)
+            self._valid = valid[:, :end]
+        if end - remaining >= max(self.compact_min_slots, end // 4, 1):
+            self.compact(remaining)
+
     def append_query_slots(self, layout: QueryLayout) -> None:
         """Record the query's slots after the model appended their keys and values."""
         self._append_slots(layout.valid)

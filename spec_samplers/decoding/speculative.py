@@ -34,10 +34,12 @@ from spec_samplers.decoding.output import (
     start_generation,
 )
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
+from spec_samplers.decoding.tree_drafting import NodeBudget, as_tree_shape, generate_tree
 from spec_samplers.engine_seam import bind
 from spec_samplers.errors import input_error
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams
+from spec_samplers.tree.layout import check_policy
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -59,8 +61,17 @@ class SpeculativeDecoder:
             they must share a tokenizer. Their vocabulary sizes may differ (the draft's
             distribution is truncated or padded to the target's).
         sampler: a registered sampler name (``spec_samplers.available_samplers()``) or an instance.
-        num_speculative_tokens: k, drafts per round (>= 1).
+        num_speculative_tokens: k, drafts per round (>= 1); ignored with ``tree``.
         sampler_options: constructor options when ``sampler`` is a name.
+        tree: draft a token tree per round instead of a chain (:mod:`spec_samplers.decoding.tree_drafting`):
+            a branching list (children per node at each depth, EAGLE's static shape, e.g. [2, 2, 1]:
+            2 + 4 + 4 = 10 nodes, depth 3), or a :class:`~spec_samplers.decoding.tree_drafting.NodeBudget`
+            (a dynamic tree of at most that many nodes grown by top-k or sampled expansion). The
+            target scores the tree in one pass with tree attention (the models need
+            ``forward_tree``, as ``HFLanguageModel``), the sampler's ``forward_tree`` verifies it
+            and both caches keep only the accepted path.
+        draft_sampling: how siblings are drawn from their parent's draft distribution:
+            "independent", "without_replacement" or "deterministic" (top-k).
 
     Example::
 
@@ -77,6 +88,8 @@ class SpeculativeDecoder:
         sampler: str | torch.nn.Module = "rejection_sampler",
         num_speculative_tokens: int = 4,
         sampler_options: dict[str, object] | None = None,
+        tree: Sequence[int] | NodeBudget | None = None,
+        draft_sampling: str = "independent",
     ) -> None:
         k = num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -92,6 +105,10 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.num_speculative_tokens = k
         self._bound = bind(sampler)  # how it takes randomness, read once
+        self.tree = None if tree is None else as_tree_shape(tree)
+        self.draft_sampling = check_policy(draft_sampling)
+        if self.tree is not None and not hasattr(sampler, "forward_tree"):
+            raise input_error("sampler", "a sampler with forward_tree when tree= is given", type(sampler).__name__)
 
     def _verify(
         self,
@@ -137,6 +154,8 @@ class SpeculativeDecoder:
             :class:`GenerationOutput`: token_ids [B, max_new_tokens] (-1 after EOS) and
             per-request statistics.
         """
+        if self.tree is not None:
+            return generate_tree(self, prompt_ids, max_new_tokens, sampling_params, seed)
         start = start_generation(self.target, prompt_ids, max_new_tokens, sampling_params)
         prompts, params, buffer = start.prompts, start.params, start.buffer
         B, k = start.batch_size, self.num_speculative_tokens

@@ -204,6 +204,68 @@ class HFLanguageModel:
         kv_cache.append_query_slots(layout)
         return out.logits
 
+    @torch.no_grad()
+    def forward_tree(
+        self,
+        query_token_ids: torch.Tensor,  # [B, Q] int64, -1 = padding node
+        query_parents: torch.Tensor,  # [Q] or [B, Q] int64: parent in [0, i), -1 = attached to the cache
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        """Tree attention: logits [B, Q, V] of a token tree scored in one pass (query token i sees
+        the cache, its ancestors and itself; position = cache tokens + depth). The cache receives
+        every query slot; keep only an accepted path with ``kv_cache.keep_query_slots(keep)``."""
+        if not isinstance(kv_cache, HFKVCache):
+            raise input_error("kv_cache", "an HFKVCache (HFLanguageModel.new_kv_cache())", type(kv_cache).__name__)
+        query = query_token_ids.to(self.device)
+        parents = query_parents.to(self.device, torch.int64)
+        if parents.dim() == 1:
+            parents = parents[None].expand(query.shape[0], -1)
+        layout = kv_cache.query_layout(query)
+        L = layout.attention_mask.shape[1] - query.shape[1]
+        mask, positions = tree_attention_inputs(
+            layout.attention_mask[:, :L].bool(), layout.valid, parents, self.model.dtype
+        )
+        out = self.model(
+            input_ids=layout.input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=kv_cache.cache,
+            use_cache=True,
+        )
+        kv_cache.append_query_slots(layout)
+        return out.logits
+
+
+def tree_attention_inputs(
+    cache_valid: torch.Tensor,  # [B, L] bool: the cache slots holding tokens
+    query_valid: torch.Tensor,  # [B, Q] bool: False on padding nodes
+    query_parents: torch.Tensor,  # [B, Q] int64: parent of query token i in [0, i), -1: the cache's last token
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(4D additive attention mask [B, 1, Q, L+Q] of ``dtype``, position ids [B, Q]) of a token
+    tree: query token i sees the cache's tokens, its ancestors in the query and itself; its
+    position is the cache's token count plus its depth in the query (root-level tokens: depth 0).
+    A padding node sees itself only (its slot is never attended afterwards)."""
+    B, Q = query_parents.shape
+    device = query_parents.device
+    eye = torch.eye(Q, dtype=torch.bool, device=device)[None].expand(B, Q, Q)
+    sees = eye.clone()  # [B, Q, Q] ancestor-or-self, built parents-first
+    depth = torch.zeros(B, Q, dtype=torch.int64, device=device)
+    for i in range(Q):
+        par = query_parents[:, i]
+        has = (par >= 0) & (par < i)
+        row = sees.gather(1, par.clamp(min=0)[:, None, None].expand(B, 1, Q)).squeeze(1)  # parent's row
+        sees[:, i] = torch.where(has[:, None], row | eye[:, i], eye[:, i])
+        depth[:, i] = torch.where(has, depth.gather(1, par.clamp(min=0)[:, None]).squeeze(1) + 1, 0)
+    sees = sees & (query_valid[:, None, :] | eye)
+    allowed = torch.cat([cache_valid[:, None, :].expand(B, Q, cache_valid.shape[1]), sees], dim=2)
+    allowed = allowed & (
+        query_valid[:, :, None] | torch.cat([torch.zeros_like(allowed[..., : cache_valid.shape[1]]), eye], 2)
+    )
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    positions = cache_valid.sum(dim=1, keepdim=True) + depth
+    return mask[:, None], positions
+
 
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of a local model directory (no download)."""

@@ -1,0 +1,430 @@
+"""The tree entries every sampler with a tree rule has (:class:`TreeEntries`, a mixin).
+
+``forward_tree`` (padded), ``forward_tree_ragged`` (flattened trees with cumulative node
+counts) and their ``*_from_logits`` twins (``temperature`` or ``sampling_params=``) validate,
+resolve seeds, describe the call as a :class:`~spec_samplers.tree.layout.TreeBatch`, run the
+sampler's tree op (``tree_kernel`` when the Triton backend runs, else ``tree_reference``) and
+update the counters (``num_accepted_per_position`` counts per depth). Layout:
+:mod:`spec_samplers.tree.layout`; rules and their exactness: :mod:`spec_samplers.tree.reference`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import torch
+
+from spec_samplers.base import SpecDecodeBaseSampler, _sampling_filters
+from spec_samplers.errors import input_error
+from spec_samplers.kernels.backend import use_triton
+from spec_samplers.sampling.reference import filtered_softmax_reference
+from spec_samplers.sampling_params import SamplingParams
+from spec_samplers.seeding import row_seeds
+from spec_samplers.torch_ops import probs_from_logits
+from spec_samplers.tree.layout import (
+    TreeBatch,
+    as_parents,
+    check_parents_values,
+    check_policy,
+    clean_parents,
+    node_depths,
+    padded_maps,
+    ragged_maps,
+    static_max_depth,
+)
+from spec_samplers.tree.output import TreeOutput
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_seed_tensor, check_temperature
+
+
+def _check(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise input_error(name, "a torch.Tensor", type(t).__name__)
+    if tuple(t.shape) != shape:
+        raise input_error(name, f"shape {shape}", f"shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise input_error(name, "dtype in " + ", ".join(str(d) for d in dtypes), t.dtype)
+    if device is not None and t.device != device:
+        raise input_error(name, f"device {device}", f"device {t.device}")
+
+
+def _rows_to_probs(
+    logits: torch.Tensor,  # [R, V]
+    row_request: torch.Tensor,  # [R] int64 request of each row
+    temperature: torch.Tensor,  # [B] fp32 (0 = greedy)
+    filters: dict[str, torch.Tensor],  # {top_k, top_p, min_p} [B] each, or {}
+) -> torch.Tensor:
+    """[R, V] fp32: each row's softmax at its request's temperature (and filters), the rule of
+    the chain logits entries (:func:`spec_samplers.torch_ops.probs_from_logits`,
+    :func:`spec_samplers.sampling.reference.filtered_softmax_reference`)."""
+    if logits.shape[0] == 0:
+        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    t = temperature.to(torch.float32)[row_request]
+    if not filters:
+        return probs_from_logits(logits, t)
+    top_k, top_p, min_p = (filters[name][row_request] for name in ("top_k", "top_p", "min_p"))
+    return filtered_softmax_reference(logits, t, top_k, top_p, min_p)
+
+
+class TreeEntries(SpecDecodeBaseSampler):
+    """Mixin: the tree entries. A sampler class lists it before its base family and declares
+    ``tree_reference`` (``fn(TreeBatch, **tree_options()) -> TreeOutput``), optionally
+    ``tree_kernel`` (``"module:function"``, same signature) and ``tree_random`` (whether the rule
+    draws random numbers: then the entries take ``seeds`` / ``offsets`` / ``seeded_seqs``). A
+    sampler without a tree rule sets ``tree_unsupported`` to the reason; its entries raise
+    :class:`NotImplementedError` with it.
+
+    Every entry returns :class:`~spec_samplers.tree.output.TreeOutput` ``(token_ids [B, D+1],
+    node_ids [B, D])`` int64, -1 padded, D = ``max_depth`` (default: the trees' depth, read from
+    ``parents``; that is a host read when ``parents`` is a device tensor, so engines pass it).
+    """
+
+    tree_reference: ClassVar[Callable[..., TreeOutput] | None] = None
+    tree_kernel: ClassVar[str | None] = None
+    tree_random: ClassVar[bool] = True
+    tree_unsupported: ClassVar[str | None] = None
+
+    def tree_options(self) -> dict[str, Any]:
+        """Keyword options of the tree ops (the chain ops' by default)."""
+        return self.op_options()
+
+    # -- entries ----------------------------------------------------------------------------------
+
+    def forward_tree(
+        self,
+        target_probs: torch.Tensor,  # [B, N+1, V] fp32/fp16/bf16: row j = target after the path root..j
+        draft_probs: torch.Tensor | None,  # [B, N+1, V] or None: row j = what node j's children were drawn from
+        draft_token_ids: torch.Tensor,  # [B, N] int32/int64: token of node j = 1..N
+        parents: torch.Tensor | Sequence[int],  # [N] or [B, N] int: parent of node j, in [0, j)
+        draft_sampling: str = "independent",
+        *,
+        max_depth: int | None = None,
+        seeds: torch.Tensor | None = None,  # [B] int64
+        offsets: torch.Tensor | None = None,  # [B] int64
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        is_greedy: torch.Tensor | None = None,  # [B] bool
+    ) -> TreeOutput:
+        """Verify one draft tree per request (layout: :mod:`spec_samplers.tree.layout`).
+
+        ``draft_sampling`` says how each node's children were drawn from its draft row:
+        ``"independent"`` (i.i.d.), ``"without_replacement"`` (sequentially, drawn tokens
+        removed, in index order) or ``"deterministic"`` (any rule of the context, e.g. top-k;
+        ``draft_probs`` may be None, which means this for every policy). Returns
+        ``TreeOutput(token_ids [B, D+1], node_ids [B, D])``.
+
+        Example::
+
+            >>> import torch
+            >>> from spec_samplers import RejectionSampler
+            >>> B, V, parents = 2, 16, [0, 0, 1, 1, 3]              # N = 5 nodes, depth 3
+            >>> q = torch.softmax(torch.randn(B, 6, V), -1)         # [B, N+1, V]
+            >>> p = torch.softmax(torch.randn(B, 6, V), -1)
+            >>> ids = torch.randint(0, V, (B, 5))                    # [B, N]
+            >>> out = RejectionSampler().forward_tree(q, p, ids, parents)
+            >>> out.token_ids.shape, out.node_ids.shape
+            (torch.Size([2, 4]), torch.Size([2, 3]))
+        """
+        B, N = self._check_padded(target_probs, draft_probs, draft_token_ids, "target_probs", "draft_probs")
+        tb = self._padded_batch(
+            target_probs, draft_probs, draft_token_ids, parents, draft_sampling, max_depth, is_greedy
+        )
+        return self._run_tree("forward_tree", tb, B * N, seeds, offsets, seeded_seqs)
+
+    def forward_tree_ragged(
+        self,
+        target_probs: torch.Tensor,  # [T+B, V]: request b's N_b+1 rows (root first) at cu[b-1] + b
+        draft_probs: torch.Tensor | None,  # [T+B, V] or None
+        draft_token_ids: torch.Tensor,  # [T] int: node j of request b at cu[b-1] + j - 1
+        parents: torch.Tensor,  # [T] int: local parent indices, in [0, j)
+        cu_num_nodes: torch.Tensor,  # [B] int32/int64 inclusive cumsum of N_b
+        max_nodes: int,  # N >= every N_b
+        draft_sampling: str = "independent",
+        *,
+        max_depth: int | None = None,
+        seeds: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+        is_greedy: torch.Tensor | None = None,
+    ) -> TreeOutput:
+        """Trees of different sizes, flattened (layout: :mod:`spec_samplers.tree.layout`). Same
+        tokens as :meth:`forward_tree` on the same trees padded (and seeds)."""
+        tb = self._ragged_batch(
+            target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling,
+            max_depth, is_greedy, ("target_probs", "draft_probs"),
+        )  # fmt: skip
+        return self._run_tree("forward_tree_ragged", tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+
+    def forward_tree_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [B, N+1, V]
+        draft_logits: torch.Tensor | None,  # [B, N+1, V] or None
+        draft_token_ids: torch.Tensor,  # [B, N]
+        parents: torch.Tensor | Sequence[int],  # [N] or [B, N]
+        temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
+        draft_sampling: str = "independent",
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        max_depth: int | None = None,
+        seeds: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+    ) -> TreeOutput:
+        """:meth:`forward_tree` on q = softmax(target_logits / T), p = softmax(draft_logits / T)
+        per request (T == 0: greedy on the target's argmax), or, with ``sampling_params=``, both
+        processed as the chain logits entries do (temperature, min-p, top-k, top-p): exact for the
+        processed target when the children were drawn from the processed draft rows."""
+        B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
+        V = target_logits.shape[2]
+        request = torch.arange(B, device=target_logits.device).repeat_interleave(N + 1)
+        greedy, q, p, row_temp = self._logits_rows(
+            target_logits.reshape(-1, V), None if draft_logits is None else draft_logits.reshape(-1, V),
+            request, temperature, sampling_params, B,
+        )  # fmt: skip
+        q = q.view(B, N + 1, V)
+        p = None if p is None else p.view(B, N + 1, V)
+        tb = self._padded_batch(q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
+        tb = replace(tb, temperature=row_temp)
+        return self._run_tree("forward_tree_from_logits", tb, B * N, seeds, offsets, seeded_seqs)
+
+    def forward_tree_ragged_from_logits(
+        self,
+        target_logits: torch.Tensor,  # [T+B, V]
+        draft_logits: torch.Tensor | None,  # [T+B, V] or None
+        draft_token_ids: torch.Tensor,  # [T]
+        parents: torch.Tensor,  # [T]
+        cu_num_nodes: torch.Tensor,  # [B]
+        max_nodes: int,
+        temperature: torch.Tensor | None = None,  # [B]
+        draft_sampling: str = "independent",
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        max_depth: int | None = None,
+        seeds: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+        seeded_seqs: dict[int, torch.Generator] | None = None,
+    ) -> TreeOutput:
+        """Ragged twin of :meth:`forward_tree_from_logits`."""
+        names = ("target_logits", "draft_logits")
+        self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
+        B = cu_num_nodes.shape[0]
+        rows = torch.arange(target_logits.shape[0], device=target_logits.device)
+        # row r belongs to the request b with cu[b-1] + b <= r < cu[b] + b + 1
+        ends = cu_num_nodes.to(torch.int64) + torch.arange(1, B + 1, device=rows.device)
+        request = torch.searchsorted(ends, rows, right=True).clamp(max=max(B - 1, 0))
+        greedy, q, p, row_temp = self._logits_rows(
+            target_logits, draft_logits, request, temperature, sampling_params, B
+        )
+        tb = self._ragged_batch(
+            q, p, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling, max_depth, greedy, names
+        )
+        tb = replace(tb, temperature=row_temp)
+        return self._run_tree(
+            "forward_tree_ragged_from_logits", tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs
+        )
+
+    # -- the pipeline -----------------------------------------------------------------------------
+
+    def _require_tree(self, entry: str) -> None:
+        why = type(self).tree_unsupported
+        if why is not None or type(self).tree_reference is None:
+            raise NotImplementedError(f"{type(self).__name__}.{entry}: {why or 'no tree rule declared'}")
+
+    def _check_padded(self, target: Any, draft: Any, tokens: Any, target_name: str, draft_name: str) -> tuple[int, int]:
+        self._require_tree("forward_tree")
+        if not isinstance(target, torch.Tensor) or target.dim() != 3:
+            shape = tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__
+            raise input_error(target_name, "a [B, N+1, V] tensor", shape)
+        B, Np1, V = target.shape
+        _check(target_name, target, (B, Np1, V), PROBS_DTYPES, None)
+        if Np1 < 1 or V < 1:
+            raise input_error(target_name, "N+1 >= 1 rows per request and V >= 1", f"shape {tuple(target.shape)}")
+        if draft is not None:
+            _check(draft_name, draft, (B, Np1, V), PROBS_DTYPES, target.device)
+        _check("draft_token_ids", tokens, (B, Np1 - 1), ID_DTYPES, target.device)
+        return B, Np1 - 1
+
+    def _check_ragged(
+        self,
+        target: Any,
+        draft: Any,
+        tokens: Any,
+        parents: Any,
+        cu: Any,
+        max_nodes: object,
+        names: tuple[str, str],
+    ) -> None:
+        self._require_tree("forward_tree_ragged")
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1:
+            raise input_error("cu_num_nodes", "a [B] int tensor", getattr(cu, "shape", type(cu).__name__))
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1:
+            raise input_error("draft_token_ids", "a [T] int tensor", getattr(tokens, "shape", type(tokens).__name__))
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
+            raise input_error("max_nodes", "an int >= 0", repr(max_nodes))
+        B, T = cu.shape[0], tokens.shape[0]
+        if not isinstance(target, torch.Tensor) or target.dim() != 2:
+            raise input_error(names[0], f"a [T+B, V] = [{T + B}, V] tensor", getattr(target, "shape", target))
+        V = target.shape[1]
+        _check(names[0], target, (T + B, V), PROBS_DTYPES, None)
+        device = target.device
+        if draft is not None:
+            _check(names[1], draft, (T + B, V), PROBS_DTYPES, device)
+        _check("draft_token_ids", tokens, (T,), ID_DTYPES, device)
+        _check("parents", parents, (T,), ID_DTYPES, device)
+        _check("cu_num_nodes", cu, (B,), ID_DTYPES, device)
+        if self._strict_mode:
+            from spec_samplers.validation import check_ragged_values
+
+            check_ragged_values(cu, T, max_nodes)
+
+    def _parents(self, parents: object, B: int, N: int, device: torch.device) -> tuple[torch.Tensor, int | None]:
+        """([B, N] cleaned parents, the depth when it is known without a device read)."""
+        known = static_max_depth(list(parents)) if isinstance(parents, (list, tuple)) else None
+        t = as_parents(parents, device)
+        if t.dim() == 1:
+            if t.shape[0] != N:
+                raise input_error("parents", f"shape ({N},) or ({B}, {N})", f"shape {tuple(t.shape)}")
+            t = t[None, :].expand(B, N)
+        elif tuple(t.shape) != (B, N):
+            raise input_error("parents", f"shape ({N},) or ({B}, {N})", f"shape {tuple(t.shape)}")
+        if self._strict_mode:
+            check_parents_values(t)
+        return clean_parents(t), known
+
+    def _finish_batch(
+        self,
+        target: torch.Tensor,
+        draft: torch.Tensor | None,
+        rows: torch.Tensor,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        known_depth: int | None,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+    ) -> TreeBatch:
+        policy = check_policy(draft_sampling)
+        if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
+            raise input_error("max_depth", "an int >= 0 or None", repr(max_depth))
+        B = tokens.shape[0]
+        check_row_mask("is_greedy", is_greedy, B, target.device)
+        if self._strict_mode and tokens.numel():
+            from spec_samplers.validation import check_ids_in_range
+
+            check_ids_in_range("draft_token_ids", torch.where(parents >= 0, tokens, 0), target.shape[1])
+        depth = node_depths(parents)
+        if max_depth is None:
+            # the one host read of these entries: pass max_depth to avoid it
+            max_depth = known_depth if known_depth is not None else int(depth.max()) if depth.numel() else 0
+        return TreeBatch(
+            target=target,
+            draft=draft,
+            target_rows=rows,
+            draft_rows=rows,
+            tokens=tokens.to(torch.int64),
+            parents=parents,
+            depth=depth,
+            max_depth=max_depth,
+            policy=policy,
+            seeds=None,
+            offsets=None,
+            is_greedy=is_greedy,
+        )
+
+    def _padded_batch(
+        self,
+        target: torch.Tensor,
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,
+        parents: object,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+    ) -> TreeBatch:
+        B, Np1, V = target.shape
+        device = target.device
+        par, known = self._parents(parents, B, Np1 - 1, device)
+        flat_draft = None if draft is None else draft.reshape(-1, V)
+        return self._finish_batch(
+            target.reshape(-1, V), flat_draft, padded_maps(B, Np1 - 1, device), tokens, par, known,
+            draft_sampling, max_depth, is_greedy,
+        )  # fmt: skip
+
+    def _ragged_batch(
+        self,
+        target: torch.Tensor,
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        cu: torch.Tensor,
+        max_nodes: int,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+        names: tuple[str, str],
+    ) -> TreeBatch:
+        self._check_ragged(target, draft, tokens, parents, cu, max_nodes, names)
+        rows, node_tokens, node_parents = ragged_maps(cu, tokens.shape[0], max_nodes, tokens, parents)
+        if self._strict_mode:
+            check_parents_values(torch.where(node_parents >= 0, node_parents, 0))
+        return self._finish_batch(
+            target, draft, rows, node_tokens, clean_parents(node_parents), None, draft_sampling, max_depth, is_greedy
+        )
+
+    def _logits_rows(
+        self,
+        target: torch.Tensor,  # [R, V] logits
+        draft: torch.Tensor | None,  # [R, V] or None
+        request: torch.Tensor,  # [R] request of each row
+        temperature: torch.Tensor | None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        B: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(is_greedy [B], target rows, draft rows, temperature per row [R] or None). Without
+        SamplingParams filters the rows stay logits (the kernels apply the softmax as they read;
+        the references call :func:`~spec_samplers.tree.layout.as_probabilities`); with filters
+        they are processed into probabilities here."""
+        if (temperature is None) == (sampling_params is None):
+            raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params= (one of them)", None)
+        filters: dict[str, torch.Tensor] = {}
+        if temperature is not None:
+            check_temperature(temperature, B, target.device, self._strict_mode)
+            t = temperature.to(torch.float32)
+        else:
+            assert sampling_params is not None
+            t, filters = _sampling_filters(sampling_params, B, target.device)
+        if not filters:
+            return t == 0, target, draft, t[request] if target.shape[0] else t[:0]
+        q = _rows_to_probs(target, request, t, filters)
+        p = None if draft is None else _rows_to_probs(draft, request, t, filters)
+        return t == 0, q, p, None
+
+    def _run_tree(
+        self,
+        entry: str,
+        tb: TreeBatch,
+        num_nodes: int,
+        seeds: torch.Tensor | None,
+        offsets: torch.Tensor | None,
+        seeded_seqs: dict[int, torch.Generator] | None,
+    ) -> TreeOutput:
+        B = tb.batch_size
+        device = tb.target.device
+        if type(self).tree_random:
+            check_seed_tensor("offsets", offsets, B, device)
+            seeds = row_seeds(B, device, seeded_seqs, seeds)
+            offsets = torch.zeros_like(seeds) if offsets is None else offsets.to(torch.int64)
+            tb = TreeBatch(**{**tb.__dict__, "seeds": seeds, "offsets": offsets})
+        elif seeds is not None or offsets is not None or seeded_seqs:
+            raise input_error("seeds", f"None ({type(self).__name__} draws no random numbers)", "seeds")
+        kernel = type(self).tree_kernel
+        if kernel is not None and use_triton(self.backend, device):
+            module, _, name = kernel.partition(":")
+            out: TreeOutput = getattr(importlib.import_module(module), name)(tb, **self.tree_options())
+        else:
+            reference = type(self).tree_reference
+            assert reference is not None
+            out = reference(tb, **self.tree_options())
+        self._update_counters(out.token_ids, num_draft_tokens=num_nodes)
+        return out

@@ -1,0 +1,144 @@
+"""The tree kernel (spec_samplers.kernels.tree_kernels) gives the reference's tokens, token for
+token: every policy, tree shape, greedy rows, ragged, logits, V > 1024, and awkward inputs
+(strided, expanded, bf16, int32 ids and parents, NaN rows, out-of-range ids). On CPU the kernel
+runs in the interpreter, so shapes stay small."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE, KERNEL_BACKEND
+from tree_cases import POLICIES, SHAPES, draw_tree_tokens, ragged_from_padded
+
+from spec_samplers import RejectionSampler
+
+
+def _workload(shape, policy, B, V, seed, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.tensor(shape)[None, :].expand(B, -1).contiguous()
+    N = parents.shape[1]
+    target = torch.softmax(2 * torch.randn(B, N + 1, V, generator=gen), -1)
+    draft = torch.softmax(2 * torch.randn(B, N + 1, V, generator=gen), -1)
+    # draws from each node's own draft row (the rows need not depend on depth here)
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    for row in range(B):
+        tokens[row] = draw_tree_tokens(parents[row : row + 1], policy, gen, draft[row].double())[0]
+    seeds = torch.randint(0, 2**62, (B,), generator=gen)
+    return target.to(dtype), draft.to(dtype), tokens, parents, seeds
+
+
+def _both(call):
+    ref = call(RejectionSampler(backend="torch"))
+    ker = call(RejectionSampler(backend=KERNEL_BACKEND))
+    assert torch.equal(ref.token_ids.cpu(), ker.token_ids.cpu()), (ref.token_ids, ker.token_ids)
+    assert torch.equal(ref.node_ids.cpu(), ker.node_ids.cpu())
+    return ref
+
+
+def _dev(*ts):
+    return [None if t is None else t.to(DEVICE) for t in ts]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("shape", ["binary", "uneven", "chain"])
+def test_kernel_equals_reference(shape, policy):
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES[shape], policy, 6, 9, seed=len(shape)))
+    _both(lambda s: s.forward_tree(target, draft, tokens, parents, policy, seeds=seeds))
+
+
+@pytest.mark.parametrize("policy", ["independent", "deterministic"])
+def test_kernel_equals_reference_wide_vocabulary(policy):
+    """V = 2100: several vocabulary blocks, a partial last one (and V > 1024)."""
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["binary"], policy, 3, 2100, seed=5))
+    # make rejections likely: the target concentrates where the draft does not
+    target = torch.softmax(-4 * draft.log().clamp(min=-30), -1)
+    _both(lambda s: s.forward_tree(target, draft, tokens, parents, policy, seeds=seeds))
+
+
+def test_kernel_greedy_ragged_and_logits():
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["uneven"], "independent", 4, 11, seed=7))
+    greedy = torch.tensor([True, False, True, False], device=DEVICE)
+    _both(lambda s: s.forward_tree(target, draft, tokens, parents, is_greedy=greedy, seeds=seeds))
+    t, d, toks, pars, cu = ragged_from_padded(target, draft, tokens, parents, [6, 2, 0, 4])
+    _both(lambda s: s.forward_tree_ragged(t, d, toks, pars, cu, 6, "without_replacement", seeds=seeds))
+    temperature = torch.tensor([0.0, 0.7, 1.3, 1.0], device=DEVICE)
+    _both(lambda s: s.forward_tree_from_logits(target.log(), draft.log(), tokens, parents, temperature, seeds=seeds))
+
+
+def test_kernel_awkward_inputs():
+    """Strided and expanded float inputs, bf16, int32 ids and parents, NaN rows, bad ids:
+    each backend agrees with the other and with the plain fp32 call where the values agree."""
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["binary"], "independent", 4, 10, seed=9))
+    plain = _both(lambda s: s.forward_tree(target, draft, tokens, parents, seeds=seeds))
+    wide = torch.zeros(4, 7, 20, device=DEVICE)
+    wide[..., ::2] = target  # vocab stride 2
+    strided = wide[..., ::2]
+    out = _both(lambda s: s.forward_tree(strided, draft, tokens.int(), parents.int(), seeds=seeds))
+    assert torch.equal(out.token_ids, plain.token_ids)
+    one = target[:1].expand(4, -1, -1)  # stride 0 over the batch
+    _both(lambda s: s.forward_tree(one, draft[:1].expand(4, -1, -1), tokens, parents, seeds=seeds))
+    _both(lambda s: s.forward_tree(target.bfloat16(), draft.half(), tokens, parents, seeds=seeds))
+    bad_target = target.clone()
+    bad_target[0] = float("nan")
+    bad_target[1, :, 3] = float("inf")
+    bad_tokens = tokens.clone()
+    bad_tokens[2, 0] = -7
+    bad_tokens[3, 1] = 10**6
+    out = _both(lambda s: s.forward_tree(bad_target, draft, bad_tokens, parents, seeds=seeds))
+    assert bool((out.token_ids[0] == -1).all())
+    assert bool(((out.token_ids >= -1) & (out.token_ids < 10)).all())
+
+
+def _both_typical(call):
+    from spec_samplers import TypicalAcceptanceSampler
+
+    ref = call(TypicalAcceptanceSampler(backend="torch"))
+    ker = call(TypicalAcceptanceSampler(backend=KERNEL_BACKEND))
+    assert torch.equal(ref.token_ids.cpu(), ker.token_ids.cpu()), (ref.token_ids, ker.token_ids)
+    assert torch.equal(ref.node_ids.cpu(), ker.node_ids.cpu())
+    return ref
+
+
+@pytest.mark.parametrize(("shape", "V"), [("binary", 9), ("uneven", 2100)])
+def test_typical_tree_kernel_equals_reference(shape, V):
+    target, _, tokens, parents, _ = _dev(*_workload(SHAPES[shape], "deterministic", 4, V, seed=13))
+    # drafts near the target's mode so that some paths pass
+    tokens = torch.where(torch.arange(tokens.shape[1], device=DEVICE) % 2 == 0, target[:, :-1].argmax(-1), tokens)
+    out = _both_typical(lambda s: s.forward_tree(target, None, tokens, parents))
+    assert bool((out.node_ids >= 0).any())
+    bad = target.clone()
+    bad[1] = float("nan")
+    _both_typical(lambda s: s.forward_tree(bad.bfloat16(), None, tokens.int(), parents, max_depth=2))
+
+
+def test_tree_kernels_compile_for_sm90(tmp_path):
+    """Every tree-kernel variant compiles for a real GPU target (the interpreter accepts programs
+    the compiler rejects); no GPU needed (Triton ships ptxas)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), str(here), env.get("PYTHONPATH", "")])
+    script = here / "tree_compile_check.py"
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "compiled all tree kernel variants for sm_90: 26 variants" in proc.stdout
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_kernel_fuses_the_softmax_of_logits(policy):
+    """Logits rows are read as softmax(x / T) inside the kernel (no probability tensor): the
+    reference's tokens, with greedy (T = 0) and hot rows, NaN / -inf / +inf logits, bf16, V = 2100."""
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["binary"], policy, 4, 2100, seed=17))
+    tl_, dl = target.log().clamp(min=-60), draft.log().clamp(min=-60)
+    tl_[1, 2, :7] = float("nan")
+    tl_[2, 0, 5] = float("inf")
+    dl[3, 1] = float("-inf")
+    temperature = torch.tensor([0.0, 0.7, 1.0, 2.5], device=DEVICE)
+    _both(lambda s: s.forward_tree_from_logits(tl_, dl, tokens, parents, temperature, policy, seeds=seeds))
+    _both(lambda s: s.forward_tree_from_logits(tl_.bfloat16(), dl.bfloat16(), tokens, parents, temperature, policy,
+                                               seeds=seeds))  # fmt: skip
