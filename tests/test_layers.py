@@ -67,11 +67,24 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:``: annotations only, never run, so they neither
+    couple layers at run time nor close a loop."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return skipped
+
+
 def imported_modules(path: Path, module: str) -> set[str]:
     tree = ast.parse(path.read_text())
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    skipped = _type_checking_only(tree)
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

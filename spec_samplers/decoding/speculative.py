@@ -27,12 +27,11 @@ from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.decoding.interfaces import LanguageModel
 from spec_samplers.decoding.output import (
     GenerationOutput,
-    RequestStats,
-    TokenBuffer,
     left_pad,
     model_device,
     start_generation,
 )
+from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
 from spec_samplers.decoding.tree_drafting import NodeBudget, as_tree_shape, generate_tree
 from spec_samplers.engine_seam import bind
@@ -40,17 +39,6 @@ from spec_samplers.errors import input_error
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.tree.layout import check_policy
-
-
-def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """logits [..., V'] -> [..., vocab_size]: truncated, or padded with -inf (tokens the model
-    cannot propose). Draft and target vocabularies of one tokenizer often differ by padding."""
-    V = logits.shape[-1]
-    if V == vocab_size:
-        return logits
-    if V > vocab_size:
-        return logits[..., :vocab_size]
-    return torch.nn.functional.pad(logits, (0, vocab_size - V), value=float("-inf"))
 
 
 class SpeculativeDecoder:
@@ -160,7 +148,7 @@ class SpeculativeDecoder:
         prompts, params, buffer = start.prompts, start.params, start.buffer
         B, k = start.batch_size, self.num_speculative_tokens
         seeds = request_seeds(params, seed)
-        stats = _Counters(B, k)
+        stats = RoundCounters(B, k)
         if B == 0 or max_new_tokens == 0:
             return stats.output(buffer)
         device = model_device(self.target)
@@ -185,7 +173,7 @@ class SpeculativeDecoder:
             query = tail.to(device)
             draft_probs, drafts = [], []
             for i in range(k):
-                logits = self.draft.forward(_for_draft(query, draft_vocab), draft_cache)[:, -1]  # [n, V_d]
+                logits = self.draft.forward(for_draft(query, draft_vocab), draft_cache)[:, -1]  # [n, V_d]
                 draft_vocab = logits.shape[-1]
                 vocab = vocab or draft_vocab
                 probs = strategy.probs(fit_vocab(logits, vocab))  # [n, V]
@@ -224,57 +212,3 @@ class SpeculativeDecoder:
                 target_cache.batch_select_indices(keep.to(device))
                 draft_cache.batch_select_indices(keep.to(device))
         return stats.output(buffer)
-
-
-def _for_draft(query: torch.Tensor, draft_vocab: int | None) -> torch.Tensor:
-    """Target tokens outside the draft's vocabulary read as token 0: the draft's context may be
-    anything, only its proposals must follow the distribution given to the sampler."""
-    if draft_vocab is None:
-        return query
-    return torch.where(query >= draft_vocab, torch.zeros_like(query), query)
-
-
-class _Counters:
-    """Per-request counters on the host ([B] tensors indexed by original request)."""
-
-    def __init__(self, batch_size: int, k: int) -> None:
-        self.k = k
-        self.drafted = torch.zeros(batch_size, dtype=torch.int64)
-        self.accepted = torch.zeros(batch_size, dtype=torch.int64)
-        self.per_position = torch.zeros(batch_size, k, dtype=torch.int64)
-        self.rounds = torch.zeros(batch_size, dtype=torch.int64)
-        self.target_passes = torch.zeros(batch_size, dtype=torch.int64)
-        self.draft_passes = torch.zeros(batch_size, dtype=torch.int64)
-        self.verified = torch.zeros(batch_size, dtype=torch.int64)
-        self.expected = torch.zeros(batch_size, dtype=torch.float64)
-
-    def round(self, rows: torch.Tensor, num_accepted: torch.Tensor, overlap: torch.Tensor) -> None:
-        """num_accepted [n] int64, overlap [n, k] float64 (sum_x min(p', q') per position)."""
-        position = torch.arange(self.k)[None, :]
-        reached = position <= num_accepted[:, None]  # drafts the sampler had to judge: all before were accepted
-        self.drafted[rows] += self.k
-        self.accepted[rows] += num_accepted
-        self.verified[rows] += reached.sum(dim=1)
-        self.expected[rows] += (overlap * reached).sum(dim=1)
-        self.per_position[rows] += (position < num_accepted[:, None]).to(torch.int64)
-        self.rounds[rows] += 1
-        self.target_passes[rows] += 1
-        self.draft_passes[rows] += self.k
-
-    def output(self, buffer: TokenBuffer) -> GenerationOutput:
-        stats = [
-            RequestStats(
-                num_generated=int(buffer.num_tokens[b]),
-                num_drafted=int(self.drafted[b]),
-                num_accepted=int(self.accepted[b]),
-                accepted_per_position=self.per_position[b].tolist(),
-                num_verified=int(self.verified[b]),
-                num_rounds=int(self.rounds[b]),
-                target_forward_passes=int(self.target_passes[b]),
-                draft_forward_passes=int(self.draft_passes[b]),
-                expected_accepted=float(self.expected[b]),
-                finished_by_eos=bool(buffer.finished_by_eos[b]),
-            )
-            for b in range(self.drafted.shape[0])
-        ]
-        return GenerationOutput(token_ids=buffer.token_ids, stats=stats)

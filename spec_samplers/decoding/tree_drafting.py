@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spec_samplers.decoding.output import left_pad, model_device, start_generation
+from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
 from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy, request_seeds
 from spec_samplers.errors import input_error
 from spec_samplers.sampling_params import SamplingParams
@@ -164,7 +165,10 @@ def _draw_level(
             earlier = (parent[:, :s] == parent[:, s : s + 1]).to(weights.dtype)  # [n, s] siblings before
             removed = torch.zeros_like(weights).scatter_add_(1, tokens[:, :s], earlier)
             weights = torch.where(removed > 0, 0.0, weights)
-        tokens[:, s] = strategy.draw(weights, rounds, first_node + s, DRAFT_STREAM)
+        # a sibling whose parent row has no mass left (e.g. a greedy draft without replacement)
+        # is drawn as -1 by the sampling op: any token will do there, since its draft probability
+        # is 0 and the verifier never accepts it
+        tokens[:, s] = strategy.draw(weights, rounds, first_node + s, DRAFT_STREAM).clamp(min=0)
     return tokens
 
 
@@ -178,7 +182,6 @@ def draft_tree(
     vocab: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens [n, N], parents [n, N], draft rows [n, N+1, V]) of one round's trees."""
-    from spec_samplers.decoding.speculative import _for_draft, fit_vocab
 
     n, V = p_root.shape
     N = shape.num_nodes
@@ -192,7 +195,7 @@ def draft_tree(
         f0, f1 = shape.level_start(d - 1), shape.level_start(d)
         if d > 1:  # the draft distributions of level d-1: one tree pass over the nodes so far
             query_parents = parents[:, : f1 - 1] - 1  # query i is node i + 1; the root (-1) is in the cache
-            logits = decoder.draft.forward_tree(_for_draft(tokens[:, : f1 - 1], None), query_parents, draft_cache)  # type: ignore[attr-defined]
+            logits = decoder.draft.forward_tree(for_draft(tokens[:, : f1 - 1], None), query_parents, draft_cache)  # type: ignore[attr-defined]
             draft_cache.keep_query_slots(torch.zeros(n, f1 - 1, dtype=torch.bool, device=device))
             rows[:, f0:f1] = strategy.probs(fit_vocab(logits[:, f0 - 1 : f1 - 1], vocab))
         parent_slot, rank, top = _level_children(shape, d, rows[:, f0:f1], path[:, f0:f1])
@@ -221,7 +224,6 @@ def generate_tree(
     seed: int | None,
 ) -> GenerationOutput:
     """:meth:`SpeculativeDecoder.generate` with tree drafting (module docstring)."""
-    from spec_samplers.decoding.speculative import _Counters, _for_draft, fit_vocab
 
     shape = decoder.tree
     assert shape is not None
@@ -229,7 +231,7 @@ def generate_tree(
     prompts, params, buffer = start.prompts, start.params, start.buffer
     B, N, D = start.batch_size, shape.num_nodes, shape.depth
     seeds = request_seeds(params, seed)
-    stats = _Counters(B, D)
+    stats = RoundCounters(B, D)
     if B == 0 or max_new_tokens == 0:
         return stats.output(buffer)
     device = model_device(decoder.target)
@@ -244,7 +246,7 @@ def generate_tree(
         before = left_pad([p[:-1] for p in prompts], longest - 1, device)
         prefill_logits = decoder.target.forward(before, target_cache)
         vocab = vocab or prefill_logits.shape[-1]
-        decoder.draft.forward(_for_draft(before, None), draft_cache)
+        decoder.draft.forward(for_draft(before, None), draft_cache)
         stats.target_passes += (lengths > 1).to(torch.int64)
         stats.draft_passes += (lengths > 1).to(torch.int64)
     pending = torch.tensor([[p[-1]] for p in prompts], device=device)  # [B, P] committed, not in the draft
@@ -258,7 +260,7 @@ def generate_tree(
         n = active.numel()
         # pending is right-padded with -1 (the last round's output row): read its last token's logits
         last = (pending >= 0).sum(dim=1) - 1
-        logits = decoder.draft.forward(_for_draft(pending, None), draft_cache)
+        logits = decoder.draft.forward(for_draft(pending, None), draft_cache)
         logits = logits.gather(1, last[:, None, None].expand(n, 1, logits.shape[-1]))[:, 0]
         vocab = vocab or logits.shape[-1]
         p_root = strategy.probs(fit_vocab(logits, vocab))
