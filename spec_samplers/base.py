@@ -270,7 +270,10 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         ragged = cu_num_draft_tokens is not None
         if ragged and max_spec_len is None:
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
-        if custom_ops.routed(target):  # Dynamo traces, or meta tensors: one op with a fake implementation
+        # value checks read the tensors: on meta tensors the pipeline below refuses them by name
+        checks_values = self._strict_mode or self._check_values
+        if custom_ops.routed(target) and not (checks_values and target.device.type == "meta"):
+            # Dynamo traces, or meta tensors: one op with a fake implementation
             if sampling_params is not None or seeded_seqs:
                 name, instead = (
                     ("sampling_params", "temperature=") if seeded_seqs is None else ("seeded_seqs", "seeds=")
