@@ -29,12 +29,12 @@ chunk's logits in place, bonus rows included: request r is one ragged request of
 whose last draft is the -1 placeholder, always rejected, so the token there is a sample of the
 bonus row (its argmax for a greedy request) by the recovery race of position k_r, drawn in the
 sampler's kernels. No row is copied and no softmax or race runs eagerly: the vocabulary-sized
-eager tensors left are the gather of the drafter's cached logits and its fp32 copy (none with
-greedy drafting), tests/test_profile.py. Other samplers (typical acceptance recovers the argmax,
-not a sample; a third-party sampler may refuse -1 ids) get the draft rows copied out and the bonus
-drawn eagerly by :func:`sample_rows`. Both draw the bonus from the same stream, the recovery
-stream at (request seed, offset = position of the request's first row, position k_r), so they
-give the same tokens (tests/test_vllm_v2_runner.py compares them).
+eager tensors left are the gather of the drafter's cached logits and its fp32 quotient by T
+(none with greedy drafting), tests/test_profile.py. Other samplers (typical acceptance recovers
+the argmax, not a sample; a third-party sampler may refuse -1 ids) get the draft rows copied out
+and the bonus drawn eagerly by :func:`sample_rows`. Both draw the bonus from the same stream, the
+recovery stream at (request seed, offset = position of the request's first row, position k_r),
+so they give the same tokens (tests/test_vllm_v2_runner.py compares them).
 
 Semantics kept from vLLM: a -1 placeholder draft is rejected and replaced by a sample of the
 target row; greedy requests (temperature 0) are verified against the target argmax
@@ -86,6 +86,21 @@ def sample_rows(
     """[R] int64: one sample per row by an exponential race on the counter-based generator's
     recovery stream at ``positions`` (what the samplers draw for a bonus row, docs/design.md section 4)."""
     return rng.recovery_race(probs, seeds, offsets, positions)
+
+
+def drafter_rows(
+    draft_logits: torch.Tensor,  # [max_num_reqs, S', V'] the drafter's cached logits, before temperature
+    rows_state: torch.Tensor,  # [N] int64 request state of each row
+    rows_step: torch.Tensor,  # [N] int64 step of each row, < S'
+    temperature: torch.Tensor,  # [max_num_reqs]
+    vocab: int,
+) -> torch.Tensor:
+    """[N, vocab] fp32 drafter logits of the rows divided by their request's temperature (1 for
+    greedy requests): vLLM's target logits arrive divided by T, the drafter's do not. Two
+    vocabulary-sized tensors (the gather, then the fp32 quotient in one op: no separate cast)."""
+    row_temp = temperature[rows_state].to(torch.float32)  # [N]
+    gathered = draft_logits[rows_state, rows_step, :vocab]  # [N, vocab], the cache's dtype
+    return torch.div(gathered, torch.where(row_temp == 0, 1.0, row_temp)[:, None]).to(torch.float32)
 
 
 def verify(
@@ -149,10 +164,7 @@ def verify(
     if draft_logits is not None:
         rows_state = expanded_idx_mapping[draft_rows].to(torch.int64)  # [T]
         rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
-        row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
-        # vLLM's target logits arrive divided by T; the drafter's do not: divide them the same way
-        draft_rows_logits = draft_logits[rows_state, rows_step, :vocab].to(torch.float32)
-        draft_rows_logits.div_(row_temp[:, None])
+        draft_rows_logits = drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
         # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
         # from p: vLLM resamples it from q, and so do our samplers for any out-of-range draft id.
     if verifier.has_logits_entry:
@@ -238,10 +250,7 @@ def _verify_with_bonus_rows(
         # placeholder never reads it
         last_step = max(draft_logits.shape[1] - 1, 0)
         rows_step = expanded_local_pos[:num_logits].to(torch.int64).clamp(max=last_step)  # [L]
-        row_temp = temperature[rows_state].to(torch.float32)  # [L]
-        # vLLM's target logits arrive divided by T; the drafter's do not: divide them the same way
-        rows_logits = draft_logits[rows_state, rows_step, :vocab].to(torch.float32)
-        rows_logits.div_(torch.where(row_temp == 0, 1.0, row_temp)[:, None])
+        rows_logits = drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
     out = verifier.from_logits(
         logits,
         torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
