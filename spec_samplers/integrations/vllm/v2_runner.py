@@ -88,7 +88,7 @@ def sample_rows(
     return rng.recovery_race(probs, seeds, offsets, positions)
 
 
-def drafter_rows(
+def _drafter_rows(
     draft_logits: torch.Tensor,  # [max_num_reqs, S', V'] the drafter's cached logits, before temperature
     rows_state: torch.Tensor,  # [N] int64 request state of each row
     rows_step: torch.Tensor,  # [N] int64 step of each row, < S'
@@ -164,7 +164,7 @@ def verify(
     if draft_logits is not None:
         rows_state = expanded_idx_mapping[draft_rows].to(torch.int64)  # [T]
         rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
-        draft_rows_logits = drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
+        draft_rows_logits = _drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
         # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
         # from p: vLLM resamples it from q, and so do our samplers for any out-of-range draft id.
     if verifier.has_logits_entry:
@@ -250,7 +250,7 @@ def _verify_with_bonus_rows(
         # placeholder never reads it
         last_step = max(draft_logits.shape[1] - 1, 0)
         rows_step = expanded_local_pos[:num_logits].to(torch.int64).clamp(max=last_step)  # [L]
-        rows_logits = drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
+        rows_logits = _drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
     out = verifier.from_logits(
         logits,
         torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
