@@ -224,6 +224,42 @@ def test_mixed_greedy_random_with_padded_v0_sampler(restore_seams):
     assert torch.equal(sampled, again)
 
 
+@pytest.mark.parametrize("name", ["rejection_sampler", "block_verification"])
+def test_bonus_rows_verified_in_place_match_the_eager_bonus(restore_seams, monkeypatch, name):
+    """Rejection sampling and block verification verify the bonus rows in place (the logits as
+    vLLM wrote them, a -1 placeholder as each request's last draft): the same tokens as drawing
+    the bonus eagerly by the recovery race of position k_r and verifying the draft rows, on the
+    reference and on the kernels, greedy rows, placeholders, empty requests and both drafting
+    methods included."""
+    from conftest import DEVICE, KERNEL_BACKEND
+
+    from spec_samplers.registry import get_sampler
+
+    V, K = 40, 3
+    gen = torch.Generator().manual_seed(71)
+    requests = [
+        dict(state=s, pos=9 * s + 2, drafts=torch.randint(0, V, (k,), generator=gen).tolist(), temperature=t, seed=s)
+        for s, (k, t) in enumerate([(3, 0.0), (1, 1.0), (0, 0.8), (3, 0.7), (2, 1.3), (0, 0.0), (3, 1.0)])
+    ]
+    requests[4]["drafts"][0] = -1  # vLLM's placeholder
+    inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in v2_inputs(requests, V, K).items()}
+    L = int(inputs["cu_num_logits"][-1])
+    target_logits = (torch.randn(L, V, generator=gen) * 0.5).to(DEVICE)  # flat rows: drafts often accepted
+    draft_logits = (torch.randn(len(requests), K, V, generator=gen) * 0.5).to(DEVICE)
+    args = v2_args(inputs)
+    backends = ("torch", KERNEL_BACKEND)  # the reference, then the kernels (interpreted without a GPU)
+    seams = {b: v2_runner.make_rejection_sample(get_sampler(name, backend=b), None) for b in backends}
+    for drafts in (draft_logits, None):
+        in_place = {b: seam(target_logits, drafts, *args, K) for b, seam in seams.items()}
+        with monkeypatch.context() as m:
+            m.setattr(v2_runner, "_bonus_row_verifiable", lambda sampler: False)
+            eager, n_eager = seams["torch"](target_logits, drafts, *args, K)
+        for out, n in in_place.values():
+            assert torch.equal(out, eager) and torch.equal(n, n_eager)
+        # some requests reach the bonus (all k_r accepted, or k_r = 0)
+        assert any(n == len(r["drafts"]) + 1 for n, r in zip(n_eager.tolist(), requests))
+
+
 VLLM_ONLY = [
     dict(synthetic_conditional_rates=torch.ones(2)),
     dict(use_block_verification=True),

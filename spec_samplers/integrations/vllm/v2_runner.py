@@ -24,6 +24,18 @@ drafts, the last row is the bonus position; the draft scored by row i is ``draft
 request state and step. In this runner the bonus token is drawn inside the verification step, so
 we draw it too, from the same processed logits.
 
+How the bonus is drawn. Rejection sampling and block verification (not in strict mode) verify the
+chunk's logits in place, bonus rows included: request r is one ragged request of k_r + 1 rows
+whose last draft is the -1 placeholder, always rejected, so the token there is a sample of the
+bonus row (its argmax for a greedy request) by the recovery race of position k_r, drawn in the
+sampler's kernels. No row is copied and no softmax or race runs eagerly: the vocabulary-sized
+eager tensors left are the gather of the drafter's cached logits and its fp32 quotient by T
+(none with greedy drafting), tests/test_profile.py. Other samplers (typical acceptance recovers
+the argmax, not a sample; a third-party sampler may refuse -1 ids) get the draft rows copied out
+and the bonus drawn eagerly by :func:`sample_rows`. Both draw the bonus from the same stream, the
+recovery stream at (request seed, offset = position of the request's first row, position k_r),
+so they give the same tokens (tests/test_vllm_v2_runner.py compares them).
+
 Semantics kept from vLLM: a -1 placeholder draft is rejected and replaced by a sample of the
 target row; greedy requests (temperature 0) are verified against the target argmax
 and their bonus token is the argmax; every draw is a function of the request's seed (vLLM's
@@ -76,6 +88,21 @@ def sample_rows(
     return rng.recovery_race(probs, seeds, offsets, positions)
 
 
+def _drafter_rows(
+    draft_logits: torch.Tensor,  # [max_num_reqs, S', V'] the drafter's cached logits, before temperature
+    rows_state: torch.Tensor,  # [N] int64 request state of each row
+    rows_step: torch.Tensor,  # [N] int64 step of each row, < S'
+    temperature: torch.Tensor,  # [max_num_reqs]
+    vocab: int,
+) -> torch.Tensor:
+    """[N, vocab] fp32 drafter logits of the rows divided by their request's temperature (1 for
+    greedy requests): vLLM's target logits arrive divided by T, the drafter's do not. Two
+    vocabulary-sized tensors (the gather, then the fp32 quotient in one op: no separate cast)."""
+    row_temp = temperature[rows_state].to(torch.float32)  # [N]
+    gathered = draft_logits[rows_state, rows_step, :vocab]  # [N, vocab], the cache's dtype
+    return torch.div(gathered, torch.where(row_temp == 0, 1.0, row_temp)[:, None]).to(torch.float32)
+
+
 def verify(
     verifier: RaggedVerifier,
     target_logits: torch.Tensor,  # [L, V]
@@ -103,24 +130,29 @@ def verify(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
-    num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
     device = target_logits.device
     cu = cu_num_logits.to(torch.int64)
-    num_draft = cu[1:] - cu[:-1] - 1  # [R]
-    cu_draft = torch.cumsum(num_draft, dim=0)  # [R], inclusive
-    flat = torch.arange(num_draft_rows, device=device, dtype=torch.int64)  # [T]
-    req_of_row = torch.searchsorted(cu_draft, flat, right=True)  # [T]
-    draft_rows = flat + req_of_row  # [T]: request r's rows are shifted by its r earlier bonus rows
     bonus_rows = cu[1:] - 1  # [R]
-    draft_ids = draft_sampled[draft_rows + 1]  # [T]
-
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
-    logits = target_logits[:, :vocab]
+    logits = target_logits[:, :vocab]  # a view: no copy
     req_state = idx_mapping.to(torch.int64)  # [R]
     temp = temperature[req_state].to(torch.float32)  # [R]
     is_greedy = temp == 0  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
+    if verifier.has_logits_entry and _bonus_row_verifiable(verifier.sampler):
+        return _verify_with_bonus_rows(
+            verifier, logits, draft_logits, draft_sampled, cu, bonus_rows, expanded_idx_mapping,
+            expanded_local_pos, temperature, is_greedy, seeds, offsets, num_speculative_steps, vocab,
+        )  # fmt: skip
+
+    num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
+    num_draft = cu[1:] - cu[:-1] - 1  # [R]
+    cu_draft = torch.cumsum(num_draft, dim=0)  # [R], inclusive
+    flat = torch.arange(num_draft_rows, device=device, dtype=torch.int64)  # [T]
+    req_of_row = torch.searchsorted(cu_draft, flat, right=True)  # [T]
+    draft_rows = flat + req_of_row  # [T]: request r's rows are shifted by its r earlier bonus rows
+    draft_ids = draft_sampled[draft_rows + 1]  # [T]
 
     bonus_logits = logits[bonus_rows]  # [R, V]
     bonus_probs = bonus_logits.softmax(dim=-1, dtype=torch.float32)  # [R, V]
@@ -132,10 +164,7 @@ def verify(
     if draft_logits is not None:
         rows_state = expanded_idx_mapping[draft_rows].to(torch.int64)  # [T]
         rows_step = expanded_local_pos[draft_rows].to(torch.int64)  # [T]
-        row_temp = torch.where(is_greedy, torch.ones_like(temp), temp)[req_of_row]  # [T]
-        # vLLM's target logits arrive divided by T; the drafter's do not: divide them the same way
-        draft_rows_logits = draft_logits[rows_state, rows_step, :vocab].to(torch.float32)
-        draft_rows_logits.div_(row_temp[:, None])
+        draft_rows_logits = _drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
         # A -1 placeholder draft (P/D first step, invalid structured-output draft) was never drawn
         # from p: vLLM resamples it from q, and so do our samplers for any out-of-range draft id.
     if verifier.has_logits_entry:
@@ -166,5 +195,71 @@ def verify(
         )
         greedy = greedy_verify_ragged(target_rows.argmax(dim=-1), draft_ids, bonus, cu_draft, num_speculative_steps)
         out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
+    return _with_counts(out)
+
+
+def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1)."""
     num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1).to(torch.int32)  # [R]
     return out, num_sampled
+
+
+def _bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
+    """Whether the sampler's token at an out-of-range draft is a sample of the target row at that
+    position, by the recovery race of that position, which is how this seam draws a bonus token
+    (rejection sampling and block verification; not typical acceptance, which recovers the argmax,
+    nor strict mode, which refuses out-of-range ids)."""
+    from spec_samplers.block import BlockVerificationSampler
+    from spec_samplers.rejection import RejectionSampler
+
+    return isinstance(sampler, (RejectionSampler, BlockVerificationSampler)) and not sampler.strict_mode
+
+
+def _verify_with_bonus_rows(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
+    draft_sampled: torch.Tensor,  # [L]
+    cu: torch.Tensor,  # [R+1] int64
+    bonus_rows: torch.Tensor,  # [R] int64: cu[1:] - 1
+    expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
+    expanded_local_pos: torch.Tensor,  # [L]: step of each row within its request
+    temperature: torch.Tensor,  # [max_num_reqs]
+    is_greedy: torch.Tensor,  # [R] bool
+    seeds: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor,  # [R] int64
+    num_speculative_steps: int,
+    vocab: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's logits verified in place, bonus rows included: each request's rows
+    [cu[r], cu[r+1]) are one ragged request of k_r + 1 rows whose last draft is the -1
+    placeholder. The placeholder is always rejected and its token is a sample of the bonus row
+    (its argmax for greedy requests) by the recovery race of position k_r, the bonus token that
+    the other path draws eagerly; a rejection earlier stops before it. So the kernels read the
+    logits where vLLM wrote them (no row copy, no eager softmax or race) and the tokens follow
+    the same law and the same random stream as :func:`sample_rows`."""
+    num_logits = logits.shape[0]
+    S = num_speculative_steps
+    # the draft scored by row i is draft_sampled[i + 1]; a bonus row scores the placeholder
+    ids = torch.nn.functional.pad(draft_sampled[1:num_logits].to(torch.int64), (0, 1), value=PLACEHOLDER_TOKEN_ID)
+    ids = ids.index_fill(0, bonus_rows, PLACEHOLDER_TOKEN_ID)
+    rows_logits = None
+    if draft_logits is not None:
+        rows_state = expanded_idx_mapping[:num_logits].to(torch.int64)  # [L]
+        # a bonus row's step k_r may be past the cached steps: any drafter row serves there, the
+        # placeholder never reads it
+        last_step = max(draft_logits.shape[1] - 1, 0)
+        rows_step = expanded_local_pos[:num_logits].to(torch.int64).clamp(max=last_step)  # [L]
+        rows_logits = _drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
+    out = verifier.from_logits(
+        logits,
+        torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
+        rows_logits,
+        ids,
+        cu[1:],
+        S + 1,
+        temperature=torch.where(is_greedy, 0.0, torch.ones_like(seeds, dtype=torch.float32)),
+        seeds=seeds,
+        offsets=offsets,
+    )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
+    return _with_counts(out[:, : S + 1])
