@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
+from collections.abc import Callable
 
 from spec_samplers.bench.arguments import positive_int
 from spec_samplers.bench.cli import add_arguments as add_bench_arguments
 from spec_samplers.bench.cli import moved_flag_message
 from spec_samplers.generate_cli import add_arguments as add_generate_arguments
 from spec_samplers.profile_cli import add_arguments as add_profile_arguments
+
+Command = Callable[[argparse.Namespace], int]
 
 
 def _format_default(value: object) -> str:
@@ -52,42 +55,61 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return run_generate(args)
 
 
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trials", type=positive_int, default=4000, help="rows per setting (default 4000)")
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per row (default 4)")
+
+
+#: subcommand -> (help line, description (None: the one its argument builder sets), argument
+#: builder, command (None: the one its argument builder sets))
+COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None] | None, Command | None]] = {
+    "list": (
+        "list every registered sampler with its options and source package",
+        "Every sampler registered under the spec_samplers.samplers entry point (built-in and third-party), "
+        "with its constructor options and defaults and the package it comes from.",
+        None,
+        cmd_list,
+    ),
+    "demo": (
+        "acceptance demo on synthetic distributions (measured vs 1 - TV)",
+        "RejectionSampler on five synthetic draft/target pairs (V = 1000, draft = target logits + sigma * "
+        "noise): measured acceptance at the first position next to the theory 1 - TV(p, q), and tokens "
+        "emitted per step next to (1 - a^(k+1)) / (1 - a). No model needed.",
+        add_demo_arguments,
+        cmd_demo,
+    ),
+    "bench": (
+        "benchmarks: verification samplers (bare bench), sampling ops, SamplingParams, model pairs, trees",
+        None,
+        add_bench_arguments,
+        cmd_bench,
+    ),
+    "generate": (
+        "speculative decoding of a prompt with two local transformers models",
+        None,
+        add_generate_arguments,
+        cmd_generate,
+    ),
+    "profile": (
+        "modeled GPU cost of one verification call (launches, bytes, SASS); no GPU needed",
+        "Every kernel launch of one call, the bytes each moves (counted by Triton's interpreter), its sm_90 "
+        "SASS (registers, spills, occupancy, instructions per vocabulary element) and a MODELED time on "
+        "H100/H200; docs/cost-model.md.",
+        add_profile_arguments,
+        None,
+    ),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spec-samplers", description="Speculative-decoding verification samplers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser(
-        "list",
-        help="list every registered sampler with its options and source package",
-        description="Every sampler registered under the spec_samplers.samplers entry point (built-in and "
-        "third-party), with its constructor options and defaults and the package it comes from.",
-    )
-    p.set_defaults(func=cmd_list)
-    p = sub.add_parser(
-        "demo",
-        help="acceptance demo on synthetic distributions (measured vs 1 - TV)",
-        description="RejectionSampler on five synthetic draft/target pairs (V = 1000, draft = target "
-        "logits + sigma * noise): measured acceptance at the first position next to the theory "
-        "1 - TV(p, q), and tokens emitted per step next to (1 - a^(k+1)) / (1 - a). No model needed.",
-    )
-    p.add_argument("--trials", type=positive_int, default=4000, help="rows per setting (default 4000)")
-    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per row (default 4)")
-    p.set_defaults(func=cmd_demo)
-    p = sub.add_parser(
-        "bench", help="benchmarks: verification samplers (bare bench), sampling ops, SamplingParams, model pairs"
-    )
-    add_bench_arguments(p)
-    p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("generate", help="speculative decoding of a prompt with two local transformers models")
-    add_generate_arguments(p)
-    p.set_defaults(func=cmd_generate)
-    p = sub.add_parser(
-        "profile",
-        help="modeled GPU cost of one verification call (launches, bytes, SASS); no GPU needed",
-        description="Every kernel launch of one call, the bytes each moves (counted by Triton's interpreter), "
-        "its sm_90 SASS (registers, spills, occupancy, instructions per vocabulary element) and a MODELED "
-        "time on H100/H200; docs/cost-model.md.",
-    )
-    add_profile_arguments(p)
+    for name, (help_line, description, add, command) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_line, description=description)
+        if add is not None:
+            add(p)
+        if command is not None:
+            p.set_defaults(func=command)
     return parser
 
 
