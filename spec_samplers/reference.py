@@ -96,14 +96,22 @@ def _recover(
     is_greedy: torch.Tensor | None,  # [B] bool
 ) -> torch.Tensor:
     """[B] a sample of ``residual`` (of q_j where the residual has no mass; argmax q_j on greedy
-    rows) by the exponential race of position j; -1 (no token) where q_j has no mass."""
-    no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
-    residual = torch.where(no_mass[:, None], q_j, residual)
-    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
+    rows) by the two-level race of position j (:func:`spec_samplers.rng.two_level_race`); -1
+    (no token) where q_j has no mass.
+
+    The residual's mass is the sum of its fp64 race-group sums (the kernels add the same group
+    sums), and the fallback to q_j swaps group sums and the one re-read group, never a [B, V] row."""
+    sums_r = rng.race_group_sums(residual)  # [B, G1] fp64
+    sums_q = rng.race_group_sums(q_j)
+    no_mass = sums_r.sum(dim=-1) <= RESIDUAL_MASS_EPS  # [B]
+    e1, e2 = rng.race_exponentials(seeds, offsets, j << 32, sums_r.shape[1], rng.STREAM_RECOVER)
+    group = rng.pick_group(torch.where(no_mass[:, None], sums_q, sums_r), e1)
+    weights = torch.where(no_mass[:, None], rng.group_weights(q_j, group), rng.group_weights(residual, group))
+    recovered = group * rng.RACE_GROUP + rng.race(weights, e2)
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
     # A target row without probability mass has no token to give: -1 (no token) there.
-    return torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
+    return torch.where(sums_q.sum(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,10 +99,8 @@ exponential, the key and the argmax.
 
 from __future__ import annotations
 
+import functools
 import math
-import os
-import warnings
-from collections.abc import Callable
 
 import torch
 
@@ -163,10 +161,26 @@ def split64(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return v & MASK32, (v >> 32) & MASK32
 
 
+@functools.cache
+def _wide_products(device_type: str) -> bool:
+    """Whether uint64 tensor products run on this device type (PyTorch CPU does; checked once)."""
+    try:
+        one = torch.ones(1, dtype=torch.uint64, device=device_type)
+        ((one * PHILOX_M0).view(torch.int64) >> 32).sum()
+    except Exception:  # noqa: BLE001 - any failure: use the 16-bit split
+        return False
+    return True
+
+
 def _mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) 32-bit halves of m * x for x in [0, 2**32) held in int64, m a uint32 constant.
 
-    With m = mh * 2**16 + ml: m * x = (x * mh) * 2**16 + x * ml, each product < 2**48."""
+    Where uint64 products run, m * x < 2**64 is one exact unsigned product (4 tensor ops); else
+    m = mh * 2**16 + ml and m * x = (x * mh) * 2**16 + x * ml, each product < 2**48 (9 ops).
+    Both give the same words; nothing relies on signed overflow."""
+    if _wide_products(x.device.type):
+        p = (x.view(torch.uint64) * m).view(torch.int64)
+        return (p >> 32) & MASK32, p & MASK32
     p_lo = x * (m & 0xFFFF)
     p_hi = x * (m >> 16)
     hi = (p_hi + (p_lo >> 16)) >> 16
@@ -291,11 +305,90 @@ def recover_exponentials(
     return exps.reshape(n, 2 * half)[:, :vocab_size]
 
 
-def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x weights[x] * (RACE_SCALE / E[x]), a sample of weights / sum.
+# ---------------------------------------------------------------------------------------------
+# The two-level race: the one sampling rule of the package (module docstring, "Race").
 
-    weights: [N, V] fp32 >= 0 (finite); exponentials: [N, V] fp32 in [EXP_MIN, EXP_MAX]. The
-    scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
+#: vocabulary entries per race group (a power of two: kernels' vector steps divide or tile it)
+RACE_GROUP = 256
+#: level-1 counters sit at counter_base + LEVEL1_COUNTER + group // 2 (level 2 uses counter_base
+#: + index in group // 2 < RACE_GROUP / 2), so the two levels never share a Philox block
+LEVEL1_COUNTER = 2**31
+
+
+def race_num_groups(vocab_size: int) -> int:
+    """Number of race groups of a vocabulary, ceil(V / RACE_GROUP)."""
+    return -(-vocab_size // RACE_GROUP)
+
+
+def race_group_sums(weights: torch.Tensor) -> torch.Tensor:
+    """[N, ceil(V / RACE_GROUP)] fp64 sums of consecutive groups of RACE_GROUP entries of
+    ``weights`` ([N, V] fp32 >= 0; the last group may be partial). fp64 keeps a group of tail
+    weights (each >= 2**-149) at full relative precision, and makes the sum of a group nearly
+    independent of the order it is added in (rounding 2**-53 relative: a kernel summing in another
+    order can only flip a level-1 race whose two best keys agree to ~1e-16, a tie in practice)."""
+    N, V = weights.shape
+    full = V // RACE_GROUP
+    parts = []
+    if full:
+        head = weights[:, : full * RACE_GROUP].reshape(N, full, RACE_GROUP)
+        parts.append(torch.sum(head, dim=-1, dtype=torch.float64))
+    if V % RACE_GROUP or not parts:
+        parts.append(torch.sum(weights[:, full * RACE_GROUP :], dim=-1, keepdim=True, dtype=torch.float64))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def race_exponentials(
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    counter_base: torch.Tensor,  # [N] int64: position * 2**32 (recovery, decoding), 0 (sampling)
+    num_groups: int,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exponentials of one two-level race, from ONE Philox evaluation over [N, ceil(G1 / 2) +
+    RACE_GROUP / 2] counters: (level 1 [N, num_groups], level 2 [N, RACE_GROUP]) fp32.
+
+    Level 1, group g: counter base + LEVEL1_COUNTER + g // 2, words (0, 1) for an even g, (2, 3)
+    for an odd one. Level 2, entry i of the chosen group (vocab index g * RACE_GROUP + i): counter
+    base + i // 2, words as level 1's; the same for every group (only one group is ever raced),
+    and equal to the single-level race's exponentials of entries 0..RACE_GROUP-1
+    (:func:`recover_exponentials`)."""
+    n = seeds.shape[0]
+    n1 = (num_groups + 1) // 2
+    device = seeds.device
+    cols = torch.cat(
+        (
+            torch.arange(LEVEL1_COUNTER, LEVEL1_COUNTER + n1, device=device, dtype=torch.int64),
+            torch.arange(RACE_GROUP // 2, device=device, dtype=torch.int64),
+        )
+    )
+    counter = counter_base.to(torch.int64)[:, None] + cols[None, :]
+    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
+    # one conversion for both word pairs: [N, cols, 2] -> [N, 2 * cols] (even entry, odd entry)
+    e = exponential_from_words(torch.stack((w0, w2), dim=-1), torch.stack((w1, w3), dim=-1)).reshape(n, -1)
+    return e[:, :num_groups], e[:, 2 * n1 :]
+
+
+def pick_group(sums: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Level 1: argmax_g sums[g] / E[g] in fp64 (ties to the lowest group), a sample of the groups
+    by their sums. sums [N, G1] fp64 >= 0, exponentials [N, G1] fp32. Returns [N] int64."""
+    return torch.argmax(sums / exponentials.to(torch.float64), dim=-1)
+
+
+def group_weights(weights: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """[N, RACE_GROUP] fp32 entries of group ``group`` ([N] int64) of each row of ``weights``
+    ([N, V]); -1 (never a winner) past the vocabulary."""
+    V = weights.shape[1]
+    idx = group[:, None] * RACE_GROUP + torch.arange(RACE_GROUP, device=weights.device)
+    inside = idx < V
+    w = weights.gather(1, idx.clamp_(max=max(V - 1, 0))).to(torch.float32)
+    return torch.where(inside, w, -1.0)
+
+
+def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Single-level exponential race (level 2 of :func:`two_level_race`): argmax_x
+    (weights[x] * RACE_SCALE) / E[x], a sample of weights / sum. weights: [N, M] fp32 (>= 0 for
+    candidates, < 0 never wins against them); exponentials: [N, M] fp32 in [EXP_MIN, EXP_MAX].
+    The scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
     Ties go to the lowest index. Returns [N] int64.
 
     Example::
@@ -303,54 +396,47 @@ def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
         >>> race(torch.tensor([[0.0, 1.4e-45, 0.0]]), torch.ones(1, 3)).tolist()
         [1]
     """
-    # a tensor numerator: `scalar / tensor` would be reciprocal-then-multiply (two roundings)
-    scale = torch.full((), RACE_SCALE, dtype=exponentials.dtype, device=exponentials.device)
-    return torch.argmax(weights * (scale / exponentials), dim=-1)
+    # (w * 2**32) is exact: one rounding per key, the division (as the kernels' div_rn)
+    return torch.argmax((weights * RACE_SCALE) / exponentials, dim=-1)
 
 
-def _race_eager(
-    weights: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+def two_level_race(
+    weights: torch.Tensor,  # [N, V] fp32 >= 0
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    counter_base: torch.Tensor,  # [N] int64
+    stream: int,
+    sums: torch.Tensor | None = None,  # [N, G1] fp64: race_group_sums(weights), when the caller has it
 ) -> torch.Tensor:
-    return race(weights, recover_exponentials(seeds, offsets, positions, weights.shape[1]))
+    """A sample of each row of ``weights`` (need not be normalised) by the two-level race: level 1
+    picks group g with probability sums[g] / sum (:func:`pick_group`), level 2 races the entries
+    of group g (:func:`race`). Returns [N] int64 in [0, V) (an all-zero row gives some index:
+    callers mark it). No host synchronisation; about V / 2 / RACE_GROUP + RACE_GROUP / 2 Philox
+    blocks per row instead of V / 2.
 
+    Example::
 
-#: environment variable: "0" disables the compiled CPU race (the eager path gives the same words)
-COMPILE_ENV = "SPEC_SAMPLERS_COMPILE"
-#: the compiled CPU race runs from this many [N, V] elements up; below it eager ops are fast enough
-#: and small calls (tests, tiny batches) never pay the one-off compile (~15-45 s on first use)
-COMPILE_MIN_ELEMENTS = 1 << 18
-
-#: eager race -> its torch.compile'd version, made on first use
-_compiled_races: dict[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = {}
-#: a compile failed (no C++ compiler, ...): every race runs eager from then on
-_compile_failed = False
-
-
-def _use_compiled(weights: torch.Tensor) -> bool:
-    return (
-        weights.device.type == "cpu"
-        and weights.numel() >= COMPILE_MIN_ELEMENTS
-        and not _compile_failed
-        and os.environ.get(COMPILE_ENV, "1") != "0"
-        and not torch.compiler.is_compiling()  # inside a caller's torch.compile: let it trace us
-    )
+        >>> w = torch.tensor([[0.0, 0.25, 0.75]])
+        >>> one = torch.tensor([3])
+        >>> int(two_level_race(w, one, one * 0, one * 0, STREAM_RECOVER)) in (1, 2)
+        True
+    """
+    if sums is None:
+        sums = race_group_sums(weights)
+    e1, e2 = race_exponentials(seeds, offsets, counter_base, sums.shape[1], stream)
+    group = pick_group(sums, e1)
+    return group * RACE_GROUP + race(group_weights(weights, group), e2)
 
 
 def recovery_race(
     weights: torch.Tensor,  # [N, V] fp32 >= 0
     seeds: torch.Tensor,  # [N] int64
     offsets: torch.Tensor,  # [N] int64
-    positions: torch.Tensor,  # [N] int64
+    positions: torch.Tensor,  # [N] int64 in [0, 2**24)
+    stream: int = STREAM_RECOVER,
 ) -> torch.Tensor:
-    """``race(weights, recover_exponentials(seeds, offsets, positions, V))`` without the [N, V]
-    exponentials. Returns [N] int64.
-
-    On the CPU, from COMPILE_MIN_ELEMENTS elements up, this runs as one torch.compile'd loop (the
-    Philox rounds as separate int64 tensor ops cost ~200 passes over [N, V/2]; fused they are
-    ~20x faster). Integer words and uniforms are bit-identical to the eager path by construction
-    (integer ops, exact fp32 conversions and power-of-two scalings); if compiling fails (no C++
-    compiler, ...) a warning is issued once and the eager path is used. Set SPEC_SAMPLERS_COMPILE=0
-    to always use the eager path.
+    """The recovery (and bonus, and decoding) draw of position ``positions`` of each row:
+    :func:`two_level_race` with counter base position * 2**32 on ``stream``. Returns [N] int64.
 
     Example::
 
@@ -359,24 +445,4 @@ def recovery_race(
         >>> int(recovery_race(w, one, one * 0, one * 0)) in (1, 2)
         True
     """
-    return run_race(_race_eager, weights, seeds, offsets, positions)
-
-
-def run_race(eager: Callable[..., torch.Tensor], weights: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
-    """``eager(weights, *args)``, torch.compile'd where :func:`_use_compiled` says so (see
-    :func:`recovery_race`); a failed compile warns once and falls back to ``eager``."""
-    global _compile_failed
-    if _use_compiled(weights):
-        try:
-            if eager not in _compiled_races:
-                _compiled_races[eager] = torch.compile(eager, dynamic=True)
-            return _compiled_races[eager](weights, *args)
-        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
-            _compile_failed = True
-            warnings.warn(
-                f"{eager.__module__}: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
-                "using the eager path",
-                RuntimeWarning,
-                stacklevel=3,  # the caller of recovery_race / sample_race
-            )
-    return eager(weights, *args)
+    return two_level_race(weights, seeds, offsets, positions.to(torch.int64) << 32, stream)

@@ -68,9 +68,8 @@ def draw(
 ) -> torch.Tensor:
     """An exact sample of each row of ``probs`` (rows need not be normalised), keyed by
     (seed, offset, position) on ``stream``: [N] int64. Vectorised, no host synchronisation."""
-    N, V = probs.shape
-    pos = torch.full((N,), position, dtype=torch.int64, device=probs.device)
-    return _rng.race(probs, _rng.recover_exponentials(seeds, offsets, pos, V, stream))
+    pos = torch.full((probs.shape[0],), position, dtype=torch.int64, device=probs.device)
+    return _rng.recovery_race(probs, seeds, offsets, pos, stream)
 
 
 class SampleStrategy:

@@ -95,9 +95,10 @@ def block_partials_kernel(
         need = need & (m == block_tau(pos, rq[2], valid, rho_vec, mass, rq[3], rq[4]))
     if need:
         blk = tl.program_id(2)
-        slot = (rq[0] * (K + 1) + m) * NB + blk
+        row_slot = rq[0] * (K + 1) + m
         drafts = (pos, x, valid, rho_vec)
-        vk.residual_pass(rq, m, drafts, seqs, parts, slot, (blk, chunk), (RAGGED, True, PRECISE), BLOCK_V)
+        flags = (RAGGED, True, PRECISE)
+        vk.residual_pass(rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), flags, BLOCK_V)
 
 
 @triton.jit(do_not_specialize=["num_rows", "NB"])  # as block_partials_kernel
@@ -105,10 +106,11 @@ def block_finalize_kernel(
     seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
 ):
     """Writes out_ptr [B, K+1] int64."""
+    RAGGED: tl.constexpr = req[0] is not None
     rq = vk.open_request(req, K, V, num_rows)
     b, n = rq[0], rq[2]
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
-    x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, req[0] is not None, PRECISE, BLOCK_K)
+    x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, RAGGED, PRECISE, BLOCK_K)
     blocks = tl.arange(0, BLOCK_NB)
     greedy = vk.request_greedy(req, b)
     if seqs[1][0] is not None:
@@ -128,4 +130,6 @@ def block_finalize_kernel(
     j = tl.minimum(j, n)  # a malformed ragged request (k_b = -1) emits no token
     if req[4] is not None:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, pos, x, greedy_token, (b * (K + 1) + j) * NB, NB, BLOCK_NB)
+    drafts = (pos, x, valid, rho_vec)
+    flags = (RAGGED, True, PRECISE)
+    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, flags)
