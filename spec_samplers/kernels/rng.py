@@ -137,7 +137,15 @@ def group_sums(w, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def pick_group(
-    b_ptr, c_ptr, num_groups, ok, seed, offset, counter_base, STREAM: tl.constexpr, PRECISE: tl.constexpr,
+    b_ptr,
+    c_ptr,
+    num_groups,
+    ok,
+    seed,
+    offset,
+    counter_base,
+    STREAM: tl.constexpr,
+    PRECISE: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     """Level 1 of the race over TWO candidate rows of fp64 group sums at once (``b_ptr`` and

@@ -239,7 +239,16 @@ def race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS: tl.constex
     base = j.to(tl.int64) << 32
     row = row_slot * num_groups
     g_r, g_q, mass_r, mass_q = pick_group(
-        r_sums_ptr + row, q_sums_ptr + row, num_groups, need, seed, offset, base, _STREAM_RECOVER, PRECISE, _LEVEL1_BLOCK
+        r_sums_ptr + row,
+        q_sums_ptr + row,
+        num_groups,
+        need,
+        seed,
+        offset,
+        base,
+        _STREAM_RECOVER,
+        PRECISE,
+        _LEVEL1_BLOCK,
     )
     no_mass = mass_r <= _MASS_EPS
     group = tl.where(no_mass, g_q, g_r)
@@ -270,22 +279,6 @@ def greedy_targets(parts, b, pos, blocks, greedy, K, NB, LOGITS: tl.constexpr):
     else:
         row_ok = tl.max(vals, axis=1) > 0.0  # partials of q
     return target_argmax, row_ok
-
-
-@triton.jit
-def token_at(pos, j, tokens, ok):
-    """tokens[j] where ok[j], else -1 (no token)."""
-    return tl.where(at(pos, j, ok.to(tl.int32)) != 0, at(pos, j, tokens), -1)
-
-
-@triton.jit
-def write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_valid):
-    """Output row b ([B, K+1] int64): the accepted drafts, then at j the recovered token (the
-    bonus id when every draft was accepted and it is valid; -1 where row j is missing), then -1."""
-    fallback = tl.where(has_row, recovered, -1)
-    final = tl.where(j < n, recovered, tl.where(bonus_valid, bonus, fallback))
-    out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))
-    tl.store(out_ptr + b * (K + 1) + pos, out, mask=pos <= K)
 
 
 @triton.jit
