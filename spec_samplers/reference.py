@@ -37,8 +37,11 @@ def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32, zero where rows == -1."""
     if flat.shape[0] == 0:
         return torch.zeros(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
-    out = clean_probs(flat[rows.clamp(min=0)])
-    return torch.where((rows >= 0)[:, None], out, torch.zeros((), device=flat.device))
+    # index_select then in-place cleaning: four passes over [N, V] that allocate only the output
+    # (indexing, clean_probs and where took seven, the where alone as long as the rest)
+    out = flat.index_select(0, rows.clamp(min=0)).to(torch.float32)
+    out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+    return out.mul_((rows >= 0)[:, None].to(torch.float32))  # same dtype: the vectorised kernel
 
 
 def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -167,7 +170,8 @@ def _rejection_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -
     else:
         # An out-of-range draft was never a sample of p: recover from q, not (q - p)+.
         p_row = torch.where(has_draft & draft_valid[rows, jd], f.draft_rows[rows, jd], -1)
-        residual = (q_j - _gather_rows(f.draft, p_row)).clamp_min(0)
+        residual = _gather_rows(f.draft, p_row)
+        torch.sub(q_j, residual, out=residual).clamp_min_(0.0)  # (q_j - p_j)+ in place
     recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
     final = _final_tokens(recovered, has_draft, f.bonus, f.target_rows[rows, j] >= 0, V)
     return build_output(f.draft_ids, num_accepted, final)

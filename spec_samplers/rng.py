@@ -99,7 +99,6 @@ exponential, the key and the argmax.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -161,26 +160,19 @@ def split64(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return v & MASK32, (v >> 32) & MASK32
 
 
-@functools.cache
-def _wide_products(device_type: str) -> bool:
-    """Whether uint64 tensor products run on this device type (PyTorch CPU does; checked once)."""
-    try:
-        one = torch.ones(1, dtype=torch.uint64, device=device_type)
-        ((one * PHILOX_M0).view(torch.int64) >> 32).sum()
-    except Exception:  # noqa: BLE001 - any failure: use the 16-bit split
-        return False
-    return True
-
-
 def _mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) 32-bit halves of m * x for x in [0, 2**32) held in int64, m a uint32 constant.
 
-    Where uint64 products run, m * x < 2**64 is one exact unsigned product (4 tensor ops); else
-    m = mh * 2**16 + ml and m * x = (x * mh) * 2**16 + x * ml, each product < 2**48 (9 ops).
-    Both give the same words; nothing relies on signed overflow."""
-    if _wide_products(x.device.type):
-        p = (x.view(torch.uint64) * m).view(torch.int64)
-        return (p >> 32) & MASK32, p & MASK32
+    One int64 product, whose low 64 bits are m * x (< 2**64) in two's complement: an arithmetic
+    shift and a mask recover both halves (4 tensor ops, vectorised on every PyTorch backend).
+    :func:`mulhilo_split` gives the same words without ever leaving [0, 2**63) (tests compare)."""
+    p = x * m
+    return (p >> 32) & MASK32, p & MASK32
+
+
+def mulhilo_split(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_mulhilo` with m = mh * 2**16 + ml: m * x = (x * mh) * 2**16 + x * ml, each
+    product < 2**48 (no intermediate overflows; 9 tensor ops)."""
     p_lo = x * (m & 0xFFFF)
     p_hi = x * (m >> 16)
     hi = (p_hi + (p_lo >> 16)) >> 16
