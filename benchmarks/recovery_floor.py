@@ -99,7 +99,9 @@ def main() -> None:
     trees.append(("after", args.after))
     rows = []
     print(f"RejectionSampler(backend='torch'), B={B}, k={K}, V={V}, fp32, every request recovers; 1 thread")
-    print(f"{'tree':7} {'round':>5} {'first call s':>12} {'per call ms':>11} {'floor ms':>8} {'copy GB/s':>9} {'x floor':>7}")
+    print(
+        f"{'tree':7} {'round':>5} {'first call s':>12} {'per call ms':>11} {'floor ms':>8} {'copy GB/s':>9} {'x floor':>7}"
+    )
     for r in range(args.rounds):
         for name, tree in trees:
             res = _run(tree, args.calls)

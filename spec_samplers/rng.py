@@ -25,20 +25,21 @@ share the seed, the offset, the counter and the stream. ``counter`` must lie in 
 The streams (docs/design.md section 4), all numbered here so that no two uses share one:
 
 * ``STREAM_ACCEPT``: counter = position i; words (0, 1) give the accept uniform of position i.
-* ``STREAM_RECOVER``: counter = position * 2**32 + vocab index // 2; an even vocab index takes
-  words (0, 1), an odd one words (2, 3): 64 random bits per vocabulary element, one Philox call
-  per two elements.
+* ``STREAM_RECOVER``: the two-level race (below) of the recovery and bonus draws, counter base
+  position * 2**32.
 * ``STREAM_SAMPLE`` / ``STREAM_ROW_SEED``: the sampling operations (:mod:`spec_samplers.rng_sampling`).
 * ``STREAM_DECODE_DRAFT`` / ``STREAM_DECODE_BONUS`` / ``STREAM_DECODE_STEP``: the decoding loop's
   draft tokens, bonus tokens and plain autoregressive steps (:mod:`spec_samplers.decoding`), laid
-  out as ``STREAM_RECOVER`` (:func:`recover_exponentials` with ``stream=``).
+  out as ``STREAM_RECOVER`` (:func:`recovery_race` with ``stream=``).
 
 Words become fp32 numbers through :func:`uniform_from_words` (64 bits, all that matter in fp32)
 and :func:`exponential_from_words` (``-log1p(-u)``).
 
 PyTorch has no uint32 arithmetic on every device, so words live in int64 tensors; each 32x32-bit
-product is split into 16-bit halves of the multiplier (no intermediate reaches 2**49, nothing
-relies on overflow). The Triton mirror uses uint32 with ``tl.umulhi``.
+product is one int64 product whose low 64 bits are the exact unsigned product (two's complement
+wrap, what PyTorch's CPU and CUDA integer kernels compute), split by an arithmetic shift and a
+mask (:func:`_mulhilo`; tests compare it with :func:`mulhilo_split`, which never leaves
+[0, 2**49)). The Triton mirror uses uint32 with ``tl.umulhi``.
 
 Precision (stated as module constants below, checked by exact counting in tests/test_rng.py)
 -----------------------------------------------------------------------------------------------
@@ -68,33 +69,35 @@ first, so u is a monotone function of n, lies in [UNIFORM_MIN, UNIFORM_MAX] = [2
   whose only mass is subnormal still emits its supported token, and zero weights never win
   against positive ones. Keys stay finite for weights <= 2**31 (probabilities are <= 1).
 
+The race: one rule for every draw
+---------------------------------
+:func:`two_level_race` samples a row of weights w (>= 0) in two levels (docs/design.md section 4):
+
+1. level 1: the fp64 sums S_g of groups of RACE_GROUP consecutive entries race with keys
+   S_g / E1_g (fp64), E1_g from counter base + LEVEL1_COUNTER + g // 2 (words (0, 1) for an even g,
+   (2, 3) for an odd one): group g* wins with probability S_g / sum S;
+2. level 2: the entries of group g* race with keys (w * RACE_SCALE) / E2_i, E2_i from counter
+   base + i // 2 (i the index in the group, words as above), the same for every group: only one
+   group is ever raced, and both levels come from ONE Philox evaluation (:func:`race_exponentials`)
+   that needs no knowledge of g*.
+
+Exact in law: level 2's numbers are independent of level 1's, so P(token) = S_g / sum S *
+w / S_g. Precision: level 1 has the race's CDF error at fp64 keys (tail groups of relative weight
+>= 1e-12 within RACE_TAIL_REL_ERR), level 2 the single-level race's inside the group.
+
 Cost
 ----
-One Philox call = 10 rounds x 2 (32 x 32 -> 64-bit) products = 40 32-bit multiplies (20 mul.lo,
-20 mul.hi: IMAD / IMAD.HI) and 20 three-input XORs (LOP3), for 4 words. The recovery pass spends
-2 words per vocabulary element, so per element: 20 integer multiplies + 10 XORs, ~12 integer ops
-and 3 int->fp32 conversions for the uniform, log1p (~15 instructions), one division (~10) shared
-by the residual and q races, then 2 multiplies and the argmax folds: ~45 instructions of
-generator in ~90 per element.
+One Philox call = 10 rounds x 2 (32 x 32 -> 64-bit) products = 40 32-bit multiplies and 20 XORs
+for 4 words. A draw spends ceil(G1 / 2) + RACE_GROUP / 2 calls (G1 = ceil(V / RACE_GROUP)): 191
+for V = 32000, 379 for V = 128256, against V / 2 for the single-level race of 0.2.
 
-GPU (estimate; no GPU was at hand for this measurement): H100 SXM has 132 SMs x ~1.8 GHz x 64
-integer multiplies per clock per SM = ~15e12 multiplies/s, i.e. ~0.75e12 elements/s from the
-multiplier alone, and 128 issued lane-instructions per clock per SM = ~30e12/s, i.e. ~0.33e12
-elements/s at ~90 instructions per element. The byte floor of the pass (one q row and one p row
-per request) delivers 0.84e12 elements/s at bf16 (4 bytes/element at 3.35 TB/s; H200 at 4.8
-TB/s: 1.2e12) and 0.42e12 at fp32. So the multiplies alone fit under the fp32 floor and come
-close to the bf16 one, but by instruction count the pass is issue-bound by up to ~2.5x (H100) /
-~3.6x (H200) at bf16 and ~1.3x at fp32: ~30 us instead of ~12 us for B = 64 rows of a 152k
-vocabulary at bf16. (The lowbias32 hash it replaces, 4 multiplies and ~60 instructions per
-element, was issue-bound at bf16 by the same estimate, ~1.7x.) ``benchmarks/test_rng.py``
-(``race_triton``: the generator's own rate, reported as the bf16 bandwidth it can feed) measures
-this on a GPU. If the measurement confirms it, Philox4x32-7 (the fewest rounds Random123 reports
-as Crush-resistant) would cut the generator's share by 30%.
+GPU: the kernels' vocabulary pass draws no random number at all (it stores fp64 group sums), so
+it is bound by its bytes; the finalize spends the Philox calls above per request (one program).
 
-CPU (PyTorch path, 1 thread, busy 2-core machine, ``benchmarks/test_rng.py``): Philox as separate
-int64 tensor ops makes ~7e6 words/s (~280 ns per element), which is why the CPU race runs as one
-torch.compile'd loop (:func:`recovery_race`): ~130e6 words/s, ~15 ns per element including the
-exponential, the key and the argmax.
+CPU (PyTorch path, no compilation): Philox as int64 tensor ops over [N, ceil(G1 / 2) + 128]
+(each 32 x 32-bit product is one int64 product, whose low 64 bits are exact in two's complement,
+:func:`_mulhilo`), the two group-sum reductions and one [N, RACE_GROUP] gather; first call well
+under a second (``benchmarks/recovery_floor.py``).
 """
 
 from __future__ import annotations

@@ -54,6 +54,15 @@ def test_level1_win_probability_of_tail_groups_is_exact(w):
     assert 1 - 1e-3 < lower / w <= upper / w < 1 + 1e-3, (lower / w, upper / w)
 
 
+def test_one_product_mulhilo_equals_the_16_bit_split():
+    """The CPU Philox's one-int64-product multiply gives the words of the overflow-free split,
+    extremes included (products up to 2**64 - 2**33)."""
+    x = torch.cat([torch.randint(0, 2**32, (50000,)), torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1])])
+    for m in (rng.PHILOX_M0, rng.PHILOX_M1):
+        for got, want in zip(rng._mulhilo(x, m), rng.mulhilo_split(x, m)):
+            assert torch.equal(got, want)
+
+
 def test_level1_keys_keep_a_1e12_group_against_a_heavy_one():
     """The rule itself: sums (1e-12, 1) with E = (e_small, 1): the small group wins exactly when
     e_small < 1e-12 (fp64 keys; fp32 keys or fp32 sums would merge the tail)."""
