@@ -38,7 +38,7 @@ def random_accepts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
 
     Returns (accepted, draft ids as given (int64), id in [0, V) and inside the request)."""
     x, valid, q_x, p_x = vk.gather_at_drafts(rq, pos, seqs, RAGGED, PRECISE)
-    seed, offset = rq[3], rq[4]
+    _, _, _, seed, offset, _, _, _, _ = rq
     w0, w1, _, _ = random_words(seed, offset, pos, _STREAM_ACCEPT)
     # u < q/p (as the reference): q >= p always accepts, subnormal p included
     ratio = tl.math.div_rn(q_x, tl.where(p_x > 0.0, p_x, 1.0))
@@ -53,8 +53,8 @@ def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_
     """Program (b, i, blk): (max, argmax) of q_i over vocab block blk of a greedy request into
     ``parts[3:5]`` ([B, K+1, NB] fp32 / int32); ``target`` = (ptr, stride_b, stride_k, None)."""
     target_ptr, stride_b, stride_k, _ = target
-    cu_ptr = req[0]
-    amax_val_ptr, amax_idx_ptr = parts[3], parts[4]
+    cu_ptr, _, _, _, _, _, _ = req
+    _, _, _, amax_val_ptr, amax_idx_ptr = parts
     RAGGED: tl.constexpr = cu_ptr is not None
     b = tl.program_id(0)
     i = tl.program_id(1)
@@ -81,14 +81,16 @@ def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_
 def residual_partials_kernel(
     seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
 ):
-    RAGGED: tl.constexpr = req[0] is not None
-    target = seqs[0]
+    cu_ptr, _, _, _, _, _, _ = req
+    RAGGED: tl.constexpr = cu_ptr is not None
+    target, _, _ = seqs
+    _, stride_b, stride_k, _ = target
     rq = vk.open_request(req, K, V, num_rows)
-    b, start, n = rq[0], rq[1], rq[2]
+    b, start, n, _, _, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)
     accepted, x, valid = random_accepts(rq, pos, seqs, RAGGED, PRECISE)
     j = vk.first_rejection(accepted, pos, n, BLOCK_K)
-    _, has_row = row_offset(b, j, start, n, num_rows, target[1], target[2], RAGGED)
+    _, has_row = row_offset(b, j, start, n, num_rows, stride_b, stride_k, RAGGED)
     if vk.needs_pass(rq, req, j, has_row):
         blk = tl.program_id(1)
         drafts = (pos, x, valid, 1.0)  # no rho: the residual is not scaled
@@ -101,10 +103,10 @@ def finalize_kernel(
     seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
 ):
     """Writes out_ptr [B, K+1] int64."""
-    cu_ptr, temp_ptr, greedy_ptr = req[0], req[3], req[4]
+    cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
     RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, n = rq[0], rq[2]
+    b, _, n, _, _, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     accepted, x, valid = random_accepts(rq, pos, seqs, RAGGED, PRECISE)
     greedy_token = -1

@@ -47,7 +47,7 @@ _LEVEL1_BLOCK = tl.constexpr(256)
 def open_request(req, K, V, num_rows):
     """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, T,
     K, V, num_rows); seed and offset 0 and T = 1 when not given."""
-    cu_ptr, seed_ptr, offset_ptr, temp_ptr = req[0], req[1], req[2], req[3]
+    cu_ptr, seed_ptr, offset_ptr, temp_ptr, _, _, _ = req
     b = tl.program_id(0)
     start, n = kc.request_span(cu_ptr, b, K, num_rows, cu_ptr is not None)
     seed = b.to(tl.int64) * 0
@@ -65,17 +65,20 @@ def open_request(req, K, V, num_rows):
 @triton.jit
 def request_greedy(req, b):
     """Whether request b is greedy (a false scalar tensor without a greedy mask)."""
+    _, _, _, _, greedy_ptr, _, _ = req
     greedy = b < 0
-    if req[4] is not None:
-        greedy = tl.load(req[4] + b) != 0
+    if greedy_ptr is not None:
+        greedy = tl.load(greedy_ptr + b) != 0
     return greedy
 
 
 @triton.jit
 def bonus_info(req, rq):
     """(bonus id of the request as given (int64), id in [0, V))."""
-    bonus = tl.load(req[5] + rq[0] * req[6]).to(tl.int64)
-    return bonus, (bonus >= 0) & (bonus < rq[7])
+    _, _, _, _, _, bonus_ptr, stride_bonus = req
+    b, _, _, _, _, _, _, V, _ = rq
+    bonus = tl.load(bonus_ptr + b * stride_bonus).to(tl.int64)
+    return bonus, (bonus >= 0) & (bonus < V)
 
 
 @triton.jit
@@ -83,9 +86,10 @@ def locate_row(rows, rq, i, RAGGED: tl.constexpr):
     """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr), row
     exists, its (max, sum, cut) statistics). ``i`` a scalar or a vector; statistics outside the
     row or past K are the defaults."""
-    b, start, n, K = rq[0], rq[1], rq[2], rq[6]
-    off, ok = kc.row_offset(b, i, start, n, rq[8], rows[1], rows[2], RAGGED)
-    st = kc.row_stats(rows[3], b * (K + 1) + i, ok & (i <= K))
+    _, stride_b, stride_k, stats_ptr = rows
+    b, start, n, _, _, _, K, _, num_rows = rq
+    off, ok = kc.row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K))
     return off, ok, st
 
 
@@ -93,7 +97,9 @@ def locate_row(rows, rq, i, RAGGED: tl.constexpr):
 def q_at(rows, off, mask, temp, st, PRECISE: tl.constexpr):
     """Cleaned fp32 q at ``off`` of ``rows`` (:func:`spec_samplers.kernels.common.load_q`;
     logits when the rows have statistics)."""
-    return kc.load_q(rows[0], off, mask, temp, st[0], st[1], st[2], rows[3] is not None, PRECISE)
+    ptr, _, _, stats_ptr = rows
+    row_max, row_sum, cut = st
+    return kc.load_q(ptr, off, mask, temp, row_max, row_sum, cut, stats_ptr is not None, PRECISE)
 
 
 @triton.jit
@@ -101,12 +107,14 @@ def gather_at_drafts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr)
     """(draft ids as given (int64), id in [0, V) and inside the request, q_i(x_i), p_i(x_i)) at
     positions ``pos``; p = 1 for point-mass drafts."""
     target, draft, ids = seqs
-    b, start, n, temp = rq[0], rq[1], rq[2], rq[5]
-    x, valid = kc.draft_ids_at(b, pos, start, n, rq[7], rq[8], ids[0], ids[1], ids[2], RAGGED)
+    draft_ptr, _, _, _ = draft
+    ids_ptr, stride_ib, stride_ik = ids
+    b, start, n, _, _, temp, _, V, num_rows = rq
+    x, valid = kc.draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, x, 0)
     t_off, t_ok, t_st = locate_row(target, rq, pos, RAGGED)
     q_x = q_at(target, t_off + safe, valid & t_ok, temp, t_st, PRECISE)
-    if draft[0] is not None:
+    if draft_ptr is not None:
         d_off, d_ok, d_st = locate_row(draft, rq, pos, RAGGED)
         p_x = q_at(draft, d_off + safe, valid & d_ok, temp, d_st, PRECISE)
     else:
@@ -132,8 +140,9 @@ def needs_pass(rq, req, j, has_row):
     """Whether position j needs a recovered token from the vocabulary: a random request whose
     row j exists and whose prefix stops at a draft (j < k_b) or at a bonus row without a valid
     bonus id."""
+    b, _, n, _, _, _, _, _, _ = rq
     _, bonus_valid = bonus_info(req, rq)
-    return has_row & ((j < rq[2]) | (~bonus_valid)) & (~request_greedy(req, rq[0]))
+    return has_row & ((j < n) | (~bonus_valid)) & (~request_greedy(req, b))
 
 
 @triton.jit
@@ -144,7 +153,7 @@ def residual_row(rq, j, drafts, seqs, RAGGED: tl.constexpr):
     an out-of-range draft was never a sample of p, so the residual is q there)."""
     pos, ids, ids_valid, rho = drafts
     target, draft, _ = seqs
-    draft_ptr = draft[0]
+    draft_ptr, _, _, _ = draft
     x_j = at(pos, j, ids)
     valid_j = at(pos, j, ids_valid.to(tl.int32)) != 0
     rho_j = at(pos, j, rho)
@@ -164,12 +173,13 @@ def residual_values(rq, rrow, seqs, offs, hi, SCALED: tl.constexpr, PRECISE: tl.
     valid draft it is (q_j - p_j)+, or with point-mass drafts q_j without x_j; SCALED (block
     verification) scales q_j by rho_j first: (rho_j q_j - p_j)+, and (rho_j q_j(x_j) - 1)+ at
     x_j."""
-    temp = rq[5]
+    _, _, _, _, _, temp, _, _, _ = rq
     q_off, q_st, p_off, p_st, p_keep, x_removed, valid_j, rho_j = rrow
     target, draft, _ = seqs
+    draft_ptr, _, _, _ = draft
     m = offs < hi
     q = q_at(target, q_off + offs, m, temp, q_st, PRECISE)
-    if draft[0] is not None:
+    if draft_ptr is not None:
         # (scalar & vector masks trip the interpreter: fold the row test into the bound)
         p = q_at(draft, p_off + offs, offs < tl.where(p_keep, hi, 0), temp, p_st, PRECISE)
         if SCALED:
@@ -194,9 +204,9 @@ def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, vocab, FLAGS: tl.c
     RAGGED: tl.constexpr = FLAGS[0]
     SCALED: tl.constexpr = FLAGS[1]
     PRECISE: tl.constexpr = FLAGS[2]
-    mass_ptr, r_sums_ptr, q_sums_ptr = parts[0], parts[1], parts[2]
+    mass_ptr, r_sums_ptr, q_sums_ptr, _, _ = parts
     blk, chunk = vocab
-    V = rq[7]
+    _, _, _, _, _, _, _, V, _ = rq
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     rrow = residual_row(rq, j, drafts, seqs, RAGGED)
     lo = blk * chunk
@@ -233,8 +243,8 @@ def race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS: tl.constex
     RAGGED: tl.constexpr = FLAGS[0]
     SCALED: tl.constexpr = FLAGS[1]
     PRECISE: tl.constexpr = FLAGS[2]
-    r_sums_ptr, q_sums_ptr = parts[1], parts[2]
-    seed, offset, V = rq[3], rq[4], rq[7]
+    _, r_sums_ptr, q_sums_ptr, _, _ = parts
+    _, _, _, seed, offset, _, _, V, _ = rq
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     base = j.to(tl.int64) << 32
     row = row_slot * num_groups
@@ -267,7 +277,7 @@ def greedy_targets(parts, b, pos, blocks, greedy, K, NB, LOGITS: tl.constexpr):
 
     A row without mass (all-zero q; logits all -inf) has no greedy token: its argmax 0 is never
     accepted, and recovering there emits -1."""
-    amax_val_ptr, amax_idx_ptr = parts[3], parts[4]
+    _, _, _, amax_val_ptr, amax_idx_ptr = parts
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
     pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
     vals = tl.load(amax_val_ptr + slots, mask=pmask, other=float("-inf"))
@@ -301,12 +311,13 @@ def write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_va
 def finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, row_slot, FLAGS: tl.constexpr):
     """Race position j's group sums (at ``row_slot``) into the recovered token (``greedy_token``
     for greedy requests) and write the output row. ``drafts = (pos, ids, id valid, rho)``."""
-    cu_ptr = req[0]
-    b, start, n, K, num_rows = rq[0], rq[1], rq[2], rq[6], rq[8]
-    target = seqs[0]
-    pos, x = drafts[0], drafts[1]
+    cu_ptr, _, _, _, _, _, _ = req
+    b, start, n, _, _, _, K, _, num_rows = rq
+    target, _, _ = seqs
+    _, stride_b, stride_k, _ = target
+    pos, x, _, _ = drafts
     bonus, bonus_valid = bonus_info(req, rq)
-    _, has_row = kc.row_offset(b, j, start, n, num_rows, target[1], target[2], cu_ptr is not None)
+    _, has_row = kc.row_offset(b, j, start, n, num_rows, stride_b, stride_k, cu_ptr is not None)
     # Position j's sums were written iff a pass was needed; read nothing otherwise.
     need = needs_pass(rq, req, j, has_row)
     recovered = race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS)
