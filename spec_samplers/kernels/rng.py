@@ -129,10 +129,12 @@ def race_exponential(seed, offset, counter_base, index, STREAM: tl.constexpr, PR
 
 
 @triton.jit
-def group_sums(w, BLOCK_V: tl.constexpr):
-    """[max(BLOCK_V // RACE_GROUP, 1)] fp64 sums of the race groups in a vector step ``w``
-    ([BLOCK_V] fp32, BLOCK_V a multiple of RACE_GROUP); see :func:`store_group_sums`."""
-    return tl.sum(tl.reshape(w.to(tl.float64), (BLOCK_V // _RACE_GROUP, _RACE_GROUP)), axis=1)
+def group_tile(BLOCK_V: tl.constexpr):
+    """[BLOCK_V // RACE_GROUP, RACE_GROUP] offsets of a vector step of BLOCK_V entries (a multiple
+    of RACE_GROUP), one race group per row: ``tl.sum(w.to(tl.float64), axis=1)`` of weights
+    loaded at ``start + group_tile(BLOCK_V)`` gives the step's group sums (no reshape, so no
+    layout conversion)."""
+    return tl.arange(0, BLOCK_V // _RACE_GROUP)[:, None] * _RACE_GROUP + tl.arange(0, _RACE_GROUP)[None, :]
 
 
 @triton.jit

@@ -37,7 +37,7 @@ import triton.language as tl
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
 from spec_samplers.kernels.common import clean, load_q, request_span, row_offset, scaled_exp
-from spec_samplers.kernels.rng import group_sums, pick_group, precise_exp, race_in_group
+from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group
 from spec_samplers.kernels.softmax_kernels import row_partials
 from spec_samplers.rng_sampling import STREAM_SAMPLE
 
@@ -464,6 +464,7 @@ def race_kernel(
     """Program (b, blk): the fp64 sums of the kept weights of each race group in vocab block
     blk (chunk a multiple of RACE_GROUP): level 1's input. No random numbers here."""
     b, r, lo, hi = row_block(rows_ptr, R, V, chunk)
+    lo = tl.multiple_of(lo, _RACE_GROUP)  # chunk holds whole race groups: aligned, wide loads
     base = x_ptr + r * stride_r
     tau = tl.load(tau_ptr + b)
     m_ref = 0.0
@@ -475,17 +476,17 @@ def race_kernel(
     # a missing input row (hi == lo) still writes zeros over its block's groups
     g_hi = tl.minimum((lo + chunk) // _RACE_GROUP, num_groups)
     if BLOCK_V >= _RACE_GROUP:
+        tile = group_tile(BLOCK_V)
         for start in range(g_lo * _RACE_GROUP, g_hi * _RACE_GROUP, BLOCK_V):
-            w = kept_weights(base, start + tl.arange(0, BLOCK_V), hi, tau, m_ref, LOGITS, PRECISE)
+            w = kept_weights(base, start + tile, hi, tau, m_ref, LOGITS, PRECISE)
             g = start // _RACE_GROUP + tl.arange(0, BLOCK_V // _RACE_GROUP)
-            tl.store(row + g, group_sums(w, BLOCK_V), mask=g < g_hi)
+            tl.store(row + g, tl.sum(w.to(tl.float64), axis=1), mask=g < g_hi)
     else:
         for g0 in range(g_lo, g_hi):
-            acc = tl.full([], 0.0, tl.float64)
+            acc = tl.zeros([BLOCK_V], tl.float64)
             for start in range(g0 * _RACE_GROUP, (g0 + 1) * _RACE_GROUP, BLOCK_V):
-                w = kept_weights(base, start + tl.arange(0, BLOCK_V), hi, tau, m_ref, LOGITS, PRECISE)
-                acc += tl.sum(w.to(tl.float64), axis=0)
-            tl.store(row + g0, acc)
+                acc += kept_weights(base, start + tl.arange(0, BLOCK_V), hi, tau, m_ref, LOGITS, PRECISE).to(tl.float64)
+            tl.store(row + g0, tl.sum(acc, axis=0))
 
 
 @triton.jit(do_not_specialize=["R"])

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from spec_samplers.constants import RESIDUAL_MASS_EPS
 from spec_samplers.kernels import common as kc
-from spec_samplers.kernels.rng import group_sums, pick_group, race_in_group
+from spec_samplers.kernels.rng import group_tile, pick_group, race_in_group
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.rng import RACE_GROUP, STREAM_RECOVER
 
@@ -209,28 +209,36 @@ def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, vocab, FLAGS: tl.c
     _, _, _, _, _, _, _, V, _ = rq
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     rrow = residual_row(rq, j, drafts, seqs, RAGGED)
-    lo = blk * chunk
-    hi = tl.minimum(lo + chunk, V)
+    # chunk holds whole race groups: telling the compiler so keeps the bound (hence the masks)
+    # aligned, and the loads 128 bits wide
+    lo = tl.multiple_of(blk * chunk, _RACE_GROUP)
+    hi = tl.minimum(tl.multiple_of(lo + chunk, _RACE_GROUP), V)
     sums_base = row_slot * num_groups
-    mass = 0.0
+    # the mass accumulates per lane and is reduced once (a cross-warp reduction per step costs
+    # more than the step's arithmetic); the group sums are reduced per group, in fp64
     if BLOCK_V >= _RACE_GROUP:
+        tile = group_tile(BLOCK_V)  # [BLOCK_V // RACE_GROUP, RACE_GROUP]: one group per row
+        mass_acc = tl.zeros(tile.shape, tl.float32)
         for s in range(lo, hi, BLOCK_V):
-            r, q = residual_values(rq, rrow, seqs, s + tl.arange(0, BLOCK_V), hi, SCALED, PRECISE)
-            mass += tl.sum(r, axis=0)
+            r, q = residual_values(rq, rrow, seqs, s + tile, hi, SCALED, PRECISE)
+            mass_acc += r
             g = s // _RACE_GROUP + tl.arange(0, BLOCK_V // _RACE_GROUP)
-            tl.store(r_sums_ptr + sums_base + g, group_sums(r, BLOCK_V), mask=g < num_groups)
-            tl.store(q_sums_ptr + sums_base + g, group_sums(q, BLOCK_V), mask=g < num_groups)
+            tl.store(r_sums_ptr + sums_base + g, tl.sum(r.to(tl.float64), axis=1), mask=g < num_groups)
+            tl.store(q_sums_ptr + sums_base + g, tl.sum(q.to(tl.float64), axis=1), mask=g < num_groups)
+        mass = tl.sum(tl.sum(mass_acc, axis=1), axis=0)
     else:
+        mass_vec = tl.zeros([BLOCK_V], tl.float32)
         for g0 in range(lo, hi, _RACE_GROUP):
-            r_acc = tl.full([], 0.0, tl.float64)
-            q_acc = tl.full([], 0.0, tl.float64)
+            r_acc = tl.zeros([BLOCK_V], tl.float64)
+            q_acc = tl.zeros([BLOCK_V], tl.float64)
             for s in range(g0, g0 + _RACE_GROUP, BLOCK_V):
                 r, q = residual_values(rq, rrow, seqs, s + tl.arange(0, BLOCK_V), hi, SCALED, PRECISE)
-                mass += tl.sum(r, axis=0)
-                r_acc += tl.sum(r.to(tl.float64), axis=0)
-                q_acc += tl.sum(q.to(tl.float64), axis=0)
-            tl.store(r_sums_ptr + sums_base + g0 // _RACE_GROUP, r_acc)
-            tl.store(q_sums_ptr + sums_base + g0 // _RACE_GROUP, q_acc)
+                mass_vec += r
+                r_acc += r.to(tl.float64)
+                q_acc += q.to(tl.float64)
+            tl.store(r_sums_ptr + sums_base + g0 // _RACE_GROUP, tl.sum(r_acc, axis=0))
+            tl.store(q_sums_ptr + sums_base + g0 // _RACE_GROUP, tl.sum(q_acc, axis=0))
+        mass = tl.sum(mass_vec, axis=0)
     tl.store(mass_ptr + slot, mass)
 
 
