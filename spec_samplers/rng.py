@@ -194,13 +194,15 @@ def philox4x32(
         >>> [hex(int(w)) for w in philox4x32(z, z, z, z, z, z)]
         ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
     """
+    # round keys: the Weyl sequence k + r * W (mod 2**32), all rounds in one op per key word
+    # (the key tensors are small; per-round ops would dominate a small call)
+    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=k0.device)
+    rk0 = (k0.to(torch.int64)[..., None] + rounds * PHILOX_W0) & MASK32
+    rk1 = (k1.to(torch.int64)[..., None] + rounds * PHILOX_W1) & MASK32
     for r in range(PHILOX_ROUNDS):
-        # key of round r: the Weyl sequence k + r * W (mod 2**32), on the (small) key tensors
-        rk0 = (k0 + r * PHILOX_W0) & MASK32
-        rk1 = (k1 + r * PHILOX_W1) & MASK32
         hi0, lo0 = _mulhilo(c0, PHILOX_M0)
         hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0, lo1, hi0 ^ c3 ^ rk1, lo0
+        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0[..., r], lo1, hi0 ^ c3 ^ rk1[..., r], lo0
     return c0, c1, c2, c3
 
 
