@@ -99,9 +99,8 @@ def main() -> None:
     trees.append(("after", args.after))
     rows = []
     print(f"RejectionSampler(backend='torch'), B={B}, k={K}, V={V}, fp32, every request recovers; 1 thread")
-    print(
-        f"{'tree':7} {'round':>5} {'first call s':>12} {'per call ms':>11} {'floor ms':>8} {'copy GB/s':>9} {'x floor':>7}"
-    )
+    header = ("round", "first call s", "per call ms", "floor ms", "copy GB/s", "x floor")
+    print(f"{'tree':7} " + " ".join(f"{h:>{max(5, len(h))}}" for h in header))
     for r in range(args.rounds):
         for name, tree in trees:
             res = _run(tree, args.calls)

@@ -389,5 +389,3 @@ def test_sampler_emits_the_subnormal_only_token(backend):
     sampler = RejectionSampler(backend=KERNEL_BACKEND if backend == "kernel" else "torch")
     out = sampler(target.to(dev), bonus.to(dev), draft.to(dev), ids.to(dev), seeds=seeds.to(dev))
     assert out[:, 0].tolist() == [5] * B
-
-
