@@ -362,7 +362,8 @@ def race_exponentials(
     counter = counter_base.to(torch.int64)[:, None] + cols[None, :]
     w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
     # one conversion for both word pairs: [N, cols, 2] -> [N, 2 * cols] (even entry, odd entry)
-    e = exponential_from_words(torch.stack((w0, w2), dim=-1), torch.stack((w1, w3), dim=-1)).reshape(n, -1)
+    e = exponential_from_words(torch.stack((w0, w2), dim=-1), torch.stack((w1, w3), dim=-1))
+    e = e.reshape(n, 2 * cols.shape[0])
     return e[:, :num_groups], e[:, 2 * n1 :]
 
 
