@@ -121,11 +121,24 @@ _RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
 def race_exponential(seed, offset, counter_base, index, STREAM: tl.constexpr, PRECISE: tl.constexpr):
     """Exp(1) of entry ``index`` (int tensor) of a race at ``counter_base`` (int64 scalar):
     counter counter_base + index // 2, words (0, 1) for an even index, (2, 3) for an odd one
-    (:func:`spec_samplers.rng.race_exponentials`; level 1 passes counter_base + LEVEL1_COUNTER)."""
+    (:func:`spec_samplers.rng.race_exponentials`; level 1 passes counter_base + LEVEL1_COUNTER).
+    For arbitrary indices; :func:`race_exponentials_from` makes a run of them at half the cost."""
     index = index.to(tl.int64)
     w0, w1, w2, w3 = random_words(seed, offset, counter_base + (index >> 1), STREAM)
     odd = (index & 1) == 1
     return exponential_from_words(tl.where(odd, w2, w0), tl.where(odd, w3, w1), PRECISE)
+
+
+@triton.jit
+def race_exponentials_from(
+    seed, offset, counter_base, first, BLOCK: tl.constexpr, PRECISE: tl.constexpr, STREAM: tl.constexpr
+):
+    """[BLOCK] :func:`race_exponential` of entries first .. first + BLOCK - 1 (``first`` even):
+    one Philox block per pair of entries, all four words used (even entry: words (0, 1), odd:
+    (2, 3), interleaved)."""
+    pairs = counter_base + (first >> 1) + tl.arange(0, BLOCK // 2)
+    w0, w1, w2, w3 = random_words(seed, offset, pairs, STREAM)
+    return tl.interleave(exponential_from_words(w0, w1, PRECISE), exponential_from_words(w2, w3, PRECISE))
 
 
 @triton.jit
@@ -164,7 +177,8 @@ def pick_group(
     for g0 in range(0, tl.where(ok, num_groups, 0), BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G)
         m = g < num_groups
-        e = race_exponential(seed, offset, counter_base + _LEVEL1_COUNTER, g, STREAM, PRECISE).to(tl.float64)
+        e = race_exponentials_from(seed, offset, counter_base + _LEVEL1_COUNTER, g0, BLOCK_G, PRECISE, STREAM)
+        e = e.to(tl.float64)
         s_b = tl.load(b_ptr + g, mask=m, other=0.0)
         s_c = tl.load(c_ptr + g, mask=m, other=0.0)
         tot_b += tl.sum(s_b, axis=0)
@@ -187,7 +201,6 @@ def race_in_group(w, mask, seed, offset, counter_base, STREAM: tl.constexpr, PRE
     """Level 2: index in the group (int64) of argmax (w * RACE_SCALE) / E over the [RACE_GROUP]
     weights ``w`` of the chosen group (``mask``: entries inside the vocabulary and candidates),
     ties to the lowest index; E of entry i at counter counter_base + i // 2."""
-    i = tl.arange(0, _RACE_GROUP)
-    e = race_exponential(seed, offset, counter_base, i, STREAM, PRECISE)
+    e = race_exponentials_from(seed, offset, counter_base, 0, _RACE_GROUP, PRECISE, STREAM)
     keys = tl.where(mask, tl.math.div_rn(w * _RACE_SCALE, e), -1.0)
     return tl.argmax(keys, axis=0, tie_break_left=True).to(tl.int64)
