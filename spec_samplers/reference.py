@@ -38,8 +38,11 @@ def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32, zero where rows == -1."""
     if flat.shape[0] == 0:
         return torch.zeros(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
-    out = clean_probs(flat[rows.clamp(min=0)])
-    return torch.where((rows >= 0)[:, None], out, torch.zeros((), device=flat.device))
+    # index_select then in-place cleaning: four passes over [N, V] that allocate only the output
+    # (indexing, clean_probs and where took seven, the where alone as long as the rest)
+    out = flat.index_select(0, rows.clamp(min=0)).to(torch.float32)
+    out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+    return out.mul_((rows >= 0)[:, None].to(torch.float32))  # same dtype: the vectorised kernel
 
 
 def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -97,14 +100,22 @@ def _recover(
     is_greedy: torch.Tensor | None,  # [B] bool
 ) -> torch.Tensor:
     """[B] a sample of ``residual`` (of q_j where the residual has no mass; argmax q_j on greedy
-    rows) by the exponential race of position j; -1 (no token) where q_j has no mass."""
-    no_mass = residual.sum(dim=-1) <= RESIDUAL_MASS_EPS
-    residual = torch.where(no_mass[:, None], q_j, residual)
-    recovered = rng.recovery_race(residual, seeds, offsets, j)  # race(residual, recover_exponentials(...))
+    rows) by the two-level race of position j (:func:`spec_samplers.rng.two_level_race`); -1
+    (no token) where q_j has no mass.
+
+    The residual's mass is the sum of its fp64 race-group sums (the kernels add the same group
+    sums), and the fallback to q_j swaps group sums and the one re-read group, never a [B, V] row."""
+    sums_r = rng.race_group_sums(residual)  # [B, G1] fp64
+    sums_q = rng.race_group_sums(q_j)
+    no_mass = sums_r.sum(dim=-1) <= RESIDUAL_MASS_EPS  # [B]
+    e1, e2 = rng.race_exponentials(seeds, offsets, j << 32, sums_r.shape[1], rng.STREAM_RECOVER)
+    group = rng.pick_group(torch.where(no_mass[:, None], sums_q, sums_r), e1)
+    weights = torch.where(no_mass[:, None], rng.group_weights(q_j, group), rng.group_weights(residual, group))
+    recovered = group * rng.RACE_GROUP + rng.race(weights, e2)
     if is_greedy is not None:
         recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
     # A target row without probability mass has no token to give: -1 (no token) there.
-    return torch.where(q_j.amax(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
+    return torch.where(sums_q.sum(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +171,8 @@ def _rejection_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -
     else:
         # An out-of-range draft was never a sample of p: recover from q, not (q - p)+.
         p_row = torch.where(has_draft & draft_valid[rows, jd], f.draft_rows[rows, jd], -1)
-        residual = (q_j - _gather_rows(f.draft, p_row)).clamp_min(0)
+        residual = _gather_rows(f.draft, p_row)
+        torch.sub(q_j, residual, out=residual).clamp_min_(0.0)  # (q_j - p_j)+ in place
     recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
     final = _final_tokens(recovered, has_draft, f.bonus, f.target_rows[rows, j] >= 0, V)
     return build_output(f.draft_ids, num_accepted, final)

@@ -25,20 +25,21 @@ share the seed, the offset, the counter and the stream. ``counter`` must lie in 
 The streams (docs/design.md section 4), all numbered here so that no two uses share one:
 
 * ``STREAM_ACCEPT``: counter = position i; words (0, 1) give the accept uniform of position i.
-* ``STREAM_RECOVER``: counter = position * 2**32 + vocab index // 2; an even vocab index takes
-  words (0, 1), an odd one words (2, 3): 64 random bits per vocabulary element, one Philox call
-  per two elements.
+* ``STREAM_RECOVER``: the two-level race (below) of the recovery and bonus draws, counter base
+  position * 2**32.
 * ``STREAM_SAMPLE`` / ``STREAM_ROW_SEED``: the sampling operations (:mod:`spec_samplers.rng_sampling`).
 * ``STREAM_DECODE_DRAFT`` / ``STREAM_DECODE_BONUS`` / ``STREAM_DECODE_STEP``: the decoding loop's
   draft tokens, bonus tokens and plain autoregressive steps (:mod:`spec_samplers.decoding`), laid
-  out as ``STREAM_RECOVER`` (:func:`recover_exponentials` with ``stream=``).
+  out as ``STREAM_RECOVER`` (:func:`recovery_race` with ``stream=``).
 
 Words become fp32 numbers through :func:`uniform_from_words` (64 bits, all that matter in fp32)
 and :func:`exponential_from_words` (``-log1p(-u)``).
 
 PyTorch has no uint32 arithmetic on every device, so words live in int64 tensors; each 32x32-bit
-product is split into 16-bit halves of the multiplier (no intermediate reaches 2**49, nothing
-relies on overflow). The Triton mirror uses uint32 with ``tl.umulhi``.
+product is one int64 product whose low 64 bits are the exact unsigned product (two's complement
+wrap, what PyTorch's CPU and CUDA integer kernels compute), split by an arithmetic shift and a
+mask (:func:`_mulhilo`; tests compare it with :func:`mulhilo_split`, which never leaves
+[0, 2**49)). The Triton mirror uses uint32 with ``tl.umulhi``.
 
 Precision (stated as module constants below, checked by exact counting in tests/test_rng.py)
 -----------------------------------------------------------------------------------------------
@@ -68,41 +69,40 @@ first, so u is a monotone function of n, lies in [UNIFORM_MIN, UNIFORM_MAX] = [2
   whose only mass is subnormal still emits its supported token, and zero weights never win
   against positive ones. Keys stay finite for weights <= 2**31 (probabilities are <= 1).
 
+The race: one rule for every draw
+---------------------------------
+:func:`two_level_race` samples a row of weights w (>= 0) in two levels (docs/design.md section 4):
+
+1. level 1: the fp64 sums S_g of groups of RACE_GROUP consecutive entries race with keys
+   S_g / E1_g (fp64), E1_g from counter base + LEVEL1_COUNTER + g // 2 (words (0, 1) for an even g,
+   (2, 3) for an odd one): group g* wins with probability S_g / sum S;
+2. level 2: the entries of group g* race with keys (w * RACE_SCALE) / E2_i, E2_i from counter
+   base + i // 2 (i the index in the group, words as above), the same for every group: only one
+   group is ever raced, and both levels come from ONE Philox evaluation (:func:`race_exponentials`)
+   that needs no knowledge of g*.
+
+Exact in law: level 2's numbers are independent of level 1's, so P(token) = S_g / sum S *
+w / S_g. Precision: level 1 has the race's CDF error at fp64 keys (tail groups of relative weight
+>= 1e-12 within RACE_TAIL_REL_ERR), level 2 the single-level race's inside the group.
+
 Cost
 ----
-One Philox call = 10 rounds x 2 (32 x 32 -> 64-bit) products = 40 32-bit multiplies (20 mul.lo,
-20 mul.hi: IMAD / IMAD.HI) and 20 three-input XORs (LOP3), for 4 words. The recovery pass spends
-2 words per vocabulary element, so per element: 20 integer multiplies + 10 XORs, ~12 integer ops
-and 3 int->fp32 conversions for the uniform, log1p (~15 instructions), one division (~10) shared
-by the residual and q races, then 2 multiplies and the argmax folds: ~45 instructions of
-generator in ~90 per element.
+One Philox call = 10 rounds x 2 (32 x 32 -> 64-bit) products = 40 32-bit multiplies and 20 XORs
+for 4 words. A draw spends ceil(G1 / 2) + RACE_GROUP / 2 calls (G1 = ceil(V / RACE_GROUP)): 191
+for V = 32000, 379 for V = 128256, against V / 2 for the single-level race of 0.2.
 
-GPU (estimate; no GPU was at hand for this measurement): H100 SXM has 132 SMs x ~1.8 GHz x 64
-integer multiplies per clock per SM = ~15e12 multiplies/s, i.e. ~0.75e12 elements/s from the
-multiplier alone, and 128 issued lane-instructions per clock per SM = ~30e12/s, i.e. ~0.33e12
-elements/s at ~90 instructions per element. The byte floor of the pass (one q row and one p row
-per request) delivers 0.84e12 elements/s at bf16 (4 bytes/element at 3.35 TB/s; H200 at 4.8
-TB/s: 1.2e12) and 0.42e12 at fp32. So the multiplies alone fit under the fp32 floor and come
-close to the bf16 one, but by instruction count the pass is issue-bound by up to ~2.5x (H100) /
-~3.6x (H200) at bf16 and ~1.3x at fp32: ~30 us instead of ~12 us for B = 64 rows of a 152k
-vocabulary at bf16. (The lowbias32 hash it replaces, 4 multiplies and ~60 instructions per
-element, was issue-bound at bf16 by the same estimate, ~1.7x.) ``benchmarks/test_rng.py``
-(``race_triton``: the generator's own rate, reported as the bf16 bandwidth it can feed) measures
-this on a GPU. If the measurement confirms it, Philox4x32-7 (the fewest rounds Random123 reports
-as Crush-resistant) would cut the generator's share by 30%.
+GPU: the kernels' vocabulary pass draws no random number at all (it stores fp64 group sums), so
+it is bound by its bytes; the finalize spends the Philox calls above per request (one program).
 
-CPU (PyTorch path, 1 thread, busy 2-core machine, ``benchmarks/test_rng.py``): Philox as separate
-int64 tensor ops makes ~7e6 words/s (~280 ns per element), which is why the CPU race runs as one
-torch.compile'd loop (:func:`recovery_race`): ~130e6 words/s, ~15 ns per element including the
-exponential, the key and the argmax.
+CPU (PyTorch path, no compilation): Philox as int64 tensor ops over [N, ceil(G1 / 2) + 128]
+(each 32 x 32-bit product is one int64 product, whose low 64 bits are exact in two's complement,
+:func:`_mulhilo`), the two group-sum reductions and one [N, RACE_GROUP] gather; first call well
+under a second (``benchmarks/recovery_floor.py``).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import warnings
-from collections.abc import Callable
 
 import torch
 
@@ -166,7 +166,16 @@ def split64(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) 32-bit halves of m * x for x in [0, 2**32) held in int64, m a uint32 constant.
 
-    With m = mh * 2**16 + ml: m * x = (x * mh) * 2**16 + x * ml, each product < 2**48."""
+    One int64 product, whose low 64 bits are m * x (< 2**64) in two's complement: an arithmetic
+    shift and a mask recover both halves (4 tensor ops, vectorised on every PyTorch backend).
+    :func:`mulhilo_split` gives the same words without ever leaving [0, 2**63) (tests compare)."""
+    p = x * m
+    return (p >> 32) & MASK32, p & MASK32
+
+
+def mulhilo_split(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_mulhilo` with m = mh * 2**16 + ml: m * x = (x * mh) * 2**16 + x * ml, each
+    product < 2**48 (no intermediate overflows; 9 tensor ops)."""
     p_lo = x * (m & 0xFFFF)
     p_hi = x * (m >> 16)
     hi = (p_hi + (p_lo >> 16)) >> 16
@@ -185,13 +194,15 @@ def philox4x32(
         >>> [hex(int(w)) for w in philox4x32(z, z, z, z, z, z)]
         ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
     """
+    # round keys: the Weyl sequence k + r * W (mod 2**32), all rounds in one op per key word
+    # (the key tensors are small; per-round ops would dominate a small call)
+    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=k0.device)
+    rk0 = (k0.to(torch.int64)[..., None] + rounds * PHILOX_W0) & MASK32
+    rk1 = (k1.to(torch.int64)[..., None] + rounds * PHILOX_W1) & MASK32
     for r in range(PHILOX_ROUNDS):
-        # key of round r: the Weyl sequence k + r * W (mod 2**32), on the (small) key tensors
-        rk0 = (k0 + r * PHILOX_W0) & MASK32
-        rk1 = (k1 + r * PHILOX_W1) & MASK32
         hi0, lo0 = _mulhilo(c0, PHILOX_M0)
         hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0, lo1, hi0 ^ c3 ^ rk1, lo0
+        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0[..., r], lo1, hi0 ^ c3 ^ rk1[..., r], lo0
     return c0, c1, c2, c3
 
 
@@ -291,11 +302,92 @@ def recover_exponentials(
     return exps.reshape(n, 2 * half)[:, :vocab_size]
 
 
-def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x weights[x] * (RACE_SCALE / E[x]), a sample of weights / sum.
+# ---------------------------------------------------------------------------------------------
+# The two-level race: the one sampling rule of the package (module docstring, "Race").
 
-    weights: [N, V] fp32 >= 0 (finite); exponentials: [N, V] fp32 in [EXP_MIN, EXP_MAX]. The
-    scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
+#: vocabulary entries per race group (a power of two: kernels' vector steps divide or tile it)
+RACE_GROUP = 256
+#: level-1 counters sit at counter_base + LEVEL1_COUNTER + group // 2 (level 2 uses counter_base
+#: + index in group // 2 < RACE_GROUP / 2), so the two levels never share a Philox block
+LEVEL1_COUNTER = 2**31
+
+
+def race_num_groups(vocab_size: int) -> int:
+    """Number of race groups of a vocabulary, ceil(V / RACE_GROUP)."""
+    return -(-vocab_size // RACE_GROUP)
+
+
+def race_group_sums(weights: torch.Tensor) -> torch.Tensor:
+    """[N, ceil(V / RACE_GROUP)] fp64 sums of consecutive groups of RACE_GROUP entries of
+    ``weights`` ([N, V] fp32 >= 0; the last group may be partial). fp64 keeps a group of tail
+    weights (each >= 2**-149) at full relative precision, and makes the sum of a group nearly
+    independent of the order it is added in (rounding 2**-53 relative: a kernel summing in another
+    order can only flip a level-1 race whose two best keys agree to ~1e-16, a tie in practice)."""
+    N, V = weights.shape
+    full = V // RACE_GROUP
+    parts = []
+    if full:
+        # convert, then reduce: twice as fast on the CPU as sum(dtype=torch.float64), same sums
+        head = weights[:, : full * RACE_GROUP].reshape(N, full, RACE_GROUP)
+        parts.append(head.to(torch.float64).sum(dim=-1))
+    if V % RACE_GROUP or not parts:
+        parts.append(weights[:, full * RACE_GROUP :].to(torch.float64).sum(dim=-1, keepdim=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def race_exponentials(
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    counter_base: torch.Tensor,  # [N] int64: position * 2**32 (recovery, decoding), 0 (sampling)
+    num_groups: int,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exponentials of one two-level race, from ONE Philox evaluation over [N, ceil(G1 / 2) +
+    RACE_GROUP / 2] counters: (level 1 [N, num_groups], level 2 [N, RACE_GROUP]) fp32.
+
+    Level 1, group g: counter base + LEVEL1_COUNTER + g // 2, words (0, 1) for an even g, (2, 3)
+    for an odd one. Level 2, entry i of the chosen group (vocab index g * RACE_GROUP + i): counter
+    base + i // 2, words as level 1's; the same for every group (only one group is ever raced),
+    and equal to the single-level race's exponentials of entries 0..RACE_GROUP-1
+    (:func:`recover_exponentials`)."""
+    n = seeds.shape[0]
+    n1 = (num_groups + 1) // 2
+    device = seeds.device
+    cols = torch.cat(
+        (
+            torch.arange(LEVEL1_COUNTER, LEVEL1_COUNTER + n1, device=device, dtype=torch.int64),
+            torch.arange(RACE_GROUP // 2, device=device, dtype=torch.int64),
+        )
+    )
+    counter = counter_base.to(torch.int64)[:, None] + cols[None, :]
+    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
+    # one conversion for both word pairs: [N, cols, 2] -> [N, 2 * cols] (even entry, odd entry)
+    e = exponential_from_words(torch.stack((w0, w2), dim=-1), torch.stack((w1, w3), dim=-1))
+    e = e.reshape(n, 2 * cols.shape[0])
+    return e[:, :num_groups], e[:, 2 * n1 :]
+
+
+def pick_group(sums: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Level 1: argmax_g sums[g] / E[g] in fp64 (ties to the lowest group), a sample of the groups
+    by their sums. sums [N, G1] fp64 >= 0, exponentials [N, G1] fp32. Returns [N] int64."""
+    return torch.argmax(sums / exponentials.to(torch.float64), dim=-1)
+
+
+def group_weights(weights: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """[N, RACE_GROUP] fp32 entries of group ``group`` ([N] int64) of each row of ``weights``
+    ([N, V]); -1 (never a winner) past the vocabulary."""
+    V = weights.shape[1]
+    idx = group[:, None] * RACE_GROUP + torch.arange(RACE_GROUP, device=weights.device)
+    inside = idx < V
+    w = weights.gather(1, idx.clamp_(max=max(V - 1, 0))).to(torch.float32)
+    return torch.where(inside, w, -1.0)
+
+
+def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Single-level exponential race (level 2 of :func:`two_level_race`): argmax_x
+    (weights[x] * RACE_SCALE) / E[x], a sample of weights / sum. weights: [N, M] fp32 (>= 0 for
+    candidates, < 0 never wins against them); exponentials: [N, M] fp32 in [EXP_MIN, EXP_MAX].
+    The scale keeps subnormal weights' keys normal (so they win at their rate, and beat zeros).
     Ties go to the lowest index. Returns [N] int64.
 
     Example::
@@ -303,54 +395,47 @@ def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
         >>> race(torch.tensor([[0.0, 1.4e-45, 0.0]]), torch.ones(1, 3)).tolist()
         [1]
     """
-    # a tensor numerator: `scalar / tensor` would be reciprocal-then-multiply (two roundings)
-    scale = torch.full((), RACE_SCALE, dtype=exponentials.dtype, device=exponentials.device)
-    return torch.argmax(weights * (scale / exponentials), dim=-1)
+    # (w * 2**32) is exact: one rounding per key, the division (as the kernels' div_rn)
+    return torch.argmax((weights * RACE_SCALE) / exponentials, dim=-1)
 
 
-def _race_eager(
-    weights: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+def two_level_race(
+    weights: torch.Tensor,  # [N, V] fp32 >= 0
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    counter_base: torch.Tensor,  # [N] int64
+    stream: int,
+    sums: torch.Tensor | None = None,  # [N, G1] fp64: race_group_sums(weights), when the caller has it
 ) -> torch.Tensor:
-    return race(weights, recover_exponentials(seeds, offsets, positions, weights.shape[1]))
+    """A sample of each row of ``weights`` (need not be normalised) by the two-level race: level 1
+    picks group g with probability sums[g] / sum (:func:`pick_group`), level 2 races the entries
+    of group g (:func:`race`). Returns [N] int64 in [0, V) (an all-zero row gives some index:
+    callers mark it). No host synchronisation; about V / 2 / RACE_GROUP + RACE_GROUP / 2 Philox
+    blocks per row instead of V / 2.
 
+    Example::
 
-#: environment variable: "0" disables the compiled CPU race (the eager path gives the same words)
-COMPILE_ENV = "SPEC_SAMPLERS_COMPILE"
-#: the compiled CPU race runs from this many [N, V] elements up; below it eager ops are fast enough
-#: and small calls (tests, tiny batches) never pay the one-off compile (~15-45 s on first use)
-COMPILE_MIN_ELEMENTS = 1 << 18
-
-#: eager race -> its torch.compile'd version, made on first use
-_compiled_races: dict[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = {}
-#: a compile failed (no C++ compiler, ...): every race runs eager from then on
-_compile_failed = False
-
-
-def _use_compiled(weights: torch.Tensor) -> bool:
-    return (
-        weights.device.type == "cpu"
-        and weights.numel() >= COMPILE_MIN_ELEMENTS
-        and not _compile_failed
-        and os.environ.get(COMPILE_ENV, "1") != "0"
-        and not torch.compiler.is_compiling()  # inside a caller's torch.compile: let it trace us
-    )
+        >>> w = torch.tensor([[0.0, 0.25, 0.75]])
+        >>> one = torch.tensor([3])
+        >>> int(two_level_race(w, one, one * 0, one * 0, STREAM_RECOVER)) in (1, 2)
+        True
+    """
+    if sums is None:
+        sums = race_group_sums(weights)
+    e1, e2 = race_exponentials(seeds, offsets, counter_base, sums.shape[1], stream)
+    group = pick_group(sums, e1)
+    return group * RACE_GROUP + race(group_weights(weights, group), e2)
 
 
 def recovery_race(
     weights: torch.Tensor,  # [N, V] fp32 >= 0
     seeds: torch.Tensor,  # [N] int64
     offsets: torch.Tensor,  # [N] int64
-    positions: torch.Tensor,  # [N] int64
+    positions: torch.Tensor,  # [N] int64 in [0, 2**24)
+    stream: int = STREAM_RECOVER,
 ) -> torch.Tensor:
-    """``race(weights, recover_exponentials(seeds, offsets, positions, V))`` without the [N, V]
-    exponentials. Returns [N] int64.
-
-    On the CPU, from COMPILE_MIN_ELEMENTS elements up, this runs as one torch.compile'd loop (the
-    Philox rounds as separate int64 tensor ops cost ~200 passes over [N, V/2]; fused they are
-    ~20x faster). Integer words and uniforms are bit-identical to the eager path by construction
-    (integer ops, exact fp32 conversions and power-of-two scalings); if compiling fails (no C++
-    compiler, ...) a warning is issued once and the eager path is used. Set SPEC_SAMPLERS_COMPILE=0
-    to always use the eager path.
+    """The recovery (and bonus, and decoding) draw of position ``positions`` of each row:
+    :func:`two_level_race` with counter base position * 2**32 on ``stream``. Returns [N] int64.
 
     Example::
 
@@ -359,27 +444,7 @@ def recovery_race(
         >>> int(recovery_race(w, one, one * 0, one * 0)) in (1, 2)
         True
     """
-    return run_race(_race_eager, weights, seeds, offsets, positions)
-
-
-def run_race(eager: Callable[..., torch.Tensor], weights: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
-    """``eager(weights, *args)``, torch.compile'd where :func:`_use_compiled` says so (see
-    :func:`recovery_race`); a failed compile warns once and falls back to ``eager``."""
-    global _compile_failed
-    if _use_compiled(weights):
-        try:
-            if eager not in _compiled_races:
-                _compiled_races[eager] = torch.compile(eager, dynamic=True)
-            return _compiled_races[eager](weights, *args)
-        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
-            _compile_failed = True
-            warnings.warn(
-                f"{eager.__module__}: torch.compile of the CPU race failed ({type(exc).__name__}: {exc}); "
-                "using the eager path",
-                RuntimeWarning,
-                stacklevel=3,  # the caller of recovery_race / sample_race
-            )
-    return eager(weights, *args)
+    return two_level_race(weights, seeds, offsets, positions.to(torch.int64) << 32, stream)
 
 
 # --- Trees (spec_samplers.tree) -----------------------------------------------------------------

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers import rng
-
 
 def clean_probs(x: torch.Tensor) -> torch.Tensor:
     """fp32 copy of x with NaN, Inf and negative entries set to 0 (non-strict safety)."""
@@ -17,16 +15,6 @@ def valid_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.T
     """(in-range mask, ids clamped into [0, V) as int64) so gathers never read out of bounds."""
     ids = ids.to(torch.int64)
     return (ids >= 0) & (ids < vocab_size), ids.clamp(0, vocab_size - 1)
-
-
-def race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax_x weights[x] / E[x] (:func:`spec_samplers.rng.race`: scaled keys, so
-    subnormal weights win at their rate), a sample of weights / sum(weights).
-
-    weights, exponentials: [N, V] fp32 (exponentials > 0). Ties go to the lowest index.
-    Returns [N] int64.
-    """
-    return rng.race(weights, exponentials)
 
 
 def scaled_exp(x: torch.Tensor, row_max: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

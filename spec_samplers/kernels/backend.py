@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_samplers.rng import RACE_GROUP
+
 BACKENDS = ("auto", "torch", "triton")
 
 
@@ -56,7 +58,7 @@ def use_triton(backend: str, device: torch.device) -> bool:
 @dataclass(frozen=True)
 class VocabSplit:
     block_v: int  # elements per vector step (power of two)
-    chunk: int  # vocab entries per program instance (multiple of block_v)
+    chunk: int  # vocab entries per program instance (multiple of block_v and of rng.RACE_GROUP)
     num_blocks: int  # NB = ceil(V / chunk), every block non-empty
 
 
@@ -109,7 +111,10 @@ def plan_vocab_split(
     block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
     max_blocks = min(-(-vocab_size // block_v), MAX_VOCAB_BLOCKS)
     num_blocks = max(1, min(num_blocks, max_blocks))
-    chunk = _ceil_div(_ceil_div(vocab_size, num_blocks), block_v) * block_v
+    # a chunk holds whole race groups (spec_samplers.rng.RACE_GROUP), so each group's sum is taken
+    # by one program: block_v and RACE_GROUP are powers of two, one divides the other
+    align = max(block_v, RACE_GROUP)
+    chunk = _ceil_div(_ceil_div(vocab_size, num_blocks), align) * align
     return VocabSplit(block_v, chunk, _ceil_div(vocab_size, chunk))
 
 

@@ -81,23 +81,29 @@ def block_tau(pos, n, valid, rho_vec, mass, seed, offset):
 def block_partials_kernel(
     seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
 ):
+    cu_ptr, _, _, _, _, _, _ = req
+    target, draft, _ = seqs
+    _, stride_b, stride_k, _ = target
+    draft_ptr, _, _, _ = draft
     m = tl.program_id(1).to(tl.int64)
-    RAGGED: tl.constexpr = req[0] is not None
+    RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
+    b, start, n, seed, offset, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)
     x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, RAGGED, PRECISE, BLOCK_K)
-    _, has_row = row_offset(rq[0], m, rq[1], rq[2], num_rows, seqs[0][1], seqs[0][2], RAGGED)
+    _, has_row = row_offset(b, m, start, n, num_rows, stride_b, stride_k, RAGGED)
     need = vk.needs_pass(rq, req, m, has_row)
-    if seqs[1][0] is None:
+    if draft_ptr is None:
         # Point-mass drafts: Z_m = rho_m (1 - q_m(x_m)) from scalars, so tau is known here and
         # only its position needs the vocabulary.
         mass = tl.maximum(rho_vec * (1.0 - q_x), 0.0)
-        need = need & (m == block_tau(pos, rq[2], valid, rho_vec, mass, rq[3], rq[4]))
+        need = need & (m == block_tau(pos, n, valid, rho_vec, mass, seed, offset))
     if need:
         blk = tl.program_id(2)
-        slot = (rq[0] * (K + 1) + m) * NB + blk
+        row_slot = b * (K + 1) + m
         drafts = (pos, x, valid, rho_vec)
-        vk.residual_pass(rq, m, drafts, seqs, parts, slot, (blk, chunk), (RAGGED, True, PRECISE), BLOCK_V)
+        flags = (RAGGED, True, PRECISE)
+        vk.residual_pass(rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), flags, BLOCK_V)
 
 
 @triton.jit(do_not_specialize=["num_rows", "NB"])  # as block_partials_kernel
@@ -105,27 +111,34 @@ def block_finalize_kernel(
     seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
 ):
     """Writes out_ptr [B, K+1] int64."""
+    cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
+    mass_ptr, _, _, _, _ = parts
+    _, draft, _ = seqs
+    draft_ptr, _, _, _ = draft
+    RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, n = rq[0], rq[2]
+    b, _, n, seed, offset, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
-    x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, req[0] is not None, PRECISE, BLOCK_K)
+    x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, RAGGED, PRECISE, BLOCK_K)
     blocks = tl.arange(0, BLOCK_NB)
     greedy = vk.request_greedy(req, b)
-    if seqs[1][0] is not None:
+    if draft_ptr is not None:
         # Partials exist where a pass ran: positions with a valid draft of a random request.
         passed = valid & (pos <= tl.where(greedy, -1, K))
         tile = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
         tmask = passed[:, None] & (blocks[None, :] < NB)
-        mass = tl.sum(tl.load(parts[0] + tile, mask=tmask, other=0.0), axis=1)
+        mass = tl.sum(tl.load(mass_ptr + tile, mask=tmask, other=0.0), axis=1)
     else:
         mass = tl.maximum(rho_vec * (1.0 - q_x), 0.0)
-    j = block_tau(pos, n, valid, rho_vec, mass, rq[3], rq[4])
+    j = block_tau(pos, n, valid, rho_vec, mass, seed, offset)
     greedy_token = -1
-    if req[4] is not None:
-        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB, req[3] is not None)
+    if greedy_ptr is not None:
+        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB, temp_ptr is not None)
         greedy_ok = valid & (x == target_argmax) & row_ok
         j = tl.where(greedy, vk.first_rejection(greedy_ok, pos, n, BLOCK_K), j)
     j = tl.minimum(j, n)  # a malformed ragged request (k_b = -1) emits no token
-    if req[4] is not None:
+    if greedy_ptr is not None:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, pos, x, greedy_token, (b * (K + 1) + j) * NB, NB, BLOCK_NB)
+    drafts = (pos, x, valid, rho_vec)
+    flags = (RAGGED, True, PRECISE)
+    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, flags)

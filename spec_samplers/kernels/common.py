@@ -19,8 +19,8 @@ from spec_samplers.kernels.rng import precise_exp
 def clean(x):
     """fp32 copy with NaN, Inf and negative entries set to 0 (as reference.clean_probs)."""
     x = x.to(tl.float32)
-    ok = (x == x) & (x > 0.0) & (x < float("inf"))
-    return tl.where(ok, x, 0.0)
+    # NaN < inf is false, and max(x, 0) clears negatives: one compare, one max, one select
+    return tl.where(x < float("inf"), tl.maximum(x, 0.0), 0.0)
 
 
 @triton.jit

@@ -5,11 +5,13 @@ Three launches with fixed grids (CUDA-graph friendly, no host synchronisation):
 1. ``argmax_partials_kernel`` grid (B, K+1, NB), only when greedy rows may exist: per vocab block,
    (max, argmax) of q_i for every position of greedy requests (random requests exit at once).
 2. ``residual_partials_kernel`` grid (B, NB): each program finds its request's first rejected
-   position j from gathered scalars, then races its vocab block of the residual (q_j - p_j)+
-   (and of q_j, for the zero-mass fallback). Requests that accept everything (with a valid bonus
-   id), and greedy requests, exit without reading the vocabulary.
-3. ``finalize_kernel`` grid (B,): recomputes j, combines the NB block partials in block order
-   (ties to the lowest vocab index, as torch.argmax) and writes the output row.
+   position j from gathered scalars, then reads its vocab block of q_j (and p_j) once, storing
+   the fp64 race-group sums of the residual (q_j - p_j)+ and of q_j (the zero-mass fallback).
+   No random numbers are drawn there. Requests that accept everything (with a valid bonus id),
+   and greedy requests, exit without reading the vocabulary.
+3. ``finalize_kernel`` grid (B,): recomputes j, runs the two-level race
+   (:func:`spec_samplers.kernels.verify_kernels.race_recovered`: level 1 over the group sums,
+   level 2 over the one chosen group, re-read) and writes the output row.
 
 NB vocab blocks per request keep the GPU busy at B = 1; the combination is a second kernel, not
 atomics, so results do not depend on scheduling. The tuple arguments (seqs, req, parts) and the
@@ -36,7 +38,8 @@ def random_accepts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
 
     Returns (accepted, draft ids as given (int64), id in [0, V) and inside the request)."""
     x, valid, q_x, p_x = vk.gather_at_drafts(rq, pos, seqs, RAGGED, PRECISE)
-    w0, w1, _, _ = random_words(rq[3], rq[4], pos, _STREAM_ACCEPT)
+    _, _, _, seed, offset, _, _, _, _ = rq
+    w0, w1, _, _ = random_words(seed, offset, pos, _STREAM_ACCEPT)
     # u < q/p (as the reference): q >= p always accepts, subnormal p included
     ratio = tl.math.div_rn(q_x, tl.where(p_x > 0.0, p_x, 1.0))
     accepted = valid & (p_x > 0.0) & (uniform_from_words(w0, w1) < ratio)
@@ -48,12 +51,16 @@ def random_accepts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
     """Program (b, i, blk): (max, argmax) of q_i over vocab block blk of a greedy request into
-    ``parts[6:8]`` ([B, K+1, NB] fp32 / int32); ``target`` = (ptr, stride_b, stride_k, None)."""
+    ``parts[3:5]`` ([B, K+1, NB] fp32 / int32); ``target`` = (ptr, stride_b, stride_k, None)."""
+    target_ptr, stride_b, stride_k, _ = target
+    cu_ptr, _, _, _, _, _, _ = req
+    _, _, _, amax_val_ptr, amax_idx_ptr = parts
+    RAGGED: tl.constexpr = cu_ptr is not None
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(req[0], b, K, num_rows, req[0] is not None)
-    off, ok = row_offset(b, i, start, n, num_rows, target[1], target[2], req[0] is not None)
+    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
+    off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
     if vk.request_greedy(req, b) & ok:
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
@@ -62,11 +69,11 @@ def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            vals = tl.where(m, clean(tl.load(target[0] + off + offs, mask=m, other=0.0)), -1.0)
+            vals = tl.where(m, clean(tl.load(target_ptr + off + offs, mask=m, other=0.0)), -1.0)
             best, best_idx = fold_argmax(vals, s, best, best_idx)
         slot = (b * (K + 1) + i) * NB + blk
-        tl.store(parts[6] + slot, best)
-        tl.store(parts[7] + slot, best_idx.to(tl.int32))
+        tl.store(amax_val_ptr + slot, best)
+        tl.store(amax_idx_ptr + slot, best_idx.to(tl.int32))
 
 
 # num_rows (T), chunk and NB follow the batch size: left unspecialised (as above).
@@ -74,16 +81,20 @@ def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_
 def residual_partials_kernel(
     seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
 ):
-    RAGGED: tl.constexpr = req[0] is not None
+    cu_ptr, _, _, _, _, _, _ = req
+    RAGGED: tl.constexpr = cu_ptr is not None
+    target, _, _ = seqs
+    _, stride_b, stride_k, _ = target
     rq = vk.open_request(req, K, V, num_rows)
+    b, start, n, _, _, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)
     accepted, x, valid = random_accepts(rq, pos, seqs, RAGGED, PRECISE)
-    j = vk.first_rejection(accepted, pos, rq[2], BLOCK_K)
-    _, has_row = row_offset(rq[0], j, rq[1], rq[2], num_rows, seqs[0][1], seqs[0][2], RAGGED)
+    j = vk.first_rejection(accepted, pos, n, BLOCK_K)
+    _, has_row = row_offset(b, j, start, n, num_rows, stride_b, stride_k, RAGGED)
     if vk.needs_pass(rq, req, j, has_row):
         blk = tl.program_id(1)
         drafts = (pos, x, valid, 1.0)  # no rho: the residual is not scaled
-        vk.residual_pass(rq, j, drafts, seqs, parts, rq[0] * NB + blk, (blk, chunk), (RAGGED, False, PRECISE), BLOCK_V)
+        vk.residual_pass(rq, j, drafts, seqs, parts, b * NB + blk, b, (blk, chunk), (RAGGED, False, PRECISE), BLOCK_V)
 
 
 # num_rows (T) and NB follow the batch size: left unspecialised (as above).
@@ -92,16 +103,20 @@ def finalize_kernel(
     seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
 ):
     """Writes out_ptr [B, K+1] int64."""
+    cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
+    RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
+    b, _, n, _, _, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
-    accepted, x, valid = random_accepts(rq, pos, seqs, req[0] is not None, PRECISE)
+    accepted, x, valid = random_accepts(rq, pos, seqs, RAGGED, PRECISE)
     greedy_token = -1
-    if req[4] is not None:
-        greedy = vk.request_greedy(req, rq[0])
+    if greedy_ptr is not None:
+        greedy = vk.request_greedy(req, b)
         blocks = tl.arange(0, BLOCK_NB)
-        target_argmax, row_ok = vk.greedy_targets(parts, rq[0], pos, blocks, greedy, K, NB, req[3] is not None)
+        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB, temp_ptr is not None)
         accepted = tl.where(greedy, valid & (x == target_argmax) & row_ok, accepted)
-    j = vk.first_rejection(accepted, pos, rq[2], BLOCK_K)
-    if req[4] is not None:
+    j = vk.first_rejection(accepted, pos, n, BLOCK_K)
+    if greedy_ptr is not None:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, pos, x, greedy_token, rq[0] * NB, NB, BLOCK_NB)
+    drafts = (pos, x, valid, 1.0)
+    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b, (RAGGED, False, PRECISE))

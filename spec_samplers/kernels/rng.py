@@ -107,3 +107,100 @@ def precise_exp(x, PRECISE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two-level race (spec_samplers.rng.two_level_race), shared by every kernel that draws.
+
+_RACE_GROUP = tl.constexpr(rng.RACE_GROUP)
+_LEVEL1_COUNTER = tl.constexpr(rng.LEVEL1_COUNTER)
+_RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
+
+
+@triton.jit
+def race_exponential(seed, offset, counter_base, index, STREAM: tl.constexpr, PRECISE: tl.constexpr):
+    """Exp(1) of entry ``index`` (int tensor) of a race at ``counter_base`` (int64 scalar):
+    counter counter_base + index // 2, words (0, 1) for an even index, (2, 3) for an odd one
+    (:func:`spec_samplers.rng.race_exponentials`; level 1 passes counter_base + LEVEL1_COUNTER).
+    For arbitrary indices; :func:`race_exponentials_from` makes a run of them at half the cost."""
+    index = index.to(tl.int64)
+    w0, w1, w2, w3 = random_words(seed, offset, counter_base + (index >> 1), STREAM)
+    odd = (index & 1) == 1
+    return exponential_from_words(tl.where(odd, w2, w0), tl.where(odd, w3, w1), PRECISE)
+
+
+@triton.jit
+def race_exponentials_from(
+    seed, offset, counter_base, first, BLOCK: tl.constexpr, PRECISE: tl.constexpr, STREAM: tl.constexpr
+):
+    """[BLOCK] :func:`race_exponential` of entries first .. first + BLOCK - 1 (``first`` even):
+    one Philox block per pair of entries, all four words used (even entry: words (0, 1), odd:
+    (2, 3), interleaved)."""
+    pairs = counter_base + (first >> 1) + tl.arange(0, BLOCK // 2)
+    w0, w1, w2, w3 = random_words(seed, offset, pairs, STREAM)
+    return tl.interleave(exponential_from_words(w0, w1, PRECISE), exponential_from_words(w2, w3, PRECISE))
+
+
+@triton.jit
+def group_tile(BLOCK_V: tl.constexpr):
+    """[BLOCK_V // RACE_GROUP, RACE_GROUP] offsets of a vector step of BLOCK_V entries (a multiple
+    of RACE_GROUP), one race group per row: ``tl.sum(w.to(tl.float64), axis=1)`` of weights
+    loaded at ``start + group_tile(BLOCK_V)`` gives the step's group sums (no reshape, so no
+    layout conversion)."""
+    return tl.arange(0, BLOCK_V // _RACE_GROUP)[:, None] * _RACE_GROUP + tl.arange(0, _RACE_GROUP)[None, :]
+
+
+@triton.jit
+def pick_group(
+    b_ptr,
+    c_ptr,
+    num_groups,
+    ok,
+    seed,
+    offset,
+    counter_base,
+    STREAM: tl.constexpr,
+    PRECISE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """Level 1 of the race over TWO candidate rows of fp64 group sums at once (``b_ptr`` and
+    ``c_ptr``, ``num_groups`` each; nothing is read unless ``ok``), sharing their
+    exponentials (one of the two is used). Returns (group of b, group of c, total of b, total of
+    c): argmax_g sums[g] / E[g] in fp64, ties to the lowest group (torch.argmax's), and the fp64
+    sums of each row's group sums (the row's mass)."""
+    best_b = tl.full([], -1.0, tl.float64)
+    best_c = tl.full([], -1.0, tl.float64)
+    g_b = tl.full([], 0, tl.int64)
+    g_c = tl.full([], 0, tl.int64)
+    tot_b = tl.full([], 0.0, tl.float64)
+    tot_c = tl.full([], 0.0, tl.float64)
+    for g0 in range(0, tl.where(ok, num_groups, 0), BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        m = g < num_groups
+        e = race_exponentials_from(seed, offset, counter_base + _LEVEL1_COUNTER, g0, BLOCK_G, PRECISE, STREAM)
+        e = e.to(tl.float64)
+        s_b = tl.load(b_ptr + g, mask=m, other=0.0)
+        s_c = tl.load(c_ptr + g, mask=m, other=0.0)
+        tot_b += tl.sum(s_b, axis=0)
+        tot_c += tl.sum(s_c, axis=0)
+        k_b = tl.where(m, s_b / e, -1.0)
+        k_c = tl.where(m, s_c / e, -1.0)
+        top_b = tl.max(k_b, axis=0)
+        top_c = tl.max(k_c, axis=0)
+        arg_b = tl.argmax(k_b, axis=0, tie_break_left=True).to(tl.int64) + g0
+        arg_c = tl.argmax(k_c, axis=0, tie_break_left=True).to(tl.int64) + g0
+        g_b = tl.where(top_b > best_b, arg_b, g_b)
+        best_b = tl.maximum(best_b, top_b)
+        g_c = tl.where(top_c > best_c, arg_c, g_c)
+        best_c = tl.maximum(best_c, top_c)
+    return g_b, g_c, tot_b, tot_c
+
+
+@triton.jit
+def race_in_group(w, mask, seed, offset, counter_base, STREAM: tl.constexpr, PRECISE: tl.constexpr):
+    """Level 2: index in the group (int64) of argmax (w * RACE_SCALE) / E over the [RACE_GROUP]
+    weights ``w`` of the chosen group (``mask``: entries inside the vocabulary and candidates),
+    ties to the lowest index; E of entry i at counter counter_base + i // 2."""
+    e = race_exponentials_from(seed, offset, counter_base, 0, _RACE_GROUP, PRECISE, STREAM)
+    keys = tl.where(mask, tl.math.div_rn(w * _RACE_SCALE, e), -1.0)
+    return tl.argmax(keys, axis=0, tie_break_left=True).to(tl.int64)

@@ -16,13 +16,15 @@ that ends on the exact row value the reference picks:
 
 Kernels (launchers in :mod:`spec_samplers.kernels.sampling_launch`):
 
-The race keys are (w * 2**32) / E with E from the Philox sampling stream
-(:func:`sample_exponential`), as :func:`spec_samplers.rng.race`.
+Tokens are drawn by the package's two-level race (:func:`spec_samplers.rng.two_level_race`) on
+the Philox sampling stream, with the helpers the verification kernels use
+(:mod:`spec_samplers.kernels.rng`).
 
 ``stats_kernel`` grid (B, NB): per vocabulary block, max and min of the cleaned values (and for
 softmax the online sum of exp). ``search_kernel`` grid (B,): the pivot search of one filter
 (top-k by count, or top-p by mass) for one output row, looping over its row. ``race_kernel``
-grid (B, NB): per block, the exponential race argmax w / E over the kept tokens. ``renorm_kernel``,
+grid (B, NB): per block, the fp64 race-group sums of the kept weights; ``race_finalize_kernel``
+grid (B,): the race over those sums, then within the chosen group. ``renorm_kernel``,
 ``mask_kernel``, ``softmax_kernel`` grid (B, NB): the elementwise outputs. NB > 1 splits the
 vocabulary at small B; the block partials are combined in block order by the launcher.
 """
@@ -34,15 +36,15 @@ import triton.language as tl
 
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
-from spec_samplers.kernels.common import clean, fold_argmax, load_q, request_span, row_offset, scaled_exp
-from spec_samplers.kernels.rng import exponential_from_words, precise_exp, random_words
+from spec_samplers.kernels.common import clean, load_q, request_span, row_offset, scaled_exp
+from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group
 from spec_samplers.kernels.softmax_kernels import row_partials
 from spec_samplers.rng_sampling import STREAM_SAMPLE
 
 _MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
 _FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
 _STREAM_SAMPLE = tl.constexpr(STREAM_SAMPLE)
-_RACE_SCALE = tl.constexpr(rng.RACE_SCALE)
+_RACE_GROUP = tl.constexpr(rng.RACE_GROUP)
 #: pivots evaluated per pass of the search (a power of two: one tile axis)
 PIVOTS = 16
 #: passes that always suffice: each divides the key width (< 2**32) by PIVOTS + 1
@@ -117,16 +119,6 @@ def from_key(key):
     """Inverse of :func:`to_key`."""
     k = key.to(tl.int32)
     return tl.where(k >= 0, k, k ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def sample_exponential(seed, offset, vocab_index, PRECISE: tl.constexpr):
-    """Exp(1) of (seed, offset, vocab index) on the sampling stream: bit for bit
-    :func:`spec_samplers.rng_sampling.sample_exponentials` (counter v // 2, words (0, 1) for an
-    even v, (2, 3) for an odd one)."""
-    w0, w1, w2, w3 = random_words(seed, offset, vocab_index >> 1, _STREAM_SAMPLE)
-    odd = (vocab_index & 1) == 1
-    return exponential_from_words(tl.where(odd, w2, w0), tl.where(odd, w3, w1), PRECISE)
 
 
 @triton.jit
@@ -445,6 +437,14 @@ def filter_cut_kernel(
 # Outputs.
 
 
+@triton.jit
+def kept_weights(base, offs, hi, tau, m_ref, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+    """fp32 race weights at ``offs``: w of the kept values (>= tau) below ``hi``, else 0."""
+    mask = offs < hi
+    v = load_values(base, offs, mask, LOGITS)
+    return tl.where(mask & (v >= tau), weights_of(v, m_ref, LOGITS, PRECISE), 0.0)
+
+
 @triton.jit(do_not_specialize=["R", "chunk", "NB"])
 def race_kernel(
     x_ptr,
@@ -452,10 +452,7 @@ def race_kernel(
     rows_ptr,  # [B] int64
     max_ptr,  # [B] fp32 row max (LOGITS)
     tau_ptr,  # [B] fp32: the kept tokens are the values >= tau
-    seed_ptr,
-    offset_ptr,  # [B] int64 per output row
-    key_ptr,
-    idx_ptr,  # [B, NB] fp32 / int32 block partials of the race
+    sums_ptr,  # [B, G1] fp64 race-group sums of the kept weights
     R,
     V,
     chunk,
@@ -464,7 +461,55 @@ def race_kernel(
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
+    """Program (b, blk): the fp64 sums of the kept weights of each race group in vocab block
+    blk (chunk a multiple of RACE_GROUP): level 1's input. No random numbers here."""
     b, r, lo, hi = row_block(rows_ptr, R, V, chunk)
+    lo = tl.multiple_of(lo, _RACE_GROUP)  # chunk holds whole race groups: aligned, wide loads
+    base = x_ptr + r * stride_r
+    tau = tl.load(tau_ptr + b)
+    m_ref = 0.0
+    if LOGITS:
+        m_ref = row_max_ref(max_ptr, b)
+    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
+    row = sums_ptr + b * num_groups
+    g_lo = lo // _RACE_GROUP
+    # a missing input row (hi == lo) still writes zeros over its block's groups
+    g_hi = tl.minimum((lo + chunk) // _RACE_GROUP, num_groups)
+    if BLOCK_V >= _RACE_GROUP:
+        tile = group_tile(BLOCK_V)
+        for start in range(g_lo * _RACE_GROUP, g_hi * _RACE_GROUP, BLOCK_V):
+            w = kept_weights(base, start + tile, hi, tau, m_ref, LOGITS, PRECISE)
+            g = start // _RACE_GROUP + tl.arange(0, BLOCK_V // _RACE_GROUP)
+            tl.store(row + g, tl.sum(w.to(tl.float64), axis=1), mask=g < g_hi)
+    else:
+        for g0 in range(g_lo, g_hi):
+            acc = tl.zeros([BLOCK_V], tl.float64)
+            for start in range(g0 * _RACE_GROUP, (g0 + 1) * _RACE_GROUP, BLOCK_V):
+                acc += kept_weights(base, start + tl.arange(0, BLOCK_V), hi, tau, m_ref, LOGITS, PRECISE).to(tl.float64)
+            tl.store(row + g0, tl.sum(acc, axis=0))
+
+
+@triton.jit(do_not_specialize=["R"])
+def race_finalize_kernel(
+    x_ptr,
+    stride_r,  # [R, V] fp32/fp16/bf16
+    rows_ptr,  # [B] int64
+    max_ptr,  # [B] fp32 row max (LOGITS)
+    tau_ptr,  # [B] fp32
+    seed_ptr,
+    offset_ptr,  # [B] int64 per output row
+    sums_ptr,  # [B, G1] fp64 from race_kernel
+    out_ptr,  # [B] int64 token (the caller marks invalid rows)
+    R,
+    V,
+    LOGITS: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Program b: the two-level race (:func:`spec_samplers.rng.two_level_race`, stream
+    STREAM_SAMPLE, counter base 0): level 1 over the group sums, level 2 over the chosen group,
+    re-read, with the same helpers as the verification finalize."""
+    b = tl.program_id(0)
+    r, ok = output_row(rows_ptr, b, R)
     base = x_ptr + r * stride_r
     tau = tl.load(tau_ptr + b)
     seed = tl.load(seed_ptr + b)
@@ -472,19 +517,14 @@ def race_kernel(
     m_ref = 0.0
     if LOGITS:
         m_ref = row_max_ref(max_ptr, b)
-    best = float("-inf")
-    best_idx = lo
-    for start in range(lo, hi, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        mask = offs < hi
-        v = load_values(base, offs, mask, LOGITS)
-        w = weights_of(v, m_ref, LOGITS, PRECISE)
-        e = sample_exponential(seed, offset, offs, PRECISE)
-        keys = tl.where(mask & (v >= tau), tl.math.div_rn(w * _RACE_SCALE, e), float("-inf"))
-        best, best_idx = fold_argmax(keys, start, best, best_idx)
-    slot = b * NB + tl.program_id(1)
-    tl.store(key_ptr + slot, best)
-    tl.store(idx_ptr + slot, best_idx.to(tl.int32))
+    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
+    row = sums_ptr + b * num_groups
+    counter_base = seed * 0
+    group, _, _, _ = pick_group(row, row, num_groups, ok, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE, 256)
+    offs = group * _RACE_GROUP + tl.arange(0, _RACE_GROUP)
+    w = kept_weights(base, offs, tl.where(ok, V, 0), tau, m_ref, LOGITS, PRECISE)
+    idx = race_in_group(w, offs < V, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE)
+    tl.store(out_ptr + b, group * _RACE_GROUP + idx)
 
 
 @triton.jit(do_not_specialize=["chunk"])

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import torch
 
+from spec_samplers import rng
 from spec_samplers.kernels import sampling_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, vocab_split
 from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
@@ -163,25 +164,13 @@ def sample_triton(
     if split is None:
         split = vocab_split(V, B, device)
     tau, row_max, _ = thresholds_triton(x, rows, logits, top_k, top_p, min_p, joint, split)
-    NB = split.num_blocks
-    pkey = torch.empty((B, NB), dtype=torch.float32, device=device)
-    pidx = torch.empty((B, NB), dtype=torch.int32, device=device)
+    sums = torch.empty((B, rng.race_num_groups(V)), dtype=torch.float64, device=device)
     seeds, offsets = seeds.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
-    _run_over_rows(
-        sk.race_kernel,
-        "race",
-        x,
-        rows,
-        split,
-        logits,
-        max_ptr=row_max,
-        tau_ptr=tau,
-        seed_ptr=seeds,
-        offset_ptr=offsets,
-        key_ptr=pkey,
-        idx_ptr=pidx,
-    )
-    tokens = pidx.gather(1, torch.argmax(pkey, dim=1, keepdim=True))[:, 0].to(torch.int64)
+    _run_over_rows(sk.race_kernel, "race", x, rows, split, logits, max_ptr=row_max, tau_ptr=tau, sums_ptr=sums)
+    tokens = torch.empty((B,), dtype=torch.int64, device=device)
+    race_args = dict(max_ptr=row_max, tau_ptr=tau, seed_ptr=seeds, offset_ptr=offsets, sums_ptr=sums, out_ptr=tokens)
+    finalize_args = dict(_rows(x, rows), LOGITS=logits, PRECISE=precise_math(), **race_args)
+    KernelLaunch(sk.race_finalize_kernel, (B,), finalize_args, name="race_finalize").run()
     valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
     return torch.where(valid, tokens, -1), valid
 

@@ -1,9 +1,10 @@
 """Triton helpers shared by the rejection and block-verification kernels: per-request setup, the
-draft-position gather, the vocabulary pass (residual mass and the two exponential races), the
-combination of its block partials and the output row.
+draft-position gather, the vocabulary pass (residual mass and the race-group sums of the
+two-level race), the race itself in the finalize and the output row.
 
 Kernel arguments travel in tuples (Triton passes tuples to kernels and jit functions alike);
-absent tensors are None, which Triton specialises on, so the flags follow from them:
+absent tensors are None, which Triton specialises on, so the flags follow from them. Every helper
+unpacks its tuples into named locals on its first lines:
 
 * ``seqs = (target, draft, ids)``: ``target`` and ``draft`` are ``(ptr, stride_b, stride_k,
   stats_ptr)`` over q / p rows (vocab stride 1) of a padded [B, K(+1), V] or ragged [T, V]
@@ -14,9 +15,11 @@ absent tensors are None, which Triton specialises on, so the flags follow from t
 * ``req = (cu_ptr, seed_ptr, offset_ptr, temp_ptr, greedy_ptr, bonus_ptr, stride_bonus)``: [B]
   inclusive cumsum of k_b (ragged only: RAGGED), [B] seeds, [B] counter offsets (HAS_OFFSETS),
   [B] T (logits only), [B] bool greedy mask (HAS_GREEDY), [B, 1] bonus ids;
-* ``parts = (mass, rkey, ridx, qkey, qidx, qmax, amax_val, amax_idx)``: the vocabulary-pass
-  partials fp32 / int32, one per (request[, position], vocab block), then the [B, K+1, NB]
-  argmax partials of greedy requests (None without greedy requests).
+* ``parts = (mass, r_sums, q_sums, amax_val, amax_idx)``: ``mass`` fp32, one partial residual
+  mass per (request[, position], vocab block); ``r_sums`` / ``q_sums`` fp64, the race-group sums
+  (:data:`spec_samplers.rng.RACE_GROUP` entries each) of the residual and of q, [.., G1] per
+  (request[, position]); then the [B, K+1, NB] argmax partials of greedy requests (None
+  without greedy requests).
 
 Inside a kernel, ``rq = (b, start, k_b, seed, offset, T, K, V, num_rows)`` (:func:`open_request`)
 describes the program's request and the batch's sizes.
@@ -29,20 +32,22 @@ import triton.language as tl
 
 from spec_samplers.constants import RESIDUAL_MASS_EPS
 from spec_samplers.kernels import common as kc
-from spec_samplers.kernels.rng import exponential_from_words, random_words
+from spec_samplers.kernels.rng import group_tile, pick_group, race_in_group
 from spec_samplers.kernels.softmax_kernels import effective_temperature
-from spec_samplers.rng import RACE_SCALE, STREAM_RECOVER
+from spec_samplers.rng import RACE_GROUP, STREAM_RECOVER
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
-_RACE_SCALE = tl.constexpr(RACE_SCALE)
+_RACE_GROUP = tl.constexpr(RACE_GROUP)
+#: groups per step of the level-1 race in the finalize
+_LEVEL1_BLOCK = tl.constexpr(256)
 
 
 @triton.jit
 def open_request(req, K, V, num_rows):
     """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, T,
     K, V, num_rows); seed and offset 0 and T = 1 when not given."""
-    cu_ptr, seed_ptr, offset_ptr, temp_ptr = req[0], req[1], req[2], req[3]
+    cu_ptr, seed_ptr, offset_ptr, temp_ptr, _, _, _ = req
     b = tl.program_id(0)
     start, n = kc.request_span(cu_ptr, b, K, num_rows, cu_ptr is not None)
     seed = b.to(tl.int64) * 0
@@ -60,17 +65,20 @@ def open_request(req, K, V, num_rows):
 @triton.jit
 def request_greedy(req, b):
     """Whether request b is greedy (a false scalar tensor without a greedy mask)."""
+    _, _, _, _, greedy_ptr, _, _ = req
     greedy = b < 0
-    if req[4] is not None:
-        greedy = tl.load(req[4] + b) != 0
+    if greedy_ptr is not None:
+        greedy = tl.load(greedy_ptr + b) != 0
     return greedy
 
 
 @triton.jit
 def bonus_info(req, rq):
     """(bonus id of the request as given (int64), id in [0, V))."""
-    bonus = tl.load(req[5] + rq[0] * req[6]).to(tl.int64)
-    return bonus, (bonus >= 0) & (bonus < rq[7])
+    _, _, _, _, _, bonus_ptr, stride_bonus = req
+    b, _, _, _, _, _, _, V, _ = rq
+    bonus = tl.load(bonus_ptr + b * stride_bonus).to(tl.int64)
+    return bonus, (bonus >= 0) & (bonus < V)
 
 
 @triton.jit
@@ -78,9 +86,10 @@ def locate_row(rows, rq, i, RAGGED: tl.constexpr):
     """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr), row
     exists, its (max, sum, cut) statistics). ``i`` a scalar or a vector; statistics outside the
     row or past K are the defaults."""
-    b, start, n, K = rq[0], rq[1], rq[2], rq[6]
-    off, ok = kc.row_offset(b, i, start, n, rq[8], rows[1], rows[2], RAGGED)
-    st = kc.row_stats(rows[3], b * (K + 1) + i, ok & (i <= K))
+    _, stride_b, stride_k, stats_ptr = rows
+    b, start, n, _, _, _, K, _, num_rows = rq
+    off, ok = kc.row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K))
     return off, ok, st
 
 
@@ -88,7 +97,9 @@ def locate_row(rows, rq, i, RAGGED: tl.constexpr):
 def q_at(rows, off, mask, temp, st, PRECISE: tl.constexpr):
     """Cleaned fp32 q at ``off`` of ``rows`` (:func:`spec_samplers.kernels.common.load_q`;
     logits when the rows have statistics)."""
-    return kc.load_q(rows[0], off, mask, temp, st[0], st[1], st[2], rows[3] is not None, PRECISE)
+    ptr, _, _, stats_ptr = rows
+    row_max, row_sum, cut = st
+    return kc.load_q(ptr, off, mask, temp, row_max, row_sum, cut, stats_ptr is not None, PRECISE)
 
 
 @triton.jit
@@ -96,12 +107,14 @@ def gather_at_drafts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr)
     """(draft ids as given (int64), id in [0, V) and inside the request, q_i(x_i), p_i(x_i)) at
     positions ``pos``; p = 1 for point-mass drafts."""
     target, draft, ids = seqs
-    b, start, n, temp = rq[0], rq[1], rq[2], rq[5]
-    x, valid = kc.draft_ids_at(b, pos, start, n, rq[7], rq[8], ids[0], ids[1], ids[2], RAGGED)
+    draft_ptr, _, _, _ = draft
+    ids_ptr, stride_ib, stride_ik = ids
+    b, start, n, _, _, temp, _, V, num_rows = rq
+    x, valid = kc.draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, x, 0)
     t_off, t_ok, t_st = locate_row(target, rq, pos, RAGGED)
     q_x = q_at(target, t_off + safe, valid & t_ok, temp, t_st, PRECISE)
-    if draft[0] is not None:
+    if draft_ptr is not None:
         d_off, d_ok, d_st = locate_row(draft, rq, pos, RAGGED)
         p_x = q_at(draft, d_off + safe, valid & d_ok, temp, d_st, PRECISE)
     else:
@@ -127,112 +140,157 @@ def needs_pass(rq, req, j, has_row):
     """Whether position j needs a recovered token from the vocabulary: a random request whose
     row j exists and whose prefix stops at a draft (j < k_b) or at a bonus row without a valid
     bonus id."""
+    b, _, n, _, _, _, _, _, _ = rq
     _, bonus_valid = bonus_info(req, rq)
-    return has_row & ((j < rq[2]) | (~bonus_valid)) & (~request_greedy(req, rq[0]))
+    return has_row & ((j < n) | (~bonus_valid)) & (~request_greedy(req, b))
 
 
 @triton.jit
-def residual_pass(rq, j, drafts, seqs, parts, slot, vocab, FLAGS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One pass over vocab block ``vocab = (blk, chunk)`` of position j: stores at ``slot`` of
-    ``parts`` the partial residual mass, the exponential races of the residual and of q_j (the
-    zero-mass fallback; both from one Philox call per vocab pair) and the partial max of q_j.
+def residual_row(rq, j, drafts, seqs, RAGGED: tl.constexpr):
+    """What the residual of position j needs besides the vocabulary: ``rrow = (q_off, q_st,
+    p_off, p_st, p_keep, x_removed, valid_j, rho_j)``. ``drafts = (pos, draft ids, id valid,
+    rho)`` per position. The draft row is read only where p_keep (it exists and x_j is valid:
+    an out-of-range draft was never a sample of p, so the residual is q there)."""
+    pos, ids, ids_valid, rho = drafts
+    target, draft, _ = seqs
+    draft_ptr, _, _, _ = draft
+    x_j = at(pos, j, ids)
+    valid_j = at(pos, j, ids_valid.to(tl.int32)) != 0
+    rho_j = at(pos, j, rho)
+    q_off, _, q_st = locate_row(target, rq, j, RAGGED)
+    p_off, p_keep, p_st = q_off, valid_j, q_st
+    if draft_ptr is not None:
+        p_off, p_ok, p_st = locate_row(draft, rq, j, RAGGED)
+        p_keep = p_ok & valid_j
+    return q_off, q_st, p_off, p_st, p_keep, tl.where(valid_j, x_j, -1), valid_j, rho_j
 
-    ``drafts = (pos, draft ids, id valid, rho)`` per position; FLAGS = (RAGGED, SCALED,
-    PRECISE). The residual without a valid draft x_j (the bonus row, an out-of-range draft) is
-    q_j. With a valid draft it is (q_j - p_j)+, or with point-mass drafts q_j without x_j;
-    SCALED (block verification) scales q_j by rho_j first: (rho_j q_j - p_j)+, and
-    (rho_j q_j(x_j) - 1)+ at x_j (rho is unused otherwise)."""
+
+@triton.jit
+def residual_values(rq, rrow, seqs, offs, hi, SCALED: tl.constexpr, PRECISE: tl.constexpr):
+    """(residual r, q_j) at vocab entries ``offs`` below ``hi`` (0 elsewhere), fp32.
+
+    The residual without a valid draft x_j (the bonus row, an out-of-range draft) is q_j. With a
+    valid draft it is (q_j - p_j)+, or with point-mass drafts q_j without x_j; SCALED (block
+    verification) scales q_j by rho_j first: (rho_j q_j - p_j)+, and (rho_j q_j(x_j) - 1)+ at
+    x_j."""
+    _, _, _, _, _, temp, _, _, _ = rq
+    q_off, q_st, p_off, p_st, p_keep, x_removed, valid_j, rho_j = rrow
+    target, draft, _ = seqs
+    draft_ptr, _, _, _ = draft
+    m = offs < hi
+    q = q_at(target, q_off + offs, m, temp, q_st, PRECISE)
+    if draft_ptr is not None:
+        # (scalar & vector masks trip the interpreter: fold the row test into the bound)
+        p = q_at(draft, p_off + offs, offs < tl.where(p_keep, hi, 0), temp, p_st, PRECISE)
+        if SCALED:
+            r = tl.where(valid_j, tl.maximum(rho_j * q - p, 0.0), q)
+        else:
+            r = tl.maximum(q - p, 0.0)  # p = 0 without a valid draft
+    elif SCALED:
+        scaled = tl.where(valid_j, rho_j, 1.0) * q
+        r = tl.where(offs == x_removed, tl.maximum(scaled - 1.0, 0.0), tl.where(valid_j, scaled, q))
+    else:
+        r = tl.where(offs == x_removed, 0.0, q)
+    return r, q
+
+
+@triton.jit
+def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, vocab, FLAGS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One pass over vocab block ``vocab = (blk, chunk)`` (chunk a multiple of RACE_GROUP) of
+    position j: stores at ``slot`` of ``mass`` the block's residual mass (fp32) and, for each
+    race group of the block, the fp64 sums of the residual and of q_j (the zero-mass fallback)
+    at ``row_slot * G1 + group`` of ``r_sums`` / ``q_sums``. No random numbers: the race runs
+    in the finalize (:func:`race_recovered`). FLAGS = (RAGGED, SCALED, PRECISE)."""
     RAGGED: tl.constexpr = FLAGS[0]
     SCALED: tl.constexpr = FLAGS[1]
     PRECISE: tl.constexpr = FLAGS[2]
-    target, draft = seqs[0], seqs[1]
-    seed, offset, temp = rq[3], rq[4], rq[5]
-    pos = drafts[0]
-    x_j = at(pos, j, drafts[1])
-    valid_j = at(pos, j, drafts[2].to(tl.int32)) != 0
-    rho_j = at(pos, j, drafts[3])
-    q_off, _, q_st = locate_row(target, rq, j, RAGGED)
-    lo = vocab[0] * vocab[1]
-    hi = tl.minimum(lo + vocab[1], rq[7])
-    if draft[0] is not None:
-        p_off, p_ok, p_st = locate_row(draft, rq, j, RAGGED)
-        # An out-of-range draft was never a sample of p: recover from q (p row treated as 0).
-        # (scalar & vector masks trip the interpreter: fold the row test into the bound)
-        p_hi = tl.where(p_ok & valid_j, hi, 0)
-    x_removed = tl.where(valid_j, x_j, -1)
-    resid_scale = tl.where(valid_j, rho_j, 1.0)
-    mass = 0.0
-    qmax = 0.0  # > 0 iff q_j has probability mass (a race key of q may underflow; this cannot)
-    best_r = -1.0
-    best_r_idx = 0
-    best_q = -1.0
-    best_q_idx = 0
-    for s in range(lo, hi, BLOCK_V):
-        offs = s + tl.arange(0, BLOCK_V)
-        m = offs < hi
-        q = q_at(target, q_off + offs, m, temp, q_st, PRECISE)
-        if draft[0] is not None:
-            p = q_at(draft, p_off + offs, offs < p_hi, temp, p_st, PRECISE)
-            if SCALED:
-                r = tl.where(valid_j, tl.maximum(rho_j * q - p, 0.0), q)
-            else:
-                r = tl.maximum(q - p, 0.0)  # p = 0 without a valid draft
-        elif SCALED:
-            scaled = resid_scale * q
-            r = tl.where(offs == x_removed, tl.maximum(scaled - 1.0, 0.0), tl.where(valid_j, scaled, q))
-        else:
-            r = tl.where(offs == x_removed, 0.0, q)
-        mass += tl.sum(r, axis=0)
-        qmax = tl.maximum(qmax, tl.max(q, axis=0))
-        # one Philox call per vocab pair (s is even): words (0, 1) for even, (2, 3) for odd ids
-        pairs = (j << 32) + s // 2 + tl.arange(0, BLOCK_V // 2)
-        w0, w1, w2, w3 = random_words(seed, offset, pairs, _STREAM_RECOVER)
-        e = tl.interleave(exponential_from_words(w0, w1, PRECISE), exponential_from_words(w2, w3, PRECISE))
-        inv = tl.math.div_rn(tl.full(e.shape, _RACE_SCALE, tl.float32), e)  # one division, both races
-        best_r, best_r_idx = kc.fold_argmax(tl.where(m, r * inv, -1.0), s, best_r, best_r_idx)
-        best_q, best_q_idx = kc.fold_argmax(tl.where(m, q * inv, -1.0), s, best_q, best_q_idx)
-    tl.store(parts[0] + slot, mass)
-    tl.store(parts[1] + slot, best_r)
-    tl.store(parts[2] + slot, best_r_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
-    tl.store(parts[3] + slot, best_q)
-    tl.store(parts[4] + slot, best_q_idx.to(tl.int32))  # type: ignore[attr-defined]  # a tensor after the loop
-    tl.store(parts[5] + slot, qmax)
+    mass_ptr, r_sums_ptr, q_sums_ptr, _, _ = parts
+    blk, chunk = vocab
+    _, _, _, _, _, _, _, V, _ = rq
+    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
+    rrow = residual_row(rq, j, drafts, seqs, RAGGED)
+    # chunk holds whole race groups: telling the compiler so keeps the bound (hence the masks)
+    # aligned, and the loads 128 bits wide
+    lo = tl.multiple_of(blk * chunk, _RACE_GROUP)
+    hi = tl.minimum(tl.multiple_of(lo + chunk, _RACE_GROUP), V)
+    sums_base = row_slot * num_groups
+    # the mass accumulates per lane and is reduced once (a cross-warp reduction per step costs
+    # more than the step's arithmetic); the group sums are reduced per group, in fp64
+    if BLOCK_V >= _RACE_GROUP:
+        tile = group_tile(BLOCK_V)  # [BLOCK_V // RACE_GROUP, RACE_GROUP]: one group per row
+        mass_acc = tl.zeros(tile.shape, tl.float32)
+        for s in range(lo, hi, BLOCK_V):
+            r, q = residual_values(rq, rrow, seqs, s + tile, hi, SCALED, PRECISE)
+            mass_acc += r
+            g = s // _RACE_GROUP + tl.arange(0, BLOCK_V // _RACE_GROUP)
+            tl.store(r_sums_ptr + sums_base + g, tl.sum(r.to(tl.float64), axis=1), mask=g < num_groups)
+            tl.store(q_sums_ptr + sums_base + g, tl.sum(q.to(tl.float64), axis=1), mask=g < num_groups)
+        mass = tl.sum(tl.sum(mass_acc, axis=1), axis=0)
+    else:
+        mass_vec = tl.zeros([BLOCK_V], tl.float32)
+        for g0 in range(lo, hi, _RACE_GROUP):
+            r_acc = tl.zeros([BLOCK_V], tl.float64)
+            q_acc = tl.zeros([BLOCK_V], tl.float64)
+            for s in range(g0, g0 + _RACE_GROUP, BLOCK_V):
+                r, q = residual_values(rq, rrow, seqs, s + tl.arange(0, BLOCK_V), hi, SCALED, PRECISE)
+                mass_vec += r
+                r_acc += r.to(tl.float64)
+                q_acc += q.to(tl.float64)
+            tl.store(r_sums_ptr + sums_base + g0 // _RACE_GROUP, tl.sum(r_acc, axis=0))
+            tl.store(q_sums_ptr + sums_base + g0 // _RACE_GROUP, tl.sum(q_acc, axis=0))
+        mass = tl.sum(mass_vec, axis=0)
+    tl.store(mass_ptr + slot, mass)
 
 
 @triton.jit
-def combine_recovered(parts, slots, blocks, mask):
-    """The recovered token from the block partials of one position at ``slots`` (``blocks`` =
-    their block numbers, in order): the residual race's winner, q_j's when the residual has no
-    mass, -1 when q_j has none. Only slots a pass wrote may be in ``mask``; NaN is masked all
-    the same."""
-    mass = tl.load(parts[0] + slots, mask=mask, other=0.0)
-    mass = tl.sum(tl.where(mass == mass, mass, 0.0), axis=0)
-    rkey = tl.load(parts[1] + slots, mask=mask, other=-2.0)
-    rkey = tl.where(rkey == rkey, rkey, -2.0)
-    ridx = tl.load(parts[2] + slots, mask=mask, other=0).to(tl.int64)
-    qkey = tl.load(parts[3] + slots, mask=mask, other=-2.0)
-    qkey = tl.where(qkey == qkey, qkey, -2.0)
-    qidx = tl.load(parts[4] + slots, mask=mask, other=0).to(tl.int64)
-    recovered = tl.where(
-        mass <= _MASS_EPS, kc.combine_argmax(qkey, qidx, blocks, 0), kc.combine_argmax(rkey, ridx, blocks, 0)
+def race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS: tl.constexpr):
+    """The recovered token of position j (:func:`spec_samplers.reference._recover`): the
+    two-level race over the residual's group sums (those of q_j when the residual's fp64 mass is
+    <= RESIDUAL_MASS_EPS), then over the chosen group, re-read; -1 when q_j has no mass or no
+    pass ran (``need`` false: nothing is read)."""
+    RAGGED: tl.constexpr = FLAGS[0]
+    SCALED: tl.constexpr = FLAGS[1]
+    PRECISE: tl.constexpr = FLAGS[2]
+    _, r_sums_ptr, q_sums_ptr, _, _ = parts
+    _, _, _, seed, offset, _, _, V, _ = rq
+    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
+    base = j.to(tl.int64) << 32
+    row = row_slot * num_groups
+    g_r, g_q, mass_r, mass_q = pick_group(
+        r_sums_ptr + row,
+        q_sums_ptr + row,
+        num_groups,
+        need,
+        seed,
+        offset,
+        base,
+        _STREAM_RECOVER,
+        PRECISE,
+        _LEVEL1_BLOCK,
     )
-    qmax = tl.load(parts[5] + slots, mask=mask, other=0.0)
-    q_ok = tl.max(tl.where(qmax == qmax, qmax, 0.0), axis=0) > 0.0
-    return tl.where(q_ok, recovered, -1)  # q_j without mass: no token
+    no_mass = mass_r <= _MASS_EPS
+    group = tl.where(no_mass, g_q, g_r)
+    rrow = residual_row(rq, j, drafts, seqs, RAGGED)
+    offs = group * _RACE_GROUP + tl.arange(0, _RACE_GROUP)
+    r, q = residual_values(rq, rrow, seqs, offs, tl.where(need, V, 0), SCALED, PRECISE)
+    w = tl.where(no_mass, q, r)
+    token = group * _RACE_GROUP + race_in_group(w, offs < V, seed, offset, base, _STREAM_RECOVER, PRECISE)
+    return tl.where(need & (mass_q > 0.0), token, -1)
 
 
 @triton.jit
 def greedy_targets(parts, b, pos, blocks, greedy, K, NB, LOGITS: tl.constexpr):
-    """(argmax of q_i, q_i has mass) per position from the argmax partials (``parts[6:8]``) of a
+    """(argmax of q_i, q_i has mass) per position from the argmax partials (``parts[3:5]``) of a
     greedy request.
 
     A row without mass (all-zero q; logits all -inf) has no greedy token: its argmax 0 is never
     accepted, and recovering there emits -1."""
+    _, _, _, amax_val_ptr, amax_idx_ptr = parts
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
     pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
-    vals = tl.load(parts[6] + slots, mask=pmask, other=float("-inf"))
+    vals = tl.load(amax_val_ptr + slots, mask=pmask, other=float("-inf"))
     vals = tl.where(vals == vals, vals, float("-inf"))  # stale slots of absent rows (never used)
-    idxs = tl.load(parts[7] + slots, mask=pmask, other=0).to(tl.int64)
+    idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
     target_argmax = kc.combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
     if LOGITS:
         row_ok = tl.max(vals, axis=1) > float("-inf")  # partials of the raw logits
@@ -258,17 +316,18 @@ def write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_va
 
 
 @triton.jit
-def finish_request(rq, req, seqs, parts, out_ptr, j, pos, x, greedy_token, slot0, NB, BLOCK_NB: tl.constexpr):
-    """Combine position j's vocabulary partials (at ``slot0`` + block) into the recovered token
-    (``greedy_token`` for greedy requests) and write the output row."""
-    b, start, n, K = rq[0], rq[1], rq[2], rq[6]
-    target = seqs[0]
+def finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, row_slot, FLAGS: tl.constexpr):
+    """Race position j's group sums (at ``row_slot``) into the recovered token (``greedy_token``
+    for greedy requests) and write the output row. ``drafts = (pos, ids, id valid, rho)``."""
+    cu_ptr, _, _, _, _, _, _ = req
+    b, start, n, _, _, _, K, _, num_rows = rq
+    target, _, _ = seqs
+    _, stride_b, stride_k, _ = target
+    pos, x, _, _ = drafts
     bonus, bonus_valid = bonus_info(req, rq)
-    _, has_row = kc.row_offset(b, j, start, n, rq[8], target[1], target[2], req[0] is not None)
-    # Position j's partials were written iff a pass was needed; read nothing otherwise (the
-    # bound folds the scalar condition into the vector mask).
+    _, has_row = kc.row_offset(b, j, start, n, num_rows, stride_b, stride_k, cu_ptr is not None)
+    # Position j's sums were written iff a pass was needed; read nothing otherwise.
     need = needs_pass(rq, req, j, has_row)
-    blocks = tl.arange(0, BLOCK_NB)
-    recovered = combine_recovered(parts, slot0 + blocks, blocks, blocks < tl.where(need, NB, 0))
+    recovered = race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS)
     recovered = tl.where(request_greedy(req, b), greedy_token, recovered)
     write_row(out_ptr, b, K, pos, j, n, x, recovered, has_row, bonus, bonus_valid)

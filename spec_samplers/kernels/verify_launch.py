@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from spec_samplers import rng
+from spec_samplers.errors import input_error
 from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2
@@ -41,7 +43,8 @@ def plan_verify(
     out, split, launches, stats, amax = start.out, start.split, start.launches, start.stats, start.amax
     if split is None:
         return [], out
-    assert batch.seeds is not None, f"{kernels.method} needs per-request seeds"
+    if batch.seeds is None:
+        raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
     NB, device = split.num_blocks, out.device
     is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
     if batch.temperature is None and is_greedy is not None:
@@ -53,11 +56,11 @@ def plan_verify(
     )
     bonus = batch.bonus_token_ids
     req = (layout.cu_num_draft_tokens, batch.seeds, batch.offsets, batch.temperature, is_greedy, bonus, bonus.stride(0))
-    # (mass, residual race key and index, q race key and index, q max) partials, then the greedy
-    # argmax partials; the partials kernel's grid is their shape
+    # the residual-mass partials (the partials kernel's grid is their shape), the fp64 race-group
+    # sums of the residual and of q per (request[, position]), then the greedy argmax partials
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
-    f32, i32 = torch.float32, torch.int32
-    parts = lc.partials(device, shape, f32, f32, i32, f32, i32, f32) + amax
+    groups = (*shape[:-1], rng.race_num_groups(V))
+    parts = lc.partials(device, shape, torch.float32) + lc.partials(device, groups, torch.float64, torch.float64) + amax
     dims = dict(K=K, V=V, num_rows=layout.num_rows, NB=NB)
     if batch.temperature is None and is_greedy is not None:
         args = dict(target=seqs[0], req=req, parts=parts, **dims, chunk=split.chunk, BLOCK_V=split.block_v)

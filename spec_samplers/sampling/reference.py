@@ -19,11 +19,12 @@ finds exactly the same kept set, whatever order it visits the vocabulary in:
   where M(> v) is the mass of the tokens strictly above v and M_total the mass of the candidates
   (the whole row, or the top-k survivors when top-k is applied first); top_p >= 1 keeps all;
 * min-p keeps v >= min(min_p * max, max);
-* sampling is an exponential race over the kept tokens: argmax_x (w_x * 2**32) / E_x with
-  E_x ~ Exp(1) from 64 random bits keyed by (row seed, row offset, x) on the sampling stream of
-  the Philox generator (:mod:`spec_samplers.rng_sampling`, :func:`spec_samplers.rng.race`), ties
-  to the lowest index. The race reads no running sum, so it too is independent of the visiting
-  order.
+* sampling is the package's two-level exponential race over the kept tokens
+  (:func:`spec_samplers.rng.two_level_race`): a group of RACE_GROUP tokens by its fp64 sum of
+  kept weights, then a token of that group, argmax_x (w_x * 2**32) / E_x, with Exp(1) variables
+  from 64 random bits keyed by (row seed, row offset) on the sampling stream of the Philox
+  generator (:mod:`spec_samplers.rng_sampling`), ties to the lowest index. It reads no running
+  sum, so it too is independent of the visiting order.
 """
 
 from __future__ import annotations
@@ -235,23 +236,13 @@ def race(
     kept: torch.Tensor,  # [B, V] bool
     seeds: torch.Tensor,  # [B] int64
     offsets: torch.Tensor,  # [B] int64
-    sparse: bool = False,
 ) -> torch.Tensor:
-    """[B] int64 argmax over the kept tokens of (w * RACE_SCALE) / E (:func:`spec_samplers.rng.race`'s
-    keys; ties to the lowest index): a sample of the kept weights, normalised. Rows without a kept
-    token give some index (callers mark them invalid). ``sparse`` (CPU: host-side sizes) draws E
-    only at kept tokens, which is the same token: E depends on (seed, offset, token) alone."""
-    B, V = weights.shape
-    if sparse and B:
-        row, col = torch.nonzero(kept, as_tuple=True)  # row-major: columns ascending within a row
-        exps = rng_sampling.sample_exponentials_at(seeds[row], offsets[row], col[:, None])[:, 0]
-        keys = rng_sampling.race_keys(weights[row, col], exps)
-        best = torch.full((B,), float("-inf"), device=weights.device).scatter_reduce(0, row, keys, "amax")
-        first = torch.full((B,), V, dtype=torch.int64, device=weights.device)
-        first = first.scatter_reduce(0, row, torch.where(keys == best[row], col, V), "amin")
-        return torch.where(first < V, first, 0)
-    # the tokens left out get weight -1: a negative key, below every kept token's (>= 0)
-    return rng_sampling.sample_race(torch.where(kept, weights, -1.0), seeds, offsets)
+    """[B] int64: a sample of the kept weights, normalised, by the two-level race
+    (:func:`spec_samplers.rng_sampling.sample_race`). Rows without kept mass give some index
+    (callers mark them invalid)."""
+    # a token left out weighs 0: it never wins level 1 (its group's sum leaves it out) nor
+    # level 2 against a kept token of positive weight
+    return rng_sampling.sample_race(torch.where(kept, weights, 0.0), seeds, offsets)
 
 
 def sample_reference(
@@ -270,8 +261,8 @@ def sample_reference(
     bool). A row is valid when it exists and has mass (a probability > 0, or a logit > -inf);
     invalid rows give the token -1 (a missing token, never a wrong one).
 
-    ``fast`` (default: on CPU tensors) takes shortcuts that read sizes on the host (a sorted
-    prefix instead of a full sort, exponentials only for kept tokens); the tokens are the same."""
+    ``fast`` (default: on CPU tensors) takes a shortcut that reads sizes on the host (a sorted
+    prefix instead of a full sort); the tokens are the same."""
     R, V = x.shape
     B = rows.shape[0]
     if R == 0:
@@ -283,9 +274,7 @@ def sample_reference(
     row_ok = (rows >= 0) & (rows < R)
     values, weights = values_and_weights(x[rows.clamp(0, R - 1)], logits)
     tau, _ = filter_threshold(values, weights, top_k, top_p, min_p, joint, fast)
-    kept = values >= tau[:, None]
-    sparse = fast and int(kept.sum()) * 4 <= kept.numel()
-    tokens = race(weights, kept, seeds, offsets, sparse)
+    tokens = race(weights, values >= tau[:, None], seeds, offsets)
     valid = row_ok & (values.max(dim=-1).values > (float("-inf") if logits else 0.0))
     return torch.where(valid, tokens, -1), valid
 
