@@ -3,9 +3,21 @@ the target's, the draft's view of committed tokens, and the per-request counters
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from spec_samplers.decoding.output import GenerationOutput, RequestStats, TokenBuffer
+from spec_samplers.decoding.interfaces import LanguageModel
+from spec_samplers.decoding.output import (
+    GenerationOutput,
+    GenerationStart,
+    RequestStats,
+    TokenBuffer,
+    model_device,
+    start_generation,
+)
+from spec_samplers.decoding.strategy import SampleStrategy, request_seeds
+from spec_samplers.sampling_params import SamplingParams
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -71,3 +83,22 @@ class RoundCounters:
             for b in range(self.drafted.shape[0])
         ]
         return GenerationOutput(token_ids=buffer.token_ids, stats=stats)
+
+
+def begin_rounds(
+    target: LanguageModel,
+    prompt_ids: torch.Tensor | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    seed: int | None,
+    positions: int,
+) -> tuple[GenerationStart, RoundCounters, SampleStrategy | None]:
+    """What a decoding loop (chain or tree) sets up before its first round: the checked requests,
+    the counters (``positions`` per round: k, or the tree's depth) and the sampling strategy on
+    the target's device; the strategy is None when there is nothing to generate."""
+    start = start_generation(target, prompt_ids, max_new_tokens, sampling_params)
+    stats = RoundCounters(start.batch_size, positions)
+    if start.batch_size == 0 or max_new_tokens == 0:
+        return start, stats, None
+    seeds = request_seeds(start.params, seed)
+    return start, stats, SampleStrategy(start.params, start.batch_size, seeds=seeds, device=model_device(target))

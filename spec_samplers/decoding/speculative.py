@@ -29,10 +29,9 @@ from spec_samplers.decoding.output import (
     GenerationOutput,
     left_pad,
     model_device,
-    start_generation,
 )
-from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
-from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, SampleStrategy, derive_seed, request_seeds
+from spec_samplers.decoding.rounds import begin_rounds, fit_vocab, for_draft
+from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, derive_seed
 from spec_samplers.decoding.tree_drafting import NodeBudget, as_tree_shape, generate_tree
 from spec_samplers.engine_seam import bind
 from spec_samplers.errors import input_error
@@ -144,15 +143,12 @@ class SpeculativeDecoder:
         """
         if self.tree is not None:
             return generate_tree(self, prompt_ids, max_new_tokens, sampling_params, seed)
-        start = start_generation(self.target, prompt_ids, max_new_tokens, sampling_params)
-        prompts, params, buffer = start.prompts, start.params, start.buffer
-        B, k = start.batch_size, self.num_speculative_tokens
-        seeds = request_seeds(params, seed)
-        stats = RoundCounters(B, k)
-        if B == 0 or max_new_tokens == 0:
+        k = self.num_speculative_tokens
+        start, stats, strategy = begin_rounds(self.target, prompt_ids, max_new_tokens, sampling_params, seed, k)
+        prompts, buffer, B = start.prompts, start.buffer, start.batch_size
+        if strategy is None:
             return stats.output(buffer)
         device = model_device(self.target)
-        strategy = SampleStrategy(params, B, seeds=seeds, device=device)
         target_cache, draft_cache = self.target.new_kv_cache(), self.draft.new_kv_cache()
         longest = max(len(p) for p in prompts)
         lengths = torch.tensor([len(p) for p in prompts])

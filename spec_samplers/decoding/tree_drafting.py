@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_samplers.decoding.output import left_pad, model_device, start_generation
-from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
-from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy, request_seeds
+from spec_samplers.decoding.output import left_pad, model_device
+from spec_samplers.decoding.rounds import begin_rounds, fit_vocab, for_draft
+from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy
 from spec_samplers.errors import input_error
 from spec_samplers.sampling_params import SamplingParams
 
@@ -227,15 +227,12 @@ def generate_tree(
 
     shape = decoder.tree
     assert shape is not None
-    start = start_generation(decoder.target, prompt_ids, max_new_tokens, sampling_params)
-    prompts, params, buffer = start.prompts, start.params, start.buffer
-    B, N, D = start.batch_size, shape.num_nodes, shape.depth
-    seeds = request_seeds(params, seed)
-    stats = RoundCounters(B, D)
-    if B == 0 or max_new_tokens == 0:
+    N, D = shape.num_nodes, shape.depth
+    start, stats, strategy = begin_rounds(decoder.target, prompt_ids, max_new_tokens, sampling_params, seed, D)
+    prompts, buffer, B = start.prompts, start.buffer, start.batch_size
+    if strategy is None:
         return stats.output(buffer)
     device = model_device(decoder.target)
-    strategy = SampleStrategy(params, B, seeds=seeds, device=device)
     # SlotKVCache-like caches (keep_query_slots): what the tree-attention models write
     target_cache: Any = decoder.target.new_kv_cache()
     draft_cache: Any = decoder.draft.new_kv_cache()

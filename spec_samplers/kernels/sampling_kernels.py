@@ -445,6 +445,18 @@ def kept_weights(base, offs, hi, tau, m_ref, LOGITS: tl.constexpr, PRECISE: tl.c
     return tl.where(mask & (v >= tau), weights_of(v, m_ref, LOGITS, PRECISE), 0.0)
 
 
+@triton.jit
+def race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS: tl.constexpr):
+    """Output row b's temperature, reference max (logits; 0 for probabilities), number of race
+    groups and its row of fp64 group sums: what race_kernel and race_finalize_kernel both read."""
+    tau = tl.load(tau_ptr + b)
+    m_ref = 0.0
+    if LOGITS:
+        m_ref = row_max_ref(max_ptr, b)
+    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
+    return tau, m_ref, num_groups, sums_ptr + b * num_groups
+
+
 @triton.jit(do_not_specialize=["R", "chunk", "NB"])
 def race_kernel(
     x_ptr,
@@ -466,12 +478,7 @@ def race_kernel(
     b, r, lo, hi = row_block(rows_ptr, R, V, chunk)
     lo = tl.multiple_of(lo, _RACE_GROUP)  # chunk holds whole race groups: aligned, wide loads
     base = x_ptr + r * stride_r
-    tau = tl.load(tau_ptr + b)
-    m_ref = 0.0
-    if LOGITS:
-        m_ref = row_max_ref(max_ptr, b)
-    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
-    row = sums_ptr + b * num_groups
+    tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS)
     g_lo = lo // _RACE_GROUP
     # a missing input row (hi == lo) still writes zeros over its block's groups
     g_hi = tl.minimum((lo + chunk) // _RACE_GROUP, num_groups)
@@ -511,14 +518,9 @@ def race_finalize_kernel(
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
     base = x_ptr + r * stride_r
-    tau = tl.load(tau_ptr + b)
     seed = tl.load(seed_ptr + b)
     offset = tl.load(offset_ptr + b)
-    m_ref = 0.0
-    if LOGITS:
-        m_ref = row_max_ref(max_ptr, b)
-    num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
-    row = sums_ptr + b * num_groups
+    tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS)
     counter_base = seed * 0
     group, _, _, _ = pick_group(row, row, num_groups, ok, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE, 256)
     offs = group * _RACE_GROUP + tl.arange(0, _RACE_GROUP)
