@@ -141,13 +141,14 @@ class SpeculativeDecoder:
             :class:`GenerationOutput`: token_ids [B, max_new_tokens] (-1 after EOS) and
             per-request statistics.
         """
-        if self.tree is not None:
-            return generate_tree(self, prompt_ids, max_new_tokens, sampling_params, seed)
         k = self.num_speculative_tokens
-        start, stats, strategy = begin_rounds(self.target, prompt_ids, max_new_tokens, sampling_params, seed, k)
+        positions = k if self.tree is None else self.tree.depth  # counted per round
+        start, stats, strategy = begin_rounds(self.target, prompt_ids, max_new_tokens, sampling_params, seed, positions)
         prompts, buffer, B = start.prompts, start.buffer, start.batch_size
         if strategy is None:
             return stats.output(buffer)
+        if self.tree is not None:
+            return generate_tree(self, start, stats, strategy)
         device = model_device(self.target)
         target_cache, draft_cache = self.target.new_kv_cache(), self.draft.new_kv_cache()
         longest = max(len(p) for p in prompts)

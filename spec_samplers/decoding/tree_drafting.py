@@ -35,13 +35,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spec_samplers.decoding.output import left_pad, model_device
-from spec_samplers.decoding.rounds import begin_rounds, fit_vocab, for_draft
+from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
 from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy
 from spec_samplers.errors import input_error
-from spec_samplers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from spec_samplers.decoding.output import GenerationOutput
+    from spec_samplers.decoding.output import GenerationOutput, GenerationStart
     from spec_samplers.decoding.speculative import SpeculativeDecoder
 
 #: expansions of a NodeBudget
@@ -217,21 +216,15 @@ def tree_policy(decoder: SpeculativeDecoder, shape: TreeShape) -> str:
 
 @torch.no_grad()
 def generate_tree(
-    decoder: SpeculativeDecoder,
-    prompt_ids: torch.Tensor | Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-    seed: int | None,
+    decoder: SpeculativeDecoder, start: GenerationStart, stats: RoundCounters, strategy: SampleStrategy
 ) -> GenerationOutput:
-    """:meth:`SpeculativeDecoder.generate` with tree drafting (module docstring)."""
+    """The rounds of :meth:`SpeculativeDecoder.generate` with tree drafting (module docstring), on
+    the requests :func:`~spec_samplers.decoding.rounds.begin_rounds` set up (at least one)."""
 
     shape = decoder.tree
     assert shape is not None
     N, D = shape.num_nodes, shape.depth
-    start, stats, strategy = begin_rounds(decoder.target, prompt_ids, max_new_tokens, sampling_params, seed, D)
     prompts, buffer, B = start.prompts, start.buffer, start.batch_size
-    if strategy is None:
-        return stats.output(buffer)
     device = model_device(decoder.target)
     # SlotKVCache-like caches (keep_query_slots): what the tree-attention models write
     target_cache: Any = decoder.target.new_kv_cache()
