@@ -23,7 +23,7 @@ from tree_cases import (
     tree_workload,
 )
 
-from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingParams, TypicalAcceptanceSampler
+from spec_samplers import RejectionSampler, SamplingParams, TypicalAcceptanceSampler
 from spec_samplers.errors import SpecSamplerInputError
 
 B = 12000
@@ -253,12 +253,6 @@ def test_counters_count_per_depth():
     assert int(sampler.num_accepted_tokens) == int(per_depth.sum())
     assert int(sampler.num_emitted_tokens) == int((out.token_ids >= 0).sum())
     assert sampler.num_draft_tokens == 500 * 6
-
-
-def test_block_verification_says_why_it_has_no_tree_rule():
-    target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 2, seed=1)
-    with pytest.raises(NotImplementedError, match="Traversal Verification"):
-        BlockVerificationSampler().forward_tree(target, draft, tokens, parents, seeds=seeds)
 
 
 def test_bad_inputs_name_the_argument():
