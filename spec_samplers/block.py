@@ -26,6 +26,10 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     only on rejection), because every threshold needs its position's residual mass; with
     point-mass drafts the masses have a closed form and the cost is rejection's.
 
+    Trees (``forward_tree`` and its ragged and logits twins): Traversal Verification (Weng et al.
+    2025, :mod:`spec_samplers.tree.traversal`), which is this rule on a chain; exact for every tree
+    and sibling policy; a PyTorch reference on every device (no tree kernel).
+
     Args:
         strict_mode: check token-id bounds and probability values too (synchronises with the host).
         backend: "auto", "torch" or "triton", as for :class:`RejectionSampler`.

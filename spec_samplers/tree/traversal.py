@@ -61,11 +61,7 @@ from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import valid_ids
 from spec_samplers.tree.layout import TreeBatch, as_probabilities
 from spec_samplers.tree.output import TreeOutput, at, finish_walk, seeds_of
-from spec_samplers.tree.reference import gather_rows, rejection_tree_walk
-
-
-def _mass(r: torch.Tensor) -> torch.Tensor:
-    return r.to(torch.float64).sum(dim=-1).to(torch.float32)
+from spec_samplers.tree.reference import _mass, gather_rows, rejection_tree_walk
 
 
 def _set_row(state: torch.Tensor, node: torch.Tensor, row: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
