@@ -64,11 +64,11 @@ from spec_samplers.tree.output import TreeOutput, at, finish_walk, seeds_of
 from spec_samplers.tree.reference import _mass, gather_rows, rejection_tree_walk
 
 
-def _set_row(state: torch.Tensor, node: torch.Tensor, row: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """state [B, N+1, V]: row ``node[b]`` replaced by ``row[b]`` where ``where[b]``."""
-    old = state[torch.arange(state.shape[0], device=state.device), node]
-    new = torch.where(where[:, None], row, old)
-    return state.index_put((torch.arange(state.shape[0], device=state.device), node), new)
+def _set_row(state: torch.Tensor, node: torch.Tensor, row: torch.Tensor, where: torch.Tensor) -> None:
+    """state [B, N+1, V], in place: row ``node[b]`` replaced by ``row[b]`` where ``where[b]``
+    (one [B, V] write, not a copy of the state)."""
+    b = torch.arange(state.shape[0], device=state.device)
+    state[b, node] = torch.where(where[:, None], row, state[b, node])
 
 
 def _set(x: torch.Tensor, node: torch.Tensor, value: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,7 @@ def traversal_tree_walk(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torc
         alpha = _set(alpha, child, alpha_c, enter)
         skipped = _set(skipped, child, ~drawable, enter)
         q_c = gather_rows(tb.target, at(tb.target_rows, child))
-        q_state = _set_row(q_state, child, q_c, enter)
+        _set_row(q_state, child, q_c, enter)
         last_child = _set(last_child, u, child, enter)
 
         # leaving cur: test it (the root always passes)
@@ -152,7 +152,7 @@ def traversal_tree_walk(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torc
         keep_q = z <= RESIDUAL_MASS_EPS
         new_q = torch.where(keep_q[:, None], q_u, resid / torch.where(keep_q, one, z)[:, None])
         alpha = _set(alpha, u, new_alpha, update)
-        q_state = _set_row(q_state, u, new_q, update)
+        _set_row(q_state, u, new_q, update)
         if tb.policy == "without_replacement" and p_row is not None:
             removed = _set(removed, u, at(removed, u) + at(p_row, tok), update)
         cur = torch.where(enter, child, torch.where(fail, u, cur))
