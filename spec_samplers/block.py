@@ -8,6 +8,7 @@ from typing import ClassVar
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
 from spec_samplers.reference import block_reference
 from spec_samplers.tree.entries import TreeEntries
+from spec_samplers.tree.traversal import traversal_tree_reference
 
 
 class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
@@ -24,6 +25,10 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     draft distributions, a vocabulary pass at every draft position (token-wise rejection: one,
     only on rejection), because every threshold needs its position's residual mass; with
     point-mass drafts the masses have a closed form and the cost is rejection's.
+
+    Trees (``forward_tree`` and its ragged and logits twins): Traversal Verification (Weng et al.
+    2025, :mod:`spec_samplers.tree.traversal`), which is this rule on a chain; exact for every tree
+    and sibling policy; a PyTorch reference on every device (no tree kernel).
 
     Args:
         strict_mode: check token-id bounds and probability values too (synchronises with the host).
@@ -44,9 +49,6 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)
     kernel_op = "spec_samplers.kernels.block_launch:block_triton"
-    tree_unsupported = (
-        "tree block verification (Traversal Verification, Weng et al. 2025) is not implemented: its "
-        "acceptance rule for a tree (sequence-level residuals over sibling subtrees, traversed from "
-        "the leaves) could not be established from the paper precisely enough to prove it exact for "
-        "each sibling policy here; use RejectionSampler.forward_tree (exact for every tree and policy)"
-    )
+    #: Traversal Verification (Weng et al. 2025), the tree form of block verification; a PyTorch
+    #: reference on every device (no tree kernel)
+    tree_reference = staticmethod(traversal_tree_reference)

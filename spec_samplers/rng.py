@@ -456,3 +456,7 @@ def recovery_race(
 # sampler's numbers. The Triton tree kernel draws the same uniforms (kernels.rng.random_words /
 # uniform_from_words) and leaves the final race to recovery_race. The decoding loop draws node
 # j's draft token with strategy.draw on STREAM_DECODE_DRAFT at position j (offset = the round).
+# Traversal Verification (tree.traversal, BlockVerificationSampler's tree rule) uses the same two:
+# node j's post-order test is accept_uniforms(seeds, offsets, N)[:, j - 1] (each node tested at
+# most once), its final draw the recovery race at the stop node's depth; on a chain these are
+# block verification's numbers (its h_m tests u_{m-1}).

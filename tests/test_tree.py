@@ -27,6 +27,8 @@ from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingPa
 from spec_samplers.errors import SpecSamplerInputError
 
 B = 12000
+#: the exact tree rules: the entry tests run on each (their laws: here and tests/test_tree_block.py)
+EXACT_SAMPLERS = (RejectionSampler, BlockVerificationSampler)
 
 
 def _law_pvalue(token_ids: torch.Tensor, seed: int, q_by_position: torch.Tensor = Q) -> float:
@@ -88,7 +90,8 @@ def test_a_wrong_policy_fails_the_same_test():
     assert _law_pvalue(out.token_ids, 17) < CHI2_ALPHA
 
 
-def test_per_request_trees_with_padding_nodes_and_ragged():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_per_request_trees_with_padding_nodes_and_ragged(sampler_cls):
     """[B, N] parents: half the batch a binary tree, half an uneven one padded with -1 parents;
     the ragged form of the same trees gives the same tokens, and both have the target's law."""
     gen = torch.Generator().manual_seed(21)
@@ -98,7 +101,7 @@ def test_per_request_trees_with_padding_nodes_and_ragged():
     tokens = draw_tree_tokens(parents, "independent", gen)
     target, draft = depth_rows(Q, parents), depth_rows(P, parents)
     seeds = torch.randint(0, 2**62, (B,), generator=gen)
-    sampler = RejectionSampler()
+    sampler = sampler_cls()
     out = sampler.forward_tree(target, draft, tokens, parents, "independent", seeds=seeds)
     assert _law_pvalue(out.token_ids, 23) > CHI2_ALPHA
     counts = [6, 4] * (B // 2)
@@ -109,13 +112,14 @@ def test_per_request_trees_with_padding_nodes_and_ragged():
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_ragged_equals_padded(policy):
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_ragged_equals_padded(sampler_cls, policy):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["uneven"], policy, 64, seed=31)
     counts = [6, 3, 0, 5] * 16
     parents = parents.clone()
     for row, n in enumerate(counts):
         parents[row, n:] = -1
-    sampler = RejectionSampler()
+    sampler = sampler_cls()
     padded = sampler.forward_tree(target, draft, tokens, parents, policy, seeds=seeds, max_depth=3)
     t, d, toks, pars, cu = ragged_from_padded(target, draft, tokens, parents, counts)
     ragged = sampler.forward_tree_ragged(t, d, toks, pars, cu, 6, policy, seeds=seeds, max_depth=3)
@@ -162,36 +166,42 @@ def test_logits_entry_with_sampling_params_top_k():
     assert _law_pvalue(out.token_ids, 53, q_k) > CHI2_ALPHA
 
 
-def test_ragged_logits_equals_padded_logits():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_ragged_logits_equals_padded_logits(sampler_cls):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 32, seed=59)
     t = torch.rand(32) + 0.3
     t[::5] = 0.0  # greedy requests
-    sampler = RejectionSampler()
+    sampler = sampler_cls()
     padded = sampler.forward_tree_from_logits(target.log(), draft.log(), tokens, parents, t, seeds=seeds)
     tr, dr, toks, pars, cu = ragged_from_padded(target.log(), draft.log(), tokens, parents, [6] * 32)
     ragged = sampler.forward_tree_ragged_from_logits(tr, dr, toks, pars, cu, 6, t, seeds=seeds)
     assert torch.equal(ragged.token_ids, padded.token_ids)
 
 
+def tree_and_first_branch_lengths(sampler, policy: str, Bt: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted lengths [Bt] of the binary tree and of its first branch alone (nodes 1 and 3,
+    the first child of 1) on the same inputs and seeds."""
+    target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], policy, Bt, seed=seed)
+    tree = sampler.forward_tree(target, draft, tokens, parents, policy, seeds=seeds)
+    branch_parents = parents.clone()
+    branch_parents[:, [1, 3, 4, 5]] = -1
+    branch_parents[:, 2] = 1
+    branch = sampler.forward_tree(target, draft, tokens, branch_parents, policy, seeds=seeds, max_depth=2)
+    return (tree.node_ids >= 0).sum(1), (branch.node_ids >= 0).sum(1)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_tree_accepts_at_least_its_first_branch(policy):
     """Same seeds: the first branch alone (first children only) is tested with the same numbers,
     so the tree's accepted length is >= the branch's on every row, and larger on average."""
-    target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], policy, 4000, seed=61)
-    sampler = RejectionSampler()
-    tree = sampler.forward_tree(target, draft, tokens, parents, policy, seeds=seeds)
-    branch_parents = parents.clone()
-    branch_parents[:, [1, 3, 4, 5]] = -1  # keep nodes 1 and 3 (= first child of 1)
-    branch_parents[:, 2] = 1
-    branch = sampler.forward_tree(target, draft, tokens, branch_parents, policy, seeds=seeds, max_depth=2)
-    tree_len = (tree.node_ids >= 0).sum(1)
-    branch_len = (branch.node_ids >= 0).sum(1)
+    tree_len, branch_len = tree_and_first_branch_lengths(RejectionSampler(), policy, 4000, 61)
     assert bool((tree_len >= branch_len).all())
     assert tree_len.float().mean() > branch_len.float().mean() + 0.05
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_chain_as_tree_is_the_chain_entry(policy):
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_chain_as_tree_is_the_chain_entry(sampler_cls, policy):
     """parents = [0, 1, .., k-1]: the chain entry's tokens (its bonus id out of range, so that it
     samples its bonus row as the tree does), hence its law."""
     k, Bc = 4, 256
@@ -200,7 +210,7 @@ def test_chain_as_tree_is_the_chain_entry(policy):
     draft = torch.softmax(torch.randn(Bc, k + 1, 9, generator=gen), -1)
     ids = torch.multinomial(draft[:, :k].reshape(-1, 9), 1, generator=gen).view(Bc, k)
     seeds = torch.randint(0, 2**62, (Bc,), generator=gen)
-    sampler = RejectionSampler()
+    sampler = sampler_cls()
     point_mass = policy == "deterministic"
     tree = sampler.forward_tree(target, None if point_mass else draft, ids, list(range(k)), policy, seeds=seeds)
     bonus = torch.full((Bc, 1), -1)
@@ -228,10 +238,11 @@ def test_typical_tree_takes_the_longest_passing_path():
     assert out.token_ids.tolist() == [[0, 0, 0, 0]]
 
 
-def test_greedy_rows_follow_the_argmax_path():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_greedy_rows_follow_the_argmax_path(sampler_cls):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "deterministic", 64, seed=73)
     greedy = torch.ones(64, dtype=torch.bool)
-    out = RejectionSampler().forward_tree(target, draft, tokens, parents, is_greedy=greedy, seeds=seeds)
+    out = sampler_cls().forward_tree(target, draft, tokens, parents, is_greedy=greedy, seeds=seeds)
     # argmax by depth: Q[0] -> 0, Q[1] -> 3, Q[2] -> 3
     for row in range(64):
         expect, node = [], 0
@@ -244,9 +255,10 @@ def test_greedy_rows_follow_the_argmax_path():
         assert out.token_ids[row, : len(expect)].tolist() == expect
 
 
-def test_counters_count_per_depth():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_counters_count_per_depth(sampler_cls):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 500, seed=79)
-    sampler = RejectionSampler()
+    sampler = sampler_cls()
     out = sampler.forward_tree(target, draft, tokens, parents, seeds=seeds)
     per_depth = (out.node_ids >= 0).sum(0)
     assert torch.equal(sampler.num_accepted_per_position, per_depth)
@@ -255,15 +267,10 @@ def test_counters_count_per_depth():
     assert sampler.num_draft_tokens == 500 * 6
 
 
-def test_block_verification_says_why_it_has_no_tree_rule():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_bad_inputs_name_the_argument(sampler_cls):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 2, seed=1)
-    with pytest.raises(NotImplementedError, match="Traversal Verification"):
-        BlockVerificationSampler().forward_tree(target, draft, tokens, parents, seeds=seeds)
-
-
-def test_bad_inputs_name_the_argument():
-    target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 2, seed=1)
-    s = RejectionSampler()
+    s = sampler_cls()
     with pytest.raises(SpecSamplerInputError, match="draft_token_ids"):
         s.forward_tree(target, draft, tokens[:, :3], parents, seeds=seeds)
     with pytest.raises(SpecSamplerInputError, match="parents"):
@@ -271,26 +278,28 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(SpecSamplerInputError, match="draft_sampling"):
         s.forward_tree(target, draft, tokens, parents, "greedy", seeds=seeds)
     with pytest.raises(SpecSamplerInputError, match="parents"):
-        RejectionSampler(strict_mode=True).forward_tree(target, draft, tokens, [0, 0, 1, 5, 2, 2], seeds=seeds)
+        sampler_cls(strict_mode=True).forward_tree(target, draft, tokens, [0, 0, 1, 5, 2, 2], seeds=seeds)
     with pytest.raises(SpecSamplerInputError, match="seeds"):
         TypicalAcceptanceSampler().forward_tree(target, None, tokens, parents, seeds=seeds)
 
 
-def test_invalid_parents_detach_their_subtree():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_invalid_parents_detach_their_subtree(sampler_cls):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 256, seed=83)
     bad = parents.clone()
     bad[:, 0] = 4  # node 1's parent after it: node 1 and its subtree (3, 4) are never tried
-    out = RejectionSampler().forward_tree(target, draft, tokens, bad, seeds=seeds, max_depth=2)
+    out = sampler_cls().forward_tree(target, draft, tokens, bad, seeds=seeds, max_depth=2)
     assert not bool(((out.node_ids == 1) | (out.node_ids == 3) | (out.node_ids == 4)).any())
 
 
-def test_nan_rows_and_out_of_range_ids_emit_no_nan_token():
+@pytest.mark.parametrize("sampler_cls", EXACT_SAMPLERS)
+def test_nan_rows_and_out_of_range_ids_emit_no_nan_token(sampler_cls):
     target, draft, tokens, parents, seeds = tree_workload(SHAPES["binary"], "independent", 64, seed=89)
     target = target.clone()
     target[::2, 0] = float("nan")  # root row without mass: no token at all
     tokens = tokens.clone()
     tokens[1::4, 0] = V + 3  # out of range: never accepted
-    out = RejectionSampler().forward_tree(target, draft, tokens, parents, seeds=seeds)
+    out = sampler_cls().forward_tree(target, draft, tokens, parents, seeds=seeds)
     assert bool((out.token_ids[::2] == -1).all())
     assert bool((out.token_ids[1::4, 0] != V + 3).all())
     assert bool(((out.token_ids >= -1) & (out.token_ids < V)).all())
