@@ -194,16 +194,52 @@ def philox4x32(
         >>> [hex(int(w)) for w in philox4x32(z, z, z, z, z, z)]
         ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
     """
-    # round keys: the Weyl sequence k + r * W (mod 2**32), all rounds in one op per key word
-    # (the key tensors are small; per-round ops would dominate a small call)
-    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=k0.device)
-    rk0 = (k0.to(torch.int64)[..., None] + rounds * PHILOX_W0) & MASK32
-    rk1 = (k1.to(torch.int64)[..., None] + rounds * PHILOX_W1) & MASK32
-    for r in range(PHILOX_ROUNDS):
-        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
-        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0[..., r], lo1, hi0 ^ c3 ^ rk1[..., r], lo0
-    return c0, c1, c2, c3
+    even, odd = _philox_pairs(c0, c1, c2, c3, k0, k1)
+    return even[0], odd[0], even[1], odd[1]
+
+
+def _philox_pairs(
+    c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`philox4x32` as two stacked tensors [2, *shape]: (words 0 and 2, words 1 and 3).
+
+    The two multiply lanes of a round run as ONE tensor op each (6 ops a round instead of 12:
+    on the CPU a call over [N, ~200] counters costs its op count, not its arithmetic). Lane order
+    alternates: even rounds hold (c0, c2) and multiply by (M0, M1), odd rounds (c2, c0) by
+    (M1, M0), so a round is hi(P) ^ (previous P, lanes swapped) ^ round key, never a gather. The words that
+    only feed an XOR (the previous products) keep their high 32 bits until the final mask: a
+    product's low 32 bits are exact whatever a factor's high bits, and the multiplied words are
+    masked every round."""
+    shape = torch.broadcast_shapes(*(t.shape for t in (c0, c1, c2, c3, k0, k1)))
+    c0, c1, c2, c3 = (c.to(torch.int64).expand(shape) for c in (c0, c1, c2, c3))
+    k0, k1 = (k.to(torch.int64).reshape((1,) * (len(shape) - k.dim()) + k.shape) for k in (k0, k1))
+    device = c0.device
+    x = torch.stack((c0, c2))  # the multiplied lanes, updated in place
+    x_lanes = x.unbind(0)
+    # the products, ping-ponged: a round's lane i is XORed into the next round's lane 1 - i
+    prods = (torch.stack((c1, c3)), torch.empty_like(x))
+    prod_lanes = tuple(p.unbind(0) for p in prods)
+    # round keys: the Weyl sequence k + r * W (mod 2**32) for all rounds at once, in the lane
+    # order of even rounds (k1, k0) and odd rounds (k0, k1)
+    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device)
+    rk0 = (k0[..., None] + rounds * PHILOX_W0) & MASK32
+    rk1 = (k1[..., None] + rounds * PHILOX_W1) & MASK32
+    keys = (torch.stack((rk1, rk0)).unbind(-1), torch.stack((rk0, rk1)).unbind(-1))  # [2, *key shape]
+    lanes = (2,) + (1,) * len(shape)
+    mult = (
+        torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(lanes),
+        torch.tensor([PHILOX_M1, PHILOX_M0], dtype=torch.int64, device=device).view(lanes),
+    )
+    for r in range(PHILOX_ROUNDS):  # six tensor ops a round, no allocation
+        prev, cur = prod_lanes[r % 2], prods[(r + 1) % 2]
+        torch.mul(x, mult[r % 2], out=cur)  # low 64 bits of the exact 32 x 32-bit products
+        torch.bitwise_right_shift(cur, 32, out=x)
+        x_lanes[0].bitwise_xor_(prev[1])  # two half ops: a flip would copy
+        x_lanes[1].bitwise_xor_(prev[0])
+        x.bitwise_xor_(keys[r % 2][r]).bitwise_and_(MASK32)
+    # after an even number of rounds x = (c0, c2); the last (odd) round's products are
+    # (lo p1, lo p0) = (c1, c3)
+    return x, prods[PHILOX_ROUNDS % 2].bitwise_and_(MASK32)
 
 
 def _check_stream(stream: int) -> None:
@@ -215,13 +251,21 @@ def philox_words(
     seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`random_words` as a tuple of four int64 tensors (no stacking copy)."""
+    even, odd = _philox_word_pairs(seed, offset, counter, stream)
+    return even[0], odd[0], even[1], odd[1]
+
+
+def _philox_word_pairs(
+    seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`random_words` as (words 0 and 2, words 1 and 3), each [2, *broadcast shape]."""
     _check_stream(stream)
     k0, k1 = split64(seed)
     o0, o1 = split64(offset)
     counter = counter.to(torch.int64)
     c0 = counter & MASK32
     c1 = ((counter >> 32) & ((1 << (COUNTER_BITS - 32)) - 1)) | (stream << (COUNTER_BITS - 32))
-    return philox4x32(c0, c1, o0, o1, k0, k1)
+    return _philox_pairs(c0, c1, o0, o1, k0, k1)
 
 
 def random_words(seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
@@ -317,22 +361,34 @@ def race_num_groups(vocab_size: int) -> int:
     return -(-vocab_size // RACE_GROUP)
 
 
+#: CPU: rows per fp64 conversion chunk hold about this many entries (2 MiB of fp64), so the fp64
+#: copy stays in cache instead of a [N, V] fp64 round trip through memory (twice as fast)
+_SUM_CHUNK_ENTRIES = 2**18
+
+
 def race_group_sums(weights: torch.Tensor) -> torch.Tensor:
     """[N, ceil(V / RACE_GROUP)] fp64 sums of consecutive groups of RACE_GROUP entries of
     ``weights`` ([N, V] fp32 >= 0; the last group may be partial). fp64 keeps a group of tail
     weights (each >= 2**-149) at full relative precision, and makes the sum of a group nearly
     independent of the order it is added in (rounding 2**-53 relative: a kernel summing in another
-    order can only flip a level-1 race whose two best keys agree to ~1e-16, a tie in practice)."""
+    order can only flip a level-1 race whose two best keys agree to ~1e-16, a tie in practice).
+
+    Each group is converted to fp64 and reduced by one sum over its RACE_GROUP contiguous entries
+    (the same additions whatever the chunking: the sums are identical bit for bit); on the CPU in
+    chunks of rows that keep the fp64 copy in cache."""
     N, V = weights.shape
     full = V // RACE_GROUP
-    parts = []
-    if full:
-        # convert, then reduce: twice as fast on the CPU as sum(dtype=torch.float64), same sums
-        head = weights[:, : full * RACE_GROUP].reshape(N, full, RACE_GROUP)
-        parts.append(head.to(torch.float64).sum(dim=-1))
-    if V % RACE_GROUP or not parts:
-        parts.append(weights[:, full * RACE_GROUP :].to(torch.float64).sum(dim=-1, keepdim=True))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    tail = V % RACE_GROUP > 0 or full == 0  # a partial last group (an empty row has one empty group)
+    sums = torch.empty(N, full + int(tail), dtype=torch.float64, device=weights.device)
+    step = max(1, _SUM_CHUNK_ENTRIES // max(V, 1)) if weights.device.type == "cpu" else max(N, 1)
+    for r in range(0, N, step):  # one chunk off the CPU; ceil(N * V / 2**18) chunks on it
+        rows = weights[r : r + step]
+        if full:
+            head = rows[:, : full * RACE_GROUP].reshape(rows.shape[0], full, RACE_GROUP)
+            torch.sum(head.to(torch.float64), dim=-1, out=sums[r : r + step, :full])
+        if tail:
+            torch.sum(rows[:, full * RACE_GROUP :].to(torch.float64), dim=-1, out=sums[r : r + step, full])
+    return sums
 
 
 def race_exponentials(
@@ -360,10 +416,10 @@ def race_exponentials(
         )
     )
     counter = counter_base.to(torch.int64)[:, None] + cols[None, :]
-    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
-    # one conversion for both word pairs: [N, cols, 2] -> [N, 2 * cols] (even entry, odd entry)
-    e = exponential_from_words(torch.stack((w0, w2), dim=-1), torch.stack((w1, w3), dim=-1))
-    e = e.reshape(n, 2 * cols.shape[0])
+    even, odd = _philox_word_pairs(seeds[:, None], offsets[:, None], counter, stream)
+    # one conversion for both word pairs: [2, N, cols] (words (0, 1), words (2, 3)) -> [N, 2 * cols]
+    # (even entry, odd entry)
+    e = exponential_from_words(even, odd).permute(1, 2, 0).reshape(n, 2 * cols.shape[0])
     return e[:, :num_groups], e[:, 2 * n1 :]
 
 
