@@ -34,28 +34,64 @@ __all__ = [
 ]
 
 
-def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32, zero where rows == -1."""
+def _select_rows(flat: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [N, V] fp32 <- flat[rows.clamp(min=0)] (flat [R, V], R > 0, any float dtype)."""
+    idx = rows.clamp(min=0)
+    if flat.dtype == out.dtype:
+        return torch.index_select(flat, 0, idx, out=out)
+    return out.copy_(flat.index_select(0, idx))
+
+
+def _gather_rows(flat: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32 (``out`` when given), zero where rows == -1."""
+    if out is None:
+        out = torch.empty(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
     if flat.shape[0] == 0:
-        return torch.zeros(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
+        return out.zero_()
     # index_select then in-place cleaning: four passes over [N, V] that allocate only the output
     # (indexing, clean_probs and where took seven, the where alone as long as the rest; a clamp
     # with an [N, 1] bound, or a where, is not vectorised on the CPU: 15x a pass)
-    out = flat.index_select(0, rows.clamp(min=0)).to(torch.float32)
-    out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+    _select_rows(flat, rows, out).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
     return out.mul_((rows >= 0)[:, None].to(torch.float32))  # same dtype: the vectorised kernel
 
 
-def _residual_rows(q: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(q - p)+ for q [N, V] (clean, fp32) and p = _gather_rows(flat, rows) ([R, V], rows [N],
-    -1 = none: the residual is q there), in three passes over one new [N, V] buffer:
+def _residual_rows(q: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [N, V] fp32 <- (q - p)+ for q [N, V] (clean, fp32) and p = _gather_rows(flat, rows)
+    ([R, V], rows [N], -1 = none: the residual is q there), in three passes after the gather:
     q - min(max(p, 0), q) (then >= 0), the row mask folded into the subtraction (q - p * 0 = q)."""
     if flat.shape[0] == 0:
-        return q.clone()
-    p = flat.index_select(0, rows.clamp(min=0)).to(torch.float32)
+        return out.copy_(q)
+    p = _select_rows(flat, rows, out)
     p.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=p.new_zeros(()), max=q)
     keep = (rows >= 0).to(torch.float32)[:, None]
     return torch.addcmul(q, p, keep, value=-1.0, out=p)
+
+
+def _recovery_rows(
+    target_flat: torch.Tensor,  # [R, V]
+    q_rows: torch.Tensor,  # [N] int64, -1 = none
+    draft_flat: torch.Tensor,  # [R', V]
+    p_rows: torch.Tensor,  # [N] int64, -1 = none (the residual is q there)
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """(q [N, V], residual (q - p)+ [N, V], (race_group_sums(residual), race_group_sums(q))):
+    :func:`_gather_rows`, :func:`_residual_rows` and the fp64 group sums chunk by chunk of rows
+    (:func:`spec_samplers.rng.row_chunk`), so that on the CPU every pass after a chunk's gathers
+    reads it from cache (one chunk elsewhere). Same values as the unchunked passes."""
+    N, V = q_rows.shape[0], target_flat.shape[1]
+    device = target_flat.device
+    q = torch.empty(N, V, dtype=torch.float32, device=device)
+    residual = torch.empty_like(q)
+    G = rng.race_num_groups(V) if V else 1
+    sums_r = torch.empty(N, G, dtype=torch.float64, device=device)
+    sums_q = torch.empty_like(sums_r)
+    step = rng.row_chunk(N, V, device)
+    for r in range(0, N, step):
+        rows = slice(r, r + step)
+        _gather_rows(target_flat, q_rows[rows], q[rows])
+        _residual_rows(q[rows], draft_flat, p_rows[rows], residual[rows])
+        rng.race_group_sums(residual[rows], sums_r[rows])
+        rng.race_group_sums(q[rows], sums_q[rows])
+    return q, residual, (sums_r, sums_q)
 
 
 def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -111,6 +147,7 @@ def _recover(
     seeds: torch.Tensor,  # [B] int64
     offsets: torch.Tensor,  # [B] int64
     is_greedy: torch.Tensor | None,  # [B] bool
+    sums: tuple[torch.Tensor, torch.Tensor] | None = None,  # [B, G1] fp64 group sums of residual, q_j
 ) -> torch.Tensor:
     """[B] a sample of ``residual`` (of q_j where the residual has no mass; argmax q_j on greedy
     rows) by the two-level race of position j (:func:`spec_samplers.rng.two_level_race`); -1
@@ -118,8 +155,9 @@ def _recover(
 
     The residual's mass is the sum of its fp64 race-group sums (the kernels add the same group
     sums), and the fallback to q_j swaps group sums and the one re-read group, never a [B, V] row."""
-    sums_r = rng.race_group_sums(residual)  # [B, G1] fp64
-    sums_q = rng.race_group_sums(q_j)
+    if sums is None:
+        sums = rng.race_group_sums(residual), rng.race_group_sums(q_j)
+    sums_r, sums_q = sums
     no_mass = sums_r.sum(dim=-1) <= RESIDUAL_MASS_EPS  # [B]
     e1, e2 = rng.race_exponentials(seeds, offsets, j << 32, sums_r.shape[1], rng.STREAM_RECOVER)
     group = rng.pick_group(torch.where(no_mass[:, None], sums_q, sums_r), e1)
@@ -173,19 +211,20 @@ def _rejection_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -
     j = num_accepted
     has_draft = j < f.num_draft
     jd = j.clamp(max=max(K - 1, 0))
-    q_j = _gather_rows(f.target, f.target_rows[rows, j])  # [B, V]
-    if K == 0:
-        residual = q_j
-    elif f.draft is None:
-        x_j = drafts[rows, jd]
-        remove = has_draft & draft_valid[rows, jd]
-        residual = q_j.clone()
-        residual[rows, x_j] = torch.where(remove, torch.zeros_like(q_j[:, 0]), q_j[rows, x_j])
-    else:
+    sums = None
+    if K > 0 and f.draft is not None:
         # An out-of-range draft was never a sample of p: recover from q, not (q - p)+.
         p_row = torch.where(has_draft & draft_valid[rows, jd], f.draft_rows[rows, jd], -1)
-        residual = _residual_rows(q_j, f.draft, p_row)  # (q_j - p_j)+
-    recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
+        q_j, residual, sums = _recovery_rows(f.target, f.target_rows[rows, j], f.draft, p_row)  # [B, V]
+    else:
+        q_j = _gather_rows(f.target, f.target_rows[rows, j])  # [B, V]
+        residual = q_j
+        if K > 0:  # point-mass drafts: q_j without the rejected draft's token
+            x_j = drafts[rows, jd]
+            remove = has_draft & draft_valid[rows, jd]
+            residual = q_j.clone()
+            residual[rows, x_j] = torch.where(remove, torch.zeros_like(q_j[:, 0]), q_j[rows, x_j])
+    recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy, sums)
     final = _final_tokens(recovered, has_draft, f.bonus, f.target_rows[rows, j] >= 0, V)
     return build_output(f.draft_ids, num_accepted, final)
 

@@ -210,8 +210,9 @@ def _philox_pairs(
     only feed an XOR (the previous products) keep their high 32 bits until the final mask: a
     product's low 32 bits are exact whatever a factor's high bits, and the multiplied words are
     masked every round."""
-    shape = torch.broadcast_shapes(*(t.shape for t in (c0, c1, c2, c3, k0, k1)))
-    c0, c1, c2, c3 = (c.to(torch.int64).expand(shape) for c in (c0, c1, c2, c3))
+    # expanded views (torch.broadcast_shapes would import sympy on first use: 0.3 s)
+    c0, c1, c2, c3, _, _ = torch.broadcast_tensors(*(t.to(torch.int64) for t in (c0, c1, c2, c3)), k0, k1)
+    shape = c0.shape
     k0, k1 = (k.to(torch.int64).reshape((1,) * (len(shape) - k.dim()) + k.shape) for k in (k0, k1))
     device = c0.device
     x = torch.stack((c0, c2))  # the multiplied lanes, updated in place
@@ -361,34 +362,45 @@ def race_num_groups(vocab_size: int) -> int:
     return -(-vocab_size // RACE_GROUP)
 
 
-#: CPU: rows per fp64 conversion chunk hold about this many entries (2 MiB of fp64), so the fp64
-#: copy stays in cache instead of a [N, V] fp64 round trip through memory (twice as fast)
-_SUM_CHUNK_ENTRIES = 2**18
+#: CPU: a chunk of rows holds about this many entries (1 MiB of fp32, 2 MiB as fp64), so that a
+#: chunk's passes (cleaning, residual, fp64 conversion and sums) run in cache instead of [N, V]
+#: round trips through memory (the fp64 sums alone: twice as fast)
+CPU_CHUNK_ENTRIES = 2**18
 
 
-def race_group_sums(weights: torch.Tensor) -> torch.Tensor:
+def row_chunk(num_rows: int, vocab_size: int, device: torch.device) -> int:
+    """Rows per chunk of an [N, V] pass: about CPU_CHUNK_ENTRIES entries on the CPU (a loop over
+    ceil(N * V / 2**18) chunks, never over single rows unless V >= 2**18); all rows elsewhere."""
+    if device.type != "cpu":
+        return max(num_rows, 1)
+    return max(1, CPU_CHUNK_ENTRIES // max(vocab_size, 1))
+
+
+def race_group_sums(weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[N, ceil(V / RACE_GROUP)] fp64 sums of consecutive groups of RACE_GROUP entries of
-    ``weights`` ([N, V] fp32 >= 0; the last group may be partial). fp64 keeps a group of tail
-    weights (each >= 2**-149) at full relative precision, and makes the sum of a group nearly
-    independent of the order it is added in (rounding 2**-53 relative: a kernel summing in another
-    order can only flip a level-1 race whose two best keys agree to ~1e-16, a tie in practice).
+    ``weights`` ([N, V] fp32 >= 0; the last group may be partial), written into ``out`` when given.
+    fp64 keeps a group of tail weights (each >= 2**-149) at full relative precision, and makes the
+    sum of a group nearly independent of the order it is added in (rounding 2**-53 relative: a
+    kernel summing in another order can only flip a level-1 race whose two best keys agree to
+    ~1e-16, a tie in practice).
 
     Each group is converted to fp64 and reduced by one sum over its RACE_GROUP contiguous entries
     (the same additions whatever the chunking: the sums are identical bit for bit); on the CPU in
-    chunks of rows that keep the fp64 copy in cache."""
+    chunks of rows (:func:`row_chunk`) that keep the fp64 copy in cache."""
     N, V = weights.shape
     full = V // RACE_GROUP
     tail = V % RACE_GROUP > 0 or full == 0  # a partial last group (an empty row has one empty group)
-    sums = torch.empty(N, full + int(tail), dtype=torch.float64, device=weights.device)
-    step = max(1, _SUM_CHUNK_ENTRIES // max(V, 1)) if weights.device.type == "cpu" else max(N, 1)
-    for r in range(0, N, step):  # one chunk off the CPU; ceil(N * V / 2**18) chunks on it
+    if out is None:
+        out = torch.empty(N, full + int(tail), dtype=torch.float64, device=weights.device)
+    step = row_chunk(N, V, weights.device)
+    for r in range(0, N, step):
         rows = weights[r : r + step]
         if full:
             head = rows[:, : full * RACE_GROUP].reshape(rows.shape[0], full, RACE_GROUP)
-            torch.sum(head.to(torch.float64), dim=-1, out=sums[r : r + step, :full])
+            torch.sum(head.to(torch.float64), dim=-1, out=out[r : r + step, :full])
         if tail:
-            torch.sum(rows[:, full * RACE_GROUP :].to(torch.float64), dim=-1, out=sums[r : r + step, full])
-    return sums
+            torch.sum(rows[:, full * RACE_GROUP :].to(torch.float64), dim=-1, out=out[r : r + step, full])
+    return out
 
 
 def race_exponentials(
