@@ -34,36 +34,41 @@ __all__ = [
 ]
 
 
-def _select_rows(flat: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out [N, V] fp32 <- flat[rows.clamp(min=0)] (flat [R, V], R > 0, any float dtype)."""
-    idx = rows.clamp(min=0)
+def _select_rows(flat: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [N, V] fp32 <- flat[idx] (flat [R, V], R > 0, any float dtype; idx [N] in [0, R))."""
     if flat.dtype == out.dtype:
         return torch.index_select(flat, 0, idx, out=out)
     return out.copy_(flat.index_select(0, idx))
 
 
-def _gather_rows(flat: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32 (``out`` when given), zero where rows == -1."""
-    if out is None:
-        out = torch.empty(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
+def _row_mask(rows: torch.Tensor) -> torch.Tensor:
+    """rows [N] (-1 = none) -> [N, 1] fp32, 1 where present (a multiplier of the same dtype: the
+    vectorised kernel)."""
+    return (rows >= 0)[:, None].to(torch.float32)
+
+
+def _clean_rows_(rows: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """rows [N, V] fp32 in place: NaN, Inf and negatives to 0, rows with keep [N, 1] == 0 to 0.
+    Three passes (indexing, clean_probs and where took six, the where alone as long as the rest;
+    a clamp with an [N, 1] bound, or a where, is not vectorised on the CPU: 15x a pass)."""
+    rows.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+    return rows.mul_(keep)
+
+
+def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32, zero where rows == -1."""
+    out = torch.empty(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
     if flat.shape[0] == 0:
         return out.zero_()
-    # index_select then in-place cleaning: four passes over [N, V] that allocate only the output
-    # (indexing, clean_probs and where took seven, the where alone as long as the rest; a clamp
-    # with an [N, 1] bound, or a where, is not vectorised on the CPU: 15x a pass)
-    _select_rows(flat, rows, out).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
-    return out.mul_((rows >= 0)[:, None].to(torch.float32))  # same dtype: the vectorised kernel
+    return _clean_rows_(_select_rows(flat, rows.clamp(min=0), out), _row_mask(rows))
 
 
-def _residual_rows(q: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out [N, V] fp32 <- (q - p)+ for q [N, V] (clean, fp32) and p = _gather_rows(flat, rows)
-    ([R, V], rows [N], -1 = none: the residual is q there), in three passes after the gather:
-    q - min(max(p, 0), q) (then >= 0), the row mask folded into the subtraction (q - p * 0 = q)."""
-    if flat.shape[0] == 0:
-        return out.copy_(q)
-    p = _select_rows(flat, rows, out)
+def _residual_(q: torch.Tensor, p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """p [N, V] fp32 (raw draft rows) in place <- (q - clean(p))+ for q [N, V] (clean), where
+    clean(p) is p with NaN, Inf and negatives set to 0 and rows with keep [N, 1] == 0 to 0 (the
+    residual is q there). Three passes: q - min(max(p, 0), q) is >= 0 (no clamp after), and the
+    row mask is folded into the subtraction (q - p * 0 = q)."""
     p.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=p.new_zeros(()), max=q)
-    keep = (rows >= 0).to(torch.float32)[:, None]
     return torch.addcmul(q, p, keep, value=-1.0, out=p)
 
 
@@ -73,10 +78,10 @@ def _recovery_rows(
     draft_flat: torch.Tensor,  # [R', V]
     p_rows: torch.Tensor,  # [N] int64, -1 = none (the residual is q there)
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """(q [N, V], residual (q - p)+ [N, V], (race_group_sums(residual), race_group_sums(q))):
-    :func:`_gather_rows`, :func:`_residual_rows` and the fp64 group sums chunk by chunk of rows
-    (:func:`spec_samplers.rng.row_chunk`), so that on the CPU every pass after a chunk's gathers
-    reads it from cache (one chunk elsewhere). Same values as the unchunked passes."""
+    """(q [N, V], residual (q - p)+ [N, V], (race_group_sums(residual), race_group_sums(q))), q
+    and p as :func:`_gather_rows` gives them. Chunk by chunk of rows
+    (:func:`spec_samplers.rng.row_chunk`): on the CPU every pass after a chunk's two gathers reads
+    the chunk from cache (one chunk elsewhere). Same values as unchunked passes."""
     N, V = q_rows.shape[0], target_flat.shape[1]
     device = target_flat.device
     q = torch.empty(N, V, dtype=torch.float32, device=device)
@@ -84,13 +89,20 @@ def _recovery_rows(
     G = rng.race_num_groups(V) if V else 1
     sums_r = torch.empty(N, G, dtype=torch.float64, device=device)
     sums_q = torch.empty_like(sums_r)
+    idx_q, keep_q, idx_p, keep_p = q_rows.clamp(min=0), _row_mask(q_rows), p_rows.clamp(min=0), _row_mask(p_rows)
     step = rng.row_chunk(N, V, device)
     for r in range(0, N, step):
-        rows = slice(r, r + step)
-        _gather_rows(target_flat, q_rows[rows], q[rows])
-        _residual_rows(q[rows], draft_flat, p_rows[rows], residual[rows])
-        rng.race_group_sums(residual[rows], sums_r[rows])
-        rng.race_group_sums(q[rows], sums_q[rows])
+        q_c, res_c = q[r : r + step], residual[r : r + step]
+        if target_flat.shape[0]:
+            _clean_rows_(_select_rows(target_flat, idx_q[r : r + step], q_c), keep_q[r : r + step])
+        else:
+            q_c.zero_()
+        if draft_flat.shape[0]:
+            _residual_(q_c, _select_rows(draft_flat, idx_p[r : r + step], res_c), keep_p[r : r + step])
+        else:
+            res_c.copy_(q_c)
+        rng.group_sums_into(res_c, sums_r[r : r + step])
+        rng.group_sums_into(q_c, sums_q[r : r + step])
     return q, residual, (sums_r, sums_q)
 
 

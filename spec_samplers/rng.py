@@ -102,6 +102,7 @@ under a second (``benchmarks/recovery_floor.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -220,27 +221,44 @@ def _philox_pairs(
     # the products, ping-ponged: a round's lane i is XORed into the next round's lane 1 - i
     prods = (torch.stack((c1, c3)), torch.empty_like(x))
     prod_lanes = tuple(p.unbind(0) for p in prods)
-    # round keys: the Weyl sequence k + r * W (mod 2**32) for all rounds at once, in the lane
-    # order of even rounds (k1, k0) and odd rounds (k0, k1)
-    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device)
-    rk0 = (k0[..., None] + rounds * PHILOX_W0) & MASK32
-    rk1 = (k1[..., None] + rounds * PHILOX_W1) & MASK32
-    keys = (torch.stack((rk1, rk0)).unbind(-1), torch.stack((rk0, rk1)).unbind(-1))  # [2, *key shape]
+    # round keys: the Weyl sequence k + r * W (mod 2**32) for all rounds at once, stacked as
+    # (k1, k0, k1): even rounds take lanes (k1, k0), odd rounds (k0, k1), both views
+    mult_even, mult_odd, weyl = _philox_constants(c0.device)
+    keys = (torch.stack((k1, k0, k1))[..., None] + weyl.view((3,) + (1,) * len(shape) + (PHILOX_ROUNDS,))) & MASK32
+    round_keys = (keys[:2].unbind(-1), keys[1:].unbind(-1))  # [2, *key shape] per round
     lanes = (2,) + (1,) * len(shape)
-    mult = (
-        torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(lanes),
-        torch.tensor([PHILOX_M1, PHILOX_M0], dtype=torch.int64, device=device).view(lanes),
-    )
+    mult = (mult_even.view(lanes), mult_odd.view(lanes))
     for r in range(PHILOX_ROUNDS):  # six tensor ops a round, no allocation
         prev, cur = prod_lanes[r % 2], prods[(r + 1) % 2]
         torch.mul(x, mult[r % 2], out=cur)  # low 64 bits of the exact 32 x 32-bit products
         torch.bitwise_right_shift(cur, 32, out=x)
         x_lanes[0].bitwise_xor_(prev[1])  # two half ops: a flip would copy
         x_lanes[1].bitwise_xor_(prev[0])
-        x.bitwise_xor_(keys[r % 2][r]).bitwise_and_(MASK32)
+        x.bitwise_xor_(round_keys[r % 2][r]).bitwise_and_(MASK32)
     # after an even number of rounds x = (c0, c2); the last (odd) round's products are
     # (lo p1, lo p0) = (c1, c3)
     return x, prods[PHILOX_ROUNDS % 2].bitwise_and_(MASK32)
+
+
+def _philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The multipliers of even rounds (M0, M1) and odd rounds (M1, M0), and the Weyl increments
+    r * (W1, W0, W1) of rounds r = 0..9 ([3, 10]): made once on the CPU (where a call costs its
+    op count), by kernels elsewhere (capturable in a CUDA graph; nothing cached across graphs)."""
+    return _cpu_philox_constants() if device.type == "cpu" else _make_philox_constants(device)
+
+
+def _make_philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device)
+    weyl = torch.stack((rounds * PHILOX_W1, rounds * PHILOX_W0, rounds * PHILOX_W1))
+    mult = torch.full((2, 2), PHILOX_M0, dtype=torch.int64, device=device)
+    mult[0, 1] = PHILOX_M1
+    mult[1, 0] = PHILOX_M1
+    return mult[0], mult[1], weyl
+
+
+@functools.cache
+def _cpu_philox_constants() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _make_philox_constants(torch.device("cpu"))
 
 
 def _check_stream(stream: int) -> None:
@@ -394,13 +412,19 @@ def race_group_sums(weights: torch.Tensor, out: torch.Tensor | None = None) -> t
         out = torch.empty(N, full + int(tail), dtype=torch.float64, device=weights.device)
     step = row_chunk(N, V, weights.device)
     for r in range(0, N, step):
-        rows = weights[r : r + step]
-        if full:
-            head = rows[:, : full * RACE_GROUP].reshape(rows.shape[0], full, RACE_GROUP)
-            torch.sum(head.to(torch.float64), dim=-1, out=out[r : r + step, :full])
-        if tail:
-            torch.sum(rows[:, full * RACE_GROUP :].to(torch.float64), dim=-1, out=out[r : r + step, full])
+        group_sums_into(weights[r : r + step], out[r : r + step])
     return out
+
+
+def group_sums_into(weights: torch.Tensor, out: torch.Tensor) -> None:
+    """out [N, G1] fp64 <- :func:`race_group_sums` of weights [N, V], in one chunk (no loop)."""
+    n, V = weights.shape
+    full = V // RACE_GROUP
+    if full:
+        head = weights[:, : full * RACE_GROUP].reshape(n, full, RACE_GROUP)
+        torch.sum(head.to(torch.float64), dim=-1, out=out[:, :full])
+    if V % RACE_GROUP or not full:
+        torch.sum(weights[:, full * RACE_GROUP :].to(torch.float64), dim=-1, out=out[:, full])
 
 
 def race_exponentials(
