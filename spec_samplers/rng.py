@@ -215,7 +215,6 @@ def _philox_pairs(
     c0, c1, c2, c3, _, _ = torch.broadcast_tensors(*(t.to(torch.int64) for t in (c0, c1, c2, c3)), k0, k1)
     shape = c0.shape
     k0, k1 = (k.to(torch.int64).reshape((1,) * (len(shape) - k.dim()) + k.shape) for k in (k0, k1))
-    device = c0.device
     x = torch.stack((c0, c2))  # the multiplied lanes, updated in place
     x_lanes = x.unbind(0)
     # the products, ping-ponged: a round's lane i is XORed into the next round's lane 1 - i
@@ -319,10 +318,11 @@ def uniform_from_words(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.clamp_max(hi + (mid + low), UNIFORM_MAX)
 
 
-def exponential_from_words(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def exponential_from_words(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 Exp(1) sample -log1p(-u) from two words, in [EXP_MIN, EXP_MAX]: fine resolution near 0,
-    which is where the race decides whether a small-weight token wins."""
-    return -torch.log1p(-uniform_from_words(a, b))
+    which is where the race decides whether a small-weight token wins. ``out``: written there
+    when given (any strides, e.g. an interleaving view), saving a copy."""
+    return torch.neg(torch.log1p(uniform_from_words(a, b).neg_()), out=out)
 
 
 def accept_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
@@ -453,9 +453,11 @@ def race_exponentials(
     )
     counter = counter_base.to(torch.int64)[:, None] + cols[None, :]
     even, odd = _philox_word_pairs(seeds[:, None], offsets[:, None], counter, stream)
-    # one conversion for both word pairs: [2, N, cols] (words (0, 1), words (2, 3)) -> [N, 2 * cols]
-    # (even entry, odd entry)
-    e = exponential_from_words(even, odd).permute(1, 2, 0).reshape(n, 2 * cols.shape[0])
+    # one conversion for both word pairs: [2, N, cols] (words (0, 1), words (2, 3)) written
+    # interleaved into [N, cols, 2] = [N, 2 * cols] (even entry, odd entry)
+    e = torch.empty(n, cols.shape[0], 2, dtype=torch.float32, device=device)
+    exponential_from_words(even, odd, out=e.permute(2, 0, 1))
+    e = e.view(n, 2 * cols.shape[0])
     return e[:, :num_groups], e[:, 2 * n1 :]
 
 
@@ -470,6 +472,8 @@ def group_weights(weights: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     ([N, V]); -1 (never a winner) past the vocabulary."""
     V = weights.shape[1]
     idx = group[:, None] * RACE_GROUP + torch.arange(RACE_GROUP, device=weights.device)
+    if V % RACE_GROUP == 0 and V > 0:  # no group is partial (group < V / RACE_GROUP)
+        return weights.gather(1, idx).to(torch.float32)
     inside = idx < V
     w = weights.gather(1, idx.clamp_(max=max(V - 1, 0))).to(torch.float32)
     return torch.where(inside, w, -1.0)
