@@ -96,8 +96,9 @@ it is bound by its bytes; the finalize spends the Philox calls above per request
 
 CPU (PyTorch path, no compilation): Philox as int64 tensor ops over [N, ceil(G1 / 2) + 128]
 (each 32 x 32-bit product is one int64 product, whose low 64 bits are exact in two's complement,
-:func:`_mulhilo`), the two group-sum reductions and one [N, RACE_GROUP] gather; first call well
-under a second (``benchmarks/recovery_floor.py``).
+:func:`_mulhilo`; both multiply lanes of a round in one op, 6 ops a round, :func:`_philox_pairs`),
+the group-sum reductions in cache-sized row chunks (:func:`row_chunk`) and one [N, RACE_GROUP]
+gather; first call well under a second (``benchmarks/recovery_floor.py``).
 """
 
 from __future__ import annotations
