@@ -130,8 +130,10 @@ class _RecoveryRows:
         -1 past the vocabulary (:func:`spec_samplers.rng.group_weights` of the whole rows)."""
         V = self.target_flat.shape[1]
         cols = group[:, None] * rng.RACE_GROUP + torch.arange(rng.RACE_GROUP, device=group.device)
-        inside = cols < V
-        cols = cols.clamp(max=max(V - 1, 0))
+        partial = V % rng.RACE_GROUP > 0 or V == 0  # else every group lies inside the vocabulary
+        inside = cols < V if partial else None
+        if partial:
+            cols = cols.clamp(max=max(V - 1, 0))
 
         def window(flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             if flat.shape[0] == 0:
@@ -143,7 +145,7 @@ class _RecoveryRows:
             res = _residual_(q, window(self.draft_flat, self.idx_p), self.keep_p)
         else:
             res = q.clone()
-        if V % rng.RACE_GROUP or V == 0:
+        if inside is not None:
             return torch.where(inside, res, -1.0), torch.where(inside, q, -1.0)
         return res, q
 
