@@ -129,15 +129,17 @@ class _RecoveryRows:
         """(residual, q) [N, RACE_GROUP] fp32 entries of group ``group`` ([N] int64) of each row,
         -1 past the vocabulary (:func:`spec_samplers.rng.group_weights` of the whole rows)."""
         V = self.target_flat.shape[1]
-        cols = group[:, None] * rng.RACE_GROUP + torch.arange(rng.RACE_GROUP, device=group.device)
-        partial = V % rng.RACE_GROUP > 0 or V == 0  # else every group lies inside the vocabulary
-        inside = cols < V if partial else None
-        if partial:
+        inside = None
+        if V % rng.RACE_GROUP or V == 0:  # a partial group: entries past V read V - 1, then -1
+            cols = group[:, None] * rng.RACE_GROUP + torch.arange(rng.RACE_GROUP, device=group.device)
+            inside = cols < V
             cols = cols.clamp(max=max(V - 1, 0))
 
         def window(flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             if flat.shape[0] == 0:
-                return torch.zeros(cols.shape, dtype=torch.float32, device=cols.device)
+                return torch.zeros(group.shape[0], rng.RACE_GROUP, dtype=torch.float32, device=group.device)
+            if inside is None:  # rows as [R, G1, RACE_GROUP] (a view): one contiguous window each
+                return flat.unflatten(1, (V // rng.RACE_GROUP, rng.RACE_GROUP))[idx, group].to(torch.float32)
             return flat[idx[:, None], cols].to(torch.float32)
 
         q = _clean_rows_(window(self.target_flat, self.idx_q), self.keep_q)
