@@ -12,6 +12,8 @@ never a [B, k, V] residual.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from spec_samplers import rng
@@ -34,15 +36,120 @@ __all__ = [
 ]
 
 
+def _select_rows(flat: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [N, V] fp32 <- flat[idx] (flat [R, V], R > 0, any float dtype; idx [N] in [0, R))."""
+    if flat.dtype == out.dtype:
+        return torch.index_select(flat, 0, idx, out=out)
+    return out.copy_(flat.index_select(0, idx))
+
+
+def _row_mask(rows: torch.Tensor) -> torch.Tensor:
+    """rows [N] (-1 = none) -> [N, 1] fp32, 1 where present (a multiplier of the same dtype: the
+    vectorised kernel)."""
+    return (rows >= 0)[:, None].to(torch.float32)
+
+
+def _clean_rows_(rows: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """rows [N, V] fp32 in place: NaN, Inf and negatives to 0, rows with keep [N, 1] == 0 to 0.
+    Three passes (indexing, clean_probs and where took six, the where alone as long as the rest;
+    a clamp with an [N, 1] bound, or a where, is not vectorised on the CPU: 15x a pass)."""
+    rows.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+    return rows.mul_(keep)
+
+
 def _gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """flat [R, V], rows [N] (-1 = none) -> [N, V] fp32, zero where rows == -1."""
+    out = torch.empty(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
     if flat.shape[0] == 0:
-        return torch.zeros(rows.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
-    # index_select then in-place cleaning: four passes over [N, V] that allocate only the output
-    # (indexing, clean_probs and where took seven, the where alone as long as the rest)
-    out = flat.index_select(0, rows.clamp(min=0)).to(torch.float32)
-    out.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
-    return out.mul_((rows >= 0)[:, None].to(torch.float32))  # same dtype: the vectorised kernel
+        return out.zero_()
+    return _clean_rows_(_select_rows(flat, rows.clamp(min=0), out), _row_mask(rows))
+
+
+def _residual_(q: torch.Tensor, p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """p [N, V] fp32 (raw draft rows) in place <- (q - clean(p))+ for q [N, V] (clean), where
+    clean(p) is p with NaN, Inf and negatives set to 0 and rows with keep [N, 1] == 0 to 0 (the
+    residual is q there). Three passes: q - min(max(p, 0), q) is >= 0 (no clamp after), and the
+    row mask is folded into the subtraction (q - p * 0 = q)."""
+    p.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=p.new_zeros(()), max=q)
+    return torch.addcmul(q, p, keep, value=-1.0, out=p)
+
+
+class _RecoveryRows:
+    """The recovery rows of rejection sampling, never stored whole: q = _gather_rows(target_flat,
+    q_rows) and the residual (q - p)+ with p = _gather_rows(draft_flat, p_rows) (p_rows -1: the
+    residual is q there).
+
+    One chunked pass (:func:`spec_samplers.rng.row_chunk` rows at a time, through two reused
+    chunk buffers: in cache on the CPU, one chunk elsewhere) computes their fp64 race-group sums
+    (and argmax q when asked); :meth:`group` then re-reads the chosen group's RACE_GROUP entries
+    from the inputs and applies the same elementwise operations, so every value equals the
+    unchunked one. Memory traffic: the two rows' reads, no [N, V] write."""
+
+    def __init__(
+        self,
+        target_flat: torch.Tensor,  # [R, V]
+        q_rows: torch.Tensor,  # [N] int64, -1 = none
+        draft_flat: torch.Tensor,  # [R', V]
+        p_rows: torch.Tensor,  # [N] int64, -1 = none
+        want_argmax: bool,
+    ):
+        self.target_flat, self.draft_flat = target_flat, draft_flat
+        self.idx_q, self.keep_q = q_rows.clamp(min=0), _row_mask(q_rows)
+        self.idx_p, self.keep_p = p_rows.clamp(min=0), _row_mask(p_rows)
+        N, V = q_rows.shape[0], target_flat.shape[1]
+        device = target_flat.device
+        G = rng.race_num_groups(V) if V else 1
+        self.sums_r = torch.empty(N, G, dtype=torch.float64, device=device)  # [N, G1] residual
+        self.sums_q = torch.empty_like(self.sums_r)  # [N, G1] q
+        self.q_argmax = torch.empty(N, dtype=torch.int64, device=device) if want_argmax else None
+        step = rng.row_chunk(N, V, device)
+        q_buf = torch.empty(min(step, N), V, dtype=torch.float32, device=device)
+        res_buf = torch.empty_like(q_buf)
+        for r in range(0, N, step):
+            n = min(step, N - r)
+            q_c, res_c = self._rows(r, r + n, q_buf[:n], res_buf[:n])
+            rng.group_sums_into(res_c, self.sums_r[r : r + n])
+            rng.group_sums_into(q_c, self.sums_q[r : r + n])
+            if self.q_argmax is not None:
+                torch.argmax(q_c, dim=-1, out=self.q_argmax[r : r + n])
+
+    def _rows(self, r0: int, r1: int, q: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, residual) of rows r0..r1-1, written into q, res [r1 - r0, V] fp32."""
+        if self.target_flat.shape[0]:
+            _clean_rows_(_select_rows(self.target_flat, self.idx_q[r0:r1], q), self.keep_q[r0:r1])
+        else:
+            q.zero_()
+        if self.draft_flat.shape[0]:
+            _residual_(q, _select_rows(self.draft_flat, self.idx_p[r0:r1], res), self.keep_p[r0:r1])
+        else:
+            res.copy_(q)
+        return q, res
+
+    def group(self, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual, q) [N, RACE_GROUP] fp32 entries of group ``group`` ([N] int64) of each row,
+        -1 past the vocabulary (:func:`spec_samplers.rng.group_weights` of the whole rows)."""
+        V = self.target_flat.shape[1]
+        inside = None
+        if V % rng.RACE_GROUP or V == 0:  # a partial group: entries past V read V - 1, then -1
+            cols = group[:, None] * rng.RACE_GROUP + torch.arange(rng.RACE_GROUP, device=group.device)
+            inside = cols < V
+            cols = cols.clamp(max=max(V - 1, 0))
+
+        def window(flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            if flat.shape[0] == 0:
+                return torch.zeros(group.shape[0], rng.RACE_GROUP, dtype=torch.float32, device=group.device)
+            if inside is None:  # rows as [R, G1, RACE_GROUP] (a view): one contiguous window each
+                return flat.unflatten(1, (V // rng.RACE_GROUP, rng.RACE_GROUP))[idx, group].to(torch.float32)
+            return flat[idx[:, None], cols].to(torch.float32)
+
+        q = _clean_rows_(window(self.target_flat, self.idx_q), self.keep_q)
+        if self.draft_flat.shape[0]:
+            res = _residual_(q, window(self.draft_flat, self.idx_p), self.keep_p)
+        else:
+            res = q.clone()
+        if inside is not None:
+            return torch.where(inside, res, -1.0), torch.where(inside, q, -1.0)
+        return res, q
 
 
 def _gather_scalars(flat: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -101,19 +208,37 @@ def _recover(
 ) -> torch.Tensor:
     """[B] a sample of ``residual`` (of q_j where the residual has no mass; argmax q_j on greedy
     rows) by the two-level race of position j (:func:`spec_samplers.rng.two_level_race`); -1
-    (no token) where q_j has no mass.
+    (no token) where q_j has no mass (:func:`_recover_from`)."""
+    sums = rng.race_group_sums(residual), rng.race_group_sums(q_j)
+    q_argmax = None if is_greedy is None else torch.argmax(q_j, dim=-1)
 
-    The residual's mass is the sum of its fp64 race-group sums (the kernels add the same group
+    def group_rows(group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rng.group_weights(residual, group), rng.group_weights(q_j, group)
+
+    return _recover_from(sums, group_rows, q_argmax, j, seeds, offsets, is_greedy)
+
+
+def _recover_from(
+    sums: tuple[torch.Tensor, torch.Tensor],  # [B, G1] fp64 group sums of the residual, of q_j
+    group_rows: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],  # group -> [B, RACE_GROUP] x 2
+    q_argmax: torch.Tensor | None,  # [B] int64 argmax q_j (when is_greedy is given)
+    j: torch.Tensor,  # [B] int64 position
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+    is_greedy: torch.Tensor | None,  # [B] bool
+) -> torch.Tensor:
+    """:func:`_recover` from the group sums and a reader of one group's entries (residual, q_j):
+    the residual's mass is the sum of its fp64 race-group sums (the kernels add the same group
     sums), and the fallback to q_j swaps group sums and the one re-read group, never a [B, V] row."""
-    sums_r = rng.race_group_sums(residual)  # [B, G1] fp64
-    sums_q = rng.race_group_sums(q_j)
+    sums_r, sums_q = sums
     no_mass = sums_r.sum(dim=-1) <= RESIDUAL_MASS_EPS  # [B]
     e1, e2 = rng.race_exponentials(seeds, offsets, j << 32, sums_r.shape[1], rng.STREAM_RECOVER)
     group = rng.pick_group(torch.where(no_mass[:, None], sums_q, sums_r), e1)
-    weights = torch.where(no_mass[:, None], rng.group_weights(q_j, group), rng.group_weights(residual, group))
-    recovered = group * rng.RACE_GROUP + rng.race(weights, e2)
+    w_residual, w_q = group_rows(group)
+    recovered = group * rng.RACE_GROUP + rng.race(torch.where(no_mass[:, None], w_q, w_residual), e2)
     if is_greedy is not None:
-        recovered = torch.where(is_greedy, torch.argmax(q_j, dim=-1), recovered)
+        assert q_argmax is not None
+        recovered = torch.where(is_greedy, q_argmax, recovered)
     # A target row without probability mass has no token to give: -1 (no token) there.
     return torch.where(sums_q.sum(dim=-1) > 0, recovered, PLACEHOLDER_TOKEN_ID)
 
@@ -160,20 +285,21 @@ def _rejection_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -
     j = num_accepted
     has_draft = j < f.num_draft
     jd = j.clamp(max=max(K - 1, 0))
-    q_j = _gather_rows(f.target, f.target_rows[rows, j])  # [B, V]
-    if K == 0:
-        residual = q_j
-    elif f.draft is None:
-        x_j = drafts[rows, jd]
-        remove = has_draft & draft_valid[rows, jd]
-        residual = q_j.clone()
-        residual[rows, x_j] = torch.where(remove, torch.zeros_like(q_j[:, 0]), q_j[rows, x_j])
-    else:
+    if K > 0 and f.draft is not None:
         # An out-of-range draft was never a sample of p: recover from q, not (q - p)+.
         p_row = torch.where(has_draft & draft_valid[rows, jd], f.draft_rows[rows, jd], -1)
-        residual = _gather_rows(f.draft, p_row)
-        torch.sub(q_j, residual, out=residual).clamp_min_(0.0)  # (q_j - p_j)+ in place
-    recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
+        rec = _RecoveryRows(f.target, f.target_rows[rows, j], f.draft, p_row, f.is_greedy is not None)
+        sums = (rec.sums_r, rec.sums_q)
+        recovered = _recover_from(sums, rec.group, rec.q_argmax, j, seeds, offsets, f.is_greedy)
+    else:
+        q_j = _gather_rows(f.target, f.target_rows[rows, j])  # [B, V]
+        residual = q_j
+        if K > 0:  # point-mass drafts: q_j without the rejected draft's token
+            x_j = drafts[rows, jd]
+            remove = has_draft & draft_valid[rows, jd]
+            residual = q_j.clone()
+            residual[rows, x_j] = torch.where(remove, torch.zeros_like(q_j[:, 0]), q_j[rows, x_j])
+        recovered = _recover(residual, q_j, j, seeds, offsets, f.is_greedy)
     final = _final_tokens(recovered, has_draft, f.bonus, f.target_rows[rows, j] >= 0, V)
     return build_output(f.draft_ids, num_accepted, final)
 

@@ -96,12 +96,14 @@ it is bound by its bytes; the finalize spends the Philox calls above per request
 
 CPU (PyTorch path, no compilation): Philox as int64 tensor ops over [N, ceil(G1 / 2) + 128]
 (each 32 x 32-bit product is one int64 product, whose low 64 bits are exact in two's complement,
-:func:`_mulhilo`), the two group-sum reductions and one [N, RACE_GROUP] gather; first call well
-under a second (``benchmarks/recovery_floor.py``).
+:func:`_mulhilo`; both multiply lanes of a round in one op, 6 ops a round, :func:`_philox_pairs`),
+the group-sum reductions in cache-sized row chunks (:func:`row_chunk`) and one [N, RACE_GROUP]
+gather; first call well under a second (``benchmarks/recovery_floor.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -194,16 +196,69 @@ def philox4x32(
         >>> [hex(int(w)) for w in philox4x32(z, z, z, z, z, z)]
         ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
     """
-    # round keys: the Weyl sequence k + r * W (mod 2**32), all rounds in one op per key word
-    # (the key tensors are small; per-round ops would dominate a small call)
-    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=k0.device)
-    rk0 = (k0.to(torch.int64)[..., None] + rounds * PHILOX_W0) & MASK32
-    rk1 = (k1.to(torch.int64)[..., None] + rounds * PHILOX_W1) & MASK32
-    for r in range(PHILOX_ROUNDS):
-        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
-        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ rk0[..., r], lo1, hi0 ^ c3 ^ rk1[..., r], lo0
-    return c0, c1, c2, c3
+    even, odd = _philox_pairs(c0, c1, c2, c3, k0, k1)
+    return even[0], odd[0], even[1], odd[1]
+
+
+def _philox_pairs(
+    c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`philox4x32` as two stacked tensors [2, *shape]: (words 0 and 2, words 1 and 3).
+
+    The two multiply lanes of a round run as ONE tensor op each (6 ops a round instead of 12:
+    on the CPU a call over [N, ~200] counters costs its op count, not its arithmetic). Lane order
+    alternates: even rounds hold (c0, c2) and multiply by (M0, M1), odd rounds (c2, c0) by
+    (M1, M0), so a round is hi(P) ^ (previous P, lanes swapped) ^ round key, never a gather. The words that
+    only feed an XOR (the previous products) keep their high 32 bits until the final mask: a
+    product's low 32 bits are exact whatever a factor's high bits, and the multiplied words are
+    masked every round."""
+    # expanded views (torch.broadcast_shapes would import sympy on first use: 0.3 s)
+    c0, c1, c2, c3, _, _ = torch.broadcast_tensors(*(t.to(torch.int64) for t in (c0, c1, c2, c3)), k0, k1)
+    shape = c0.shape
+    k0, k1 = (k.to(torch.int64).reshape((1,) * (len(shape) - k.dim()) + k.shape) for k in (k0, k1))
+    x = torch.stack((c0, c2))  # the multiplied lanes, updated in place
+    x_lanes = x.unbind(0)
+    # the products, ping-ponged: a round's lane i is XORed into the next round's lane 1 - i
+    prods = (torch.stack((c1, c3)), torch.empty_like(x))
+    prod_lanes = tuple(p.unbind(0) for p in prods)
+    # round keys: the Weyl sequence k + r * W (mod 2**32) for all rounds at once, stacked as
+    # (k1, k0, k1): even rounds take lanes (k1, k0), odd rounds (k0, k1), both views
+    mult_even, mult_odd, weyl = _philox_constants(c0.device)
+    keys = (torch.stack((k1, k0, k1))[..., None] + weyl.view((3,) + (1,) * len(shape) + (PHILOX_ROUNDS,))) & MASK32
+    round_keys = (keys[:2].unbind(-1), keys[1:].unbind(-1))  # [2, *key shape] per round
+    lanes = (2,) + (1,) * len(shape)
+    mult = (mult_even.view(lanes), mult_odd.view(lanes))
+    for r in range(PHILOX_ROUNDS):  # six tensor ops a round, no allocation
+        prev, cur = prod_lanes[r % 2], prods[(r + 1) % 2]
+        torch.mul(x, mult[r % 2], out=cur)  # low 64 bits of the exact 32 x 32-bit products
+        torch.bitwise_right_shift(cur, 32, out=x)
+        x_lanes[0].bitwise_xor_(prev[1])  # two half ops: a flip would copy
+        x_lanes[1].bitwise_xor_(prev[0])
+        x.bitwise_xor_(round_keys[r % 2][r]).bitwise_and_(MASK32)
+    # after an even number of rounds x = (c0, c2); the last (odd) round's products are
+    # (lo p1, lo p0) = (c1, c3)
+    return x, prods[PHILOX_ROUNDS % 2].bitwise_and_(MASK32)
+
+
+def _philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The multipliers of even rounds (M0, M1) and odd rounds (M1, M0), and the Weyl increments
+    r * (W1, W0, W1) of rounds r = 0..9 ([3, 10]): made once on the CPU (where a call costs its
+    op count), by kernels elsewhere (capturable in a CUDA graph; nothing cached across graphs)."""
+    return _cpu_philox_constants() if device.type == "cpu" else _make_philox_constants(device)
+
+
+def _make_philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device)
+    weyl = torch.stack((rounds * PHILOX_W1, rounds * PHILOX_W0, rounds * PHILOX_W1))
+    mult = torch.full((2, 2), PHILOX_M0, dtype=torch.int64, device=device)
+    mult[0, 1] = PHILOX_M1
+    mult[1, 0] = PHILOX_M1
+    return mult[0], mult[1], weyl
+
+
+@functools.cache
+def _cpu_philox_constants() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _make_philox_constants(torch.device("cpu"))
 
 
 def _check_stream(stream: int) -> None:
@@ -215,13 +270,21 @@ def philox_words(
     seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`random_words` as a tuple of four int64 tensors (no stacking copy)."""
+    even, odd = _philox_word_pairs(seed, offset, counter, stream)
+    return even[0], odd[0], even[1], odd[1]
+
+
+def _philox_word_pairs(
+    seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`random_words` as (words 0 and 2, words 1 and 3), each [2, *broadcast shape]."""
     _check_stream(stream)
     k0, k1 = split64(seed)
     o0, o1 = split64(offset)
     counter = counter.to(torch.int64)
     c0 = counter & MASK32
     c1 = ((counter >> 32) & ((1 << (COUNTER_BITS - 32)) - 1)) | (stream << (COUNTER_BITS - 32))
-    return philox4x32(c0, c1, o0, o1, k0, k1)
+    return _philox_pairs(c0, c1, o0, o1, k0, k1)
 
 
 def random_words(seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
@@ -256,10 +319,11 @@ def uniform_from_words(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.clamp_max(hi + (mid + low), UNIFORM_MAX)
 
 
-def exponential_from_words(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def exponential_from_words(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 Exp(1) sample -log1p(-u) from two words, in [EXP_MIN, EXP_MAX]: fine resolution near 0,
-    which is where the race decides whether a small-weight token wins."""
-    return -torch.log1p(-uniform_from_words(a, b))
+    which is where the race decides whether a small-weight token wins. ``out``: written there
+    when given (any strides, e.g. an interleaving view), saving a copy."""
+    return torch.neg(torch.log1p(uniform_from_words(a, b).neg_()), out=out)
 
 
 def accept_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
@@ -317,22 +381,51 @@ def race_num_groups(vocab_size: int) -> int:
     return -(-vocab_size // RACE_GROUP)
 
 
-def race_group_sums(weights: torch.Tensor) -> torch.Tensor:
+#: CPU: a chunk of rows holds about this many entries (1 MiB of fp32, 2 MiB as fp64), so that a
+#: chunk's passes (cleaning, residual, fp64 conversion and sums) run in cache instead of [N, V]
+#: round trips through memory (the fp64 sums alone: twice as fast)
+CPU_CHUNK_ENTRIES = 2**18
+
+
+def row_chunk(num_rows: int, vocab_size: int, device: torch.device) -> int:
+    """Rows per chunk of an [N, V] pass: about CPU_CHUNK_ENTRIES entries on the CPU (a loop over
+    ceil(N * V / 2**18) chunks, never over single rows unless V >= 2**18); all rows elsewhere."""
+    if device.type != "cpu":
+        return max(num_rows, 1)
+    return max(1, CPU_CHUNK_ENTRIES // max(vocab_size, 1))
+
+
+def race_group_sums(weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[N, ceil(V / RACE_GROUP)] fp64 sums of consecutive groups of RACE_GROUP entries of
-    ``weights`` ([N, V] fp32 >= 0; the last group may be partial). fp64 keeps a group of tail
-    weights (each >= 2**-149) at full relative precision, and makes the sum of a group nearly
-    independent of the order it is added in (rounding 2**-53 relative: a kernel summing in another
-    order can only flip a level-1 race whose two best keys agree to ~1e-16, a tie in practice)."""
+    ``weights`` ([N, V] fp32 >= 0; the last group may be partial), written into ``out`` when given.
+    fp64 keeps a group of tail weights (each >= 2**-149) at full relative precision, and makes the
+    sum of a group nearly independent of the order it is added in (rounding 2**-53 relative: a
+    kernel summing in another order can only flip a level-1 race whose two best keys agree to
+    ~1e-16, a tie in practice).
+
+    Each group is converted to fp64 and reduced by one sum over its RACE_GROUP contiguous entries
+    (the same additions whatever the chunking: the sums are identical bit for bit); on the CPU in
+    chunks of rows (:func:`row_chunk`) that keep the fp64 copy in cache."""
     N, V = weights.shape
     full = V // RACE_GROUP
-    parts = []
+    tail = V % RACE_GROUP > 0 or full == 0  # a partial last group (an empty row has one empty group)
+    if out is None:
+        out = torch.empty(N, full + int(tail), dtype=torch.float64, device=weights.device)
+    step = row_chunk(N, V, weights.device)
+    for r in range(0, N, step):
+        group_sums_into(weights[r : r + step], out[r : r + step])
+    return out
+
+
+def group_sums_into(weights: torch.Tensor, out: torch.Tensor) -> None:
+    """out [N, G1] fp64 <- :func:`race_group_sums` of weights [N, V], in one chunk (no loop)."""
+    n, V = weights.shape
+    full = V // RACE_GROUP
     if full:
-        # convert, then reduce: twice as fast on the CPU as sum(dtype=torch.float64), same sums
-        head = weights[:, : full * RACE_GROUP].reshape(N, full, RACE_GROUP)
-        parts.append(head.to(torch.float64).sum(dim=-1))
-    if V % RACE_GROUP or not parts:
-        parts.append(weights[:, full * RACE_GROUP :].to(torch.float64).sum(dim=-1, keepdim=True))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        head = weights[:, : full * RACE_GROUP].reshape(n, full, RACE_GROUP)
+        torch.sum(head.to(torch.float64), dim=-1, out=out[:, :full])
+    if V % RACE_GROUP or not full:
+        torch.sum(weights[:, full * RACE_GROUP :].to(torch.float64), dim=-1, out=out[:, full])
 
 
 def race_exponentials(
@@ -360,10 +453,12 @@ def race_exponentials(
         )
     )
     counter = counter_base.to(torch.int64)[:, None] + cols[None, :]
-    w0, w1, w2, w3 = philox_words(seeds[:, None], offsets[:, None], counter, stream)
-    # one conversion for both word pairs: [N, cols, 2] -> [N, 2 * cols] (even entry, odd entry)
-    e = exponential_from_words(torch.stack((w0, w2), dim=-1), torch.stack((w1, w3), dim=-1))
-    e = e.reshape(n, 2 * cols.shape[0])
+    even, odd = _philox_word_pairs(seeds[:, None], offsets[:, None], counter, stream)
+    # one conversion for both word pairs: [2, N, cols] (words (0, 1), words (2, 3)) written
+    # interleaved into [N, cols, 2] = [N, 2 * cols] (even entry, odd entry)
+    e = torch.empty(n, cols.shape[0], 2, dtype=torch.float32, device=device)
+    exponential_from_words(even, odd, out=e.permute(2, 0, 1))
+    e = e.view(n, 2 * cols.shape[0])
     return e[:, :num_groups], e[:, 2 * n1 :]
 
 
@@ -378,6 +473,8 @@ def group_weights(weights: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     ([N, V]); -1 (never a winner) past the vocabulary."""
     V = weights.shape[1]
     idx = group[:, None] * RACE_GROUP + torch.arange(RACE_GROUP, device=weights.device)
+    if V % RACE_GROUP == 0 and V > 0:  # no group is partial (group < V / RACE_GROUP)
+        return weights.gather(1, idx).to(torch.float32)
     inside = idx < V
     w = weights.gather(1, idx.clamp_(max=max(V - 1, 0))).to(torch.float32)
     return torch.where(inside, w, -1.0)
