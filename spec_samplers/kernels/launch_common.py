@@ -114,7 +114,7 @@ def plan_softmax_stats(
         torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
     )
     req = (layout.cu_num_draft_tokens, temperature)
-    dims = dict(K=K, num_rows=layout.num_rows, NB=NB, PRECISE=precise_math())
+    dims = dict(K=K, num_rows=layout.num_rows, NB=NB)
     args = dict(
         target=rows(layout, target)[:3], draft=rows(layout, draft)[:3], req=req, parts=parts, V=layout.vocab_size
     )
@@ -129,7 +129,7 @@ def plan_softmax_stats(
         KernelLaunch(
             sk.softmax_combine_kernel,
             (B,),
-            dict(req=req, parts=parts, stats=stats, **dims, BLOCK_K=block_k, BLOCK_NB=block_nb),
+            dict(req=req, parts=parts, stats=stats, **dims, BLOCK_K=block_k, BLOCK_NB=block_nb, PRECISE=precise_math()),
             num_warps=warps,
             name="softmax_combine",
         ),
