@@ -124,6 +124,9 @@ def plan_softmax_stats(
             sk.softmax_partials_kernel,
             grid,
             dict(args, **dims, chunk=split.chunk, BLOCK_V=split.block_v),
+            # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
+            # cross-warp reduction for the small-batch split's BLOCK_V = 256
+            num_warps=max(1, split.block_v // 256),
             name="softmax_partials",
         ),
         KernelLaunch(

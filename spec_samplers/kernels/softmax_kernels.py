@@ -74,7 +74,7 @@ def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr):
     Each lane keeps its own (max, sum, step of its max) and the lanes combine once at the end
     (no reduction per vector step); ``lo`` is a multiple of BLOCK_V (the split's chunks are), so
     the loads are vector-wide. The max and argmax are exact (ties to the lowest index, as
-    torch.argmax); the sum differs from a sequential one only in its rounding order."""
+    torch.argmax); the sum differs from torch's in rounding only (order, exp2, 1 / T)."""
     lanes = tl.arange(0, BLOCK_V)
     inv_temp, temp_scale = inverse_temperature(temp)
     m = tl.full([BLOCK_V], float("-inf"), tl.float32)
