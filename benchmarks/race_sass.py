@@ -43,10 +43,12 @@ LANE_ISSUE = 132 * 4 * 32 * 1.8e9  # lane-instructions/s, H100 SXM at 1.8 GHz
 HBM = 3.35e12  # bytes/s, H100 SXM
 
 
-def _batch(dtype: torch.dtype) -> VerifyBatch:
+def _batch(dtype: torch.dtype, logits: bool = False) -> VerifyBatch:
     B, K, V = 64, 4, 128256
     meta = dict(device="meta")
     i64 = dict(dtype=torch.int64, **meta)
+    # logits inputs add the fused softmax's statistics launches (softmax_partials, softmax_combine)
+    extra = dict(temperature=torch.empty(B, dtype=torch.float32, **meta)) if logits else {}
     return VerifyBatch.padded(
         torch.empty(B, K + 1, V, dtype=dtype, **meta),
         torch.empty(B, 1, **i64),
@@ -54,6 +56,7 @@ def _batch(dtype: torch.dtype) -> VerifyBatch:
         torch.empty(B, K, **i64),
         seeds=torch.empty(B, **i64),
         offsets=torch.empty(B, **i64),
+        **extra,
     )
 
 
@@ -103,8 +106,8 @@ def _loop_body(sass: str) -> int:
     return best
 
 
-def measure(dtype: torch.dtype) -> list[dict]:
-    batch = _batch(dtype)
+def measure(dtype: torch.dtype, logits: bool = False) -> list[dict]:
+    batch = _batch(dtype, logits)
     split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 4 * 132, 1024)
     rows = []
     for launch in plan_rejection(batch, split)[0]:
@@ -132,7 +135,9 @@ def measure(dtype: torch.dtype) -> list[dict]:
             per_thread = launch.args["BLOCK_V"] // (32 * launch.num_warps)
             body = _loop_body(sass)
             per_elem = body / per_thread
-            bytes_per_elem = 2 * torch.empty(0, dtype=dtype).element_size()  # a q and a p entry
+            # a q and a p entry; the softmax statistics read one logits row per program
+            rows_read = 1 if launch.name == "softmax_partials" else 2
+            bytes_per_elem = rows_read * torch.empty(0, dtype=dtype).element_size()
             t_bytes = bytes_per_elem / HBM
             t_instr = per_elem / LANE_ISSUE
             row.update(
@@ -148,8 +153,9 @@ def measure(dtype: torch.dtype) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
+    ap.add_argument("--logits", action="store_true", help="logits inputs (adds the softmax statistics launches)")
     args = ap.parse_args()
-    rows = measure(torch.bfloat16) + measure(torch.float32)
+    rows = measure(torch.bfloat16, args.logits) + measure(torch.float32, args.logits)
     for r in rows:
         print(json.dumps(r))
     if args.json:

@@ -114,7 +114,7 @@ def plan_softmax_stats(
         torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
     )
     req = (layout.cu_num_draft_tokens, temperature)
-    dims = dict(K=K, num_rows=layout.num_rows, NB=NB, PRECISE=precise_math())
+    dims = dict(K=K, num_rows=layout.num_rows, NB=NB)
     args = dict(
         target=rows(layout, target)[:3], draft=rows(layout, draft)[:3], req=req, parts=parts, V=layout.vocab_size
     )
@@ -124,12 +124,15 @@ def plan_softmax_stats(
             sk.softmax_partials_kernel,
             grid,
             dict(args, **dims, chunk=split.chunk, BLOCK_V=split.block_v),
+            # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
+            # cross-warp reduction for the small-batch split's BLOCK_V = 256
+            num_warps=max(1, split.block_v // 256),
             name="softmax_partials",
         ),
         KernelLaunch(
             sk.softmax_combine_kernel,
             (B,),
-            dict(req=req, parts=parts, stats=stats, **dims, BLOCK_K=block_k, BLOCK_NB=block_nb),
+            dict(req=req, parts=parts, stats=stats, **dims, BLOCK_K=block_k, BLOCK_NB=block_nb, PRECISE=precise_math()),
             num_warps=warps,
             name="softmax_combine",
         ),

@@ -2,7 +2,11 @@
 
 ``softmax_partials_kernel`` grid (B, K+1, NB): per vocab block, the online (max, sum) of the
 logits x (max of x itself, so x / T never overflows; sum of exp((x - max) / T)) for target row
-(b, i) and draft row (b, i), plus the (max, argmax) of the raw logits (the greedy token).
+(b, i) and draft row (b, i), plus the (max, argmax) of the raw logits (the greedy token). Each
+lane keeps its own online (max, sum, where its max was first seen), one exp2 per element, and the
+lanes combine once per block: 16 SASS instructions per element on sm_90 (bf16, 128-bit loads;
+benchmarks/results/2026-11-26-sm90-softmax-sass.md). The max and argmax are exact; the sum
+differs from torch's in rounding only (order, exp2 and 1 / T; docs/contract.md).
 ``softmax_combine_kernel`` grid (B,): combines blocks into the per-row statistics (max, sum,
 cut = 0), [B, K+1, 3] (layout: :func:`spec_samplers.kernels.common.row_stats`).
 Logits are read once here and once more where the consumers need q. Temperature 0 marks a
@@ -15,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import fold_argmax, request_span, row_offset, scaled_exp
+from spec_samplers.kernels.common import request_span, row_offset, scaled_exp
 
 
 @triton.jit
@@ -27,34 +31,73 @@ def effective_temperature(temp_ptr, b):
 
 
 @triton.jit
-def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+def inverse_temperature(temp):
+    """(inv, scale) with inv * scale = 1 / temp and inv finite: a temperature below 2^-64
+    (whose reciprocal may overflow) is scaled by 2^64 first, so that d * inv * scale is 0 at
+    d = 0 (a tie with the max weighs 1) and never 0 * inf."""
+    scale = tl.where(temp < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
+    return 1.4426950408889634 / (temp * scale), scale
+
+
+@triton.jit
+def weight_below(x, m, inv_temp, temp_scale):
+    """exp(-|x - m| / T), the weight of x under a maximum m (or of m under a new maximum x), with
+    ``inv_temp`` * ``temp_scale`` = 1 / T (:func:`inverse_temperature`): x = m weighs 1 (also
+    between +inf maxima); NaN x, and x infinitely far from m (also at T = +inf, where 1 / T = 0),
+    weigh 0. One exp2 of a product (``inv_temp`` holds log2(e) / T), not libdevice's exp of a
+    quotient: within a few fp32 ulps of scaled_exp, which is all a sum needs (its order already
+    differs from torch's), and 3 instructions instead of about 20 per element."""
+    d = tl.where(x == m, 0.0, x - m)
+    # NaN (x NaN, or inf * 0 at T = +inf) -> -inf: tl.maximum drops NaN
+    z = tl.maximum((-tl.abs(d) * inv_temp) * temp_scale, float("-inf"))
+    return tl.exp2(z)
+
+
+@triton.jit
+def lane_step(x, m, s, best_at, at, inv_temp, temp_scale):
+    """One element per lane of the per-lane online softmax: (max m, sum s of exp((x - m) / T),
+    the step ``best_at`` (``at`` is this one's) where m was first reached). One exp per element:
+    a new maximum rescales the sum by exp(-(x - m) / T) and adds 1, any other entry adds
+    exp(-(m - x) / T). NaN x is never taken and weighs 0; a lane whose m is still -inf may count
+    -inf entries, but lanes at -inf weigh 0 when they combine (:func:`row_partials`)."""
+    take = x > m
+    e = weight_below(x, m, inv_temp, temp_scale)
+    s = tl.where(take, s * e + 1.0, s + e)
+    return tl.where(take, x, m), s, tl.where(take, at, best_at)
+
+
+@triton.jit
+def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr):
     """Online (max, sum of exp((x - max) / temp), max again, its index) of logits ptr[off + lo:off + hi]
-    (the shared logits rule; NaN counts as -inf): one block's partials of a fused softmax."""
-    m = float("-inf")
-    s = 0.0
-    best = float("-inf")
-    best_idx = lo
+    (the shared logits rule; NaN counts as -inf): one block's partials of a fused softmax.
+
+    Each lane keeps its own (max, sum, step of its max) and the lanes combine once at the end
+    (no reduction per vector step); ``lo`` is a multiple of BLOCK_V (the split's chunks are), so
+    the loads are vector-wide. The max and argmax are exact (ties to the lowest index, as
+    torch.argmax); the sum differs from torch's in rounding only (order, exp2, 1 / T)."""
+    lanes = tl.arange(0, BLOCK_V)
+    inv_temp, temp_scale = inverse_temperature(temp)
+    m = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_V], tl.float32)
+    best_at = tl.zeros([BLOCK_V], tl.int32) + lo
     for start in range(lo, hi, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        mask = offs < hi
-        x = tl.load(ptr + off + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))  # NaN logits: never sampled, never the argmax
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # scaled_exp(m, m_new) rescales the running sum: 0 while it is empty (no NaN from
-        # -inf - -inf), 0 for finite entries once a +inf entry appears, 1 between +inf maxima
-        e = tl.where(mask, scaled_exp(x, m_new, temp, PRECISE), 0.0)
-        s = s * scaled_exp(m, m_new, temp, PRECISE) + tl.sum(e, axis=0)
-        m = m_new
-        best, best_idx = fold_argmax(x, start, best, best_idx)
-    return m, s, best, best_idx
+        start = tl.multiple_of(start, BLOCK_V)
+        offs = start + lanes
+        x = tl.load(ptr + off + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+        m, s, best_at = lane_step(x, m, s, best_at, start, inv_temp, temp_scale)
+    row_max = tl.max(m, axis=0)
+    # lanes weighted by exp((m_lane - row_max) / T); lanes still at -inf weigh 0
+    w = weight_below(m, row_max, inv_temp, temp_scale)
+    total = tl.sum(tl.where(m > float("-inf"), s * w, 0.0), axis=0)
+    # the lowest index holding the maximum (lanes at -inf hold their own first index)
+    idx = tl.min(tl.where(m == row_max, best_at + lanes, hi), axis=0)
+    return row_max, total, row_max, idx
 
 
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
-def softmax_partials_kernel(
-    target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
-):
+def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
     """``target``, ``draft``: (ptr, stride_b, stride_k) of the logits rows (draft all None
     without a draft); ``req`` = (cu_ptr, temp_ptr): [B] ragged counts (None padded), [B] T;
     ``parts`` = (target max, target sum, draft max, draft sum, logit max, logit argmax),
@@ -65,12 +108,14 @@ def softmax_partials_kernel(
     RAGGED: tl.constexpr = req[0] is not None
     start, n = request_span(req[0], b, K, num_rows, RAGGED)
     temp = effective_temperature(req[1], b)
-    lo = blk * chunk
-    hi = tl.minimum(lo + chunk, V)
+    # chunk is a multiple of BLOCK_V (spec_samplers.kernels.backend.plan_vocab_split): telling the
+    # compiler keeps the loads vector-wide
+    lo = tl.multiple_of(blk * chunk, BLOCK_V)
+    hi = tl.minimum(tl.multiple_of(lo + chunk, BLOCK_V), V)
     slot = (b * (K + 1) + i) * NB + blk
     t_off, t_ok = row_offset(b, i, start, n, num_rows, target[1], target[2], RAGGED)
     if t_ok:
-        m, s, best, best_idx = row_partials(target[0], t_off, lo, hi, temp, BLOCK_V, PRECISE)
+        m, s, best, best_idx = row_partials(target[0], t_off, lo, hi, temp, BLOCK_V)
         tl.store(parts[0] + slot, m)
         tl.store(parts[1] + slot, s)
         tl.store(parts[4] + slot, best)
@@ -78,7 +123,7 @@ def softmax_partials_kernel(
     if draft[0] is not None:
         d_off, d_ok = row_offset(b, i, start, n, num_rows, draft[1], draft[2], RAGGED)
         if d_ok & (i < n):
-            m, s, _, _ = row_partials(draft[0], d_off, lo, hi, temp, BLOCK_V, PRECISE)
+            m, s, _, _ = row_partials(draft[0], d_off, lo, hi, temp, BLOCK_V)
             tl.store(parts[2] + slot, m)
             tl.store(parts[3] + slot, s)
 
