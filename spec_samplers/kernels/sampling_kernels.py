@@ -195,7 +195,7 @@ def stats_kernel(
     if SOFTMAX:
         # the verification samplers' softmax (one rule for the package): max of x, sum of exp((x - max) / T)
         t = tl.load(temp_ptr + b)
-        m, s, _, best_idx = row_partials(x_ptr, r * stride_r, lo, hi, tl.where(t > 0.0, t, 1.0), BLOCK_V, PRECISE)
+        m, s, _, best_idx = row_partials(x_ptr, r * stride_r, lo, hi, tl.where(t > 0.0, t, 1.0), BLOCK_V)
         tl.store(max_ptr + slot, m)
         tl.store(sum_ptr + slot, s)
         tl.store(amax_ptr + slot, best_idx.to(tl.int32))
