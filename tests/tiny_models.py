@@ -66,3 +66,16 @@ def save_pair(directory, draft_noise: float = 0.5) -> tuple[str, str]:
         char_tokenizer().save_pretrained(path)
         paths.append(str(path))
     return paths[0], paths[1]
+
+
+def greedy_text(model_dir: str, prompt: str, max_new_tokens: int) -> str:
+    """The target's own greedy continuation of ``prompt`` (transformers' ``generate``), decoded: what
+    ``spec-samplers generate --temperature 0`` must print, chain or tree."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(ref[0], skip_special_tokens=True)
