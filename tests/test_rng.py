@@ -91,6 +91,20 @@ def test_uniform_and_exponential_ranges():
     assert math.isclose(rng.EXP_MAX, -math.log(2.0**-24))
 
 
+def test_cpu_exponentials_are_the_rounded_fp64_log1p():
+    """On the CPU, E is -log1p(-u) computed in fp64 and rounded once to fp32 (torch's fp32 log1p
+    is not vectorised there); the ``out=`` form (a strided view) writes the same values."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(0, 2**32, (4096,), generator=gen)
+    b = torch.randint(0, 2**32, (4096,), generator=gen)
+    u = rng.uniform_from_words(a, b).to(torch.float64)
+    expected = (-torch.log1p(-u)).to(torch.float32)
+    assert torch.equal(rng.exponential_from_words(a, b), expected)
+    out = torch.empty(4096, 2)
+    rng.exponential_from_words(a, b, out=out[:, 1])
+    assert torch.equal(out[:, 1], expected)
+
+
 # ---------------------------------------------------------------------------------------------
 # Exact counting: u = uniform_from_words(a, b) is monotone in n = a * 2**32 + b, so
 # P(u < x) = #{n : u(n) < x} / 2**64 is found by binary search over n.
