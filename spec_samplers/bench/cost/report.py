@@ -139,18 +139,19 @@ def table(results: list[dict[str, Any]]) -> str:
     """One line per (workload, shape): counts and modeled microseconds (H100 and H200)."""
     head = (
         "| workload | B | k | V | launches | eager ops (vocab) | MB moved | H100 eager us | H100 graph us "
-        "| H200 eager us | H200 graph us | H100 floor us | graph/floor H100 |"
+        "| H200 eager us | H200 graph us | H100 floor us | graph/floor H100 | graph/traffic floor H100 |"
     )
-    lines = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         s, m, e = r["shape"], r["modeled"], r["eager_ops"]
         mb = (r["kernel_bytes"] + e["bytes"]) / 1e6
+        traffic = m["H100"].get("graph_over_traffic_floor")
         lines.append(
             f"| {r['workload']} | {s['batch_size']} | {s['k']} | {s['vocab_size']} | {len(r['launches'])} "
             f"| {e['count']} ({e['vocab_sized']}) | {mb:.1f} "
             f"| {_us(m['H100']['eager_s'])} | {_us(m['H100']['graph_s'])} "
             f"| {_us(m['H200']['eager_s'])} | {_us(m['H200']['graph_s'])} | {_us(m['H100']['floor_s'])} "
-            f"| {m['H100']['graph_over_floor']:.2f} |"
+            f"| {m['H100']['graph_over_floor']:.2f} | {'-' if traffic is None else f'{traffic:.2f}'} |"
         )
     return "\n".join(lines)
 
