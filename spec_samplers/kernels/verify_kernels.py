@@ -14,7 +14,8 @@ unpacks its tuples into named locals on its first lines:
   ``(ptr, stride_b, stride_k)`` of the draft ids;
 * ``req = (cu_ptr, seed_ptr, offset_ptr, temp_ptr, greedy_ptr, bonus_ptr, stride_bonus)``: [B]
   inclusive cumsum of k_b (ragged only: RAGGED), [B] seeds, [B] counter offsets (HAS_OFFSETS),
-  [B] T (logits only), [B] bool greedy mask (HAS_GREEDY), [B, 1] bonus ids;
+  [B] T (logits only), [B] greedy mask (HAS_GREEDY; with T given, the logits entries pass T
+  itself here and T == 0 marks a greedy request: no eager comparison), [B, 1] bonus ids;
 * ``parts = (mass, r_sums, q_sums, amax_val, amax_idx)``: ``mass`` fp32, one partial residual
   mass per (request[, position], vocab block); ``r_sums`` / ``q_sums`` fp64, the race-group sums
   (:data:`spec_samplers.rng.RACE_GROUP` entries each) of the residual and of q, [.., G1] per
@@ -64,11 +65,15 @@ def open_request(req, K, V, num_rows):
 
 @triton.jit
 def request_greedy(req, b):
-    """Whether request b is greedy (a false scalar tensor without a greedy mask)."""
-    _, _, _, _, greedy_ptr, _, _ = req
+    """Whether request b is greedy (a false scalar tensor without a greedy mask); with
+    temperatures, greedy_ptr holds them and T == 0 is greedy."""
+    _, _, _, temp_ptr, greedy_ptr, _, _ = req
     greedy = b < 0
     if greedy_ptr is not None:
-        greedy = tl.load(greedy_ptr + b) != 0
+        if temp_ptr is not None:
+            greedy = tl.load(greedy_ptr + b) == 0
+        else:
+            greedy = tl.load(greedy_ptr + b) != 0
     return greedy
 
 

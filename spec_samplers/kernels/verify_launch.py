@@ -46,7 +46,9 @@ def plan_verify(
     if batch.seeds is None:
         raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
     NB, device = split.num_blocks, out.device
-    is_greedy = (batch.temperature == 0) if batch.temperature is not None else batch.is_greedy
+    # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
+    # (verify_kernels.request_greedy), so no eager comparison op runs per call
+    is_greedy = batch.temperature if batch.temperature is not None else batch.is_greedy
     if batch.temperature is None and is_greedy is not None:
         amax = lc.partials(device, (B, K + 1, NB), torch.float32, torch.int32)
     seqs = (
