@@ -74,8 +74,8 @@ def _load(ptr, off, offs, mask, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr)
     if LOGITS:
         m_rule, c, r, argmax, temp = st
         q = kc.load_q(ptr + off, offs, mask, (m_rule, c, r, 0.0), True, PRECISE)
-        one_hot = tl.where((offs == argmax) & (r > 0.0), 1.0, 0.0)
-        return tl.where(mask, tl.where(temp == 0, one_hot, q), 0.0)
+        one_hot = tl.where(offs == argmax, 1.0, 0.0)
+        return tl.where(mask, tl.where(temp == 0, tl.where(r > 0.0, one_hot, 0.0), q), 0.0)
     else:
         return kc.clean(tl.load(ptr + off + offs, mask=mask, other=0.0))
 
