@@ -422,7 +422,21 @@ def filter_cut_kernel(
         top_k = tl.load(top_k_ptr + b)
         base = x_ptr + off
         tau_k, _, _ = pivot_search(
-            base, V, lo, tl.where(top_k > 0, hi, lo), top_k, 1.0, 0.0, m_rule, c, 0, False, True, False, BLOCK_V, PRECISE
+            base,
+            V,
+            lo,
+            tl.where(top_k > 0, hi, lo),
+            top_k,
+            1.0,
+            0.0,
+            m_rule,
+            c,
+            0,
+            False,
+            True,
+            False,
+            BLOCK_V,
+            PRECISE,
         )
         cut, _, kept = pivot_search(
             base,

@@ -61,7 +61,7 @@ def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.const
         x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
         x = tl.where(m & (x == x), x, float("-inf"))
         total += tl.sum(kc.weights(x, m_rule, c, PRECISE).to(tl.float64), 0)
-    m_rule, c, r, _ = kc.logits_rule(best, t, total.to(tl.float32), 0.0)  # type: ignore[attr-defined]
+    m_rule, c, r, _ = kc.logits_rule(best, t, total.to(tl.float32), 0.0)
     return m_rule, c, r, best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
 
 

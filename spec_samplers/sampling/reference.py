@@ -206,8 +206,9 @@ def filtered_softmax_reference(
     1 at the max); the filters keep e >= tau in vLLM's order (min-p: e >= min_p; top-k, ties kept;
     top-p on the survivors' fixed-point mass; :func:`filter_threshold` with ``min_p_first``), and the
     kept weights are multiplied by the reciprocal of their fixed-point mass (a sum that does not depend
-    on the order it is taken in, so a kernel gets the same float, and the same q). Greedy rows (T = 0) are the one-hot of the argmax,
-    rows without a finite or +inf logit all zero, as :func:`spec_samplers.torch_ops.probs_from_logits`.
+    on the order it is taken in, so a kernel gets the same float, and the same q). Greedy rows (T = 0)
+    are the one-hot of the argmax, rows without a finite or +inf logit all zero, as
+    :func:`spec_samplers.torch_ops.probs_from_logits`.
 
     Example::
 
