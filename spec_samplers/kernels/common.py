@@ -101,14 +101,20 @@ def rule_max(row_max):
 
 @triton.jit
 def logits_rule(row_max, temp, row_sum, cut):
+    """:func:`rule_constants` with c = :func:`logits_scale` (temp)."""
+    return rule_constants(row_max, logits_scale(temp), row_sum, cut)
+
+
+@triton.jit
+def rule_constants(row_max, scale, row_sum, cut):
     """The per-row constants ``rule = (m, c, r, cut)`` of the shared logits rule, computed once per
-    row so that an element costs no division: m = :func:`rule_max` (row_max), c =
-    :func:`logits_scale` (T), r = 1 / row_sum (IEEE; 0 when the sum is not positive:
+    row so that an element costs no division: m = :func:`rule_max` (row_max), c = ``scale``
+    (:func:`logits_scale` of T, once per request), r = 1 / row_sum (IEEE; 0 when the sum is not positive:
     :func:`spec_samplers.torch_ops.reciprocal_sum`) and the cut raised to WEIGHT_MIN (the rule's
     lightest weight, so that one comparison per entry applies both)."""
     has = row_sum > 0.0
     r = tl.where(has, tl.math.div_rn(1.0, tl.where(has, row_sum, 1.0)), 0.0)
-    return rule_max(row_max), logits_scale(temp), r, tl.maximum(cut, _WEIGHT_MIN)
+    return rule_max(row_max), scale, r, tl.maximum(cut, _WEIGHT_MIN)
 
 
 @triton.jit
@@ -132,9 +138,10 @@ def weights(x, m, c, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def row_stats(stats_ptr, stat, mask, temp):
-    """The :func:`logits_rule` constants (m, c, r, cut) of the rows ``stat`` (a scalar or vector
-    index b * (K+1) + i) at temperature ``temp`` (T > 0, +inf allowed), from their statistics.
+def row_stats(stats_ptr, stat, mask, scale):
+    """The :func:`rule_constants` (m, c, r, cut) of the rows ``stat`` (a scalar or vector index
+    b * (K+1) + i) with c = ``scale`` (:func:`logits_scale` of the request's T), from their
+    statistics.
 
     ``stats_ptr`` is a [B, K+1, 3] fp32 tensor holding per row (max, sum, cut) of the fused
     softmax of a logits row (written by :mod:`spec_samplers.kernels.softmax_kernels`,
@@ -154,7 +161,7 @@ def row_stats(stats_ptr, stat, mask, temp):
         row_max = tl.load(row, mask=mask, other=0.0)
         row_sum = tl.load(row + 1, mask=mask, other=1.0)
         cut = tl.load(row + 2, mask=mask, other=0.0)
-        rule = logits_rule(row_max, temp, row_sum, cut)
+        rule = rule_constants(row_max, scale, row_sum, cut)
     return rule
 
 

@@ -36,8 +36,9 @@ def inverse_temperature(temp):
     (whose reciprocal may overflow) is scaled by 2^64 first, so that d * inv * scale is 0 at
     d = 0 (a tie with the max weighs 1) and never 0 * inf."""
     scale = tl.where(temp < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
-    # the rule's c (common.logits_scale, one IEEE division) whenever T >= 2**-64
-    return logits_scale(temp * scale), scale
+    # an approximate division (once per program: no IEEE slow path in the launch), within an ulp
+    # or two of the rule's c (common.logits_scale), which is all a sum needs
+    return 1.4426950408889634 / (temp * scale), scale
 
 
 @triton.jit
@@ -45,10 +46,10 @@ def weight_below(x, m, inv_temp, temp_scale):
     """exp(-|x - m| / T), the weight of x under a maximum m (or of m under a new maximum x), with
     ``inv_temp`` * ``temp_scale`` = 1 / T (:func:`inverse_temperature`): x = m weighs 1 (also
     between +inf maxima); NaN x, and x infinitely far from m (also at T = +inf, where 1 / T = 0),
-    weigh 0. One exp2 of a product (``inv_temp`` holds log2(e) / T): the shared rule's own
-    arithmetic (:func:`spec_samplers.kernels.common.weights`) on |x - m| from the running max,
-    so within a few fp32 ulps of it, which is all a sum needs (its order already differs from
-    torch's); 3 instructions per element."""
+    weigh 0. One exp2 of a product (``inv_temp`` holds log2(e) / T), the shared rule's arithmetic
+    (:func:`spec_samplers.kernels.common.weights`) on |x - m| from the running max: within a few
+    fp32 ulps of it, which is all a sum needs (its order already differs from torch's), and 3
+    instructions per element."""
     d = tl.where(x == m, 0.0, x - m)
     # NaN (x NaN, or inf * 0 at T = +inf) -> -inf: tl.maximum drops NaN
     z = tl.maximum((-tl.abs(d) * inv_temp) * temp_scale, float("-inf"))

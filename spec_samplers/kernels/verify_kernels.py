@@ -45,8 +45,9 @@ _LEVEL1_BLOCK = tl.constexpr(256)
 
 @triton.jit
 def open_request(req, K, V, num_rows):
-    """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, T,
-    K, V, num_rows); seed and offset 0 and T = 1 when not given."""
+    """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, c,
+    K, V, num_rows), c = log2(e) / T the logits rule's scale (:func:`spec_samplers.kernels.common.logits_scale`,
+    one division per program); seed and offset 0 and c = 1 when not given."""
     cu_ptr, seed_ptr, offset_ptr, temp_ptr, _, _, _ = req
     b = tl.program_id(0)
     start, n = kc.request_span(cu_ptr, b, K, num_rows, cu_ptr is not None)
@@ -56,10 +57,10 @@ def open_request(req, K, V, num_rows):
     offset = seed * 0
     if offset_ptr is not None:
         offset = tl.load(offset_ptr + b).to(tl.int64)
-    temp = 1.0
+    scale = 1.0
     if temp_ptr is not None:
-        temp = effective_temperature(temp_ptr, b)
-    return b, start, n, seed, offset, temp, K, V, num_rows
+        scale = kc.logits_scale(effective_temperature(temp_ptr, b))
+    return b, start, n, seed, offset, scale, K, V, num_rows
 
 
 @triton.jit
@@ -84,13 +85,13 @@ def bonus_info(req, rq):
 @triton.jit
 def locate_row(rows, rq, i, RAGGED: tl.constexpr):
     """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr), row
-    exists, its logits-rule constants (m, c, r, cut) from its statistics at the request's T:
+    exists, its logits-rule constants (m, c, r, cut) from its statistics and the request's c:
     :func:`spec_samplers.kernels.common.row_stats`, once per row, never per element). ``i`` a
     scalar or a vector; statistics outside the row or past K are the defaults."""
     _, stride_b, stride_k, stats_ptr = rows
-    b, start, n, _, _, temp, K, _, num_rows = rq
+    b, start, n, _, _, scale, K, _, num_rows = rq
     off, ok = kc.row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
-    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K), temp)
+    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K), scale)
     return off, ok, st
 
 
