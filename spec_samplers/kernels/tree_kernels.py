@@ -37,8 +37,8 @@ POINT_MASS = 2
 
 @triton.jit
 def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
-    """(m, c, r, argmax, T) of a logits row: the rule constants of torch_ops.probs_from_logits's
-    rule (:func:`spec_samplers.kernels.common.logits_rule`: NaN logits -inf; q = e * r with
+    """(m, c, r, cut, argmax, T) of a logits row: the rule constants of torch_ops.probs_from_logits's
+    rule (:func:`spec_samplers.kernels.common.logits_rule`, cut = 0: NaN logits -inf; q = e * r with
     e = exp((x - max) / T) and r = 1 / sum, T <= 0 or NaN counting as 1), the argmax of the
     logits and T as given (T == 0: the one-hot of the argmax). The sum is accumulated in float64
     and rounded once."""
@@ -61,19 +61,19 @@ def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.const
         x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
         x = tl.where(m & (x == x), x, float("-inf"))
         total += tl.sum(kc.weights(x, m_rule, c, PRECISE).to(tl.float64), 0)
-    m_rule, c, r, _ = kc.logits_rule(best, t, total.to(tl.float32), 0.0)
-    return m_rule, c, r, best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
+    m_rule, c, r, cut = kc.logits_rule(best, t, total.to(tl.float32), 0.0)
+    return m_rule, c, r, cut, best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
 
 
 @triton.jit
 def _load(ptr, off, offs, mask, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """Cleaned fp32 probabilities at ``offs`` of the row at ``off``: as stored, or (LOGITS) from
-    the logits with the row's ``st`` = (m, c, r, argmax, T) of :func:`_logit_stats`
+    the logits with the row's ``st`` = (m, c, r, cut, argmax, T) of :func:`_logit_stats`
     (:func:`spec_samplers.kernels.common.load_q`; T == 0: the one-hot of the argmax, zero
     without mass)."""
     if LOGITS:
-        m_rule, c, r, argmax, temp = st
-        q = kc.load_q(ptr + off, offs, mask, (m_rule, c, r, 0.0), True, PRECISE)
+        m_rule, c, r, cut, argmax, temp = st
+        q = kc.load_q(ptr + off, offs, mask, (m_rule, c, r, cut), True, PRECISE)
         one_hot = tl.where(offs == argmax, 1.0, 0.0)
         return tl.where(mask, tl.where(temp == 0, tl.where(r > 0.0, one_hot, 0.0), q), 0.0)
     else:
@@ -140,8 +140,8 @@ def rejection_tree_kernel(
     alive = root_row >= 0
     cur = tl.where(alive, 0, -1).to(tl.int64)
     t_off = tl.maximum(root_row, 0) * stride_t
-    t_st = (0.0, 1.0, 1.0, (b * 0).to(tl.int64), 1.0)  # logits rule constants of the current target row
-    d_st = (0.0, 1.0, 1.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
+    t_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # logits rule constants of the current target row
+    d_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
     d_row0 = tl.load(drows_ptr + b * (N + 1))
     if LOGITS:
         temp = tl.load(temp_ptr + tl.maximum(root_row, 0))
