@@ -88,7 +88,7 @@ def combine_argmax(vals, idxs, lanes, axis: tl.constexpr):
 @triton.jit
 def logits_scale(temp):
     """c = fp32(log2 e) / T of the shared logits rule (:func:`spec_samplers.torch_ops.logits_scale`):
-    one IEEE division, once per row (T = +inf gives 0, a tiny T +inf)."""
+    one IEEE division per request or row, none per entry (T = +inf gives 0, a tiny T +inf)."""
     return tl.math.div_rn(_LOG2E, temp)
 
 
