@@ -15,6 +15,16 @@ def fp32_value(x: float) -> float:
         return x * float("inf")
 
 
+# --- the shared logits rule (spec_samplers.torch_ops.scaled_exp and its kernel twin) ---
+
+#: log2(e) rounded to fp32: the rule's per-row scale is c = LOG2E_FP32 / T, one IEEE fp32 division
+LOG2E_FP32 = fp32_value(1.4426950408889634)
+#: the lightest weight the rule keeps, the smallest normal fp32 (2**-126); lighter weights are 0, so
+#: the rule's exp2 matters only where it is normal: there CUDA's exp2f (torch.exp2) and the kernels'
+#: ex2 are the same single MUFU.EX2 (they differ on subnormal results, which exp2f rescales and
+#: Triton's libdevice, under its default FTZ, flushes)
+WEIGHT_MIN = 2.0**-126
+
 #: marks the output slots after the emitted tokens (vLLM's PLACEHOLDER_TOKEN_ID)
 PLACEHOLDER_TOKEN_ID = -1
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers.constants import LOG2E_FP32, WEIGHT_MIN
+
 
 def clean_probs(x: torch.Tensor) -> torch.Tensor:
     """fp32 copy of x with NaN, Inf and negative entries set to 0 (non-strict safety)."""
@@ -17,17 +19,51 @@ def valid_ids(ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.T
     return (ids >= 0) & (ids < vocab_size), ids.clamp(0, vocab_size - 1)
 
 
-def scaled_exp(x: torch.Tensor, row_max: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """exp((x - m) / T), the unnormalised softmax of the shared logits rule (fp32, broadcast).
+def logits_scale(temperature: torch.Tensor) -> torch.Tensor:
+    """c = fp32(log2 e) / T, the per-row scale of the shared logits rule (fp32, ``temperature``'s
+    shape): ONE IEEE division, as the kernels' ``div_rn`` (``LOG2E_FP32 / t`` would be a reciprocal
+    and a product in torch). T = +inf gives 0; a T below ~4.2e-39 gives +inf."""
+    t = temperature.to(torch.float32)
+    return torch.div(torch.full((), LOG2E_FP32, dtype=torch.float32, device=t.device), t)
 
-    x: logits (NaN already -inf); m: their row max; T > 0 (+inf allowed). When m = +inf the
-    +inf entries get exp(0) = 1 and every other entry 0; x - m = -inf (x = -inf, or a difference
-    that overflows fp32) gives 0, so -inf / +inf never makes a NaN. Kernel twin:
-    ``spec_samplers.kernels.common.scaled_exp``."""
+
+def reciprocal_sum(row_sum: torch.Tensor) -> torch.Tensor:
+    """r = 1 / sum (one IEEE division, as the kernels' ``div_rn``), 0 where the sum is not positive
+    (a row without mass): the rule's q is e * r."""
+    s = row_sum.to(torch.float32)
+    zero = torch.zeros((), device=s.device)
+    return torch.where(s > 0, torch.div(torch.ones((), device=s.device), s), zero)
+
+
+def scaled_exp(x: torch.Tensor, row_max: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """exp((x - m) / T), the unnormalised softmax of the shared logits rule (fp32, broadcast),
+    computed as 2**z with z = min((x - m) * c, 0) and c = :func:`logits_scale` (T): a subtraction,
+    a product and an exp2 per entry, the same IEEE operations in the same order as the kernel twin
+    (``spec_samplers.kernels.common.weights``), so both give the same floats on CUDA (torch.exp2
+    and the kernels' ex2 agree on the normal range, and a weight below WEIGHT_MIN = 2**-126 is 0
+    on both).
+
+    x: logits (NaN already -inf); m: their row max; T > 0 (+inf allowed). The limits:
+
+    * a row whose max is -inf (no finite or +inf logit) weighs 0 everywhere (m is taken as +inf);
+    * m = +inf: the +inf entries get 1 (inf - inf is NaN, and min(NaN, 0) = 0), every other
+      entry 0 (x - m = -inf);
+    * x - m = -inf (x = -inf, or a difference that overflows fp32) gives 0, also at T = +inf
+      where c = 0 (the test on x - m, not the product -inf * 0, decides);
+    * x = m gives 1 even when c overflows to +inf for a tiny T (0 * inf is NaN: min(NaN, 0) = 0),
+      and every x < m gives 0 there (one-hot on the max, ties share); T = +inf gives c = 0 and
+      weight 1 on every entry with x - m > -inf.
+
+    Precision: relative to exp((x - m) / T) in exact arithmetic, a weight w = 2**z is within
+    (4 ln2 |z| + 4) * 2**-24 (four roundings in z: x - m, log2(e), the division, the product; the
+    exp2 within 2 ulp, CUDA's bound for exp2f), about 7e-6 at w = 1e-12 (|z| = 40); weights
+    below 2**-126 (subnormal) are 0. Kernel twin: ``spec_samplers.kernels.common.weights``."""
+    zero = torch.zeros((), device=x.device)
     inf = torch.full((), float("inf"), device=x.device)
-    d = torch.where(row_max == inf, torch.where(x == inf, torch.zeros((), device=x.device), -inf), x - row_max)
-    z = torch.where(d > -inf, d / temperature, -inf)
-    return torch.exp(z)
+    m = torch.where(row_max > -inf, row_max, inf)
+    d = x - m
+    e = torch.exp2(torch.fmin(d * logits_scale(temperature), zero))
+    return torch.where((d != -inf) & (e >= WEIGHT_MIN), e, zero)
 
 
 def probs_from_logits(
@@ -37,7 +73,9 @@ def probs_from_logits(
     """[N, V] fp32: softmax(logits / T) per row, computed stably and with defined limits.
 
     * NaN logits count as -inf; T that is negative or NaN counts as 1;
-    * q = exp((x - m) / T) / sum, with m the row's largest logit (so x / T never overflows);
+    * q = exp((x - m) / T) / sum, with m the row's largest logit (so x / T never overflows),
+      computed as e * r: e = :func:`scaled_exp` (2**((x - m) * c), c = log2(e) / T) and
+      r = 1 / sum (:func:`reciprocal_sum`), one division per row, none per entry;
     * T = +inf: uniform over the entries with x > -inf; a tiny T: one-hot on the max (ties share);
     * +inf logits: uniform over the +inf entries;
     * a row whose logits are all -inf (or NaN) has no distribution: an all-zero row, from which
@@ -52,15 +90,14 @@ def probs_from_logits(
         >>> probs_from_logits(torch.tensor([[0.0, float("inf"), float("inf")]]), torch.tensor([1.0]))
         tensor([[0.0000, 0.5000, 0.5000]])
     """
-    x = logits.to(torch.float32)
-    neg_inf = torch.full((), float("-inf"), device=x.device)
-    x = torch.where(torch.isnan(x), neg_inf, x)
+    neg_inf = torch.full((), float("-inf"), device=logits.device)
+    x = torch.fmax(logits.to(torch.float32), neg_inf)  # NaN -> -inf (fmax drops a NaN)
     row_max = x.amax(dim=-1, keepdim=True)  # [N, 1]
     has_mass = row_max > neg_inf  # [N, 1]
     t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))[:, None]
     e = scaled_exp(x, row_max, t)
     zero = torch.zeros((), device=x.device)
-    probs = torch.where(has_mass, e / e.sum(dim=-1, keepdim=True), zero)
+    probs = e * reciprocal_sum(e.sum(dim=-1, keepdim=True))  # rows without mass: e = 0, r = 0
     onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
     onehot = torch.where(has_mass, onehot, zero)
     return torch.where((temperature == 0)[:, None], onehot, probs)

@@ -12,7 +12,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.rng import precise_exp
+from spec_samplers.constants import LOG2E_FP32, WEIGHT_MIN
+from spec_samplers.kernels.rng import precise_exp2
+
+_LOG2E = tl.constexpr(LOG2E_FP32)
+_WEIGHT_MIN = tl.constexpr(WEIGHT_MIN)
 
 
 @triton.jit
@@ -82,54 +86,102 @@ def combine_argmax(vals, idxs, lanes, axis: tl.constexpr):
 
 
 @triton.jit
-def scaled_exp(x, row_max, temp, PRECISE: tl.constexpr):
-    """exp((x - m) / T) of the shared logits rule (spec_samplers.torch_ops.scaled_exp): with
-    m = +inf the +inf entries get 1 and the others 0; x - m = -inf gives 0 (never a NaN from
-    -inf / +inf). x, m fp32 (NaN logits already -inf); T > 0, +inf allowed."""
-    d = tl.where(row_max == float("inf"), tl.where(x == float("inf"), 0.0, float("-inf")), x - row_max)
-    z = tl.where(d > float("-inf"), tl.math.div_rn(d, temp), float("-inf"))
-    return precise_exp(z, PRECISE)
+def logits_scale(temp):
+    """c = fp32(log2 e) / T of the shared logits rule (:func:`spec_samplers.torch_ops.logits_scale`):
+    one IEEE division per request or row, none per entry (T = +inf gives 0, a tiny T +inf)."""
+    return tl.math.div_rn(_LOG2E, temp)
 
 
 @triton.jit
-def row_stats(stats_ptr, stat, mask):
-    """(row_max, row_sum, cut) of the rows ``stat`` (a scalar or vector index b * (K+1) + i).
+def rule_max(row_max):
+    """The rule's m: the row max, or +inf for a row without mass (no finite or +inf logit), whose
+    weights are then all 0 (x - m = -inf everywhere)."""
+    return tl.where(row_max > float("-inf"), row_max, float("inf"))
+
+
+@triton.jit
+def logits_rule(row_max, temp, row_sum, cut):
+    """:func:`rule_constants` with c = :func:`logits_scale` (temp)."""
+    return rule_constants(row_max, logits_scale(temp), row_sum, cut)
+
+
+@triton.jit
+def rule_constants(row_max, scale, row_sum, cut):
+    """The per-row constants ``rule = (m, c, r, cut)`` of the shared logits rule, computed once per
+    row so that an element costs no division: m = :func:`rule_max` (row_max), c = ``scale``
+    (:func:`logits_scale` of T, once per request), r = 1 / row_sum (IEEE; 0 when the sum is not positive:
+    :func:`spec_samplers.torch_ops.reciprocal_sum`) and the cut raised to WEIGHT_MIN (the rule's
+    lightest weight, so that one comparison per entry applies both)."""
+    has = row_sum > 0.0
+    r = tl.where(has, tl.math.div_rn(1.0, tl.where(has, row_sum, 1.0)), 0.0)
+    return rule_max(row_max), scale, r, tl.maximum(cut, _WEIGHT_MIN)
+
+
+@triton.jit
+def weight_parts(x, m, c, PRECISE: tl.constexpr):
+    """(finite, e): the weight of the shared logits rule (:func:`spec_samplers.torch_ops.scaled_exp`,
+    whose docstring states the limits and the precision) is e where ``finite`` and e >= WEIGHT_MIN,
+    else 0: e = 2**z, z = min((x - m) * c, 0) (NaN, from inf - inf or 0 * inf, becomes 0: weight
+    1), finite iff x - m > -inf. x fp32 without NaN; m, c from :func:`logits_rule`. Three
+    instructions and one MUFU.EX2 per entry, then the test: the same IEEE operations as torch's,
+    so the same floats on CUDA (in the interpreter the exp2 is numpy's, which may differ from
+    torch's in the last bit)."""
+    d = x - m
+    return d != float("-inf"), precise_exp2(tl.minimum(d * c, 0.0), PRECISE)
+
+
+@triton.jit
+def weights(x, m, c, PRECISE: tl.constexpr):
+    """The shared logits rule's weights (:func:`weight_parts`; 0 where not kept)."""
+    finite, e = weight_parts(x, m, c, PRECISE)
+    return tl.where(finite & (e >= _WEIGHT_MIN), e, 0.0)
+
+
+@triton.jit
+def row_stats(stats_ptr, stat, mask, scale):
+    """The :func:`rule_constants` (m, c, r, cut) of the rows ``stat`` (a scalar or vector index
+    b * (K+1) + i) with c = ``scale`` (:func:`logits_scale` of the request's T), from their
+    statistics.
 
     ``stats_ptr`` is a [B, K+1, 3] fp32 tensor holding per row (max, sum, cut) of the fused
     softmax of a logits row (written by :mod:`spec_samplers.kernels.softmax_kernels`,
     allocated by :func:`spec_samplers.kernels.launch_common.plan_softmax_stats`):
 
     * max: the largest logit x (max of x itself, so x / T never overflows);
-    * sum: the sum of the kept weights e = exp((x - max) / T);
+    * sum: the sum of the kept weights e = exp((x - max) / T) (:func:`weights`);
     * cut: the smallest weight kept (weights e < cut count as 0); 0 keeps every entry, which
       is what the plain softmax writes. A truncating sampler (top-k, top-p, min-p) passes its
       per-row cut and the kept sum, and :func:`load_q` gives the truncated distribution.
 
-    ``stats_ptr`` None (probability inputs, no draft) and masked-off rows give (0, 1, 0), the
-    values :func:`load_q` ignores outside LOGITS mode."""
-    row_max, row_sum, cut = 0.0, 1.0, 0.0
+    ``stats_ptr`` None (probability inputs, no draft) gives (0, 1, 1, 0), which :func:`load_q`
+    ignores outside LOGITS mode; masked-off rows read (max 0, sum 1, cut 0)."""
+    rule = (0.0, 1.0, 1.0, 0.0)
     if stats_ptr is not None:
         row = stats_ptr + stat * 3
         row_max = tl.load(row, mask=mask, other=0.0)
         row_sum = tl.load(row + 1, mask=mask, other=1.0)
         cut = tl.load(row + 2, mask=mask, other=0.0)
-    return row_max, row_sum, cut
+        rule = rule_constants(row_max, scale, row_sum, cut)
+    return rule
 
 
 @triton.jit
-def load_q(ptr, offs, mask, temp, row_max, row_sum, cut, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+def load_q(ptr, offs, mask, rule, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """Cleaned fp32 probabilities at ``offs`` (any float dtype, read as stored).
 
-    LOGITS: the entries are logits and q = e / row_sum with e = exp((x - row_max) / temp) where
-    e >= cut, else 0: the softmax fused (statistics from :func:`row_stats`), so no probability
-    tensor is ever written; cut = 0 keeps every entry (e >= 0). A row without a finite or +inf
-    logit has row_sum 0 and q = 0. Otherwise temp, row_max, row_sum, cut are unused."""
+    LOGITS: the entries are logits and q = e * r where e >= cut, else 0, with e the shared rule's
+    weight (:func:`weight_parts`) and ``rule = (m, c, r, cut)`` from :func:`logits_rule` /
+    :func:`row_stats`: the softmax fused, so no probability tensor is ever written; cut = 0
+    keeps every entry. q is in [0, r] by construction (no NaN, no inf: nothing to clean); a row
+    without a finite or +inf logit has r = 0 and q = 0; masked lanes read -inf and weigh 0. The
+    product sits under the select, so a later q - p cannot be contracted into an FMA (it stays
+    the two roundings torch makes). Otherwise ``rule`` is unused."""
     if LOGITS:
-        x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))
-        e = scaled_exp(x, row_max, temp, PRECISE)
-        e = tl.where(e >= cut, e, 0.0)
-        return tl.where(mask, clean(tl.math.div_rn(e, row_sum)), 0.0)
+        m, c, r, cut = rule
+        x = tl.load(ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.maximum(x, float("-inf"))  # NaN -> -inf (maxnum drops a NaN)
+        finite, e = weight_parts(x, m, c, PRECISE)
+        return tl.where(finite & (e >= cut), e * r, 0.0)  # cut >= WEIGHT_MIN (logits_rule)
     else:
         return clean(tl.load(ptr + offs, mask=mask, other=0.0))
 

@@ -109,6 +109,17 @@ def precise_exp(x, PRECISE: tl.constexpr):
         return tl.exp(x)
 
 
+@triton.jit
+def precise_exp2(x, PRECISE: tl.constexpr):
+    """fp32 2**x: libdevice's exp2f when compiled (ex2.approx under Triton's FTZ: one MUFU.EX2,
+    what CUDA's exp2f, hence torch.exp2, computes for results in the normal range; subnormal
+    results are flushed, so callers keep x >= -126), numpy's in the interpreter."""
+    if PRECISE:
+        return libdevice.exp2(x)
+    else:
+        return tl.exp2(x)
+
+
 # ---------------------------------------------------------------------------------------------
 # The two-level race (spec_samplers.rng.two_level_race), shared by every kernel that draws.
 

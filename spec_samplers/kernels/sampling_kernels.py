@@ -36,7 +36,16 @@ import triton.language as tl
 
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
-from spec_samplers.kernels.common import clean, load_q, request_span, row_offset, scaled_exp
+from spec_samplers.kernels.common import (
+    clean,
+    load_q,
+    logits_rule,
+    logits_scale,
+    request_span,
+    row_offset,
+    rule_max,
+    weights,
+)
 from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group
 from spec_samplers.kernels.softmax_kernels import row_partials
 from spec_samplers.rng_sampling import STREAM_SAMPLE
@@ -80,14 +89,15 @@ def load_values(ptr, offs, mask, LOGITS: tl.constexpr):
 
 
 @triton.jit
-def load_row_values(ptr, offs, mask, s_max, s_temp, LOGITS: tl.constexpr, SCALED: tl.constexpr, PRECISE: tl.constexpr):
+def load_row_values(ptr, offs, mask, s_max, s_scale, LOGITS: tl.constexpr, SCALED: tl.constexpr, PRECISE: tl.constexpr):
     """:func:`load_values`, or with SCALED the verification samplers' weights of logits,
-    e = exp((x - s_max) / s_temp) (``common.scaled_exp``, 1 at the row max; masked lanes 0): the
-    values their per-request filters compare (``filtered_softmax_reference``)."""
+    e = exp((x - max) / T) (``common.weights`` with the rule's m = ``s_max`` and c = ``s_scale``,
+    1 at the row max; masked lanes 0): the values their per-request filters compare
+    (``filtered_softmax_reference``)."""
     if SCALED:
         x = tl.load(ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))
-        return tl.where(mask, scaled_exp(x, s_max, s_temp, PRECISE), 0.0)
+        x = tl.maximum(x, float("-inf"))  # NaN -> -inf; masked lanes read -inf and weigh 0
+        return weights(x, s_max, s_scale, PRECISE)
     else:
         return load_values(ptr, offs, mask, LOGITS)
 
@@ -228,7 +238,7 @@ def _mass_at_least(
     lo,
     m_ref,
     s_max,
-    s_temp,
+    s_scale,
     LOGITS: tl.constexpr,
     SCALED: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -239,7 +249,7 @@ def _mass_at_least(
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < V
-        v = load_row_values(base, offs, mask, s_max, s_temp, LOGITS, SCALED, PRECISE)
+        v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
         units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
         total += tl.sum(tl.where(mask & (v >= lo), units, 0), axis=0)
     return total
@@ -255,7 +265,7 @@ def pivot_search(
     top_p,
     m_ref,
     s_max,
-    s_temp,
+    s_scale,
     MODE: tl.constexpr,
     LOGITS: tl.constexpr,
     SCALED: tl.constexpr,
@@ -271,7 +281,7 @@ def pivot_search(
     m_lo = tl.zeros([], tl.int64)
     if TRACK_MASS:
         # (a missing row has lo = +inf: mass 0, and the loop below never runs)
-        m_lo = _mass_at_least(base, V, lo, m_ref, s_max, s_temp, LOGITS, SCALED, BLOCK_V, PRECISE)
+        m_lo = _mass_at_least(base, V, lo, m_ref, s_max, s_scale, LOGITS, SCALED, BLOCK_V, PRECISE)
     thr = tl.zeros([], tl.float64)
     if MODE == 1:
         thr = top_p.to(tl.float64) * m_lo.to(tl.float64)
@@ -289,7 +299,7 @@ def pivot_search(
             for start in range(0, V, BLOCK_V):
                 offs = start + tl.arange(0, BLOCK_V)
                 mask = offs < V
-                v = load_row_values(base, offs, mask, s_max, s_temp, LOGITS, SCALED, PRECISE)
+                v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
                 gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
                 le = (v[None, :] <= piv[:, None]) & mask[None, :]
                 if MODE == 0:
@@ -403,14 +413,30 @@ def filter_cut_kernel(
         slot = (b * (K + 1) + i) * 3
         s_max = tl.load(stats_ptr + slot)
         t = tl.load(temp_ptr + b).to(tl.float32)
-        t = tl.where(t > 0.0, t, 1.0)
+        # the rule's per-row constants (common.logits_rule), once: no division per element
+        c = logits_scale(tl.where(t > 0.0, t, 1.0))
+        m_rule = rule_max(s_max)
         hi = tl.where(s_max > float("-inf"), 1.0, 0.0)  # e = 1 at the max; no mass: nothing to keep
         lo = hi * 0.0
         floor = tl.minimum(tl.load(min_p_ptr + b) * hi, hi)
         top_k = tl.load(top_k_ptr + b)
         base = x_ptr + off
         tau_k, _, _ = pivot_search(
-            base, V, lo, tl.where(top_k > 0, hi, lo), top_k, 1.0, 0.0, s_max, t, 0, False, True, False, BLOCK_V, PRECISE
+            base,
+            V,
+            lo,
+            tl.where(top_k > 0, hi, lo),
+            top_k,
+            1.0,
+            0.0,
+            m_rule,
+            c,
+            0,
+            False,
+            True,
+            False,
+            BLOCK_V,
+            PRECISE,
         )
         cut, _, kept = pivot_search(
             base,
@@ -420,8 +446,8 @@ def filter_cut_kernel(
             top_k,
             tl.load(top_p_ptr + b),
             0.0,
-            s_max,
-            t,
+            m_rule,
+            c,
             1,
             False,
             True,
@@ -594,14 +620,13 @@ def softmax_kernel(
 ):
     b, lo, hi = output_block(chunk, V)
     t_raw = tl.load(temp_ptr + b)
-    t = tl.where(t_raw > 0.0, t_raw, 1.0)
-    m = tl.load(max_ptr + b)
     s = tl.load(sum_ptr + b)
+    rule = logits_rule(tl.load(max_ptr + b), tl.where(t_raw > 0.0, t_raw, 1.0), s, 0.0)
     amax = tl.load(argmax_ptr + b)
     for start in range(lo, hi, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < hi
-        p = load_q(x_ptr + b * stride_r, offs, mask, t, m, s, 0.0, True, PRECISE)
+        p = load_q(x_ptr + b * stride_r, offs, mask, rule, True, PRECISE)
         # (a row without mass has no argmax: -1 matches no lane; scalar & vector masks trip the interpreter)
         onehot = tl.where(offs == tl.where(s > 0.0, amax, -1), 1.0, 0.0)
         p = tl.where(t_raw == 0.0, onehot, p)

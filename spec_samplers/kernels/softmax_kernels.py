@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import request_span, row_offset, scaled_exp
+from spec_samplers.kernels.common import logits_scale, request_span, row_offset, rule_max, weights
 
 
 @triton.jit
@@ -36,6 +36,8 @@ def inverse_temperature(temp):
     (whose reciprocal may overflow) is scaled by 2^64 first, so that d * inv * scale is 0 at
     d = 0 (a tie with the max weighs 1) and never 0 * inf."""
     scale = tl.where(temp < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
+    # an approximate division (once per program: no IEEE slow path in the launch), within an ulp
+    # or two of the rule's c (common.logits_scale), which is all a sum needs
     return 1.4426950408889634 / (temp * scale), scale
 
 
@@ -44,9 +46,10 @@ def weight_below(x, m, inv_temp, temp_scale):
     """exp(-|x - m| / T), the weight of x under a maximum m (or of m under a new maximum x), with
     ``inv_temp`` * ``temp_scale`` = 1 / T (:func:`inverse_temperature`): x = m weighs 1 (also
     between +inf maxima); NaN x, and x infinitely far from m (also at T = +inf, where 1 / T = 0),
-    weigh 0. One exp2 of a product (``inv_temp`` holds log2(e) / T), not libdevice's exp of a
-    quotient: within a few fp32 ulps of scaled_exp, which is all a sum needs (its order already
-    differs from torch's), and 3 instructions instead of about 20 per element."""
+    weigh 0. One exp2 of a product (``inv_temp`` holds log2(e) / T), the shared rule's arithmetic
+    (:func:`spec_samplers.kernels.common.weights`) on |x - m| from the running max: within a few
+    fp32 ulps of it, which is all a sum needs (its order already differs from torch's), and 3
+    instructions per element."""
     d = tl.where(x == m, 0.0, x - m)
     # NaN (x NaN, or inf * 0 at T = +inf) -> -inf: tl.maximum drops NaN
     z = tl.maximum((-tl.abs(d) * inv_temp) * temp_scale, float("-inf"))
@@ -130,12 +133,13 @@ def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB
 
 @triton.jit
 def _combine(m_ptr, s_ptr, stats_ptr, b, K, pos, slots, mask, temp, PRECISE: tl.constexpr):
-    """Combine the block partials of rows (b, pos) and store their (max, sum, cut = 0)."""
+    """Combine the block partials of rows (b, pos) and store their (max, sum, cut = 0): each
+    block's sum weighs the rule's weight of its max (:func:`spec_samplers.kernels.common.weights`)."""
     m = tl.load(m_ptr + slots, mask=mask, other=float("-inf"))
     s = tl.load(s_ptr + slots, mask=mask, other=0.0)
     row_max = tl.max(m, axis=1)
     # empty partials (m = -inf, s = 0) and rows all -inf give 0, never NaN
-    w = tl.where(mask, s * scaled_exp(m, row_max[:, None], temp, PRECISE), 0.0)
+    w = tl.where(mask, s * weights(m, rule_max(row_max)[:, None], logits_scale(temp), PRECISE), 0.0)
     row = stats_ptr + (b * (K + 1) + pos) * 3
     tl.store(row, row_max, mask=pos <= K)
     tl.store(row + 1, tl.sum(w, axis=1), mask=pos <= K)

@@ -37,9 +37,11 @@ POINT_MASS = 2
 
 @triton.jit
 def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
-    """(max, sum, argmax, T) of a logits row: the statistics of torch_ops.probs_from_logits's rule
-    (NaN logits -inf; q = exp((x - max) / T) / sum, T <= 0 or NaN counting as 1; T == 0: the
-    one-hot of the argmax). The sum is accumulated in float64 and rounded once."""
+    """(m, c, r, cut, argmax, T) of a logits row: the rule constants of torch_ops.probs_from_logits's
+    rule (:func:`spec_samplers.kernels.common.logits_rule`, cut = 0: NaN logits -inf; q = e * r with
+    e = exp((x - max) / T) and r = 1 / sum, T <= 0 or NaN counting as 1), the argmax of the
+    logits and T as given (T == 0: the one-hot of the argmax). The sum is accumulated in float64
+    and rounded once."""
     hi = tl.where(ok, V, 0)
     best = float("-inf")
     best_idx = 0
@@ -50,29 +52,30 @@ def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.const
         x = tl.where(m & (x == x), x, float("-inf"))
         best, best_idx = kc.fold_argmax(x, s, best, best_idx)
     t = tl.where(temp > 0, temp, 1.0)
+    m_rule = kc.rule_max(best)
+    c = kc.logits_scale(t)
     total = tl.zeros([], tl.float64)
     for s in range(0, V, BLOCK_V):
         offs = s + tl.arange(0, BLOCK_V)
         m = offs < hi
         x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
         x = tl.where(m & (x == x), x, float("-inf"))
-        total += tl.sum(tl.where(m, kc.scaled_exp(x, best, t, PRECISE), 0.0).to(tl.float64), 0)
-    return best, total.to(tl.float32), best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
+        total += tl.sum(kc.weights(x, m_rule, c, PRECISE).to(tl.float64), 0)
+    m_rule, c, r, cut = kc.logits_rule(best, t, total.to(tl.float32), 0.0)
+    return m_rule, c, r, cut, best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
 
 
 @triton.jit
 def _load(ptr, off, offs, mask, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """Cleaned fp32 probabilities at ``offs`` of the row at ``off``: as stored, or (LOGITS) from
-    the logits with the row's statistics ``st`` = (max, sum, argmax, T) of :func:`_logit_stats`."""
+    the logits with the row's ``st`` = (m, c, r, cut, argmax, T) of :func:`_logit_stats`
+    (:func:`spec_samplers.kernels.common.load_q`; T == 0: the one-hot of the argmax, zero
+    without mass)."""
     if LOGITS:
-        x = tl.load(ptr + off + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))
-        has = st[0] > float("-inf")
-        e = kc.scaled_exp(x, st[0], tl.where(st[3] > 0, st[3], 1.0), PRECISE)
-        q = tl.where(has, tl.math.div_rn(e, st[1]), 0.0)
-        one_hot = tl.where(offs == st[2], 1.0, 0.0)
-        q = tl.where(st[3] == 0, tl.where(has, one_hot, 0.0), q)
-        return tl.where(mask, q, 0.0)
+        m_rule, c, r, cut, argmax, temp = st
+        q = kc.load_q(ptr + off, offs, mask, (m_rule, c, r, cut), True, PRECISE)
+        one_hot = tl.where(offs == argmax, 1.0, 0.0)
+        return tl.where(mask, tl.where(temp == 0, tl.where(r > 0.0, one_hot, 0.0), q), 0.0)
     else:
         return kc.clean(tl.load(ptr + off + offs, mask=mask, other=0.0))
 
@@ -137,8 +140,8 @@ def rejection_tree_kernel(
     alive = root_row >= 0
     cur = tl.where(alive, 0, -1).to(tl.int64)
     t_off = tl.maximum(root_row, 0) * stride_t
-    t_st = (0.0, 1.0, (b * 0).to(tl.int64), 1.0)  # logits statistics of the current target row
-    d_st = (0.0, 1.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
+    t_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # logits rule constants of the current target row
+    d_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
     d_row0 = tl.load(drows_ptr + b * (N + 1))
     if LOGITS:
         temp = tl.load(temp_ptr + tl.maximum(root_row, 0))

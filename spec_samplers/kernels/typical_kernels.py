@@ -39,7 +39,7 @@ def typical_partials_kernel(
     i = tl.program_id(1)
     blk = tl.program_id(2)
     rq = vk.open_request(req, K, V, num_rows)
-    b, _, _, _, _, temp, _, _, _ = rq
+    b, _, _, _, _, _, _, _, _ = rq
     off, ok, st = vk.locate_row(target, rq, i, cu_ptr is not None)
     if temp_ptr is not None:
         ok = ok & (tl.load(temp_ptr + b) != 0)  # greedy requests: one-hot q, done in finalize
@@ -52,7 +52,7 @@ def typical_partials_kernel(
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            q = vk.q_at(target, off + offs, m, temp, st, PRECISE)
+            q = vk.q_at(target, off + offs, m, st, PRECISE)
             # float64 terms and sum (as reference.typical_accepts): the blocked order then moves
             # the entropy by ~1e-16 relative instead of fp32's ~1e-7, so decisions match torch's
             q64 = q.to(tl.float64)

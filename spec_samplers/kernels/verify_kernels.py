@@ -46,8 +46,9 @@ _LEVEL1_BLOCK = tl.constexpr(256)
 
 @triton.jit
 def open_request(req, K, V, num_rows):
-    """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, T,
-    K, V, num_rows); seed and offset 0 and T = 1 when not given."""
+    """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, c,
+    K, V, num_rows), c = log2(e) / T the logits rule's scale (:func:`spec_samplers.kernels.common.logits_scale`,
+    one division per program); seed and offset 0 and c = 1 when not given."""
     cu_ptr, seed_ptr, offset_ptr, temp_ptr, _, _, _ = req
     b = tl.program_id(0)
     start, n = kc.request_span(cu_ptr, b, K, num_rows, cu_ptr is not None)
@@ -57,10 +58,10 @@ def open_request(req, K, V, num_rows):
     offset = seed * 0
     if offset_ptr is not None:
         offset = tl.load(offset_ptr + b).to(tl.int64)
-    temp = 1.0
+    scale = 1.0
     if temp_ptr is not None:
-        temp = effective_temperature(temp_ptr, b)
-    return b, start, n, seed, offset, temp, K, V, num_rows
+        scale = kc.logits_scale(effective_temperature(temp_ptr, b))
+    return b, start, n, seed, offset, scale, K, V, num_rows
 
 
 @triton.jit
@@ -89,22 +90,22 @@ def bonus_info(req, rq):
 @triton.jit
 def locate_row(rows, rq, i, RAGGED: tl.constexpr):
     """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr), row
-    exists, its (max, sum, cut) statistics). ``i`` a scalar or a vector; statistics outside the
-    row or past K are the defaults."""
+    exists, its logits-rule constants (m, c, r, cut) from its statistics and the request's c:
+    :func:`spec_samplers.kernels.common.row_stats`, once per row, never per element). ``i`` a
+    scalar or a vector; statistics outside the row or past K are the defaults."""
     _, stride_b, stride_k, stats_ptr = rows
-    b, start, n, _, _, _, K, _, num_rows = rq
+    b, start, n, _, _, scale, K, _, num_rows = rq
     off, ok = kc.row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
-    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K))
+    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K), scale)
     return off, ok, st
 
 
 @triton.jit
-def q_at(rows, off, mask, temp, st, PRECISE: tl.constexpr):
+def q_at(rows, off, mask, st, PRECISE: tl.constexpr):
     """Cleaned fp32 q at ``off`` of ``rows`` (:func:`spec_samplers.kernels.common.load_q`;
-    logits when the rows have statistics)."""
+    logits when the rows have statistics, ``st`` their rule constants from :func:`locate_row`)."""
     ptr, _, _, stats_ptr = rows
-    row_max, row_sum, cut = st
-    return kc.load_q(ptr, off, mask, temp, row_max, row_sum, cut, stats_ptr is not None, PRECISE)
+    return kc.load_q(ptr, off, mask, st, stats_ptr is not None, PRECISE)
 
 
 @triton.jit
@@ -114,14 +115,14 @@ def gather_at_drafts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr)
     target, draft, ids = seqs
     draft_ptr, _, _, _ = draft
     ids_ptr, stride_ib, stride_ik = ids
-    b, start, n, _, _, temp, _, V, num_rows = rq
+    b, start, n, _, _, _, _, V, num_rows = rq
     x, valid = kc.draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
     safe = tl.where(valid, x, 0)
     t_off, t_ok, t_st = locate_row(target, rq, pos, RAGGED)
-    q_x = q_at(target, t_off + safe, valid & t_ok, temp, t_st, PRECISE)
+    q_x = q_at(target, t_off + safe, valid & t_ok, t_st, PRECISE)
     if draft_ptr is not None:
         d_off, d_ok, d_st = locate_row(draft, rq, pos, RAGGED)
-        p_x = q_at(draft, d_off + safe, valid & d_ok, temp, d_st, PRECISE)
+        p_x = q_at(draft, d_off + safe, valid & d_ok, d_st, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
     return x, valid, q_x, p_x
@@ -178,15 +179,14 @@ def residual_values(rq, rrow, seqs, offs, hi, SCALED: tl.constexpr, PRECISE: tl.
     valid draft it is (q_j - p_j)+, or with point-mass drafts q_j without x_j; SCALED (block
     verification) scales q_j by rho_j first: (rho_j q_j - p_j)+, and (rho_j q_j(x_j) - 1)+ at
     x_j."""
-    _, _, _, _, _, temp, _, _, _ = rq
     q_off, q_st, p_off, p_st, p_keep, x_removed, valid_j, rho_j = rrow
     target, draft, _ = seqs
     draft_ptr, _, _, _ = draft
     m = offs < hi
-    q = q_at(target, q_off + offs, m, temp, q_st, PRECISE)
+    q = q_at(target, q_off + offs, m, q_st, PRECISE)
     if draft_ptr is not None:
         # (scalar & vector masks trip the interpreter: fold the row test into the bound)
-        p = q_at(draft, p_off + offs, offs < tl.where(p_keep, hi, 0), temp, p_st, PRECISE)
+        p = q_at(draft, p_off + offs, offs < tl.where(p_keep, hi, 0), p_st, PRECISE)
         if SCALED:
             r = tl.where(valid_j, tl.maximum(rho_j * q - p, 0.0), q)
         else:

@@ -70,9 +70,10 @@ def plan_verify(
     shared = dict(seqs=seqs, req=req, parts=parts, **dims, PRECISE=lc.precise_math())
     positions = K + 1 if kernels.per_position else max(K, 1)
     args = dict(shared, chunk=split.chunk, BLOCK_K=triton_next_pow2(positions), BLOCK_V=split.block_v)
-    launches.append(
-        lc.KernelLaunch(kernels.partials, shape, args, name=kernels.names[0], options=dict(kernels.options))
-    )
+    # one warp per 256 entries of a vector step (as the statistics pass): each thread then loads
+    # 8 consecutive entries, 128 bits of bf16, also at the narrow steps of small batches
+    warps = max(1, split.block_v // 256)
+    launches.append(lc.KernelLaunch(kernels.partials, shape, args, warps, kernels.names[0], dict(kernels.options)))
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
     args = dict(shared, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb)
     launches.append(lc.KernelLaunch(kernels.finalize, (B,), args, warps, kernels.names[1], dict(kernels.options)))

@@ -34,7 +34,7 @@ import torch
 from spec_samplers import rng_sampling
 from spec_samplers.constants import FLOAT32_MAX
 from spec_samplers.constants import SAMPLING_MASS_BITS as MASS_BITS
-from spec_samplers.torch_ops import clean_probs, probs_from_logits, scaled_exp
+from spec_samplers.torch_ops import clean_probs, probs_from_logits, reciprocal_sum, scaled_exp
 
 MASS_SCALE = float(2**MASS_BITS)
 
@@ -205,9 +205,10 @@ def filtered_softmax_reference(
     Weights are the shared logits rule e = exp((x - max) / T) (:func:`spec_samplers.torch_ops.scaled_exp`,
     1 at the max); the filters keep e >= tau in vLLM's order (min-p: e >= min_p; top-k, ties kept;
     top-p on the survivors' fixed-point mass; :func:`filter_threshold` with ``min_p_first``), and the
-    kept weights are divided by their fixed-point mass (a sum that does not depend on the order it is
-    taken in, so a kernel gets the same float). Greedy rows (T = 0) are the one-hot of the argmax,
-    rows without a finite or +inf logit all zero, as :func:`spec_samplers.torch_ops.probs_from_logits`.
+    kept weights are multiplied by the reciprocal of their fixed-point mass (a sum that does not depend
+    on the order it is taken in, so a kernel gets the same float, and the same q). Greedy rows (T = 0)
+    are the one-hot of the argmax, rows without a finite or +inf logit all zero, as
+    :func:`spec_samplers.torch_ops.probs_from_logits`.
 
     Example::
 
@@ -218,15 +219,14 @@ def filtered_softmax_reference(
     """
     if fast is None:
         fast = logits.device.type == "cpu"
-    x = logits.to(torch.float32)
-    x = torch.where(torch.isnan(x), torch.full((), float("-inf"), device=x.device), x)
+    x = torch.fmax(logits.to(torch.float32), torch.full((), float("-inf"), device=logits.device))  # NaN -> -inf
     row_max = x.amax(dim=-1, keepdim=True)
     t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))[:, None]
     e = scaled_exp(x, row_max, t)
     tau, kept_mass = filter_threshold(e, e, top_k, top_p, min_p, fast=fast, min_p_first=True)
     kept_sum = kept_mass.to(torch.float32) * (1.0 / MASS_SCALE)
     keep = (e >= tau[:, None]) & (kept_sum > 0)[:, None]
-    probs = torch.where(keep, e / torch.where(kept_sum > 0, kept_sum, 1.0)[:, None], 0.0)
+    probs = torch.where(keep, e * reciprocal_sum(kept_sum)[:, None], 0.0)  # the kernels' e * r
     greedy = probs_from_logits(x, torch.zeros_like(temperature))  # one-hot rows (zero without mass)
     return torch.where((temperature == 0)[:, None], greedy, probs)
 
