@@ -63,6 +63,20 @@ def row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED: tl.constexp
 
 
 @triton.jit
+def indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, offsets_ptr, RAGGED: tl.constexpr):
+    """:func:`row_offset` of rows that may be indexed: with ``offsets_ptr`` ([T] int64, the
+    element offset of flat row t's row in another matrix, -1 where its index is out of range;
+    the launcher passes stride_b = 1 and stride_k = 0 so that :func:`row_offset` gives t) the
+    offset is loaded, once per row, and a row at -1 does not exist (it is never read)."""
+    off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    if offsets_ptr is not None:
+        indexed = tl.load(offsets_ptr + off, mask=ok, other=-1)
+        ok = ok & (indexed >= 0)
+        off = tl.where(ok, indexed, 0)
+    return off, ok
+
+
+@triton.jit
 def fold_argmax(vals, base, best, best_idx):
     """Fold one vector step (``vals`` at vocab indices base + 0..) into a running (max, argmax).
     A strict > keeps the earlier index on ties, so the result is torch.argmax's."""
