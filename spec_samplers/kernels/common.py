@@ -63,16 +63,19 @@ def row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED: tl.constexp
 
 
 @triton.jit
-def indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, offsets_ptr, RAGGED: tl.constexpr):
-    """:func:`row_offset` of rows that may be indexed: with ``offsets_ptr`` ([T] int64, the
-    element offset of flat row t's row in another matrix, -1 where its index is out of range;
-    the launcher passes stride_b = 1 and stride_k = 0 so that :func:`row_offset` gives t) the
-    offset is loaded, once per row, and a row at -1 does not exist (it is never read)."""
-    off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
-    if offsets_ptr is not None:
-        indexed = tl.load(offsets_ptr + off, mask=ok, other=-1)
-        ok = ok & (indexed >= 0)
-        off = tl.where(ok, indexed, 0)
+def indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, RAGGED: tl.constexpr):
+    """:func:`row_offset` of rows that may be indexed: with ``index_ptr`` ([T] int64, the row of
+    another matrix that flat row t reads, -1 where the index is out of range; ragged only) the
+    row is loaded, once per row, its offset is row * ``stride_b`` (so the compiler keeps the
+    stride's divisibility, hence vector-wide loads), and a row at -1 does not exist (it is never
+    read)."""
+    if index_ptr is not None:
+        t, ok = row_offset(b, i, start, n, num_rows, 1, 0, RAGGED)
+        row = tl.load(index_ptr + t, mask=ok, other=-1)
+        ok = ok & (row >= 0)
+        off = tl.where(ok, row, 0) * stride_b
+    else:
+        off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
     return off, ok
 
 

@@ -68,30 +68,29 @@ def rows(
     layout: RowLayout,
     t: torch.Tensor | None,
     stats: torch.Tensor | None = None,
-    offsets: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
     temperature: torch.Tensor | None = None,
 ) -> RowTuple:
-    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, offsets_ptr, temp_ptr) of a
+    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, index_ptr, temp_ptr) of a
     padded [B, K(+1), ...] or ragged [T, ...] tensor with its [B, K+1, 3] row statistics
     (:func:`plan_softmax_stats`; None for probabilities), all None for an absent tensor. With
-    ``offsets`` (:func:`indexed_offsets`) ``t`` is an [N, ...] matrix whose rows are indexed, and
-    (stride_b, stride_k) = (1, 0) address the [T] offsets; ``temperature`` [B]: the rows' own T."""
+    ``index`` (:func:`indexed_rows`) ``t`` is a ragged layout's [N, ...]
+    matrix whose rows are indexed (:func:`spec_samplers.kernels.common.indexed_row_offset`);
+    ``temperature`` [B]: the rows' own T."""
     if t is None:
         return None, 0, 0, None, None, None
-    strides = (1, 0) if offsets is not None else row_strides(layout, t)
-    return (t, *strides, stats, offsets, temperature)
+    return (t, *row_strides(layout, t), stats, index, temperature)
 
 
-def indexed_offsets(
+def indexed_rows(
     draft: torch.Tensor,  # [N, V] vocab-contiguous, any row stride
     draft_rows: torch.Tensor,  # [T] int32/int64
 ) -> torch.Tensor:
-    """[T] int64 element offset of row ``draft_rows[t]`` of ``draft``, -1 where the index is
+    """[T] int64 row of ``draft`` that flat row t reads (``draft_rows``), -1 where the index is
     outside [0, N) (the kernels then treat that draft as rejected and never read its row). One
     [T]-long op per call, no host synchronisation."""
     index = draft_rows.to(torch.int64)
-    in_range = (index >= 0) & (index < draft.shape[0])
-    return torch.where(in_range, index * draft.stride(0), -1)
+    return torch.where((index >= 0) & (index < draft.shape[0]), index, -1)
 
 
 def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -111,12 +110,12 @@ def plan_softmax_stats(
     temperature: torch.Tensor,  # [B] float
     split: VocabSplit,
     filters: VerifyBatch | None = None,
-    draft_offsets: torch.Tensor | None = None,  # [T] int64: indexed draft rows (:func:`indexed_offsets`)
+    draft_index: torch.Tensor | None = None,  # [T] int64: indexed draft rows (:func:`indexed_rows`)
     draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
     """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
-    int32, {t_stats_ptr, d_stats_ptr}). With ``draft_offsets`` the draft is an [N, V] matrix
-    whose rows the offsets pick; ``draft_temperature`` is the draft rows' T.
+    int32, {t_stats_ptr, d_stats_ptr}). With ``draft_index`` the draft is an [N, V] matrix
+    whose rows the index picks; ``draft_temperature`` is the draft rows' T.
 
     Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
     logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
@@ -140,10 +139,10 @@ def plan_softmax_stats(
     )
     req = (layout.cu_num_draft_tokens, temperature, draft_temperature)
     dims = dict(K=K, num_rows=layout.num_rows, NB=NB)
-    draft_rows = rows(layout, draft, None, draft_offsets)
+    d_rows = rows(layout, draft, None, draft_index)
     args = dict(
         target=rows(layout, target)[:3],
-        draft=(*draft_rows[:3], draft_rows[4]),
+        draft=(*d_rows[:3], d_rows[4]),
         req=req,
         parts=parts,
         V=layout.vocab_size,
@@ -180,7 +179,7 @@ class PlanStart:
     split: VocabSplit | None  # None for an empty batch: nothing to launch
     target: torch.Tensor  # vocab-contiguous
     draft: torch.Tensor | None  # vocab-contiguous
-    draft_offsets: torch.Tensor | None  # [T] int64 offsets of indexed draft rows (batch.draft_rows), or None
+    draft_index: torch.Tensor | None  # [T] int64 rows of indexed draft rows (batch.draft_rows), or None
     launches: list[KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
     stats: dict[str, torch.Tensor | None]  # t_stats_ptr, d_stats_ptr (None for probabilities)
     amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
@@ -194,13 +193,13 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
     out = torch.empty((B, layout.max_drafts + 1), dtype=torch.int64, device=device)
     target = vocab_contiguous(batch.target)
     draft = None if draft is None else vocab_contiguous(draft)
-    offsets = None
+    index = None
     if draft is not None and batch.draft_rows is not None:
         # indexed draft rows (ragged logits): the launches below read them in place
         assert layout.ragged and batch.temperature is not None and not batch.filtered
-        offsets = indexed_offsets(draft, batch.draft_rows)
+        index = indexed_rows(draft, batch.draft_rows)
     stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
-    start = PlanStart(out, None, target, draft, offsets, [], stats, (None, None))
+    start = PlanStart(out, None, target, draft, index, [], stats, (None, None))
     if B == 0:
         return start
     start.split = split if split is not None else vocab_split(V, B, device)
@@ -212,7 +211,7 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
             batch.temperature,
             start.split,
             filters=batch,
-            draft_offsets=offsets,
+            draft_index=index,
             draft_temperature=batch.draft_temperature if draft is not None else None,
         )
         start.amax = (amax_val, amax_idx)

@@ -102,7 +102,7 @@ def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
     """``target``: (ptr, stride_b, stride_k) of the logits rows; ``draft``: (ptr, stride_b,
-    stride_k, offsets_ptr), offsets_ptr the [T] int64 element offsets of indexed draft rows
+    stride_k, index_ptr), index_ptr the [T] int64 rows that indexed draft rows read
     (:func:`spec_samplers.kernels.common.indexed_row_offset`, else None; all None without a
     draft); ``req`` = (cu_ptr, temp_ptr, draft_temp_ptr): [B] ragged counts (None padded), [B] T,
     [B] T of the draft rows (None: T); ``parts`` = (target max, target sum, draft max, draft sum,
