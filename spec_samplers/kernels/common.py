@@ -63,16 +63,16 @@ def row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED: tl.constexp
 
 
 @triton.jit
-def indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, RAGGED: tl.constexpr):
-    """:func:`row_offset` of rows that may be indexed: with ``index_ptr`` ([T] int64, the row of
-    another matrix that flat row t reads, -1 where the index is out of range; ragged only) the
-    row is loaded, once per row, its offset is row * ``stride_b`` (so the compiler keeps the
-    stride's divisibility, hence vector-wide loads), and a row at -1 does not exist (it is never
+def indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, num_index_rows, RAGGED: tl.constexpr):
+    """:func:`row_offset` of rows that may be indexed: with ``index_ptr`` ([T] int32/int64, the
+    row of an [N, ...] matrix that flat row t reads, N = ``num_index_rows``; ragged only) the row
+    is loaded, once per row, its offset is row * ``stride_b`` (so the compiler keeps the stride's
+    divisibility, hence vector-wide loads), and a row outside [0, N) does not exist (it is never
     read)."""
     if index_ptr is not None:
         t, ok = row_offset(b, i, start, n, num_rows, 1, 0, RAGGED)
-        row = tl.load(index_ptr + t, mask=ok, other=-1)
-        ok = ok & (row >= 0)
+        row = tl.load(index_ptr + t, mask=ok, other=-1).to(tl.int64)
+        ok = ok & (row >= 0) & (row < num_index_rows)
         off = tl.where(ok, row, 0) * stride_b
     else:
         off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)

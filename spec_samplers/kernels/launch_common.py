@@ -61,7 +61,7 @@ def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
     return t.stride(0), 0 if layout.ragged else t.stride(1)
 
 
-RowTuple = tuple[torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+RowTuple = tuple[torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, int, torch.Tensor | None]
 
 
 def rows(
@@ -71,26 +71,16 @@ def rows(
     index: torch.Tensor | None = None,
     temperature: torch.Tensor | None = None,
 ) -> RowTuple:
-    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, index_ptr, temp_ptr) of a
+    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr) of a
     padded [B, K(+1), ...] or ragged [T, ...] tensor with its [B, K+1, 3] row statistics
     (:func:`plan_softmax_stats`; None for probabilities), all None for an absent tensor. With
-    ``index`` (:func:`indexed_rows`) ``t`` is a ragged layout's [N, ...]
-    matrix whose rows are indexed (:func:`spec_samplers.kernels.common.indexed_row_offset`);
+    ``index`` ([T] int32/int64, ``VerifyBatch.draft_rows``) ``t`` is a ragged layout's [N, ...]
+    matrix whose rows are indexed (:func:`spec_samplers.kernels.common.indexed_row_offset`:
+    an index outside [0, N) is tested there, so no eager op runs here);
     ``temperature`` [B]: the rows' own T."""
     if t is None:
-        return None, 0, 0, None, None, None
-    return (t, *row_strides(layout, t), stats, index, temperature)
-
-
-def indexed_rows(
-    draft: torch.Tensor,  # [N, V] vocab-contiguous, any row stride
-    draft_rows: torch.Tensor,  # [T] int32/int64
-) -> torch.Tensor:
-    """[T] int64 row of ``draft`` that flat row t reads (``draft_rows``), -1 where the index is
-    outside [0, N) (the kernels then treat that draft as rejected and never read its row). One
-    [T]-long op per call, no host synchronisation."""
-    index = draft_rows.to(torch.int64)
-    return torch.where((index >= 0) & (index < draft.shape[0]), index, -1)
+        return None, 0, 0, None, None, 0, None
+    return (t, *row_strides(layout, t), stats, index, t.shape[0] if index is not None else 0, temperature)
 
 
 def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -110,7 +100,7 @@ def plan_softmax_stats(
     temperature: torch.Tensor,  # [B] float
     split: VocabSplit,
     filters: VerifyBatch | None = None,
-    draft_index: torch.Tensor | None = None,  # [T] int64: indexed draft rows (:func:`indexed_rows`)
+    draft_index: torch.Tensor | None = None,  # [T] int32/int64: indexed draft rows (VerifyBatch.draft_rows)
     draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
     """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
@@ -142,7 +132,7 @@ def plan_softmax_stats(
     d_rows = rows(layout, draft, None, draft_index)
     args = dict(
         target=rows(layout, target)[:3],
-        draft=(*d_rows[:3], d_rows[4]),
+        draft=(*d_rows[:3], *d_rows[4:6]),
         req=req,
         parts=parts,
         V=layout.vocab_size,
@@ -179,7 +169,7 @@ class PlanStart:
     split: VocabSplit | None  # None for an empty batch: nothing to launch
     target: torch.Tensor  # vocab-contiguous
     draft: torch.Tensor | None  # vocab-contiguous
-    draft_index: torch.Tensor | None  # [T] int64 rows of indexed draft rows (batch.draft_rows), or None
+    draft_index: torch.Tensor | None  # [T] int32/int64 rows of indexed draft rows (batch.draft_rows), or None
     launches: list[KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
     stats: dict[str, torch.Tensor | None]  # t_stats_ptr, d_stats_ptr (None for probabilities)
     amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
@@ -197,7 +187,7 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
     if draft is not None and batch.draft_rows is not None:
         # indexed draft rows (ragged logits): the launches below read them in place
         assert layout.ragged and batch.temperature is not None and not batch.filtered
-        index = indexed_rows(draft, batch.draft_rows)
+        index = batch.draft_rows
     stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
     start = PlanStart(out, None, target, draft, index, [], stats, (None, None))
     if B == 0:

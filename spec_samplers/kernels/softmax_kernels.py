@@ -102,7 +102,8 @@ def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
     """``target``: (ptr, stride_b, stride_k) of the logits rows; ``draft``: (ptr, stride_b,
-    stride_k, index_ptr), index_ptr the [T] int64 rows that indexed draft rows read
+    stride_k, index_ptr, num_index_rows), index_ptr the [T] rows of an [N, V] matrix
+    (N = num_index_rows) that indexed draft rows read
     (:func:`spec_samplers.kernels.common.indexed_row_offset`, else None; all None without a
     draft); ``req`` = (cu_ptr, temp_ptr, draft_temp_ptr): [B] ragged counts (None padded), [B] T,
     [B] T of the draft rows (None: T); ``parts`` = (target max, target sum, draft max, draft sum,
@@ -129,7 +130,7 @@ def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB
         d_temp = temp
         if req[2] is not None:
             d_temp = effective_temperature(req[2], b)
-        d_off, d_ok = indexed_row_offset(b, i, start, n, num_rows, draft[1], draft[2], draft[3], RAGGED)
+        d_off, d_ok = indexed_row_offset(b, i, start, n, num_rows, draft[1], draft[2], draft[3], draft[4], RAGGED)
         if d_ok & (i < n):
             m, s, _, _ = row_partials(draft[0], d_off, lo, hi, d_temp, BLOCK_V)
             tl.store(parts[2] + slot, m)

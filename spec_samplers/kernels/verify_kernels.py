@@ -7,11 +7,11 @@ absent tensors are None, which Triton specialises on, so the flags follow from t
 unpacks its tuples into named locals on its first lines:
 
 * ``seqs = (target, draft, ids)``: ``target`` and ``draft`` are ``(ptr, stride_b, stride_k,
-  stats_ptr, index_ptr, temp_ptr)`` over q / p rows (vocab stride 1) of a padded [B, K(+1), V]
+  stats_ptr, index_ptr, num_index_rows, temp_ptr)`` over q / p rows (vocab stride 1) of a padded [B, K(+1), V]
   or ragged [T, V] tensor (:func:`spec_samplers.kernels.common.row_offset`), with their
   [B, K+1, 3] fused-softmax statistics (:func:`spec_samplers.kernels.common.row_stats`; None for
-  probabilities, and LOGITS follows from it), the [T] int64 rows that indexed rows read
-  (:func:`spec_samplers.kernels.common.indexed_row_offset`: the ragged draft rows of
+  probabilities, and LOGITS follows from it), the [T] rows that indexed rows read and the
+  number N of rows they index (:func:`spec_samplers.kernels.common.indexed_row_offset`: the ragged draft rows of
   ``VerifyBatch.draft_rows``; else None) and the rows' own [B] temperature (the draft's
   ``VerifyBatch.draft_temperature``; None: the request's T); ``draft`` is all None for
   point-mass drafts (HAS_DRAFT); ``ids`` is ``(ptr, stride_b, stride_k)`` of the draft ids;
@@ -93,14 +93,14 @@ def bonus_info(req, rq):
 @triton.jit
 def locate_row(rows, rq, i, RAGGED: tl.constexpr):
     """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr,
-    index_ptr, temp_ptr), row exists, its logits-rule constants (m, c, r, cut) from its
+    index_ptr, num_index_rows, temp_ptr), row exists, its logits-rule constants (m, c, r, cut) from its
     statistics and c of the request's T, or of the rows' own T when they have one:
     :func:`spec_samplers.kernels.common.row_stats`, once per row, never per element). ``i`` a
     scalar or a vector; statistics outside the row or past K are the defaults; indexed rows
     take their offset from ``index_ptr`` (:func:`spec_samplers.kernels.common.indexed_row_offset`)."""
-    _, stride_b, stride_k, stats_ptr, index_ptr, temp_ptr = rows
+    _, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr = rows
     b, start, n, _, _, scale, K, _, num_rows = rq
-    off, ok = kc.indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, RAGGED)
+    off, ok = kc.indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, num_index_rows, RAGGED)
     if temp_ptr is not None:
         scale = kc.logits_scale(effective_temperature(temp_ptr, b))
     st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K), scale)

@@ -260,7 +260,7 @@ def _verify_with_bonus_rows(
         # placeholder never reads it
         rows_step = expanded_local_pos[:num_logits].to(torch.int64).clamp(max=max(num_steps - 1, 0))  # [L]
         drafts = dict(
-            draft_rows=rows_state * num_steps + rows_step,  # [L]
+            draft_rows=torch.add(rows_step, rows_state, alpha=num_steps),  # [L]: state * S' + step, one op
             # greedy requests (T = 0) never read their drafter rows: T 1 there
             draft_temperature=torch.where(is_greedy, 1.0, req_temp),  # [R]
         )
