@@ -139,14 +139,15 @@ def verify(
     logits = target_logits[:, :vocab]  # a view: no copy
     req_state = idx_mapping.to(torch.int64)  # [R]
     temp = temperature[req_state].to(torch.float32)  # [R]
-    is_greedy = temp == 0  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
     if verifier.has_logits_entry and _bonus_row_verifiable(verifier.sampler):
         return _verify_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu, bonus_rows, expanded_idx_mapping,
-            expanded_local_pos, temp, is_greedy, seeds, offsets, num_speculative_steps, vocab,
+            expanded_local_pos, temp, seeds, offsets, num_speculative_steps, vocab,
         )  # fmt: skip
+
+    is_greedy = temp == 0  # [R]
 
     num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
     num_draft = cu[1:] - cu[:-1] - 1  # [R]
@@ -227,7 +228,6 @@ def _verify_with_bonus_rows(
     expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
     expanded_local_pos: torch.Tensor,  # [L]: step of each row within its request
     req_temp: torch.Tensor,  # [R] fp32: each request's temperature (0 = greedy)
-    is_greedy: torch.Tensor,  # [R] bool
     seeds: torch.Tensor,  # [R] int64
     offsets: torch.Tensor,  # [R] int64
     num_speculative_steps: int,
@@ -245,7 +245,8 @@ def _verify_with_bonus_rows(
     num_logits = logits.shape[0]
     S = num_speculative_steps
     # the draft scored by row i is draft_sampled[i + 1]; a bonus row scores the placeholder
-    ids = torch.nn.functional.pad(draft_sampled[1:num_logits].to(torch.int64), (0, 1), value=PLACEHOLDER_TOKEN_ID)
+    # (vLLM's int32 or int64, as given: the sampler reads either)
+    ids = torch.nn.functional.pad(draft_sampled[1:num_logits], (0, 1), value=PLACEHOLDER_TOKEN_ID)
     ids = ids.index_fill(0, bonus_rows, PLACEHOLDER_TOKEN_ID)
     cache = None
     drafts: dict[str, torch.Tensor] = {}
@@ -255,14 +256,14 @@ def _verify_with_bonus_rows(
         # kernels (the target rows arrive divided by vLLM; the drafter's do not).
         num_steps = draft_logits.shape[1]
         cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
-        rows_state = expanded_idx_mapping[:num_logits].to(torch.int64)  # [L]
         # a bonus row's step k_r may be past the cached steps: any drafter row serves there, the
         # placeholder never reads it
-        rows_step = expanded_local_pos[:num_logits].to(torch.int64).clamp(max=max(num_steps - 1, 0))  # [L]
+        rows_step = expanded_local_pos[:num_logits].clamp(max=max(num_steps - 1, 0))  # [L]
         drafts = dict(
-            draft_rows=torch.add(rows_step, rows_state, alpha=num_steps),  # [L]: state * S' + step, one op
-            # greedy requests (T = 0) never read their drafter rows: T 1 there
-            draft_temperature=torch.where(is_greedy, 1.0, req_temp),  # [R]
+            # [L] state * S' + step in one op, in vLLM's index dtype (the sampler reads int32 or int64)
+            draft_rows=torch.add(rows_step, expanded_idx_mapping[:num_logits], alpha=num_steps),
+            # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
+            draft_temperature=req_temp,  # [R]
         )
     out = verifier.from_logits(
         logits,
@@ -271,7 +272,9 @@ def _verify_with_bonus_rows(
         ids,
         cu[1:],
         S + 1,
-        temperature=torch.where(is_greedy, 0.0, torch.ones_like(seeds, dtype=torch.float32)),
+        # vLLM's logits arrive divided by T: 1, or 0 for greedy requests. sign() gives both in one
+        # op (a negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before)
+        temperature=req_temp.sign(),
         seeds=seeds,
         offsets=offsets,
         **drafts,
