@@ -140,6 +140,31 @@ def test_entry_takes_draft_rows_on_both_backends(cls):
     )
 
 
+def test_strided_and_expanded_options_read_as_contiguous():
+    """A strided ``draft_rows`` and an expanded (stride 0) ``draft_temperature`` give the tokens of
+    their contiguous copies, on both backends."""
+    batch, _ = make_batch(torch.float32, "permuted", 9)
+    args = (
+        batch.target,
+        batch.bonus_token_ids,
+        batch.draft,
+        batch.draft_token_ids,
+        batch.layout.cu_num_draft_tokens,
+        K,
+    )
+    rows = torch.stack([batch.draft_rows, -batch.draft_rows], 1)[:, 0]  # stride 2
+    t = torch.full((), 0.45, device=DEVICE).expand(len(COUNTS))
+    assert rows.stride(0) == 2 and t.stride(0) == 0
+    for backend in ("torch", KERNEL_BACKEND):
+        sampler = RejectionSampler(backend=backend)
+        kw = dict(temperature=batch.temperature, seeds=batch.seeds)
+        out = sampler.forward_ragged_from_logits(*args, **kw, draft_rows=rows, draft_temperature=t)
+        expected = sampler.forward_ragged_from_logits(
+            *args, **kw, draft_rows=rows.contiguous(), draft_temperature=t.contiguous()
+        )
+        assert torch.equal(out, expected)
+
+
 def entry_args():
     batch, _ = make_batch(torch.float32, "permuted", 2)
     args = [
