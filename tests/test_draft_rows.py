@@ -120,10 +120,9 @@ def test_out_of_range_row_rejects_that_draft(method, bad):
     assert torch.equal(kernel(bad_batch, split=small_split(V, batch.layout.batch_size)), expected)
 
 
-@pytest.mark.parametrize("cls", [RejectionSampler, BlockVerificationSampler])
-def test_entry_takes_draft_rows_on_both_backends(cls):
-    batch, _ = make_batch(torch.bfloat16, "strided", 8)
-    args = (
+def positional(batch: VerifyBatch) -> tuple:
+    """The ragged logits entry's positional arguments for ``batch`` (before temperature)."""
+    return (
         batch.target,
         batch.bonus_token_ids,
         batch.draft,
@@ -131,6 +130,12 @@ def test_entry_takes_draft_rows_on_both_backends(cls):
         batch.layout.cu_num_draft_tokens,
         K,
     )
+
+
+@pytest.mark.parametrize("cls", [RejectionSampler, BlockVerificationSampler])
+def test_entry_takes_draft_rows_on_both_backends(cls):
+    batch, _ = make_batch(torch.bfloat16, "strided", 8)
+    args = positional(batch)
     kw = dict(temperature=batch.temperature, seeds=batch.seeds, offsets=batch.offsets,
               draft_rows=batch.draft_rows.to(torch.int32), draft_temperature=batch.draft_temperature)  # fmt: skip
     a = cls(backend="torch").forward_ragged_from_logits(*args, **kw)
@@ -144,14 +149,7 @@ def test_strided_and_expanded_options_read_as_contiguous():
     """A strided ``draft_rows`` and an expanded (stride 0) ``draft_temperature`` give the tokens of
     their contiguous copies, on both backends."""
     batch, _ = make_batch(torch.float32, "permuted", 9)
-    args = (
-        batch.target,
-        batch.bonus_token_ids,
-        batch.draft,
-        batch.draft_token_ids,
-        batch.layout.cu_num_draft_tokens,
-        K,
-    )
+    args = positional(batch)
     rows = torch.stack([batch.draft_rows, -batch.draft_rows], 1)[:, 0]  # stride 2
     t = torch.full((), 0.45, device=DEVICE).expand(len(COUNTS))
     assert rows.stride(0) == 2 and t.stride(0) == 0
@@ -167,14 +165,8 @@ def test_strided_and_expanded_options_read_as_contiguous():
 
 def entry_args():
     batch, _ = make_batch(torch.float32, "permuted", 2)
-    args = [
-        batch.target,
-        batch.bonus_token_ids,
-        batch.draft,
-        batch.draft_token_ids % V,  # in range: strict mode checks the ids before the rows
-        batch.layout.cu_num_draft_tokens,
-        K,
-    ]
+    # ids in range: strict mode checks the ids before the rows
+    args = list(positional(VerifyBatch(**{**batch.__dict__, "draft_token_ids": batch.draft_token_ids % V})))
     kw = dict(temperature=batch.temperature, seeds=batch.seeds, draft_rows=batch.draft_rows,
               draft_temperature=batch.draft_temperature)  # fmt: skip
     return args, kw
