@@ -61,7 +61,9 @@ def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
     return t.stride(0), 0 if layout.ragged else t.stride(1)
 
 
-RowTuple = tuple[torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, int, torch.Tensor | None]
+RowTuple = tuple[
+    torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, int | None, torch.Tensor | None
+]
 
 
 def rows(
@@ -79,8 +81,9 @@ def rows(
     an index outside [0, N) is tested there, so no eager op runs here);
     ``temperature`` [B]: the rows' own T."""
     if t is None:
-        return None, 0, 0, None, None, 0, None
-    return (t, *row_strides(layout, t), stats, index, t.shape[0] if index is not None else 0, temperature)
+        return None, 0, 0, None, None, None, None
+    # N only with an index (None otherwise: a constexpr, so the other variants keep their signature)
+    return (t, *row_strides(layout, t), stats, index, t.shape[0] if index is not None else None, temperature)
 
 
 def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
