@@ -232,3 +232,28 @@ def test_draft_rows_need_temperature_and_a_sampler_that_reads_them():
     with pytest.raises(SpecSamplerInputError, match="draft_rows") as info:
         ThirdParty().forward_ragged_from_logits(*args, **kw)
     assert "takes_draft_rows" in str(info.value)
+
+
+def test_draft_options_cross_the_custom_op():
+    """Meta tensors give the output's shape, and torch.compile (fullgraph) the eager tokens: both
+    go through ``spec_samplers::verify`` with the two options."""
+    T, B, N = 4, 3, 11
+    i64 = dict(dtype=torch.int64)
+    args = (
+        torch.randn(T, V),
+        torch.zeros(B, **i64),
+        torch.randn(N, V),
+        torch.randint(0, V, (T,)),
+        torch.tensor([2, 2, 4]),
+    )
+    kw = dict(temperature=torch.tensor([0.5, 1.0, 0.0]), seeds=torch.arange(B), draft_rows=torch.randint(0, N, (T,)),
+              draft_temperature=torch.tensor([1.5, 0.3, 1.0]))  # fmt: skip
+    meta = [a.to("meta") for a in args]
+    out = RejectionSampler().forward_ragged_from_logits(*meta, K, **{k: v.to("meta") for k, v in kw.items()})
+    assert out.shape == (B, K + 1) and out.device.type == "meta"
+    sampler = RejectionSampler(backend="torch")
+
+    def call(*a, **k):
+        return sampler.forward_ragged_from_logits(*a, K, **k)
+
+    assert torch.equal(torch.compile(call, fullgraph=True, backend="eager")(*args, **kw), call(*args, **kw))
