@@ -371,6 +371,8 @@ class FlatInputs:
         device = batch.target.device
         B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
         self.target_rows, self.draft_rows, self.num_draft = layout.maps(device)
+        if batch.draft_rows is not None and not (layout.ragged and batch.temperature is not None):
+            raise input_error("draft_rows", "None outside the ragged logits layout", "a tensor")
         target = batch.target.reshape(-1, V)
         draft = None if batch.draft is None else batch.draft.reshape(-1, V)
         self.is_greedy = batch.is_greedy

@@ -257,3 +257,17 @@ def test_draft_options_cross_the_custom_op():
         return sampler.forward_ragged_from_logits(*a, K, **k)
 
     assert torch.equal(torch.compile(call, fullgraph=True, backend="eager")(*args, **kw), call(*args, **kw))
+
+
+@pytest.mark.parametrize("method", list(OPS))
+def test_ops_refuse_draft_rows_outside_the_ragged_logits_layout(method):
+    """Only the ragged logits entry passes ``draft_rows``; a batch built by hand with them in the
+    padded or probability layout is refused by name on both backends, never misread."""
+    g = torch.Generator().manual_seed(4)
+    probs = torch.rand(2, 3, 10, generator=g).to(DEVICE)
+    ids = torch.zeros(2, 2, dtype=torch.int64, device=DEVICE)
+    batch = VerifyBatch.padded(probs, ids[:, :1], probs[:, :2], ids, seeds=torch.arange(2, device=DEVICE),
+                               draft_rows=torch.zeros(4, dtype=torch.int64, device=DEVICE))  # fmt: skip
+    for op in OPS[method]:
+        with pytest.raises(SpecSamplerInputError, match="draft_rows"):
+            op(batch)

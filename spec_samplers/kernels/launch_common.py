@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from spec_samplers.errors import input_error
 from spec_samplers.kernels import sampling_kernels
 from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, interpreting, vocab_split
@@ -189,7 +190,8 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
     index = None
     if draft is not None and batch.draft_rows is not None:
         # indexed draft rows (ragged logits): the launches below read them in place
-        assert layout.ragged and batch.temperature is not None and not batch.filtered
+        if not (layout.ragged and batch.temperature is not None and not batch.filtered):
+            raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
         index = batch.draft_rows
     stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
     start = PlanStart(out, None, target, draft, index, [], stats, (None, None))
