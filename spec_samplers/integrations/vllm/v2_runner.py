@@ -137,7 +137,7 @@ def verify(
     bonus_rows = cu[1:] - 1  # [R]
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
-    req_state = idx_mapping.to(torch.int64)  # [R]
+    req_state = idx_mapping  # [R] int32 or int64: either indexes
     temp = temperature[req_state].to(torch.float32)  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
@@ -203,7 +203,7 @@ def verify(
 
 def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1)."""
-    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1).to(torch.int32)  # [R]
+    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)  # [R]
     return out, num_sampled
 
 
