@@ -256,12 +256,12 @@ def _verify_with_bonus_rows(
         # kernels (the target rows arrive divided by vLLM; the drafter's do not).
         num_steps = draft_logits.shape[1]
         cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
-        # a bonus row's step k_r may be past the cached steps: any drafter row serves there, the
-        # placeholder never reads it
-        rows_step = expanded_local_pos[:num_logits].clamp(max=max(num_steps - 1, 0))  # [L]
+        # [L] state * S' + step, in vLLM's index dtype (the sampler reads int32 or int64); a bonus
+        # row's placeholder never reads a drafter row (its step k_r may be past the cached ones):
+        # -1 there, out of range, so the kernels skip that row
+        rows = torch.add(expanded_local_pos[:num_logits], expanded_idx_mapping[:num_logits], alpha=num_steps)
         drafts = dict(
-            # [L] state * S' + step in one op, in vLLM's index dtype (the sampler reads int32 or int64)
-            draft_rows=torch.add(rows_step, expanded_idx_mapping[:num_logits], alpha=num_steps),
+            draft_rows=rows.index_fill_(0, bonus_rows, -1),
             # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
             draft_temperature=req_temp,  # [R]
         )
