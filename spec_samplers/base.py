@@ -127,6 +127,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     * ``kernel_op``: ``"module:function"`` of the kernel launcher with the same signature,
       imported only when the Triton backend runs (None: the reference runs everywhere);
     * :meth:`op_options`: the keyword options both receive;
+    * ``takes_draft_rows``: True when both ops read ``VerifyBatch.draft_rows`` /
+      ``draft_temperature`` (the ragged logits entry's indexed draft rows); otherwise those
+      arguments are refused by name;
     * ``applies_filters``: True when both ops apply a batch's per-request top-k / top-p / min-p
       (``VerifyBatch.top_k`` ...) themselves; otherwise ``sampling_params=`` is processed into
       probabilities first (process, then verify).
@@ -135,6 +138,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     lossless: ClassVar[bool | None] = None
     acceptance_law: ClassVar[str] = "token"
     applies_filters: ClassVar[bool] = False
+    takes_draft_rows: ClassVar[bool] = False
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
     kernel_op: ClassVar[str | None] = None
 
@@ -263,10 +267,13 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         offsets: torch.Tensor | None = None,  # [B] int64
         is_greedy: torch.Tensor | None = None,  # [B] bool
         stochastic: bool = False,
+        draft_rows: torch.Tensor | None = None,  # [T] int32/int64 (ragged logits only)
+        draft_temperature: torch.Tensor | None = None,  # [B] float (ragged logits only)
     ) -> torch.Tensor:
         self._require_op(entry)
         if entry.endswith("_from_logits"):
             _check_one_of(temperature, sampling_params)
+        self._check_draft_options(draft_rows, draft_temperature, sampling_params)
         ragged = cu_num_draft_tokens is not None
         if ragged and max_spec_len is None:
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
@@ -280,17 +287,21 @@ class SpecDecodeBaseSampler(torch.nn.Module):
                 )
                 raise input_error(name, f"None under torch.compile and on meta tensors (pass {instead})", "a value")
             rows = (target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len)
-            return custom_ops.verify(self._op_handle, entry, *rows, temperature, seeds, offsets, is_greedy, stochastic)
+            randomness = (seeds, offsets, is_greedy, stochastic)
+            drafts = (draft_rows, draft_temperature)
+            return custom_ops.verify(self._op_handle, entry, *rows, temperature, *randomness, *drafts)
         logits = temperature is not None or sampling_params is not None
         if ragged:
             assert max_spec_len is not None and cu_num_draft_tokens is not None  # for mypy: checked above
             names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
             shapes = validation.check_ragged_metadata(
-                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names
+                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names, draft_rows
             )
             if self._strict_mode:
                 validation.check_ragged_values(cu_num_draft_tokens, target.shape[0], max_spec_len)
                 validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
+                if draft_rows is not None and draft is not None:
+                    validation.check_draft_rows_values(draft_rows, draft.shape[0])
             if self._check_values:
                 validation.check_float_values(target, draft, *names, logits)
         else:
@@ -298,6 +309,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         device = target.device
         if temperature is not None:
             self._validate_temperature(temperature, shapes, device)
+        if draft_temperature is not None:
+            validation.check_draft_temperature(draft_temperature, shapes.batch_size, device, self._strict_mode)
         validation.check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
         if stochastic:
             validation.check_seed_tensor("offsets", offsets, shapes.batch_size, device)
@@ -327,12 +340,31 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             is_greedy=is_greedy,
             temperature=temperature,
             **filters,
+            draft_rows=draft_rows,
+            draft_temperature=draft_temperature,
         )
         out = self.verify(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
         return out
 
     # -- checks and counters (also V0-style subclasses call these) --------------------------------
+
+    def _check_draft_options(
+        self,
+        draft_rows: torch.Tensor | None,  # [T] int32/int64
+        draft_temperature: torch.Tensor | None,  # [B] float
+        sampling_params: object,
+    ) -> None:
+        """The ragged logits entry's indexed draft rows: only with ``temperature=`` and a sampler
+        whose ops read them (``takes_draft_rows``)."""
+        for name, value in (("draft_rows", draft_rows), ("draft_temperature", draft_temperature)):
+            if value is None:
+                continue
+            if not type(self).takes_draft_rows:
+                expected = f"None for {type(self).__name__} (its ops read [T, V] draft rows: takes_draft_rows)"
+                raise input_error(name, expected, "a tensor")
+            if sampling_params is not None:
+                raise input_error(name, "None with sampling_params (pass temperature=)", "a tensor")
 
     def _validate(
         self,
@@ -454,6 +486,13 @@ class Processing(TypedDict):
 
     temperature: torch.Tensor | None  # [B] float
     sampling_params: SamplingParams | Sequence[SamplingParams] | None
+
+
+class DraftRows(TypedDict):
+    """The ragged logits entries' indexed draft rows (both optional)."""
+
+    draft_rows: torch.Tensor | None  # [T] int32/int64
+    draft_temperature: torch.Tensor | None  # [B] float
 
 
 class Randomness(TypedDict):
@@ -600,6 +639,8 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         temperature: torch.Tensor | None = None,  # [B] float, 0 = greedy request
         *,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        draft_rows: torch.Tensor | None = None,  # [T] int32/int64 rows of an [N, V] draft_logits
+        draft_temperature: torch.Tensor | None = None,  # [B] float, T of the draft rows
     ) -> torch.Tensor:
         """Ragged twin of :meth:`forward_from_logits`.
 
@@ -611,6 +652,8 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
             As :meth:`forward_ragged`.
         temperature, sampling_params
             As :meth:`forward_from_logits` (one of the two).
+        draft_rows, draft_temperature
+            As :meth:`SpecDecodeStochasticBaseSampler.forward_ragged_from_logits`.
 
         Returns
         -------
@@ -625,7 +668,8 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
         processing = Processing(temperature=temperature, sampling_params=sampling_params)
         inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
-        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing)
+        drafts = DraftRows(draft_rows=draft_rows, draft_temperature=draft_temperature)
+        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **drafts)
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
@@ -800,6 +844,8 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         seeds: torch.Tensor | None = None,  # [B] int64: per request, not per row
         offsets: torch.Tensor | None = None,  # [B] int64
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        draft_rows: torch.Tensor | None = None,  # [T] int32/int64 rows of an [N, V] draft_logits
+        draft_temperature: torch.Tensor | None = None,  # [B] float, T of the draft rows
     ) -> torch.Tensor:
         """:meth:`forward_from_logits` in the ragged layout of :meth:`forward_ragged`.
 
@@ -808,11 +854,23 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         target_logits : torch.Tensor
             [T, V] fp32/fp16/bf16: row t scores draft token t.
         draft_logits : torch.Tensor or None
-            [T, V] fp32/fp16/bf16, or None for point-mass drafts.
+            [T, V] fp32/fp16/bf16, or None for point-mass drafts; with ``draft_rows`` an [N, V]
+            matrix of any row stride (e.g. an engine's cache ``cache.view(-1, V')[:, :V]``,
+            read in place: no copy).
         bonus_token_ids, draft_token_ids, cu_num_draft_tokens, max_spec_len
             As :meth:`forward_ragged`: [B] (or [B, 1]), [T], [B] and K.
         temperature, sampling_params, seeded_seqs, seeds, offsets
             As :meth:`forward_from_logits`.
+        draft_rows : torch.Tensor, optional
+            [T] int32/int64: draft row t is ``draft_logits[draft_rows[t]]`` (rows may repeat or
+            come in any order). An index outside [0, N) rejects that draft (its row is never
+            read; strict mode raises). Needs ``temperature=`` (not ``sampling_params``) and a
+            sampler with ``takes_draft_rows`` (rejection sampling, block verification, typical
+            acceptance).
+        draft_temperature : torch.Tensor, optional
+            [B] float: the temperature of request b's draft rows, p = softmax(draft / T_draft)
+            (default ``temperature``); the target rows keep ``temperature``, whose 0 still
+            marks a greedy request. A value not > 0 (or NaN) counts as 1; strict mode raises.
 
         Returns
         -------
@@ -823,9 +881,18 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         --------
         >>> out = sampler.forward_ragged_from_logits(target_logits, bonus_ids, draft_logits, draft_ids,
         ...     cu_num_draft_tokens, max_spec_len, temperature=torch.ones(B), seeds=seeds)
+
+        An engine's drafter cache [R, S, V'] (pre-temperature logits) read in place, target
+        logits already divided by their temperature (so T = 1, 0 for greedy requests):
+
+        >>> out = sampler.forward_ragged_from_logits(target_logits, bonus_ids,
+        ...     cache.view(-1, cache.shape[-1])[:, :V], draft_ids, cu_num_draft_tokens, K,
+        ...     temperature=torch.where(req_temp == 0, 0.0, 1.0), seeds=seeds,
+        ...     draft_rows=row_state * S + row_step, draft_temperature=req_temp)
         """
         ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
         processing = Processing(temperature=temperature, sampling_params=sampling_params)
         randomness = _randomness(seeded_seqs, seeds, offsets)
         inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
-        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **randomness)
+        drafts = DraftRows(draft_rows=draft_rows, draft_temperature=draft_temperature)
+        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **randomness, **drafts)

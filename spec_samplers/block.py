@@ -45,6 +45,7 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
 
     lossless: ClassVar[bool] = True
     applies_filters: ClassVar[bool] = True
+    takes_draft_rows: ClassVar[bool] = True
     #: the bench's lossless theory for this sampler (spec_samplers.bench.quality.block_theory)
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)

@@ -183,12 +183,15 @@ def verify(
     offsets: torch.Tensor | None,  # [B] int64
     is_greedy: torch.Tensor | None,  # [B] bool
     stochastic: bool,
+    draft_rows: torch.Tensor | None = None,  # [T] int32/int64: ragged logits, rows of an [N, V] draft
+    draft_temperature: torch.Tensor | None = None,  # [B] float: ragged logits
 ) -> torch.Tensor:
     """[B, K+1] int64, -1 padded: the sampler's entry on these arguments (counters updated)."""
     rows = (target, bonus_token_ids, draft, draft_token_ids)
     options = dict(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature)
     randomness = dict(seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=stochastic)
-    out: torch.Tensor = _SAMPLERS[sampler]._run(entry, *rows, **options, **randomness)
+    drafts = dict(draft_rows=draft_rows, draft_temperature=draft_temperature)
+    out: torch.Tensor = _SAMPLERS[sampler]._run(entry, *rows, **options, **randomness, **drafts)
     return out
 
 
@@ -207,13 +210,17 @@ def _(
     offsets,
     is_greedy,
     stochastic,
+    draft_rows=None,
+    draft_temperature=None,
 ):
     # the metadata checks run here too (shapes, dtypes, devices: no data), naming the argument
     logits = entry.endswith("_from_logits")
     if cu_num_draft_tokens is not None:
         names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
         ragged = (cu_num_draft_tokens, max_spec_len)
-        shapes = validation.check_ragged_metadata(target, bonus_token_ids, draft, draft_token_ids, *ragged, *names)
+        shapes = validation.check_ragged_metadata(
+            target, bonus_token_ids, draft, draft_token_ids, *ragged, *names, draft_rows
+        )
         num_slots = max_spec_len
     else:
         names = ("target_logits", "draft_logits") if logits else ("target_with_bonus_probs", "draft_probs")

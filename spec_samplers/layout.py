@@ -147,12 +147,29 @@ class VerifyBatch:
     top_k: torch.Tensor | None = None  # [B] int64, 0 = off
     top_p: torch.Tensor | None = None  # [B] fp32, 1 = off
     min_p: torch.Tensor | None = None  # [B] fp32, 0 = off
+    # Ragged logits inputs: draft row t is ``draft[draft_rows[t]]`` of an [N, V] draft matrix (any
+    # row stride: an engine's cache read in place); an index outside [0, N) rejects the draft
+    # there (the row is never read). ``draft_temperature`` is the draft rows' T (default
+    # ``temperature``; a value not > 0 counts as 1 there).
+    draft_rows: torch.Tensor | None = None  # [T] int32/int64
+    draft_temperature: torch.Tensor | None = None  # [B] float
 
     def __post_init__(self) -> None:
         # The kernels read every [B] tensor as contiguous: a strided or expanded (stride 0) view
         # would be read at the wrong elements or past its storage. The copies are [B] long (a
         # no-op for contiguous tensors) and need no host synchronisation.
-        for name in ("bonus_token_ids", "seeds", "offsets", "is_greedy", "temperature", "top_k", "top_p", "min_p"):
+        for name in (
+            "bonus_token_ids",
+            "seeds",
+            "offsets",
+            "is_greedy",
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "draft_rows",
+            "draft_temperature",
+        ):
             t = getattr(self, name)
             if t is not None and not t.is_contiguous():
                 object.__setattr__(self, name, t.contiguous())

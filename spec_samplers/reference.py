@@ -345,16 +345,19 @@ def _ragged_ids(draft_token_ids: torch.Tensor, draft_rows: torch.Tensor) -> torc
     return torch.where(draft_rows >= 0, draft_token_ids.to(torch.int64)[draft_rows.clamp(min=0)], 0)
 
 
-def _softmax_rows(batch: VerifyBatch, logits: torch.Tensor, per_request: int) -> torch.Tensor:
+def _softmax_rows(
+    batch: VerifyBatch, logits: torch.Tensor, per_request: int, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
     """[R, V] fp32 probabilities of ``per_request`` consecutive rows per request, each at its
-    request's temperature (and filters, when the batch has them)."""
+    request's temperature (``temperature`` [B], default the batch's; and filters, when the batch
+    has them)."""
     if batch.temperature is None:
         raise input_error("temperature", "a [B] float tensor for logits inputs (VerifyBatch.temperature)", None)
 
     def rows(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.repeat_interleave(per_request)
 
-    t = batch.temperature.repeat_interleave(per_request)
+    t = (batch.temperature if temperature is None else temperature).repeat_interleave(per_request)
     if not batch.filtered:
         return probs_from_logits(logits, t)
     return filtered_softmax_reference(logits, t, rows(batch.top_k), rows(batch.top_p), rows(batch.min_p))
@@ -368,6 +371,8 @@ class FlatInputs:
         device = batch.target.device
         B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
         self.target_rows, self.draft_rows, self.num_draft = layout.maps(device)
+        if batch.draft_rows is not None and not (layout.ragged and batch.temperature is not None):
+            raise input_error("draft_rows", "None outside the ragged logits layout", "a tensor")
         target = batch.target.reshape(-1, V)
         draft = None if batch.draft is None else batch.draft.reshape(-1, V)
         self.is_greedy = batch.is_greedy
@@ -382,15 +387,37 @@ class FlatInputs:
                 target = _rows_at(target, self.target_rows)
                 self.target_rows = _own_rows(self.target_rows)
                 if draft is not None:
-                    draft = _rows_at(draft, self.draft_rows)
+                    draft = _rows_at(draft, self._indexed_rows(batch, draft.shape[0]))
                     self.draft_rows = _own_rows(self.draft_rows)
             target = _softmax_rows(batch, target, K + 1)
             if draft is not None:
-                draft = _softmax_rows(batch, draft, K)
+                draft = _softmax_rows(batch, draft, K, _draft_temperature(batch))
             self.is_greedy = t == 0
         self.target = target  # [R, V]
         self.draft = draft  # [R', V] or None
         self.bonus = batch.bonus_token_ids  # [B]
+
+    def _indexed_rows(self, batch: VerifyBatch, num_draft_rows: int) -> torch.Tensor:
+        """[B, K] rows of the draft matrix each position reads (-1: none): the flat rows, or with
+        ``batch.draft_rows`` their indices, where an index outside [0, N) rejects the draft (its
+        id becomes -1, as the kernels' id test) and reads row 0 (never used)."""
+        flat = self.draft_rows
+        if batch.draft_rows is None or batch.draft_rows.shape[0] == 0:
+            return flat
+        index = batch.draft_rows.to(torch.int64)[flat.clamp(min=0)]  # [B, K]
+        present = flat >= 0
+        in_range = (index >= 0) & (index < num_draft_rows)
+        self.draft_ids = torch.where(present & ~in_range, PLACEHOLDER_TOKEN_ID, self.draft_ids)
+        return torch.where(present, torch.where(in_range, index, 0), -1)
+
+
+def _draft_temperature(batch: VerifyBatch) -> torch.Tensor | None:
+    """[B] T of the draft rows: ``batch.draft_temperature`` where > 0, else 1 (as the kernels),
+    or None (the batch's temperature)."""
+    t = batch.draft_temperature
+    if t is None:
+        return None
+    return torch.where(t > 0, t.to(torch.float32), torch.ones((), device=t.device))
 
 
 def flat_inputs(batch: VerifyBatch) -> FlatInputs:

@@ -42,6 +42,7 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
 
     lossless: ClassVar[bool] = True
     applies_filters: ClassVar[bool] = True
+    takes_draft_rows: ClassVar[bool] = True
     reference_op = staticmethod(rejection_reference)
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
     tree_reference = staticmethod(rejection_tree_reference)

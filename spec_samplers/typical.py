@@ -54,6 +54,7 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
 
     lossless: ClassVar[bool] = False
     applies_filters: ClassVar[bool] = True
+    takes_draft_rows: ClassVar[bool] = True
     reference_op = staticmethod(typical_reference)
     kernel_op = "spec_samplers.kernels.typical_launch:typical_triton"
     tree_reference = staticmethod(typical_tree_reference)

@@ -194,6 +194,37 @@ def check_temperature(temperature: object, batch_size: int, device: torch.device
             raise input_error("temperature", "finite values >= 0 (0 = greedy)", actual)
 
 
+def check_draft_temperature(draft_temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
+    """[B] float tensor on ``device``: the temperature of the draft rows. In strict mode also
+    finite and > 0 (without it a T that is not > 0, or NaN, counts as 1, as for ``temperature``)."""
+    name = "draft_temperature"
+    _check_tensor(name, draft_temperature, 1, PROBS_DTYPES)
+    assert isinstance(draft_temperature, torch.Tensor)
+    if draft_temperature.shape[0] != batch_size:
+        raise input_error(name, f"shape ({batch_size},)", f"shape {tuple(draft_temperature.shape)}")
+    if draft_temperature.device != device:
+        raise input_error(name, f"device {device}", f"device {draft_temperature.device}")
+    if strict and batch_size:
+        require_data(name, draft_temperature, "strict_mode")
+        bad = ~(torch.isfinite(draft_temperature) & (draft_temperature > 0))
+        if bool(bad.any()):
+            index = _first_index(bad)
+            raise input_error(name, "finite values > 0", f"{float(draft_temperature[index])} at {_where(index)}")
+
+
+def check_draft_rows_values(draft_rows: torch.Tensor, num_rows: int) -> None:
+    """Strict mode: every draft row index in [0, N), N the draft matrix's rows (without strict
+    mode a draft whose row is out of range is rejected, its row never read)."""
+    if draft_rows.numel() == 0:
+        return
+    require_data("draft_rows", draft_rows, "strict_mode")
+    bad = (draft_rows < 0) | (draft_rows >= num_rows)
+    if bool(bad.any()):
+        index = _first_index(bad)
+        actual = f"{int(draft_rows[index])} at {_where(index)}"
+        raise input_error("draft_rows", f"row indices in [0, {num_rows}) (the rows of draft_logits)", actual)
+
+
 def check_token_ids(vocab_size: int, bonus_token_ids: torch.Tensor, draft_token_ids: torch.Tensor) -> None:
     """Strict mode (vLLM V0's checks): draft and bonus ids in [0, V)."""
     check_ids_in_range("draft_token_ids", draft_token_ids, vocab_size)
@@ -249,8 +280,10 @@ def check_ragged_metadata(
     max_spec_len: int,
     target_name: str = "target_probs",
     draft_name: str = "draft_probs",
+    draft_rows: torch.Tensor | None = None,  # [T] int32/int64: draft row t is draft_probs[draft_rows[t]]
 ) -> Shapes:
-    """Ragged-layout metadata checks. Returns (B, K = max_spec_len, V)."""
+    """Ragged-layout metadata checks. Returns (B, K = max_spec_len, V). With ``draft_rows`` the
+    draft is an [N, V] matrix (any N) whose rows ``draft_rows`` index, else [T, V]."""
     _check_tensor(target_name, target_probs, 2, PROBS_DTYPES)
     _check_tensor("draft_token_ids", draft_token_ids, 1, ID_DTYPES)
     _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, ID_DTYPES)
@@ -279,9 +312,23 @@ def check_ragged_metadata(
         ("bonus_token_ids", bonus_token_ids),
         ("cu_num_draft_tokens", cu_num_draft_tokens),
     ]
+    if draft_rows is not None:
+        if draft_probs is None:
+            raise input_error("draft_rows", f"None without {draft_name} (point-mass drafts have no rows)", "a tensor")
+        _check_tensor("draft_rows", draft_rows, 1, ID_DTYPES)
+        if draft_rows.shape[0] != T:
+            raise input_error(
+                "draft_rows", f"shape ({T},) (one per {target_name} row)", f"shape {tuple(draft_rows.shape)}"
+            )
+        tensors.append(("draft_rows", draft_rows))
     if draft_probs is not None:
         _check_tensor(draft_name, draft_probs, 2, PROBS_DTYPES)
-        if tuple(draft_probs.shape) != (T, V):
+        if draft_rows is not None and draft_probs.shape[1] != V:
+            raise input_error(
+                draft_name, f"shape (N, {V}) (V that of {target_name}; rows picked by draft_rows)",
+                f"shape {tuple(draft_probs.shape)}",
+            )  # fmt: skip
+        if draft_rows is None and tuple(draft_probs.shape) != (T, V):
             raise input_error(
                 draft_name, f"shape ({T}, {V}) (that of {target_name})", f"shape {tuple(draft_probs.shape)}"
             )

@@ -4,9 +4,10 @@ pointers, None pointers.
 
 "Reachable" is read off the launchers themselves: for every combination of input kinds a caller
 can pass (padded/ragged, draft probabilities or point-mass drafts, offsets or not, greedy mask or
-not, probabilities or logits), the launchers plan their launches on meta tensors, and each
-distinct (kernel, argument types, constexpr values) is compiled once. Block sizes use one
-representative value each (they do not change which code is generated, only its widths).
+not, probabilities or logits, ragged logits drafts indexed by ``draft_rows`` or not), the
+launchers plan their launches on meta tensors, and each distinct (kernel, argument types,
+constexpr values) is compiled once. Block sizes use one representative value each (they do not
+change which code is generated, only its widths).
 
 Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does that)."""
 
@@ -78,6 +79,19 @@ def batches():
                 K,
                 **extra,
             )
+            if draft and logits and not filtered:
+                # the drafter's rows indexed in an [N, V] matrix (draft_rows), at their own T
+                yield VerifyBatch.ragged(
+                    torch.empty(T, V, **f),
+                    bonus,
+                    torch.empty(11, V, **f),
+                    torch.empty(T, **i64),
+                    torch.empty(B, **i64),
+                    K,
+                    **extra,
+                    draft_rows=torch.empty(T, **i64),
+                    draft_temperature=torch.empty(B, device=META),
+                )
         else:
             yield VerifyBatch.padded(
                 torch.empty(B, K + 1, V, **f),

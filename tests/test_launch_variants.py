@@ -93,5 +93,5 @@ def test_launch_arguments_are_keywords_and_absent_tensors_are_none():
     # HAS_OFFSETS, HAS_GREEDY, LOGITS, RAGGED) are these None entries, specialised as constexprs
     (target, draft, _), req, parts = args["seqs"], args["req"], args["parts"]
     cu_ptr, _, offset_ptr, temp_ptr, greedy_ptr, _, _ = req
-    assert draft == (None, 0, 0, None) and offset_ptr is None and greedy_ptr is None
-    assert temp_ptr is None and parts[3:] == (None, None) and cu_ptr is None and target[3] is None
+    assert draft == (None, 0, 0, None, None, None, None) and offset_ptr is None and greedy_ptr is None
+    assert temp_ptr is None and parts[3:] == (None, None) and cu_ptr is None and target[3:] == (None,) * 4

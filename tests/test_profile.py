@@ -174,8 +174,9 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     """Structural: vocabulary-sized tensors created by eager ops per seam call (meta tensors: our
     kernels planned, not run). Issue 19 wants at most 2 per call on either seam. Model Runner V2's
     seam verifies the logits in place, bonus rows included (it drew the bonus with eager ops over
-    the vocabulary before: 263 tensors, 261 without draft logits); what is left is the gather of
-    the drafter's cached logits and their fp32 quotient by T."""
+    the vocabulary before: 263 tensors, 261 without draft logits) and reads the drafter's cached
+    logits in place (the sampler's ``draft_rows`` and ``draft_temperature``; before: their gather
+    and its fp32 quotient by T, 2 tensors), so it creates none."""
     from spec_samplers.integrations.vllm import v1_runner, v2_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
     from spec_samplers.registry import get_sampler
@@ -188,7 +189,7 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
         seam = functools.partial(v2_runner.verify, RaggedVerifier(get_sampler(name, backend="triton")), logits)
         probabilistic = _seam_vocab_tensors(functools.partial(seam, **v2))
         point_mass = _seam_vocab_tensors(functools.partial(seam, **{**v2, "draft_logits": None}))
-        assert (probabilistic, point_mass) == (2, 0)  # the drafter's rows gathered, then divided by T in fp32
+        assert (probabilistic, point_mass) == (0, 0)  # the drafter's cache read in place by the kernels
         assert max(probabilistic, point_mass) <= 2  # issue 19's bound
 
     verifier = RaggedVerifier(get_sampler("rejection_sampler", backend="triton"))

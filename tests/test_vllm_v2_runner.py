@@ -260,6 +260,58 @@ def test_bonus_rows_verified_in_place_match_the_eager_bonus(restore_seams, monke
         assert any(n == len(r["drafts"]) + 1 for n, r in zip(n_eager.tolist(), requests))
 
 
+@pytest.mark.parametrize("name", ["rejection_sampler", "block_verification"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_drafter_cache_read_in_place_matches_the_eager_rows(restore_seams, monkeypatch, name, cache_dtype):
+    """Probabilistic drafting at temperatures other than 1: the in-place path reads the drafter's
+    cache [max_num_reqs, S, V'] with S > k and V' > vocab through ``draft_rows`` (state * S +
+    step) and divides by each request's T in the sampler (``draft_temperature``); the eager path
+    gathers the rows and divides them first. Same tokens, on the reference and on the kernels,
+    with greedy requests, empty requests and a placeholder draft mixed in."""
+    from conftest import DEVICE, KERNEL_BACKEND
+
+    from spec_samplers.registry import get_sampler
+
+    V, K, S, extra_vocab = 48, 3, 5, 9
+    shapes = [(3, 0.6), (1, 0.0), (0, 1.7), (3, 2.5), (2, 0.35), (3, 1.0), (3, 0.5), (2, 3.0), (3, 0.8)]
+    counts = []
+    for seed in range(73, 76):
+        gen = torch.Generator().manual_seed(seed)
+        requests = [
+            dict(
+                state=2 * r + 1,
+                pos=7 * r + 3,
+                drafts=torch.randint(0, V, (k,), generator=gen).tolist(),
+                temperature=t,
+                seed=r + seed,
+            )
+            for r, (k, t) in enumerate(shapes)
+        ]
+        requests[3]["drafts"][1] = -1  # vLLM's placeholder
+        max_num_reqs = 2 * len(requests) + 2
+        inputs = v2_inputs(requests, V, K, max_num_reqs=max_num_reqs)
+        inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        L = int(inputs["cu_num_logits"][-1])
+        target_logits = (torch.randn(L, V, generator=gen) * 0.6).to(DEVICE)
+        cache = (torch.randn(max_num_reqs, S, V + extra_vocab, generator=gen) * 0.8).to(cache_dtype).to(DEVICE)
+        # the drafts' rows lean to the draft tokens, so that some are accepted and some rejected
+        for r in requests:
+            for i, x in enumerate(r["drafts"]):
+                if x >= 0:
+                    cache[r["state"], i, x] += 1.0
+        args = v2_args(inputs)
+        eager_seam = v2_runner.make_rejection_sample(get_sampler(name, backend="torch"), None)
+        with monkeypatch.context() as m:
+            m.setattr(v2_runner, "_bonus_row_verifiable", lambda sampler: False)
+            eager, n_eager = eager_seam(target_logits, cache, *args, K)
+        for backend in ("torch", KERNEL_BACKEND):
+            seam = v2_runner.make_rejection_sample(get_sampler(name, backend=backend), None)
+            out, n = seam(target_logits, cache, *args, K)
+            assert torch.equal(out, eager) and torch.equal(n, n_eager), (seed, backend)
+        counts += [(c, len(r["drafts"])) for c, r in zip(n_eager.tolist(), requests)]
+    assert any(c > 1 for c, _ in counts) and any(c < k + 1 for c, k in counts)
+
+
 VLLM_ONLY = [
     dict(synthetic_conditional_rates=torch.ones(2)),
     dict(use_block_verification=True),

@@ -83,8 +83,8 @@ def block_partials_kernel(
 ):
     cu_ptr, _, _, _, _, _, _ = req
     target, draft, _ = seqs
-    _, stride_b, stride_k, _ = target
-    draft_ptr, _, _, _ = draft
+    stride_b, stride_k = target[1], target[2]
+    draft_ptr = draft[0]
     m = tl.program_id(1).to(tl.int64)
     RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
@@ -114,7 +114,7 @@ def block_finalize_kernel(
     cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
     mass_ptr, _, _, _, _ = parts
     _, draft, _ = seqs
-    draft_ptr, _, _, _ = draft
+    draft_ptr = draft[0]
     RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
     b, _, n, seed, offset, _, _, _, _ = rq

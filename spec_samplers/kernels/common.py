@@ -63,6 +63,23 @@ def row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED: tl.constexp
 
 
 @triton.jit
+def indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, num_index_rows, RAGGED: tl.constexpr):
+    """:func:`row_offset` of rows that may be indexed: with ``index_ptr`` ([T] int32/int64, the
+    row of an [N, ...] matrix that flat row t reads, N = ``num_index_rows``; ragged only) the row
+    is loaded, once per row, its offset is row * ``stride_b`` (so the compiler keeps the stride's
+    divisibility, hence vector-wide loads), and a row outside [0, N) does not exist (it is never
+    read)."""
+    if index_ptr is not None:
+        t, ok = row_offset(b, i, start, n, num_rows, 1, 0, RAGGED)
+        row = tl.load(index_ptr + t, mask=ok, other=-1).to(tl.int64)
+        ok = ok & (row >= 0) & (row < num_index_rows)
+        off = tl.where(ok, row, 0) * stride_b
+    else:
+        off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    return off, ok
+
+
+@triton.jit
 def fold_argmax(vals, base, best, best_idx):
     """Fold one vector step (``vals`` at vocab indices base + 0..) into a running (max, argmax).
     A strict > keeps the earlier index on ties, so the result is torch.argmax's."""

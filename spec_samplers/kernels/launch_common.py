@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from spec_samplers.errors import input_error
 from spec_samplers.kernels import sampling_kernels
 from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels.backend import VocabSplit, combine_blocks, interpreting, vocab_split
@@ -61,15 +62,29 @@ def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
     return t.stride(0), 0 if layout.ragged else t.stride(1)
 
 
+RowTuple = tuple[
+    torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, int | None, torch.Tensor | None
+]
+
+
 def rows(
-    layout: RowLayout, t: torch.Tensor | None, stats: torch.Tensor | None = None
-) -> tuple[torch.Tensor | None, int, int, torch.Tensor | None]:
-    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr) of a padded [B, K(+1), ...] or
-    ragged [T, ...] tensor with its [B, K+1, 3] row statistics (:func:`plan_softmax_stats`; None
-    for probabilities), all None for an absent tensor."""
+    layout: RowLayout,
+    t: torch.Tensor | None,
+    stats: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+) -> RowTuple:
+    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr) of a
+    padded [B, K(+1), ...] or ragged [T, ...] tensor with its [B, K+1, 3] row statistics
+    (:func:`plan_softmax_stats`; None for probabilities), all None for an absent tensor. With
+    ``index`` ([T] int32/int64, ``VerifyBatch.draft_rows``) ``t`` is a ragged layout's [N, ...]
+    matrix whose rows are indexed (:func:`spec_samplers.kernels.common.indexed_row_offset`:
+    an index outside [0, N) is tested there, so no eager op runs here);
+    ``temperature`` [B]: the rows' own T."""
     if t is None:
-        return None, 0, 0, None
-    return (t, *row_strides(layout, t), stats)
+        return None, 0, 0, None, None, None, None
+    # N only with an index (None otherwise: a constexpr, so the other variants keep their signature)
+    return (t, *row_strides(layout, t), stats, index, t.shape[0] if index is not None else None, temperature)
 
 
 def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -89,9 +104,12 @@ def plan_softmax_stats(
     temperature: torch.Tensor,  # [B] float
     split: VocabSplit,
     filters: VerifyBatch | None = None,
+    draft_index: torch.Tensor | None = None,  # [T] int32/int64: indexed draft rows (VerifyBatch.draft_rows)
+    draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
     """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
-    int32, {t_stats_ptr, d_stats_ptr}).
+    int32, {t_stats_ptr, d_stats_ptr}). With ``draft_index`` the draft is an [N, V] matrix
+    whose rows the index picks; ``draft_temperature`` is the draft rows' T.
 
     Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
     logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
@@ -113,10 +131,15 @@ def plan_softmax_stats(
         torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
         torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
     )
-    req = (layout.cu_num_draft_tokens, temperature)
+    req = (layout.cu_num_draft_tokens, temperature, draft_temperature)
     dims = dict(K=K, num_rows=layout.num_rows, NB=NB)
+    d_rows = rows(layout, draft, None, draft_index)
     args = dict(
-        target=rows(layout, target)[:3], draft=rows(layout, draft)[:3], req=req, parts=parts, V=layout.vocab_size
+        target=rows(layout, target)[:3],
+        draft=(*d_rows[:3], *d_rows[4:6]),
+        req=req,
+        parts=parts,
+        V=layout.vocab_size,
     )
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
     launches = [
@@ -150,6 +173,7 @@ class PlanStart:
     split: VocabSplit | None  # None for an empty batch: nothing to launch
     target: torch.Tensor  # vocab-contiguous
     draft: torch.Tensor | None  # vocab-contiguous
+    draft_index: torch.Tensor | None  # [T] int32/int64 rows of indexed draft rows (batch.draft_rows), or None
     launches: list[KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
     stats: dict[str, torch.Tensor | None]  # t_stats_ptr, d_stats_ptr (None for probabilities)
     amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
@@ -163,13 +187,27 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
     out = torch.empty((B, layout.max_drafts + 1), dtype=torch.int64, device=device)
     target = vocab_contiguous(batch.target)
     draft = None if draft is None else vocab_contiguous(draft)
-    start = PlanStart(out, None, target, draft, [], dict(t_stats_ptr=None, d_stats_ptr=None), (None, None))
+    index = None
+    if draft is not None and batch.draft_rows is not None:
+        # indexed draft rows (ragged logits): the launches below read them in place
+        if not (layout.ragged and batch.temperature is not None and not batch.filtered):
+            raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
+        index = batch.draft_rows
+    stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
+    start = PlanStart(out, None, target, draft, index, [], stats, (None, None))
     if B == 0:
         return start
     start.split = split if split is not None else vocab_split(V, B, device)
     if batch.temperature is not None:
         start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
-            layout, target, draft, batch.temperature, start.split, filters=batch
+            layout,
+            target,
+            draft,
+            batch.temperature,
+            start.split,
+            filters=batch,
+            draft_index=index,
+            draft_temperature=batch.draft_temperature if draft is not None else None,
         )
         start.amax = (amax_val, amax_idx)
     return start

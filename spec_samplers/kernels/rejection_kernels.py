@@ -51,8 +51,8 @@ def random_accepts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
     """Program (b, i, blk): (max, argmax) of q_i over vocab block blk of a greedy request into
-    ``parts[3:5]`` ([B, K+1, NB] fp32 / int32); ``target`` = (ptr, stride_b, stride_k, None)."""
-    target_ptr, stride_b, stride_k, _ = target
+    ``parts[3:5]`` ([B, K+1, NB] fp32 / int32); ``target`` = (ptr, stride_b, stride_k, None, ...)."""
+    target_ptr, stride_b, stride_k = target[0], target[1], target[2]
     cu_ptr, _, _, _, _, _, _ = req
     _, _, _, amax_val_ptr, amax_idx_ptr = parts
     RAGGED: tl.constexpr = cu_ptr is not None
@@ -84,7 +84,7 @@ def residual_partials_kernel(
     cu_ptr, _, _, _, _, _, _ = req
     RAGGED: tl.constexpr = cu_ptr is not None
     target, _, _ = seqs
-    _, stride_b, stride_k, _ = target
+    stride_b, stride_k = target[1], target[2]
     rq = vk.open_request(req, K, V, num_rows)
     b, start, n, _, _, _, _, _, _ = rq
     pos = tl.arange(0, BLOCK_K)

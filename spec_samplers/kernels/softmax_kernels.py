@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import logits_scale, request_span, row_offset, rule_max, weights
+from spec_samplers.kernels.common import indexed_row_offset, logits_scale, request_span, row_offset, rule_max, weights
 
 
 @triton.jit
@@ -101,10 +101,13 @@ def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr):
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
-    """``target``, ``draft``: (ptr, stride_b, stride_k) of the logits rows (draft all None
-    without a draft); ``req`` = (cu_ptr, temp_ptr): [B] ragged counts (None padded), [B] T;
-    ``parts`` = (target max, target sum, draft max, draft sum, logit max, logit argmax),
-    [B, K+1, NB] fp32 (int32 argmax)."""
+    """``target``: (ptr, stride_b, stride_k) of the logits rows; ``draft``: (ptr, stride_b,
+    stride_k, index_ptr, num_index_rows), index_ptr the [T] rows of an [N, V] matrix
+    (N = num_index_rows) that indexed draft rows read
+    (:func:`spec_samplers.kernels.common.indexed_row_offset`, else None; all None without a
+    draft); ``req`` = (cu_ptr, temp_ptr, draft_temp_ptr): [B] ragged counts (None padded), [B] T,
+    [B] T of the draft rows (None: T); ``parts`` = (target max, target sum, draft max, draft sum,
+    logit max, logit argmax), [B, K+1, NB] fp32 (int32 argmax)."""
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
@@ -124,9 +127,12 @@ def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB
         tl.store(parts[4] + slot, best)
         tl.store(parts[5] + slot, best_idx.to(tl.int32))
     if draft[0] is not None:
-        d_off, d_ok = row_offset(b, i, start, n, num_rows, draft[1], draft[2], RAGGED)
+        d_temp = temp
+        if req[2] is not None:
+            d_temp = effective_temperature(req[2], b)
+        d_off, d_ok = indexed_row_offset(b, i, start, n, num_rows, draft[1], draft[2], draft[3], draft[4], RAGGED)
         if d_ok & (i < n):
-            m, s, _, _ = row_partials(draft[0], d_off, lo, hi, temp, BLOCK_V)
+            m, s, _, _ = row_partials(draft[0], d_off, lo, hi, d_temp, BLOCK_V)
             tl.store(parts[2] + slot, m)
             tl.store(parts[3] + slot, s)
 
@@ -165,6 +171,11 @@ def softmax_combine_kernel(
     mask = t_ok[:, None] & (blocks < NB)[None, :]
     _combine(parts[0], parts[1], stats[0], b, K, pos, slots, mask, temp, PRECISE)
     if stats[1] is not None:
+        d_temp = temp
+        if req[2] is not None:
+            d_temp = effective_temperature(req[2], b)
+        # draft rows whose index is out of range wrote no partials: what combines here for them
+        # is never read (locate_row masks such a row out, and its draft is rejected)
         d_ok = t_ok & (pos < n)
         mask = d_ok[:, None] & (blocks < NB)[None, :]
-        _combine(parts[2], parts[3], stats[1], b, K, pos, slots, mask, temp, PRECISE)
+        _combine(parts[2], parts[3], stats[1], b, K, pos, slots, mask, d_temp, PRECISE)

@@ -7,11 +7,14 @@ absent tensors are None, which Triton specialises on, so the flags follow from t
 unpacks its tuples into named locals on its first lines:
 
 * ``seqs = (target, draft, ids)``: ``target`` and ``draft`` are ``(ptr, stride_b, stride_k,
-  stats_ptr)`` over q / p rows (vocab stride 1) of a padded [B, K(+1), V] or ragged [T, V]
-  tensor (:func:`spec_samplers.kernels.common.row_offset`), with their [B, K+1, 3] fused-softmax
-  statistics (:func:`spec_samplers.kernels.common.row_stats`; None for probabilities, and
-  LOGITS follows from it); ``draft`` is all None for point-mass drafts (HAS_DRAFT); ``ids`` is
-  ``(ptr, stride_b, stride_k)`` of the draft ids;
+  stats_ptr, index_ptr, num_index_rows, temp_ptr)`` over q / p rows (vocab stride 1) of a padded [B, K(+1), V]
+  or ragged [T, V] tensor (:func:`spec_samplers.kernels.common.row_offset`), with their
+  [B, K+1, 3] fused-softmax statistics (:func:`spec_samplers.kernels.common.row_stats`; None for
+  probabilities, and LOGITS follows from it), the [T] rows that indexed rows read and the
+  number N of rows they index (:func:`spec_samplers.kernels.common.indexed_row_offset`: the ragged draft rows of
+  ``VerifyBatch.draft_rows``; else None) and the rows' own [B] temperature (the draft's
+  ``VerifyBatch.draft_temperature``; None: the request's T); ``draft`` is all None for
+  point-mass drafts (HAS_DRAFT); ``ids`` is ``(ptr, stride_b, stride_k)`` of the draft ids;
 * ``req = (cu_ptr, seed_ptr, offset_ptr, temp_ptr, greedy_ptr, bonus_ptr, stride_bonus)``: [B]
   inclusive cumsum of k_b (ragged only: RAGGED), [B] seeds, [B] counter offsets (HAS_OFFSETS),
   [B] T (logits only), [B] greedy mask (HAS_GREEDY; with T given, the logits entries pass T
@@ -89,13 +92,17 @@ def bonus_info(req, rq):
 
 @triton.jit
 def locate_row(rows, rq, i, RAGGED: tl.constexpr):
-    """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr), row
-    exists, its logits-rule constants (m, c, r, cut) from its statistics and the request's c:
+    """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr,
+    index_ptr, num_index_rows, temp_ptr), row exists, its logits-rule constants (m, c, r, cut) from its
+    statistics and c of the request's T, or of the rows' own T when they have one:
     :func:`spec_samplers.kernels.common.row_stats`, once per row, never per element). ``i`` a
-    scalar or a vector; statistics outside the row or past K are the defaults."""
-    _, stride_b, stride_k, stats_ptr = rows
+    scalar or a vector; statistics outside the row or past K are the defaults; indexed rows
+    take their offset from ``index_ptr`` (:func:`spec_samplers.kernels.common.indexed_row_offset`)."""
+    _, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr = rows
     b, start, n, _, _, scale, K, _, num_rows = rq
-    off, ok = kc.row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    off, ok = kc.indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, num_index_rows, RAGGED)
+    if temp_ptr is not None:
+        scale = kc.logits_scale(effective_temperature(temp_ptr, b))
     st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K), scale)
     return off, ok, st
 
@@ -104,16 +111,16 @@ def locate_row(rows, rq, i, RAGGED: tl.constexpr):
 def q_at(rows, off, mask, st, PRECISE: tl.constexpr):
     """Cleaned fp32 q at ``off`` of ``rows`` (:func:`spec_samplers.kernels.common.load_q`;
     logits when the rows have statistics, ``st`` their rule constants from :func:`locate_row`)."""
-    ptr, _, _, stats_ptr = rows
-    return kc.load_q(ptr, off, mask, st, stats_ptr is not None, PRECISE)
+    return kc.load_q(rows[0], off, mask, st, rows[3] is not None, PRECISE)
 
 
 @triton.jit
 def gather_at_drafts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
-    """(draft ids as given (int64), id in [0, V) and inside the request, q_i(x_i), p_i(x_i)) at
-    positions ``pos``; p = 1 for point-mass drafts."""
+    """(draft ids as given (int64), id in [0, V) and inside the request, and for indexed draft
+    rows the row's index in range, q_i(x_i), p_i(x_i)) at positions ``pos``; p = 1 for
+    point-mass drafts."""
     target, draft, ids = seqs
-    draft_ptr, _, _, _ = draft
+    draft_ptr = draft[0]
     ids_ptr, stride_ib, stride_ik = ids
     b, start, n, _, _, _, _, V, num_rows = rq
     x, valid = kc.draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
@@ -122,6 +129,10 @@ def gather_at_drafts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr)
     q_x = q_at(target, t_off + safe, valid & t_ok, t_st, PRECISE)
     if draft_ptr is not None:
         d_off, d_ok, d_st = locate_row(draft, rq, pos, RAGGED)
+        if draft[4] is not None:
+            # a draft whose row index is out of range was never a sample of p: rejected, as an
+            # out-of-range id (its residual is q)
+            valid = valid & d_ok
         p_x = q_at(draft, d_off + safe, valid & d_ok, d_st, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
@@ -159,7 +170,7 @@ def residual_row(rq, j, drafts, seqs, RAGGED: tl.constexpr):
     an out-of-range draft was never a sample of p, so the residual is q there)."""
     pos, ids, ids_valid, rho = drafts
     target, draft, _ = seqs
-    draft_ptr, _, _, _ = draft
+    draft_ptr = draft[0]
     x_j = at(pos, j, ids)
     valid_j = at(pos, j, ids_valid.to(tl.int32)) != 0
     rho_j = at(pos, j, rho)
@@ -181,7 +192,7 @@ def residual_values(rq, rrow, seqs, offs, hi, SCALED: tl.constexpr, PRECISE: tl.
     x_j."""
     q_off, q_st, p_off, p_st, p_keep, x_removed, valid_j, rho_j = rrow
     target, draft, _ = seqs
-    draft_ptr, _, _, _ = draft
+    draft_ptr = draft[0]
     m = offs < hi
     q = q_at(target, q_off + offs, m, q_st, PRECISE)
     if draft_ptr is not None:
@@ -327,7 +338,7 @@ def finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, row_s
     cu_ptr, _, _, _, _, _, _ = req
     b, start, n, _, _, _, K, _, num_rows = rq
     target, _, _ = seqs
-    _, stride_b, stride_k, _ = target
+    stride_b, stride_k = target[1], target[2]
     pos, x, _, _ = drafts
     bonus, bonus_valid = bonus_info(req, rq)
     _, has_row = kc.row_offset(b, j, start, n, num_rows, stride_b, stride_k, cu_ptr is not None)

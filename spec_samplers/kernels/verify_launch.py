@@ -53,7 +53,7 @@ def plan_verify(
         amax = lc.partials(device, (B, K + 1, NB), torch.float32, torch.int32)
     seqs = (
         lc.rows(layout, start.target, stats["t_stats_ptr"]),
-        lc.rows(layout, start.draft, stats["d_stats_ptr"]),
+        lc.rows(layout, start.draft, stats["d_stats_ptr"], start.draft_index, batch.draft_temperature),
         lc.rows(layout, batch.draft_token_ids)[:3],
     )
     bonus = batch.bonus_token_ids

@@ -109,8 +109,11 @@ class RaggedVerifier:
         temperature: torch.Tensor,  # [B] float, 0 = greedy request
         seeds: torch.Tensor | None = None,  # [B] int64
         offsets: torch.Tensor | None = None,  # [B] int64
+        **draft_rows: torch.Tensor,  # draft_rows [T], draft_temperature [B]: passed only when given
     ) -> torch.Tensor:
-        """Returns [B, K+1] int64, -1 padded (requires :attr:`has_logits_entry`)."""
+        """Returns [B, K+1] int64, -1 padded (requires :attr:`has_logits_entry`). ``draft_rows``
+        / ``draft_temperature`` (the entry's indexed draft rows, ``draft_logits`` then an [N, V]
+        matrix) go to samplers that take them (``takes_draft_rows``)."""
         fn = self._logits_entry
         if fn is None:
             raise input_error(
@@ -128,6 +131,7 @@ class RaggedVerifier:
             max_spec_len,
             temperature=temperature,
             **extra,
+            **draft_rows,
         )
 
     def accepts(self, keyword: str) -> bool:

@@ -28,13 +28,15 @@ How the bonus is drawn. Rejection sampling and block verification (not in strict
 chunk's logits in place, bonus rows included: request r is one ragged request of k_r + 1 rows
 whose last draft is the -1 placeholder, always rejected, so the token there is a sample of the
 bonus row (its argmax for a greedy request) by the recovery race of position k_r, drawn in the
-sampler's kernels. No row is copied and no softmax or race runs eagerly: the vocabulary-sized
-eager tensors left are the gather of the drafter's cached logits and its fp32 quotient by T
-(none with greedy drafting), tests/test_profile.py. Other samplers (typical acceptance recovers
-the argmax, not a sample; a third-party sampler may refuse -1 ids) get the draft rows copied out
-and the bonus drawn eagerly by :func:`sample_rows`. Both draw the bonus from the same stream, the
-recovery stream at (request seed, offset = position of the request's first row, position k_r),
-so they give the same tokens (tests/test_vllm_v2_runner.py compares them).
+sampler's kernels. No row is copied and no softmax or race runs eagerly, and the drafter's
+cached logits are read in place (the entry's ``draft_rows`` = state * S + step into the cache
+viewed as [max_num_reqs * S, V'] rows, ``draft_temperature`` = the requests' T): no
+vocabulary-sized eager tensor per call, with either drafting (tests/test_profile.py). Other
+samplers (typical acceptance recovers the argmax, not a sample; a third-party sampler may refuse
+-1 ids) get the draft rows copied out and the bonus drawn eagerly by :func:`sample_rows`. Both
+draw the bonus from the same stream, the recovery stream at (request seed, offset = position of
+the request's first row, position k_r), so they give the same tokens
+(tests/test_vllm_v2_runner.py compares them).
 
 Semantics kept from vLLM: a -1 placeholder draft is rejected and replaced by a sample of the
 target row; greedy requests (temperature 0) are verified against the target argmax
@@ -135,16 +137,17 @@ def verify(
     bonus_rows = cu[1:] - 1  # [R]
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
-    req_state = idx_mapping.to(torch.int64)  # [R]
+    req_state = idx_mapping  # [R] int32 or int64: either indexes
     temp = temperature[req_state].to(torch.float32)  # [R]
-    is_greedy = temp == 0  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
     if verifier.has_logits_entry and _bonus_row_verifiable(verifier.sampler):
         return _verify_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu, bonus_rows, expanded_idx_mapping,
-            expanded_local_pos, temperature, is_greedy, seeds, offsets, num_speculative_steps, vocab,
+            expanded_local_pos, temp, seeds, offsets, num_speculative_steps, vocab,
         )  # fmt: skip
+
+    is_greedy = temp == 0  # [R]
 
     num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
     num_draft = cu[1:] - cu[:-1] - 1  # [R]
@@ -200,7 +203,7 @@ def verify(
 
 def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1)."""
-    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1).to(torch.int32)  # [R]
+    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)  # [R]
     return out, num_sampled
 
 
@@ -224,8 +227,7 @@ def _verify_with_bonus_rows(
     bonus_rows: torch.Tensor,  # [R] int64: cu[1:] - 1
     expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
     expanded_local_pos: torch.Tensor,  # [L]: step of each row within its request
-    temperature: torch.Tensor,  # [max_num_reqs]
-    is_greedy: torch.Tensor,  # [R] bool
+    req_temp: torch.Tensor,  # [R] fp32: each request's temperature (0 = greedy)
     seeds: torch.Tensor,  # [R] int64
     offsets: torch.Tensor,  # [R] int64
     num_speculative_steps: int,
@@ -237,29 +239,44 @@ def _verify_with_bonus_rows(
     (its argmax for greedy requests) by the recovery race of position k_r, the bonus token that
     the other path draws eagerly; a rejection earlier stops before it. So the kernels read the
     logits where vLLM wrote them (no row copy, no eager softmax or race) and the tokens follow
-    the same law and the same random stream as :func:`sample_rows`."""
+    the same law and the same random stream as :func:`sample_rows`. The drafter's cached logits
+    are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the requests' T):
+    no vocabulary-sized tensor is created."""
     num_logits = logits.shape[0]
     S = num_speculative_steps
     # the draft scored by row i is draft_sampled[i + 1]; a bonus row scores the placeholder
-    ids = torch.nn.functional.pad(draft_sampled[1:num_logits].to(torch.int64), (0, 1), value=PLACEHOLDER_TOKEN_ID)
+    # (vLLM's int32 or int64, as given: the sampler reads either)
+    ids = torch.nn.functional.pad(draft_sampled[1:num_logits], (0, 1), value=PLACEHOLDER_TOKEN_ID)
     ids = ids.index_fill(0, bonus_rows, PLACEHOLDER_TOKEN_ID)
-    rows_logits = None
+    cache = None
+    drafts: dict[str, torch.Tensor] = {}
     if draft_logits is not None:
-        rows_state = expanded_idx_mapping[:num_logits].to(torch.int64)  # [L]
-        # a bonus row's step k_r may be past the cached steps: any drafter row serves there, the
-        # placeholder never reads it
-        last_step = max(draft_logits.shape[1] - 1, 0)
-        rows_step = expanded_local_pos[:num_logits].to(torch.int64).clamp(max=last_step)  # [L]
-        rows_logits = _drafter_rows(draft_logits, rows_state, rows_step, temperature, vocab)
+        # The drafter's cache read in place: [max_num_reqs * S', vocab] rows (a view, no copy),
+        # row (state, step) at state * S' + step, divided by the request's temperature in the
+        # kernels (the target rows arrive divided by vLLM; the drafter's do not).
+        num_steps = draft_logits.shape[1]
+        cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
+        # [L] state * S' + step, in vLLM's index dtype (the sampler reads int32 or int64); a bonus
+        # row's placeholder never reads a drafter row (its step k_r may be past the cached ones):
+        # -1 there, out of range, so the kernels skip that row
+        rows = torch.add(expanded_local_pos[:num_logits], expanded_idx_mapping[:num_logits], alpha=num_steps)
+        drafts = dict(
+            draft_rows=rows.index_fill_(0, bonus_rows, -1),
+            # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
+            draft_temperature=req_temp,  # [R]
+        )
     out = verifier.from_logits(
         logits,
         torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
-        rows_logits,
+        cache,
         ids,
         cu[1:],
         S + 1,
-        temperature=torch.where(is_greedy, 0.0, torch.ones_like(seeds, dtype=torch.float32)),
+        # vLLM's logits arrive divided by T: 1, or 0 for greedy requests. sign() gives both in one
+        # op (a negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before)
+        temperature=req_temp.sign(),
         seeds=seeds,
         offsets=offsets,
+        **drafts,
     )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
     return _with_counts(out[:, : S + 1])
