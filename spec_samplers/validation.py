@@ -179,37 +179,32 @@ def check_logits_values(name: str, logits: torch.Tensor) -> None:
 
 def check_temperature(temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
     """[B] float tensor on ``device``; in strict mode also finite and >= 0 (0 = greedy request)."""
-    _check_tensor("temperature", temperature, 1, PROBS_DTYPES)
-    assert isinstance(temperature, torch.Tensor)
-    if temperature.shape[0] != batch_size:
-        raise input_error("temperature", f"shape ({batch_size},)", f"shape {tuple(temperature.shape)}")
-    if temperature.device != device:
-        raise input_error("temperature", f"device {device}", f"device {temperature.device}")
-    if strict and batch_size:
-        require_data("temperature", temperature, "strict_mode")
-        bad = ~(torch.isfinite(temperature) & (temperature >= 0))
-        if bool(bad.any()):
-            index = _first_index(bad)
-            actual = f"{float(temperature[index])} at {_where(index)}"
-            raise input_error("temperature", "finite values >= 0 (0 = greedy)", actual)
+    _check_temperatures("temperature", temperature, batch_size, device, strict, greedy=True)
 
 
 def check_draft_temperature(draft_temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
     """[B] float tensor on ``device``: the temperature of the draft rows. In strict mode also
     finite and > 0 (without it a T that is not > 0, or NaN, counts as 1, as for ``temperature``)."""
-    name = "draft_temperature"
-    _check_tensor(name, draft_temperature, 1, PROBS_DTYPES)
-    assert isinstance(draft_temperature, torch.Tensor)
-    if draft_temperature.shape[0] != batch_size:
-        raise input_error(name, f"shape ({batch_size},)", f"shape {tuple(draft_temperature.shape)}")
-    if draft_temperature.device != device:
-        raise input_error(name, f"device {device}", f"device {draft_temperature.device}")
+    _check_temperatures("draft_temperature", draft_temperature, batch_size, device, strict, greedy=False)
+
+
+def _check_temperatures(
+    name: str, t: object, batch_size: int, device: torch.device, strict: bool, greedy: bool
+) -> None:
+    """[B] float tensor ``name`` on ``device``; strict: finite and > 0 (>= 0 where 0 marks greedy)."""
+    _check_tensor(name, t, 1, PROBS_DTYPES)
+    assert isinstance(t, torch.Tensor)
+    if t.shape[0] != batch_size:
+        raise input_error(name, f"shape ({batch_size},)", f"shape {tuple(t.shape)}")
+    if t.device != device:
+        raise input_error(name, f"device {device}", f"device {t.device}")
     if strict and batch_size:
-        require_data(name, draft_temperature, "strict_mode")
-        bad = ~(torch.isfinite(draft_temperature) & (draft_temperature > 0))
+        require_data(name, t, "strict_mode")
+        bad = ~(torch.isfinite(t) & ((t >= 0) if greedy else (t > 0)))
         if bool(bad.any()):
             index = _first_index(bad)
-            raise input_error(name, "finite values > 0", f"{float(draft_temperature[index])} at {_where(index)}")
+            expected = "finite values >= 0 (0 = greedy)" if greedy else "finite values > 0"
+            raise input_error(name, expected, f"{float(t[index])} at {_where(index)}")
 
 
 def check_draft_rows_values(draft_rows: torch.Tensor, num_rows: int) -> None:
