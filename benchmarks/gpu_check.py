@@ -24,10 +24,9 @@ On a CUDA machine this one script
 It exits with status 1 when an equality or graph check fails on a probabilities input, and with
 a "CUDA required" error on machines without CUDA.
 
-Not covered here, and so run by hand on a GPU machine: the snippet of docs/vllm.md that starts a
-vLLM engine with ``LLM(...)`` (tests/test_readme_snippets.py skips it without CUDA, as it needs a
-GPU and a model). Put a model and an EAGLE head at the paths it names (or edit them) and run
-``python -m pytest tests/test_readme_snippets.py -k vllm``: with CUDA the test runs the snippet.
+5. runs the documentation snippets that start a vLLM engine with ``LLM(...)`` (the ones
+   tests/test_readme_snippets.py skips without CUDA), through that test in a child process: it
+   swaps the model paths for the tiny test pair and starts the engine (:func:`check_engine_snippets`).
 
 Memory floor (docs/design.md, performance model): time >= bytes that must be read / measured bandwidth, where the
 bandwidth is that of a device-to-device copy (2 * bytes / time) measured in the same run.
@@ -545,6 +544,19 @@ def sampling_timings(vocabs=VOCABS) -> dict:
     return sampling_ops.run(torch.device(DEVICE), batch_sizes=(1, 16, 128, 512), vocabs=tuple(vocabs), flashinfer=True)
 
 
+def check_engine_snippets() -> dict:
+    """The ``LLM(...)`` snippets of README.md and docs/ (tests/test_readme_snippets.py skips them
+    without CUDA, all in docs/vllm.md): that test run with CUDA in a child process, -k vllm."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    test = "tests/test_readme_snippets.py"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, "-k", "vllm"]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
+    return {"command": " ".join(cmd[2:]), "returncode": done.returncode, "summary": tail[0]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
@@ -581,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     equality = check_equality(**shapes)
     sampling = check_sampling_ops(shapes["vocabs"], shapes["batches"])
     graphs = check_graphs()
+    engine_snippets = check_engine_snippets()
+    print("engine snippets", engine_snippets, flush=True)
     sampling_t: dict = {}
     fused_t: list[dict] = []
     if args.skip_timing:
@@ -603,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sampling_timings": sampling_t,
                 "fused_params_timings": fused_t,
                 "graphs": graphs,
+                "engine_snippets": engine_snippets,
                 "timings": timings,
                 "notes": notes,
             },
@@ -614,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in equality if not all(r[c] for c in EXACT)]
     failed += [r for r in sampling if r["ops_differing"]]
     failed += [g for g in graphs if not g["replays_equal"]]
+    failed += [engine_snippets] if engine_snippets["returncode"] != 0 else []
     if failed:
         print(f"FAILED: {len(failed)} equality/graph checks", file=sys.stderr)
         return 1

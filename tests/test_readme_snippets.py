@@ -59,7 +59,7 @@ def tiny_pair(tmp_path_factory):
 @pytest.mark.parametrize(("where", "code"), PYTHON, ids=[where for where, _ in PYTHON])
 def test_python_snippet_runs_as_pasted(where, code, tmp_path, request):
     if "LLM(" in code and not torch.cuda.is_available():
-        pytest.skip("starts a vLLM engine: needs a GPU and a model (see benchmarks/gpu_check.py)")
+        pytest.skip("starts a vLLM engine: needs a GPU (benchmarks/gpu_check.py runs it: check_engine_snippets)")
     paths = list(dict.fromkeys(MODEL_PATH.findall(code)))
     if paths:
         assert len(paths) <= 2, f"{where}: a snippet names at most a target and a draft, got {paths}"
