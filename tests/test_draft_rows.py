@@ -163,6 +163,21 @@ def test_strided_and_expanded_options_read_as_contiguous():
         assert torch.equal(out, expected)
 
 
+def test_bad_draft_temperatures_count_as_one_without_strict_mode():
+    """Without strict mode a draft temperature that is not > 0 (0, negative, NaN) counts as 1, as
+    for ``temperature``: the tokens of T = 1 there, on both backends (+inf stays: the uniform limit)."""
+    batch, _ = make_batch(torch.float32, "permuted", 11)
+    args = positional(batch)
+    bad = torch.tensor([0.0, -2.0, float("nan"), 0.8, float("inf"), -0.0, 1.3], device=DEVICE)
+    fixed = torch.tensor([1.0, 1.0, 1.0, 0.8, float("inf"), 1.0, 1.3], device=DEVICE)
+    for backend in ("torch", KERNEL_BACKEND):
+        sampler = RejectionSampler(backend=backend)
+        kw = dict(temperature=batch.temperature, seeds=batch.seeds, draft_rows=batch.draft_rows)
+        out = sampler.forward_ragged_from_logits(*args, **kw, draft_temperature=bad)
+        assert torch.equal(out, sampler.forward_ragged_from_logits(*args, **kw, draft_temperature=fixed))
+        assert bool(((out >= -1) & (out < V)).all())
+
+
 def entry_args():
     batch, _ = make_batch(torch.float32, "permuted", 2)
     # ids in range: strict mode checks the ids before the rows
