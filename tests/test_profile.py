@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -220,7 +221,14 @@ def test_profile_cli_runs_at_a_small_shape(tmp_path):
     assert "MODELED" in done.stdout
     (result,) = json.loads(out.read_text())["results"]
     names = [launch["name"] for launch in result["launches"]]
-    assert "finalize_kernel" in names and len(names) >= 3
+    assert "residual_partials_kernel" in names and len(names) >= 3
     for launch in result["launches"]:
         assert launch["bytes"] > 0 and launch["sass"]["registers"] > 0
     assert result["modeled"]["H100"]["graph_s"] > result["modeled"]["H100"]["floor_s"] > 0
+    # the request tail of the verification launch (its last program per request finishes it) is
+    # measured on its own, one program per request, and pays no launch latency of its own
+    (tail,) = [launch for launch in result["launches"] if launch["tail"]]
+    assert tail["name"] == "rejection_tail" and tail["grid"] == [2]
+    assert names[names.index("rejection_tail") - 1] == "residual_partials_kernel"
+    h100 = result["modeled"]["H100"]
+    assert h100["graph_s"] == pytest.approx(h100["kernels_s"] + (len(names) - 1) * 1e-6)

@@ -72,17 +72,23 @@ MAX_VOCAB_BLOCKS = 256
 
 
 def vocab_split(
-    vocab_size: int, num_requests: int, device: torch.device, block_v: int | None = None, num_blocks: int | None = None
+    vocab_size: int,
+    num_requests: int,
+    device: torch.device,
+    block_v: int | None = None,
+    num_blocks: int | None = None,
+    wide_steps: bool = False,
 ) -> VocabSplit:
     """Split V across NB program instances per request so that B * NB fills the GPU (about
     four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes.
 
-    ``block_v`` / ``num_blocks`` override the choice (tests use them to cross block boundaries)."""
+    ``block_v`` / ``num_blocks`` override the choice (tests use them to cross block boundaries);
+    ``wide_steps``: see :func:`plan_vocab_split`."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        # The interpreter runs programs one by one: few blocks there, but more than one.
-        return plan_vocab_split(vocab_size, num_requests, 4 * _num_sms(index), 1024, block_v, num_blocks)
-    return plan_vocab_split(vocab_size, num_requests, 2, 512, block_v, num_blocks)
+        return plan_vocab_split(vocab_size, num_requests, 4 * _num_sms(index), 1024, block_v, num_blocks, wide_steps)
+    # The interpreter runs programs one by one: few blocks there, but more than one.
+    return plan_vocab_split(vocab_size, num_requests, 2, 512, block_v, num_blocks, wide_steps)
 
 
 #: the vector widths a launch can use: a changing batch size reaches at most these three
@@ -96,11 +102,18 @@ def plan_vocab_split(
     widest: int,
     block_v: int | None = None,
     num_blocks: int | None = None,
+    wide_steps: bool = False,
 ) -> VocabSplit:
     """:func:`vocab_split` for a device that should run ``target_programs`` programs at once and
-    vector steps of at most ``widest`` (1024 on CUDA). Pure: tests enumerate it."""
+    vector steps of at most ``widest`` (1024 on CUDA). Pure: tests enumerate it.
+
+    ``wide_steps`` keeps steps of ``widest`` at every B (4 warps on CUDA) instead of narrowing
+    them at small B: for a launch whose last program per request finishes the request, a tail
+    that runs on the program's warps."""
     if num_blocks is None:
         num_blocks = -(-target_programs // max(num_requests, 1))
+    if block_v is None and wide_steps:
+        block_v = widest
     if block_v is None:
         # Wide vector steps when each program has a long chunk, narrower ones (down to 256) when
         # the vocabulary must be cut finely to fill the GPU at small B.

@@ -12,9 +12,12 @@ Launches with fixed grids (CUDA-graph friendly, no host synchronisation):
    needs its pass (every threshold h_m needs Z_m); with point-mass drafts Z_m has a closed form,
    so each program computes the accepted length tau itself and only position tau's programs
    read the vocabulary;
-3. ``block_finalize_kernel`` grid (B,): sums the mass partials into Z_m, computes the
-   thresholds, the accepted length tau (the last m with u_m < h_m), combines position tau's race
-   partials in block order (ties to the lowest index, as torch.argmax) and writes the row.
+   The last of request b's (K+1) * NB programs to finish (an arrival counter:
+   :func:`spec_samplers.kernels.common.last_to_arrive`) then finishes the request
+   (:func:`block_finish`): sums the mass partials into Z_m, computes the thresholds, the accepted
+   length tau (the last m with u_m < h_m), races position tau's group sums (the two-level race
+   of :func:`spec_samplers.kernels.verify_kernels.race_recovered`) and writes the row; the
+   partials are read in a fixed order, so which program finishes does not change a token.
 
 Cost against token-wise rejection: rejection reads one (q, p) vocabulary row pair per request,
 and only when a draft is rejected; block verification with full drafts reads all k_b row pairs
@@ -36,7 +39,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import verify_kernels as vk
-from spec_samplers.kernels.common import row_offset
+from spec_samplers.kernels.common import last_to_arrive, row_offset
 from spec_samplers.kernels.rng import random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
 
@@ -77,10 +80,28 @@ def block_tau(pos, n, valid, rho_vec, mass, seed, offset):
 
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
 # unspecialised so that a new batch size reuses the compiled variant.
-@triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
+@triton.jit(do_not_specialize=["num_rows", "chunk", "NB", "NB_AMAX"])
 def block_partials_kernel(
-    seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
+    seqs,
+    req,
+    parts,
+    out_ptr,  # [B, K+1] int64, written by the last program of each request
+    arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    NB_AMAX,  # vocab blocks of the greedy argmax partials (parts[3:5]): the statistics pass's, for logits
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    TAIL_K: tl.constexpr,
+    TAIL_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
+    """Program (b, m, blk): position m's partials over vocab block blk, then, in the last of
+    request b's (K+1) * NB programs, :func:`block_finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX).
+    Without ``arrivals`` (the cost model's partials-only variant) no request is finished."""
     cu_ptr, _, _, _, _, _, _ = req
     target, draft, _ = seqs
     stride_b, stride_k = target[1], target[2]
@@ -104,13 +125,27 @@ def block_partials_kernel(
         drafts = (pos, x, valid, rho_vec)
         flags = (RAGGED, True, PRECISE)
         vk.residual_pass(rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), flags, BLOCK_V)
+    if arrivals is not None:
+        if last_to_arrive(arrivals + b, (K + 1) * NB):
+            block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
-@triton.jit(do_not_specialize=["num_rows", "NB"])  # as block_partials_kernel
-def block_finalize_kernel(
-    seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
+@triton.jit
+def block_finish(
+    seqs,
+    req,
+    parts,
+    out_ptr,
+    K,
+    V,
+    num_rows,
+    NB,
+    NB_AMAX,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
-    """Writes out_ptr [B, K+1] int64."""
+    """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64."""
     cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
     mass_ptr, _, _, _, _ = parts
     _, draft, _ = seqs
@@ -133,7 +168,7 @@ def block_finalize_kernel(
     j = block_tau(pos, n, valid, rho_vec, mass, seed, offset)
     greedy_token = -1
     if greedy_ptr is not None:
-        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB, temp_ptr is not None)
+        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB_AMAX, temp_ptr is not None)
         greedy_ok = valid & (x == target_argmax) & row_ok
         j = tl.where(greedy, vk.first_rejection(greedy_ok, pos, n, BLOCK_K), j)
     j = tl.minimum(j, n)  # a malformed ragged request (k_b = -1) emits no token

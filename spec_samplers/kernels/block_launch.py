@@ -21,8 +21,7 @@ from spec_samplers.layout import VerifyBatch
 BLOCK = VerifyKernels(
     "block verification",
     bk.block_partials_kernel,
-    bk.block_finalize_kernel,
-    ("block_partials", "block_finalize"),
+    "block_partials",
     True,
     {"enable_fp_fusion": False},
 )

@@ -211,3 +211,22 @@ def draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, R
     in_req = (pos < n) & row_ok
     ids = tl.load(ids_ptr + id_off, mask=in_req, other=-1).to(tl.int64)
     return ids, in_req & (ids >= 0) & (ids < V)
+
+
+@triton.jit
+def last_to_arrive(counter_ptr, expected):
+    """Whether this program is the last of the ``expected`` programs sharing the int32 counter
+    at ``counter_ptr`` to get here: the one that may read what all of them stored.
+
+    Every thread's stores precede the arrival (a CTA barrier), and the arrival is one atomic
+    with acquire-release semantics at GPU scope (Triton issues a scalar atomic from one thread
+    and broadcasts its result through a barrier): the last program sees every other program's
+    stores, as in CUTLASS's semaphore and PyTorch Inductor's grid barrier. The last program
+    resets the counter, so it is 0 again for the next launch on the stream
+    (:func:`spec_samplers.kernels.launch_common.arrival_counters`)."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    last = ticket == expected - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    return last

@@ -92,6 +92,32 @@ def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype)
     return tuple(torch.empty(shape, dtype=dtype, device=device) for dtype in dtypes)
 
 
+#: (device, stream) -> int32 arrival counters, all 0 between launches (the last program resets its own)
+_ARRIVALS: dict[tuple[str, int | None, int], torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """[>= n] int32 zeros: one arrival counter per request for a launch whose last program per
+    request finishes it (:func:`spec_samplers.kernels.common.last_to_arrive`).
+
+    The last program resets its counter, so a buffer is all zero again when its launch ends and
+    one buffer serves every launch of its stream in turn: one per (device, stream), no memset
+    per call. Two launches that may run at once must be on different streams (they are then
+    given different buffers). A buffer too small is replaced by a larger one, except while a
+    CUDA graph is being captured: the graph then gets its own zeroed buffer (a memset node)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _ARRIVALS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    size = max(1024, 1 << max(n - 1, 0).bit_length())
+    fresh = torch.zeros(size, dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return fresh
+    _ARRIVALS[key] = fresh
+    return fresh
+
+
 def precise_math() -> bool:
     """libdevice exp/log when compiled; the interpreter has no libdevice."""
     return not interpreting()

@@ -1,6 +1,6 @@
 """Triton kernels of lossless rejection sampling (docs/design.md section 3), both layouts.
 
-Three launches with fixed grids (CUDA-graph friendly, no host synchronisation):
+Fixed grids (CUDA-graph friendly, no host synchronisation):
 
 1. ``argmax_partials_kernel`` grid (B, K+1, NB), only when greedy rows may exist: per vocab block,
    (max, argmax) of q_i for every position of greedy requests (random requests exit at once).
@@ -8,15 +8,18 @@ Three launches with fixed grids (CUDA-graph friendly, no host synchronisation):
    position j from gathered scalars, then reads its vocab block of q_j (and p_j) once, storing
    the fp64 race-group sums of the residual (q_j - p_j)+ and of q_j (the zero-mass fallback).
    No random numbers are drawn there. Requests that accept everything (with a valid bonus id),
-   and greedy requests, exit without reading the vocabulary.
-3. ``finalize_kernel`` grid (B,): recomputes j, runs the two-level race
+   and greedy requests, exit without reading the vocabulary. The last of a request's NB
+   programs to finish (an arrival counter: :func:`spec_samplers.kernels.common.last_to_arrive`)
+   then finishes the request (:func:`finish`): recomputes j, runs the two-level race
    (:func:`spec_samplers.kernels.verify_kernels.race_recovered`: level 1 over the group sums,
    level 2 over the one chosen group, re-read) and writes the output row.
 
-NB vocab blocks per request keep the GPU busy at B = 1; the combination is a second kernel, not
-atomics, so results do not depend on scheduling. The tuple arguments (seqs, req, parts) and the
-flags that follow from absent tensors are described in :mod:`spec_samplers.kernels.verify_kernels`;
-here ``parts`` holds one partial per (request, vocab block), [B, NB] each.
+NB vocab blocks per request keep the GPU busy at B = 1. The request is finished in the same
+launch (one CUDA-graph node fewer than a separate finalize kernel); whichever program finishes
+it reads the partials in the same fixed order, so results do not depend on scheduling. The
+tuple arguments (seqs, req, parts) and the flags that follow from absent tensors are described
+in :mod:`spec_samplers.kernels.verify_kernels`; here ``parts`` holds one partial per (request,
+vocab block), [B, NB] each.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import verify_kernels as vk
-from spec_samplers.kernels.common import clean, fold_argmax, request_span, row_offset
+from spec_samplers.kernels.common import clean, fold_argmax, last_to_arrive, request_span, row_offset
 from spec_samplers.kernels.rng import random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
 
@@ -77,10 +80,28 @@ def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_
 
 
 # num_rows (T), chunk and NB follow the batch size: left unspecialised (as above).
-@triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
+@triton.jit(do_not_specialize=["num_rows", "chunk", "NB", "NB_AMAX"])
 def residual_partials_kernel(
-    seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
+    seqs,
+    req,
+    parts,
+    out_ptr,  # [B, K+1] int64, written by the last program of each request
+    arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    NB_AMAX,  # vocab blocks of the greedy argmax partials (parts[3:5]): the statistics pass's, for logits
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    TAIL_K: tl.constexpr,
+    TAIL_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
+    """Program (b, blk): the residual partials of vocab block blk, then, in the last of request
+    b's NB programs, :func:`finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX: its tile). Without
+    ``arrivals`` (the cost model's partials-only variant) no request is finished."""
     cu_ptr, _, _, _, _, _, _ = req
     RAGGED: tl.constexpr = cu_ptr is not None
     target, _, _ = seqs
@@ -95,14 +116,27 @@ def residual_partials_kernel(
         blk = tl.program_id(1)
         drafts = (pos, x, valid, 1.0)  # no rho: the residual is not scaled
         vk.residual_pass(rq, j, drafts, seqs, parts, b * NB + blk, b, (blk, chunk), (RAGGED, False, PRECISE), BLOCK_V)
+    if arrivals is not None:
+        if last_to_arrive(arrivals + b, NB):
+            finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
-# num_rows (T) and NB follow the batch size: left unspecialised (as above).
-@triton.jit(do_not_specialize=["num_rows", "NB"])
-def finalize_kernel(
-    seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
+@triton.jit
+def finish(
+    seqs,
+    req,
+    parts,
+    out_ptr,
+    K,
+    V,
+    num_rows,
+    NB,
+    NB_AMAX,
+    BLOCK_K: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
-    """Writes out_ptr [B, K+1] int64."""
+    """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64."""
     cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
     RAGGED: tl.constexpr = cu_ptr is not None
     rq = vk.open_request(req, K, V, num_rows)
@@ -113,7 +147,7 @@ def finalize_kernel(
     if greedy_ptr is not None:
         greedy = vk.request_greedy(req, b)
         blocks = tl.arange(0, BLOCK_NB)
-        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB, temp_ptr is not None)
+        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB_AMAX, temp_ptr is not None)
         accepted = tl.where(greedy, valid & (x == target_argmax) & row_ok, accepted)
     j = vk.first_rejection(accepted, pos, n, BLOCK_K)
     if greedy_ptr is not None:

@@ -17,9 +17,7 @@ from spec_samplers.kernels.verify_launch import VerifyKernels, plan_verify
 from spec_samplers.layout import VerifyBatch
 
 #: one residual pass per request (at its first rejection), partials [B, NB]
-REJECTION = VerifyKernels(
-    "rejection sampling", rk.residual_partials_kernel, rk.finalize_kernel, ("residual_partials", "finalize"), False
-)
+REJECTION = VerifyKernels("rejection sampling", rk.residual_partials_kernel, "residual_partials", False)
 
 
 def plan_rejection(batch: VerifyBatch, split: VocabSplit | None = None) -> tuple[list[lc.KernelLaunch], torch.Tensor]:

@@ -1,7 +1,8 @@
 """The launch plan shared by rejection sampling and block verification: the same inputs, the
-same tuple arguments (:mod:`spec_samplers.kernels.verify_kernels`), a partials kernel over the
-vocabulary and a per-request finalize kernel; they differ in their kernels and in whether the
-vocabulary partials are per request or per (request, position).
+same tuple arguments (:mod:`spec_samplers.kernels.verify_kernels`), one partials kernel over the
+vocabulary whose last program per request finishes that request (an arrival counter: no
+separate finalize launch); they differ in their kernels and in whether the vocabulary partials
+are per request or per (request, position).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from spec_samplers import rng
 from spec_samplers.errors import input_error
 from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
-from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2
+from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
 from spec_samplers.layout import VerifyBatch
 
 
@@ -24,33 +25,40 @@ class VerifyKernels:
     """What one verification method launches."""
 
     method: str  # for messages
-    partials: Any  # triton JITFunction: (seqs, req, parts, K, V, num_rows, chunk, NB, BLOCK_K, BLOCK_V, PRECISE)
-    finalize: Any  # triton JITFunction: (seqs, req, parts, out_ptr, K, V, num_rows, NB, BLOCK_K, BLOCK_NB, PRECISE)
-    names: tuple[str, str]  # launch names of partials and finalize
+    #: triton JITFunction: (seqs, req, parts, out_ptr, arrivals, K, V, num_rows, chunk, NB, BLOCK_K,
+    #: BLOCK_V, TAIL_K, TAIL_NB, PRECISE); its last program per request writes the output row
+    partials: Any
+    name: str  # launch name
     #: partials per (request, position), grid (B, K+1, NB), each program seeing positions 0..K;
     #: else per request, grid (B, NB), each program seeing the K draft positions
     per_position: bool
-    options: dict[str, Any] = field(default_factory=dict)  # compile options of both launches
+    options: dict[str, Any] = field(default_factory=dict)  # compile options of the launch
 
 
 def plan_verify(
     batch: VerifyBatch, split: VocabSplit | None, kernels: VerifyKernels
 ) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
-    """The launches of one call and the [B, K+1] int64 output they fill."""
+    """The launches of one call and the [B, K+1] int64 output they fill. ``split`` (tests)
+    overrides the vocabulary split of every pass."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
     start = lc.plan_start(batch, split, batch.draft)
-    out, split, launches, stats, amax = start.out, start.split, start.launches, start.stats, start.amax
-    if split is None:
+    out, launches, stats, amax = start.out, start.launches, start.stats, start.amax
+    if start.split is None:
         return [], out
     if batch.seeds is None:
         raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
-    NB, device = split.num_blocks, out.device
+    device = out.device
+    # The statistics pass (logits) keeps its split. This pass takes the widest vector step at
+    # every B: its last program per request finishes that request, on the program's warps (4).
+    pass_split = split if split is not None else vocab_split(V, B, device, wide_steps=True)
+    NB, amax_nb = pass_split.num_blocks, start.split.num_blocks
     # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
     # (verify_kernels.request_greedy), so no eager comparison op runs per call
     is_greedy = batch.temperature if batch.temperature is not None else batch.is_greedy
     if batch.temperature is None and is_greedy is not None:
         amax = lc.partials(device, (B, K + 1, NB), torch.float32, torch.int32)
+        amax_nb = NB  # the argmax partials below take the pass's split
     seqs = (
         lc.rows(layout, start.target, stats["t_stats_ptr"]),
         lc.rows(layout, start.draft, stats["d_stats_ptr"], start.draft_index, batch.draft_temperature),
@@ -65,16 +73,27 @@ def plan_verify(
     parts = lc.partials(device, shape, torch.float32) + lc.partials(device, groups, torch.float64, torch.float64) + amax
     dims = dict(K=K, V=V, num_rows=layout.num_rows, NB=NB)
     if batch.temperature is None and is_greedy is not None:
-        args = dict(target=seqs[0], req=req, parts=parts, **dims, chunk=split.chunk, BLOCK_V=split.block_v)
+        args = dict(target=seqs[0], req=req, parts=parts, **dims, chunk=pass_split.chunk, BLOCK_V=pass_split.block_v)
         launches.append(lc.KernelLaunch(rk.argmax_partials_kernel, (B, K + 1, NB), args, name="argmax_partials"))
-    shared = dict(seqs=seqs, req=req, parts=parts, **dims, PRECISE=lc.precise_math())
     positions = K + 1 if kernels.per_position else max(K, 1)
-    args = dict(shared, chunk=split.chunk, BLOCK_K=triton_next_pow2(positions), BLOCK_V=split.block_v)
+    tail_k, tail_nb, _ = combine_blocks(K + 1, max(NB, amax_nb))
+    args = dict(
+        seqs=seqs,
+        req=req,
+        parts=parts,
+        out_ptr=out,
+        arrivals=lc.arrival_counters(device, B),
+        **dims,
+        NB_AMAX=amax_nb,
+        chunk=pass_split.chunk,
+        BLOCK_K=triton_next_pow2(positions),
+        BLOCK_V=pass_split.block_v,
+        TAIL_K=tail_k,
+        TAIL_NB=tail_nb,
+        PRECISE=lc.precise_math(),
+    )
     # one warp per 256 entries of a vector step (as the statistics pass): each thread then loads
     # 8 consecutive entries, 128 bits of bf16, also at the narrow steps of small batches
-    warps = max(1, split.block_v // 256)
-    launches.append(lc.KernelLaunch(kernels.partials, shape, args, warps, kernels.names[0], dict(kernels.options)))
-    block_k, block_nb, warps = combine_blocks(K + 1, NB)
-    args = dict(shared, out_ptr=out, BLOCK_K=block_k, BLOCK_NB=block_nb)
-    launches.append(lc.KernelLaunch(kernels.finalize, (B,), args, warps, kernels.names[1], dict(kernels.options)))
+    warps = max(1, pass_split.block_v // 256)
+    launches.append(lc.KernelLaunch(kernels.partials, shape, args, warps, kernels.name, dict(kernels.options)))
     return launches, out

@@ -109,7 +109,7 @@ def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, An
     pairs = list(zip(_match(full["launches"], runs[0]), _match(full["launches"], runs[1])))
     launches = []
     for launch, (a, b) in zip(full["launches"], pairs):
-        row: dict[str, Any] = {k: launch[k] for k in ("name", "module", "grid", "programs", "num_warps")}
+        row: dict[str, Any] = {k: launch[k] for k in ("name", "module", "grid", "programs", "num_warps", "tail")}
         if a is None or b is None:
             row["error"] = "not launched at the small shape: bytes not counted"
             launches.append(row)
@@ -147,7 +147,8 @@ def table(results: list[dict[str, Any]]) -> str:
         mb = (r["kernel_bytes"] + e["bytes"]) / 1e6
         traffic = m["H100"].get("graph_over_traffic_floor")
         lines.append(
-            f"| {r['workload']} | {s['batch_size']} | {s['k']} | {s['vocab_size']} | {len(r['launches'])} "
+            f"| {r['workload']} | {s['batch_size']} | {s['k']} | {s['vocab_size']} "
+            f"| {sum(not launch.get('tail') for launch in r['launches'])} "
             f"| {e['count']} ({e['vocab_sized']}) | {mb:.1f} "
             f"| {_us(m['H100']['eager_s'])} | {_us(m['H100']['graph_s'])} "
             f"| {_us(m['H200']['eager_s'])} | {_us(m['H200']['graph_s'])} | {_us(m['H100']['floor_s'])} "
@@ -179,8 +180,9 @@ def launch_table(result: dict[str, Any]) -> str:
             if key.startswith("ldg_"):
                 widths[key[4:]] += n
         loads = ", ".join(f"{k}x{v}" for k, v in sorted(widths.items()))
+        name = f"{r['name']} (tail of the launch above)" if r.get("tail") else r["name"]
         lines.append(
-            f"| {r['name']} | {tuple(r['grid'])} | {r['num_warps']} | {r['bytes'] / 1e6:.2f} "
+            f"| {name} | {tuple(r['grid'])} | {r['num_warps']} | {r['bytes'] / 1e6:.2f} "
             f"| {sass.get('registers', '?')} | {sass.get('spill_instructions', '?')} "
             f"| {sass.get('shared_bytes', '?')} | {sass.get('occupancy', 0):.2f} "
             f"| {_per(pe, 'total', 1)} | {_per(pe, 'int_mul', 2)} | {_per(pe, 'fp32', 1)} "

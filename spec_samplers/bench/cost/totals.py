@@ -16,7 +16,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Totals of one call: its launches (with ``modeled`` kernel times) and eager ops at full
     shape; eager ops move their bytes at the bandwidth, every launch and data-moving op pays the
-    launch latency (eager or CUDA-graph)."""
+    launch latency (eager or CUDA-graph), except a request tail measured on its own (it runs
+    inside the launch before it: :mod:`.tails`)."""
     moving = [op for op in eager if op["bytes_read"] + op["bytes_written"] > 0]
     itemsize = DTYPES[shape.dtype].itemsize
     design_bytes = (
@@ -28,7 +29,7 @@ def summarize(
     for name, hw in model.HARDWARE.items():
         kernel_s = sum(r["modeled"][name]["kernel_s"] for r in launches if "modeled" in r)
         eager_s = sum((op["bytes_read"] + op["bytes_written"]) / hw.bandwidth for op in moving)
-        count = len(launches) + len(moving)
+        count = sum(not r.get("tail") for r in launches) + len(moving)
         floor = model.byte_floor(hw, shape.batch_size, shape.vocab_size, itemsize)
         totals[name] = {
             "eager_s": kernel_s + eager_s + count * hw.launch_eager,

@@ -35,6 +35,8 @@ class Launch:
     grid: tuple[int, ...]
     #: index of the eager op recorded just before this launch (the launch order among eager ops)
     after_op: int = -1
+    #: the request tail of the launch before it, measured on its own (:mod:`.tails`)
+    tail: bool = False
 
     @property
     def name(self) -> str:
@@ -82,6 +84,34 @@ class Launch:
         return found
 
 
+def without(launch: Launch, argument: str) -> Launch:
+    """The same launch with ``argument`` None (a variant of the kernel without what it enables)."""
+    params = list(inspect.signature(launch.kernel.fn).parameters)
+    args = tuple(None if i < len(params) and params[i] == argument else a for i, a in enumerate(launch.args))
+    kwargs = {k: (None if k == argument else v) for k, v in launch.kwargs.items()}
+    return Launch(launch.kernel, args, kwargs, launch.grid, launch.after_op)
+
+
+def _measured(launch: Launch) -> list[Launch]:
+    """The launches that measure ``launch``: itself, or for a launch whose last program per
+    request finishes it, the kernel without that tail and then the tail alone, one program per
+    request (:mod:`.tails`; both run, so the call's output is still written)."""
+    from spec_samplers.bench.cost.tails import ARRIVALS, TAILS
+
+    tail_kernel = TAILS.get(launch.name)
+    named = launch.bound()
+    if tail_kernel is None or named.get(ARRIVALS) is None:
+        return [launch]
+    params = list(inspect.signature(launch.kernel.fn).parameters)
+    args = {p: (None if p == ARRIVALS else v) for p, v in named.items()}
+    options = {k: v for k, v in launch.kwargs.items() if k not in params}
+    tail_params = inspect.signature(tail_kernel.fn).parameters
+    tail_args = {p: v for p, v in named.items() if p in tail_params}
+    body = Launch(launch.kernel, (), {**args, **options}, launch.grid, launch.after_op)
+    tail = Launch(tail_kernel, (), {**tail_args, **options}, (launch.grid[0],), launch.after_op, True)
+    return [body, tail]
+
+
 def _grid(grid: Any, launch_args: dict[str, Any]) -> tuple[int, ...]:
     if callable(grid):
         grid = grid(launch_args)
@@ -105,10 +135,11 @@ def recording(execute: bool, ops: EagerOps | None = None) -> Iterator[list[Launc
                 return original(self, *args, grid=grid, warmup=warmup, **kwargs)
             launch = Launch(self, args, kwargs, (), len(ops.records) - 1 if ops is not None else -1)
             launch.grid = _grid(grid, {**launch.bound(), **kwargs})
-            launches.append(launch)
-            if execute:
-                with ops.paused() if ops is not None else contextlib.nullcontext():
-                    return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            for part in _measured(launch):
+                launches.append(part)
+                if execute:
+                    with ops.paused() if ops is not None else contextlib.nullcontext():
+                        originals[cls](part.kernel, *part.args, grid=part.grid, warmup=False, **part.kwargs)
             return None
 
         return run
