@@ -123,8 +123,10 @@ def block_partials_kernel(
         blk = tl.program_id(2)
         row_slot = b * (K + 1) + m
         drafts = (pos, x, valid, rho_vec)
-        flags = (RAGGED, True, PRECISE)
-        vk.residual_pass(rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), flags, BLOCK_V)
+        # the flags tuple inline: Triton 3.6 loses the constexprs of a tuple variable bound in an if
+        vk.residual_pass(
+            rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), (RAGGED, True, PRECISE), BLOCK_V
+        )
     if arrivals is not None:
         if last_to_arrive(arrivals + b, (K + 1) * NB):
             block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
@@ -175,5 +177,5 @@ def block_finish(
     if greedy_ptr is not None:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
     drafts = (pos, x, valid, rho_vec)
-    flags = (RAGGED, True, PRECISE)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, flags)
+    # the flags tuple inline (see block_partials_kernel)
+    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, (RAGGED, True, PRECISE))
