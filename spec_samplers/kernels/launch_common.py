@@ -133,7 +133,7 @@ def plan_softmax_stats(
     draft_index: torch.Tensor | None = None,  # [T] int32/int64: indexed draft rows (VerifyBatch.draft_rows)
     draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
-    """Fused-softmax row statistics. Returns (launches, argmax partials [B, K+1, NB] fp32 and
+    """Fused-softmax row statistics (one launch). Returns (launches, argmax partials [B, K+1, NB] fp32 and
     int32, {t_stats_ptr, d_stats_ptr}). With ``draft_index`` the draft is an [N, V] matrix
     whose rows the index picks; ``draft_temperature`` is the draft rows' T.
 
@@ -167,23 +167,26 @@ def plan_softmax_stats(
         parts=parts,
         V=layout.vocab_size,
     )
-    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    _, block_nb, _ = combine_blocks(K + 1, NB)
     launches = [
         KernelLaunch(
             sk.softmax_partials_kernel,
             grid,
-            dict(args, **dims, chunk=split.chunk, BLOCK_V=split.block_v),
+            dict(
+                args,
+                stats=stats,
+                arrivals=arrival_counters(device, B * (K + 1)),  # one per (request, position)
+                **dims,
+                chunk=split.chunk,
+                BLOCK_V=split.block_v,
+                TAIL_NB=block_nb,
+                PRECISE=precise_math(),
+            ),
             # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
-            # cross-warp reduction for the small-batch split's BLOCK_V = 256
+            # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program
+            # of each (request, position) combines its rows' blocks (no second launch)
             num_warps=max(1, split.block_v // 256),
             name="softmax_partials",
-        ),
-        KernelLaunch(
-            sk.softmax_combine_kernel,
-            (B,),
-            dict(req=req, parts=parts, stats=stats, **dims, BLOCK_K=block_k, BLOCK_NB=block_nb, PRECISE=precise_math()),
-            num_warps=warps,
-            name="softmax_combine",
         ),
     ]
     if filters is not None and filters.filtered:

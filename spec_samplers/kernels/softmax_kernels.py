@@ -7,8 +7,12 @@ lane keeps its own online (max, sum, where its max was first seen), one exp2 per
 lanes combine once per block: 16 SASS instructions per element on sm_90 (bf16, 128-bit loads;
 benchmarks/results/2026-11-26-sm90-softmax-sass.md). The max and argmax are exact; the sum
 differs from torch's in rounding only (order, exp2 and 1 / T; docs/contract.md).
-``softmax_combine_kernel`` grid (B,): combines blocks into the per-row statistics (max, sum,
-cut = 0), [B, K+1, 3] (layout: :func:`spec_samplers.kernels.common.row_stats`).
+The last of the NB programs of a (request, position) to finish (an arrival counter:
+:func:`spec_samplers.kernels.common.last_to_arrive`) combines their blocks into the per-row
+statistics (max, sum, cut = 0) of that position's target and draft rows, [B, K+1, 3] (layout:
+:func:`spec_samplers.kernels.common.row_stats`; :func:`combine_position`): one launch, the
+B * (K+1) small combines in parallel, and the blocks combined in a fixed order whichever
+program does it.
 Logits are read once here and once more where the consumers need q. Temperature 0 marks a
 greedy request: its statistics use T = 1 and only its argmax is used. The limits (+inf logits,
 T = +inf, rows all -inf) follow :func:`spec_samplers.torch_ops.probs_from_logits`.
@@ -19,7 +23,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.common import indexed_row_offset, logits_scale, request_span, row_offset, rule_max, weights
+from spec_samplers.kernels.common import (
+    indexed_row_offset,
+    last_to_arrive,
+    logits_scale,
+    request_span,
+    row_offset,
+    rule_max,
+    weights,
+)
 
 
 @triton.jit
@@ -100,14 +112,32 @@ def row_partials(ptr, off, lo, hi, temp, BLOCK_V: tl.constexpr):
 # num_rows (T), chunk and NB follow the batch size, which changes every engine step: left
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
-def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
+def softmax_partials_kernel(
+    target,
+    draft,
+    req,
+    parts,
+    stats,
+    arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    BLOCK_V: tl.constexpr,
+    TAIL_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
     """``target``: (ptr, stride_b, stride_k) of the logits rows; ``draft``: (ptr, stride_b,
     stride_k, index_ptr, num_index_rows), index_ptr the [T] rows of an [N, V] matrix
     (N = num_index_rows) that indexed draft rows read
     (:func:`spec_samplers.kernels.common.indexed_row_offset`, else None; all None without a
     draft); ``req`` = (cu_ptr, temp_ptr, draft_temp_ptr): [B] ragged counts (None padded), [B] T,
     [B] T of the draft rows (None: T); ``parts`` = (target max, target sum, draft max, draft sum,
-    logit max, logit argmax), [B, K+1, NB] fp32 (int32 argmax)."""
+    logit max, logit argmax), [B, K+1, NB] fp32 (int32 argmax); ``stats`` = (target, draft)
+    [B, K+1, 3], written by the last of the NB programs of each (request, position)
+    (:func:`combine_position`, rows of TAIL_NB >= NB partials); without ``arrivals`` (the cost model's partials-only
+    variant) nothing combines them."""
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
@@ -135,47 +165,46 @@ def softmax_partials_kernel(target, draft, req, parts, K, V, num_rows, chunk, NB
             m, s, _, _ = row_partials(draft[0], d_off, lo, hi, d_temp, BLOCK_V)
             tl.store(parts[2] + slot, m)
             tl.store(parts[3] + slot, s)
+    if arrivals is not None:
+        if last_to_arrive(arrivals + b * (K + 1) + i, NB):
+            combine_position(req, parts, stats, K, num_rows, NB, TAIL_NB, PRECISE)
 
 
 @triton.jit
-def _combine(m_ptr, s_ptr, stats_ptr, b, K, pos, slots, mask, temp, PRECISE: tl.constexpr):
-    """Combine the block partials of rows (b, pos) and store their (max, sum, cut = 0): each
-    block's sum weighs the rule's weight of its max (:func:`spec_samplers.kernels.common.weights`)."""
-    m = tl.load(m_ptr + slots, mask=mask, other=float("-inf"))
-    s = tl.load(s_ptr + slots, mask=mask, other=0.0)
-    row_max = tl.max(m, axis=1)
+def _combine_row(m_ptr, s_ptr, stats_ptr, row, NB, ok, temp, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr):
+    """Combine the NB block partials of flat row ``row`` (none when not ``ok``) and store its
+    (max, sum, cut = 0): each block's sum weighs the rule's weight of its max
+    (:func:`spec_samplers.kernels.common.weights`)."""
+    blocks = tl.arange(0, BLOCK_NB)
+    # (scalar & vector masks trip the interpreter: fold the row test into the bound)
+    mask = blocks < tl.where(ok, NB, 0)
+    m = tl.load(m_ptr + row * NB + blocks, mask=mask, other=float("-inf"))
+    s = tl.load(s_ptr + row * NB + blocks, mask=mask, other=0.0)
+    row_max = tl.max(m, axis=0)
     # empty partials (m = -inf, s = 0) and rows all -inf give 0, never NaN
-    w = tl.where(mask, s * weights(m, rule_max(row_max)[:, None], logits_scale(temp), PRECISE), 0.0)
-    row = stats_ptr + (b * (K + 1) + pos) * 3
-    tl.store(row, row_max, mask=pos <= K)
-    tl.store(row + 1, tl.sum(w, axis=1), mask=pos <= K)
-    tl.store(row + 2, tl.zeros_like(row_max), mask=pos <= K)  # no truncation: keep every entry
+    w = tl.where(mask, s * weights(m, rule_max(row_max), logits_scale(temp), PRECISE), 0.0)
+    tl.store(stats_ptr + row * 3, row_max)
+    tl.store(stats_ptr + row * 3 + 1, tl.sum(w, axis=0))
+    tl.store(stats_ptr + row * 3 + 2, 0.0)  # no truncation: keep every entry
 
 
-# num_rows (T) and NB follow the batch size: left unspecialised (as above).
-@triton.jit(do_not_specialize=["num_rows", "NB"])
-def softmax_combine_kernel(
-    req, parts, stats, K, num_rows, NB, BLOCK_K: tl.constexpr, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr
-):
-    """``req``, ``parts`` as softmax_partials_kernel's; writes ``stats`` = (target, draft)
-    [B, K+1, 3] per-row (max, sum, cut) (draft None without a draft)."""
+@triton.jit
+def combine_position(req, parts, stats, K, num_rows, NB, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr):
+    """``req``, ``parts`` as softmax_partials_kernel's: writes the statistics of the target and
+    draft rows of request b = program_id(0) at position i = program_id(1) into ``stats`` =
+    (target, draft) [B, K+1, 3] per-row (max, sum, cut) (draft None without a draft)."""
     b = tl.program_id(0)
+    i = tl.program_id(1).to(tl.int64)
     RAGGED: tl.constexpr = req[0] is not None
     start, n = request_span(req[0], b, K, num_rows, RAGGED)
     temp = effective_temperature(req[1], b)
-    pos = tl.arange(0, BLOCK_K)
-    blocks = tl.arange(0, BLOCK_NB)
-    slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
-    _, t_ok = row_offset(b, pos, start, n, num_rows, 0, 0, RAGGED)
-    t_ok = t_ok & (pos <= K)
-    mask = t_ok[:, None] & (blocks < NB)[None, :]
-    _combine(parts[0], parts[1], stats[0], b, K, pos, slots, mask, temp, PRECISE)
+    row = b * (K + 1) + i
+    _, t_ok = row_offset(b, i, start, n, num_rows, 0, 0, RAGGED)
+    _combine_row(parts[0], parts[1], stats[0], row, NB, t_ok, temp, BLOCK_NB, PRECISE)
     if stats[1] is not None:
         d_temp = temp
         if req[2] is not None:
             d_temp = effective_temperature(req[2], b)
         # draft rows whose index is out of range wrote no partials: what combines here for them
         # is never read (locate_row masks such a row out, and its draft is rejected)
-        d_ok = t_ok & (pos < n)
-        mask = d_ok[:, None] & (blocks < NB)[None, :]
-        _combine(parts[2], parts[3], stats[1], b, K, pos, slots, mask, d_temp, PRECISE)
+        _combine_row(parts[2], parts[3], stats[1], row, NB, t_ok & (i < n), d_temp, BLOCK_NB, PRECISE)

@@ -161,6 +161,18 @@ def _per(per_element: dict[str, float], key: str, digits: int) -> str:
     return f"{per_element.get(key, 0.0):.{digits}f}" if per_element else "-"
 
 
+def _resource(sass: dict[str, Any], key: str) -> str:
+    """A SASS resource of a launch; for a kernel measured without its tail, the value with the
+    tail (what the call's kernel has) after the arrow."""
+
+    def fmt(value: Any) -> str:
+        return f"{value:.2f}" if key == "occupancy" else str(value)
+
+    value = fmt(sass.get(key, "?")) if key in sass else "?"
+    fused = sass.get("fused")
+    return f"{value} -> {fmt(fused[key])}" if fused and fused[key] != sass.get(key) else value
+
+
 def launch_table(result: dict[str, Any]) -> str:
     """Per launch of one profile: grid, bytes, SASS resources, loop instructions per element."""
     head = (
@@ -183,8 +195,8 @@ def launch_table(result: dict[str, Any]) -> str:
         name = f"{r['name']} (tail of the launch above)" if r.get("tail") else r["name"]
         lines.append(
             f"| {name} | {tuple(r['grid'])} | {r['num_warps']} | {r['bytes'] / 1e6:.2f} "
-            f"| {sass.get('registers', '?')} | {sass.get('spill_instructions', '?')} "
-            f"| {sass.get('shared_bytes', '?')} | {sass.get('occupancy', 0):.2f} "
+            f"| {_resource(sass, 'registers')} | {_resource(sass, 'spill_instructions')} "
+            f"| {sass.get('shared_bytes', '?')} | {_resource(sass, 'occupancy')} "
             f"| {_per(pe, 'total', 1)} | {_per(pe, 'int_mul', 2)} | {_per(pe, 'fp32', 1)} "
             f"| {_per(pe, 'fp64', 2)} | {_per(pe, 'mufu', 2)} | {loads or '-'} "
             f"| {t['memory_s'] * 1e6:.1f} / {t['issue_s'] * 1e6:.1f} |"

@@ -35,8 +35,10 @@ class Launch:
     grid: tuple[int, ...]
     #: index of the eager op recorded just before this launch (the launch order among eager ops)
     after_op: int = -1
-    #: the request tail of the launch before it, measured on its own (:mod:`.tails`)
+    #: the tail of the launch before it, measured on its own (:mod:`.tails`)
     tail: bool = False
+    #: for the kernel measured without its tail: the launch as the call makes it (tail included)
+    fused: Any = None
 
     @property
     def name(self) -> str:
@@ -94,21 +96,21 @@ def without(launch: Launch, argument: str) -> Launch:
 
 def _measured(launch: Launch) -> list[Launch]:
     """The launches that measure ``launch``: itself, or for a launch whose last program per
-    request finishes it, the kernel without that tail and then the tail alone, one program per
-    request (:mod:`.tails`; both run, so the call's output is still written)."""
+    request (or (request, position)) finishes it, the kernel without that tail and then the tail
+    alone, one program per tail (:mod:`.tails`; both run, so the call's output is still written)."""
     from spec_samplers.bench.cost.tails import ARRIVALS, TAILS
 
-    tail_kernel = TAILS.get(launch.name)
     named = launch.bound()
-    if tail_kernel is None or named.get(ARRIVALS) is None:
+    if launch.name not in TAILS or named.get(ARRIVALS) is None:
         return [launch]
+    tail_kernel, tail_axes = TAILS[launch.name]
     params = list(inspect.signature(launch.kernel.fn).parameters)
     args = {p: (None if p == ARRIVALS else v) for p, v in named.items()}
     options = {k: v for k, v in launch.kwargs.items() if k not in params}
     tail_params = inspect.signature(tail_kernel.fn).parameters
     tail_args = {p: v for p, v in named.items() if p in tail_params}
-    body = Launch(launch.kernel, (), {**args, **options}, launch.grid, launch.after_op)
-    tail = Launch(tail_kernel, (), {**tail_args, **options}, (launch.grid[0],), launch.after_op, True)
+    body = Launch(launch.kernel, (), {**args, **options}, launch.grid, launch.after_op, fused=launch)
+    tail = Launch(tail_kernel, (), {**tail_args, **options}, launch.grid[:tail_axes], launch.after_op, True)
     return [body, tail]
 
 

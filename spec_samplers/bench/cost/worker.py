@@ -52,6 +52,10 @@ def compiled(config: dict[str, Any]) -> dict[str, Any]:
         key = sass.variant_key(launch)
         if key not in variants and config.get("sass", True):
             variants[key] = sass.compile_variant(launch)
+            if launch.fused is not None:
+                # the resources the call's kernel really has: its tail's registers count too
+                fused = sass.compile_variant(launch.fused)
+                variants[key]["fused"] = {k: fused[k] for k in ("registers", "spill_instructions", "occupancy")}
         rows.append(
             {
                 "name": launch.name,
