@@ -323,6 +323,56 @@ def check_graphs() -> list[dict]:
     return rows
 
 
+def check_arrivals(shapes=((1, 4, 128256), (64, 4, 128256), (256, 4, 32000)), repeats: int = 50) -> list[dict]:
+    """The launches whose last program per request (statistics: per (request, position)) combines
+    what the others stored (``kernels.common.last_to_arrive``): a memory-ordering fault would
+    show as tokens that change between identical calls or differ from the reference, and a
+    counter left non-zero as every later call going wrong. Repeated calls, and two streams at
+    once (each stream has its own counters), at shapes with many vocabulary blocks per request."""
+    from spec_samplers.kernels import launch_common as lc
+
+    kernel, ref = ops()
+    rows = []
+    for B, k, V in shapes:
+        inp = make_inputs(B, k, V, DTYPES[-1], seed=7)
+        batches = verify_batches(inp)
+        for name in ("rejection", "rejection_logits", "block"):
+            if name not in batches:
+                continue
+            batch = batches[name]
+            expected = ref[name](batch)
+            first = kernel[name](batch)
+            changed = sum(int((kernel[name](batch) != first).any(dim=1).sum()) for _ in range(repeats))
+            outs = []
+            if DEVICE == "cuda":  # (the CPU test of this script has no streams)
+                for stream in (torch.cuda.Stream(), torch.cuda.Stream()):
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        outs.append([kernel[name](batch) for _ in range(5)])
+                torch.cuda.synchronize()
+            concurrent = sum(int((o != first).any(dim=1).sum()) for run in outs for o in run)
+            counters = sum(int(buf.count_nonzero()) for buf in lc._ARRIVALS.values())
+            row = {
+                "kernel": name,
+                "B": B,
+                "k": k,
+                "V": V,
+                "rows_changed_on_repeat": changed,
+                "rows_changed_on_two_streams": concurrent,
+                "rows_differing_from_reference": int((first != expected).any(dim=1).sum()),
+                "counters_left_nonzero": counters,
+            }
+            # logits: ulp-level softmax differences may flip a near-tie against the reference
+            row["ok"] = changed == 0 and concurrent == 0 and counters == 0
+            row["ok"] &= name == "rejection_logits" or row["rows_differing_from_reference"] == 0
+            rows.append(row)
+            print("arrivals", row, flush=True)
+        del inp, batches
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def _time_graph(graph: torch.cuda.CUDAGraph) -> float:
     return float(time_call(graph.replay, torch.device("cuda"), min_repeats=200, max_repeats=200)["time_s"]) * 1e6
 
@@ -593,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     equality = check_equality(**shapes)
     sampling = check_sampling_ops(shapes["vocabs"], shapes["batches"])
     graphs = check_graphs()
+    arrivals = check_arrivals()
     engine_snippets = check_engine_snippets()
     print("engine snippets", engine_snippets, flush=True)
     sampling_t: dict = {}
@@ -617,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sampling_timings": sampling_t,
                 "fused_params_timings": fused_t,
                 "graphs": graphs,
+                "arrivals": arrivals,
                 "engine_snippets": engine_snippets,
                 "timings": timings,
                 "notes": notes,
@@ -629,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in equality if not all(r[c] for c in EXACT)]
     failed += [r for r in sampling if r["ops_differing"]]
     failed += [g for g in graphs if not g["replays_equal"]]
+    failed += [a for a in arrivals if not a["ok"]]
     failed += [engine_snippets] if engine_snippets["returncode"] != 0 else []
     if failed:
         print(f"FAILED: {len(failed)} equality/graph checks", file=sys.stderr)

@@ -45,6 +45,9 @@ def test_gpu_check_equality_and_report_code_runs_on_tiny_cpu_shapes(monkeypatch)
     calls = mod._fused_and_unfused(mod.make_inputs(3, 2, 130, torch.float32, seed=1), 3, 2, 130)
     fused, unfused = calls["fused"](), calls["process_then_verify"]()
     assert fused.shape == (3, 3) and torch.equal(fused, unfused)
+    # the arrival-counter check (repeated calls, counters back at zero) runs its code here too
+    (arrivals,) = [r for r in mod.check_arrivals(shapes=((3, 2, 130),), repeats=2) if r["kernel"] == "rejection"]
+    assert arrivals["ok"] and arrivals["counters_left_nonzero"] == 0
     meta = {"gpu": "none", "date": "today", "versions": {"torch": torch.__version__}, "copy_bandwidth_GBps": 1.0}
     graphs = [
         {"kernel": "rejection", "B": 1, "k": 4, "V": 130, "dtype": "float32", "replays_equal": True, "replay_us": 5.0}
