@@ -221,7 +221,9 @@ FALLBACKS = {
     "min_p": dict(metadata=dict(logitsprocs=processors("min_p"))),
     "logit_bias": dict(metadata=dict(logitsprocs=processors("bias"))),
     "min_tokens": dict(metadata=dict(logitsprocs=processors("min_tokens"))),
-    "custom_processor": dict(metadata=dict(logitsprocs=SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[CustomProcessor()]))),  # fmt: skip
+    "custom_processor": dict(
+        metadata=dict(logitsprocs=SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[CustomProcessor()]))
+    ),  # fmt: skip
     "synthetic": dict(sampler=dict(synthetic_mode=True)),
     "fly": dict(sampler=dict(fly_window_size=2)),
     "typical_acceptance": dict(section={"acceptance_method": "typical_acceptance_sampler"}),
@@ -291,7 +293,8 @@ def test_plugin_wraps_vllms_forward_end_to_end(restore_seams):
     rs.use_fly, rs.fly_entropy_top_k = False, 3
     drafts = [[1, 2, 3], [4], [5, 6]]
     md, logits, _ = random_step(drafts, 8, 7, False)
-    expected = vllm_greedy_v1(drafts, logits[md.target_logits_indices.long()], logits[md.bonus_logits_indices.long()].argmax(-1).tolist())  # fmt: skip
+    bonus = logits[md.bonus_logits_indices.long()].argmax(-1).tolist()
+    expected = vllm_greedy_v1(drafts, logits[md.target_logits_indices.long()], bonus)
     plain = rs(md, None, logits.clone(), sampling_metadata([0.0] * 3))
     assert calls == [] and torch.equal(plain.sampled_token_ids, expected)
     top_k = rs(md, None, logits.clone(), sampling_metadata([0.0] * 3, top_k=torch.tensor([4, 4, 4])))

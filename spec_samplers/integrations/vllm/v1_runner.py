@@ -250,10 +250,11 @@ def verify_plain_step(
         out = verify_with_bonus_rows(verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds)
         return out.to(torch.int32)
     # p: vLLM's fp32 quotient (greedy rows by 1), then its softmax written over it
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    req_of_row = torch.searchsorted(cu_rows.to(torch.int64), rows, right=True)  # [T + B]
+    rows = torch.arange(logits.shape[0], device=logits.device, dtype=cu_rows.dtype)
+    req_of_row = torch.searchsorted(cu_rows, rows, right=True)  # [T + B]
     row_temp = torch.where(temperature == 0, 1.0, temperature)[req_of_row]  # [T + B]
     target_probs = torch.div(logits, row_temp[:, None])  # [T + B, V] fp32 (bf16 / fp32 promotes)
+    # in place: the softmax reads each row whole before writing it (CPU, and CUDA's row kernels)
     target_probs = torch.softmax(target_probs, dim=-1, out=target_probs)
     # q on the same rows; a bonus row's placeholder never reads its row (zeros, not garbage)
     bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
