@@ -167,6 +167,19 @@ def test_sass_reader_on_a_compiled_kernel(tmp_path):
     assert c["ldg"] == c["stg"] and c["fp32"] == 4 * c["ldg"] and c["mufu"] == c["fp64"] == 0
 
 
+def test_eager_op_counter_reads_an_out_argument_as_written():
+    """An ``out=`` tensor is written, not read: softmax over itself moves one read and one write."""
+    x, y = torch.empty(4, 1024, device=META), torch.empty(4, 1024, device=META)
+    ops = trace.EagerOps(1024)
+    with trace.recording(execute=False, ops=ops), ops:
+        torch.softmax(x, -1, out=x)
+        torch.neg(x, out=y)
+        x.exp_()
+    nbytes = x.numel() * 4
+    assert [(op.bytes_read, op.bytes_written) for op in ops.records] == [(nbytes, nbytes)] * 3
+    assert not any(op.creates_vocab_tensor for op in ops.records)
+
+
 def _seam_vocab_tensors(call) -> int:
     ops = trace.EagerOps(VOCAB)
     with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:

@@ -207,7 +207,7 @@ def plain_step(
     num_drafts = metadata.draft_token_ids.shape[0]
     if logits.dim() != 2 or logits.shape[0] != num_drafts + len(metadata.num_draft_tokens):
         return False
-    if draft_probs is None or sm.all_greedy:  # greedy verification never reads the drafts' law
+    if draft_probs is None or sm.all_greedy or num_drafts == 0:  # no draft's law to read
         return verifier.has_logits_entry
     same_shape = tuple(draft_probs.shape) == (num_drafts, logits.shape[1])
     return verifier.uses_ragged_method and same_shape and draft_probs.is_floating_point()
@@ -230,7 +230,7 @@ def verify_plain_step(
     vocabulary-sized eager tensor. Draft probabilities are verified against exactly the given q
     with the probability entry: p = softmax(logits / T) in fp32 (one tensor, the softmax written
     over the quotient; the same fp32 values as vLLM's glue: the quotient of the fp32 logits, then
-    its softmax) and q laid out on the same rows (the second tensor); greedy requests keep vLLM's
+    its softmax) and q gathered onto the same rows (the second tensor); greedy requests keep vLLM's
     greedy verification on the logits' argmax. A seeded request draws its seed from its generator
     every step: its bonus is ours now, and vLLM's Sampler draws a seeded bonus every step too."""
     sm = sampling_metadata
@@ -238,28 +238,27 @@ def verify_plain_step(
     K = metadata.max_spec_len
     cu_rows = metadata.cu_num_sampled_tokens  # [B] inclusive cumulative sum of k_r + 1
     draft_ids = metadata.draft_token_ids  # [T]
-    target_rows = metadata.target_logits_indices.to(torch.int64)  # [T]: the draft rows among the T + B
-    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID).index_copy_(0, target_rows, draft_ids)
+    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
+    ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
     if sm.all_greedy:
         placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
         out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1)[:, : K + 1]
         return out.to(torch.int32)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
-    if draft_probs is None:
+    if draft_probs is None or draft_probs.shape[0] == 0:
         out = verify_with_bonus_rows(verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds)
         return out.to(torch.int32)
     # p: vLLM's fp32 quotient (greedy rows by 1), then its softmax written over it
     rows = torch.arange(logits.shape[0], device=logits.device, dtype=cu_rows.dtype)
     req_of_row = torch.searchsorted(cu_rows, rows, right=True)  # [T + B]
-    row_temp = torch.where(temperature == 0, 1.0, temperature)[req_of_row]  # [T + B]
+    row_temp = temperature.masked_fill(temperature == 0, 1.0)[req_of_row]  # [T + B]
     target_probs = torch.div(logits, row_temp[:, None])  # [T + B, V] fp32 (bf16 / fp32 promotes)
     # in place: the softmax reads each row whole before writing it (CPU, and CUDA's row kernels)
     target_probs = torch.softmax(target_probs, dim=-1, out=target_probs)
-    # q on the same rows; a bonus row's placeholder never reads its row (zeros, not garbage)
-    bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
-    q = draft_probs.new_empty((logits.shape[0], draft_probs.shape[1])).index_copy_(0, target_rows, draft_probs)
-    q.index_fill_(0, bonus_rows, 0.0)
+    # q on the same rows, one gather: row i of request r is draft row i - r; a bonus row's
+    # placeholder draft never uses its draft row, which is then the next one (a valid law)
+    q = draft_probs[(rows - req_of_row).clamp_(max=draft_probs.shape[0] - 1)]  # [T + B, V]
     is_greedy = None if sm.all_random else temperature == 0  # [B]
     out = verify_probs_with_bonus_rows(verifier, target_probs, q, ids, cu_rows, K, seeds=seeds, is_greedy=is_greedy)
     if is_greedy is not None:
