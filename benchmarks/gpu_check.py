@@ -607,6 +607,49 @@ def check_engine_snippets() -> dict:
     return {"command": " ".join(cmd[2:]), "returncode": done.returncode, "summary": tail[0]}
 
 
+def check_v1_plain_step(vocab: int = 128256) -> dict:
+    """vLLM V1's plain-step fast path (v1_runner.verify_plain_step) on CUDA, which the CPU suite
+    cannot check: its softmax written over its input equals PyTorch's out-of-place softmax bit for
+    bit, and its greedy rows (draft probabilities, mixed batch, bf16 logits) are vLLM's greedy
+    verification of the logits' argmax."""
+    from types import SimpleNamespace
+
+    from spec_samplers.integrations.vllm import v1_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
+    from spec_samplers.registry import get_sampler
+
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(9, vocab, device=DEVICE, generator=gen).to(torch.bfloat16)
+    quotient = torch.div(x, torch.rand(9, 1, device=DEVICE, generator=gen) + 0.5)
+    expected = torch.softmax(quotient, -1)
+    softmax_in_place_equal = torch.equal(torch.softmax(quotient, -1, out=quotient), expected)
+    B, k = 8, 4
+    T = B * k
+    rows = torch.arange(T + B, device=DEVICE).view(B, k + 1)
+    logits = torch.randn(T + B, vocab, device=DEVICE, generator=gen).to(torch.bfloat16)
+    target_rows = rows[:, :k].reshape(-1)
+    argmax = logits.argmax(-1)
+    ids = torch.where(torch.rand(T, device=DEVICE, generator=gen) < 0.7, argmax[target_rows], 0).to(torch.int32)
+    spec = SimpleNamespace(
+        draft_token_ids=ids,
+        num_draft_tokens=[k] * B,
+        cu_num_draft_tokens=(torch.arange(B, device=DEVICE, dtype=torch.int32) + 1) * k,
+        cu_num_sampled_tokens=(torch.arange(B, device=DEVICE, dtype=torch.int32) + 1) * (k + 1),
+        target_logits_indices=target_rows,
+        bonus_logits_indices=rows[:, k],
+        max_spec_len=k,
+    )
+    temperature = torch.tensor([0.0, 0.8] * (B // 2), device=DEVICE)
+    metadata = SimpleNamespace(all_greedy=False, all_random=False, temperature=temperature, generators={})
+    draft_probs = torch.softmax(torch.randn(T, vocab, device=DEVICE, generator=gen), -1)
+    verifier = RaggedVerifier(get_sampler("rejection_sampler"))
+    out = v1_runner.verify_plain_step(verifier, spec, draft_probs, logits, metadata)
+    bonus = argmax[rows[:, k]]
+    greedy = greedy_verify_ragged(argmax[target_rows], ids, bonus, spec.cu_num_draft_tokens, k).to(torch.int32)
+    greedy_rows_equal = torch.equal(out[0::2], greedy[0::2])
+    return {"softmax_in_place_equal": softmax_in_place_equal, "greedy_rows_equal": greedy_rows_equal}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
@@ -646,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     arrivals = check_arrivals()
     engine_snippets = check_engine_snippets()
     print("engine snippets", engine_snippets, flush=True)
+    v1_plain_step = check_v1_plain_step()
+    print("vLLM V1 plain step", v1_plain_step, flush=True)
     sampling_t: dict = {}
     fused_t: list[dict] = []
     if args.skip_timing:
@@ -670,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
                 "graphs": graphs,
                 "arrivals": arrivals,
                 "engine_snippets": engine_snippets,
+                "v1_plain_step": v1_plain_step,
                 "timings": timings,
                 "notes": notes,
             },
@@ -683,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     failed += [g for g in graphs if not g["replays_equal"]]
     failed += [a for a in arrivals if not a["ok"]]
     failed += [engine_snippets] if engine_snippets["returncode"] != 0 else []
+    failed += [v1_plain_step] if not all(v1_plain_step.values()) else []
     if failed:
         print(f"FAILED: {len(failed)} equality/graph checks", file=sys.stderr)
         return 1

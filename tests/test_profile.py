@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -167,6 +168,19 @@ def test_sass_reader_on_a_compiled_kernel(tmp_path):
     assert c["ldg"] == c["stg"] and c["fp32"] == 4 * c["ldg"] and c["mufu"] == c["fp64"] == 0
 
 
+def test_eager_op_counter_reads_an_out_argument_as_written():
+    """An ``out=`` tensor is written, not read: softmax over itself moves one read and one write."""
+    x, y = torch.empty(4, 1024, device=META), torch.empty(4, 1024, device=META)
+    ops = trace.EagerOps(1024)
+    with trace.recording(execute=False, ops=ops), ops:
+        torch.softmax(x, -1, out=x)
+        torch.neg(x, out=y)
+        x.exp_()
+    nbytes = x.numel() * 4
+    assert [(op.bytes_read, op.bytes_written) for op in ops.records] == [(nbytes, nbytes)] * 3
+    assert not any(op.creates_vocab_tensor for op in ops.records)
+
+
 def _seam_vocab_tensors(call) -> int:
     ops = trace.EagerOps(VOCAB)
     with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:
@@ -184,7 +198,9 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     seam verifies the logits in place, bonus rows included (it drew the bonus with eager ops over
     the vocabulary before: 263 tensors, 261 without draft logits) and reads the drafter's cached
     logits in place (the sampler's ``draft_rows`` and ``draft_temperature``; before: their gather
-    and its fp32 quotient by T, 2 tensors), so it creates none."""
+    and its fp32 quotient by T, 2 tensors), so it creates none. V1's plain steps (the plugin's
+    wrapper of ``RejectionSampler.forward``) verify the model's logits in place too: none with
+    point-mass drafts, 2 with draft probabilities."""
     from spec_samplers.integrations.vllm import v1_runner, v2_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
     from spec_samplers.registry import get_sampler
@@ -211,6 +227,30 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
 
     assert _seam_vocab_tensors(v1(None)) == 0  # n-gram drafts: the logits entry
     assert _seam_vocab_tensors(v1(a.draft_probs)) == 1  # draft probabilities: vLLM's fp32 softmax
+
+    # V1's RejectionSampler.forward as the plugin wraps it, on a plain step (temperature only):
+    # the model's [T + B, V] logits verified in place, bonus rows included (before: vLLM's glue
+    # and our seam, 4 tensors with draft probabilities: gather, fp32 copy, clone, softmax; vLLM's
+    # Sampler drew the bonus on top). Allocations count too (q's new_empty moves no data).
+    plain = functools.partial(
+        v1_runner.verify_plain_step, verifier, a.spec, logits=a.logits, sampling_metadata=a.metadata
+    )
+    assert v1_runner.plain_step(SimpleNamespace(synthetic_mode=False), verifier, a.spec, None, a.logits, a.metadata)
+    assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=None)) == 0  # point-mass drafts
+    # draft probabilities, verified against exactly q: p in fp32 (its softmax written over the
+    # quotient) and q laid out on the same rows
+    assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=a.draft_probs)) == 2  # issue 19's bound
+
+
+def _allocated_vocab_tensors(call) -> int:
+    """Vocabulary-sized tensors an eager call creates or allocates (``new_empty`` and the like
+    move no data, so ``creates_vocab_tensor`` leaves them out)."""
+    ops = trace.EagerOps(VOCAB)
+    with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:
+        call()
+    allocations = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided")
+    allocated = [op.name in allocations and op.largest >= ops.vocab_bar for op in ops.records]
+    return sum(op.creates_vocab_tensor or alloc for op, alloc in zip(ops.records, allocated))
 
 
 def test_profile_cli_runs_at_a_small_shape(tmp_path):

@@ -252,7 +252,7 @@ def test_bonus_rows_verified_in_place_match_the_eager_bonus(restore_seams, monke
     for drafts in (draft_logits, None):
         in_place = {b: seam(target_logits, drafts, *args, K) for b, seam in seams.items()}
         with monkeypatch.context() as m:
-            m.setattr(v2_runner, "_bonus_row_verifiable", lambda sampler: False)
+            m.setattr(v2_runner, "bonus_row_verifiable", lambda sampler: False)
             eager, n_eager = seams["torch"](target_logits, drafts, *args, K)
         for out, n in in_place.values():
             assert torch.equal(out, eager) and torch.equal(n, n_eager)
@@ -302,7 +302,7 @@ def test_drafter_cache_read_in_place_matches_the_eager_rows(restore_seams, monke
         args = v2_args(inputs)
         eager_seam = v2_runner.make_rejection_sample(get_sampler(name, backend="torch"), None)
         with monkeypatch.context() as m:
-            m.setattr(v2_runner, "_bonus_row_verifiable", lambda sampler: False)
+            m.setattr(v2_runner, "bonus_row_verifiable", lambda sampler: False)
             eager, n_eager = eager_seam(target_logits, cache, *args, K)
         for backend in ("torch", KERNEL_BACKEND):
             seam = v2_runner.make_rejection_sample(get_sampler(name, backend=backend), None)

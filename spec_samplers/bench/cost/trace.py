@@ -206,7 +206,11 @@ class EagerOps(TorchDispatchMode):
             return out
         schema = func._schema
         name = schema.name
-        ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        # an out= argument is written, not read: out of the inputs, into the outputs written
+        out_names = {a.name for a in schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write}
+        given = {k: v for k, v in (kwargs or {}).items() if k not in out_names}
+        written_out = [v for k, v in (kwargs or {}).items() if k in out_names and isinstance(v, torch.Tensor)]
+        ins = [a for a in torch.utils._pytree.tree_leaves((args, given)) if isinstance(a, torch.Tensor)]
         outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         aliasing = [r.alias_info is not None for r in schema.returns]
         is_view = (
@@ -217,9 +221,11 @@ class EagerOps(TorchDispatchMode):
         if is_view or name in _NO_TRAFFIC or name.startswith("aten::_local_scalar"):
             traffic_in, traffic_out, created = [], [], []
         else:
-            written = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+            written = any(
+                a.alias_info is not None and a.alias_info.is_write and a.name not in out_names for a in schema.arguments
+            )
             created = [o for o, alias in zip(outs, aliasing + [False] * len(outs)) if not alias]
-            traffic_out = list(created) + ([ins[0]] if written and ins else [])
+            traffic_out = list(created) + written_out + ([ins[0]] if written and ins else [])
             traffic_in = ins
         largest = max([t.numel() for t in ins + outs] or [0])
         self.records.append(

@@ -9,11 +9,15 @@ every request rejects its first draft (deterministic: the small-shape counts sca
 
 * ``ours``: the sampler's ragged entry (``forward_ragged_from_logits`` for logits, ``forward_ragged``
   for probabilities) on [T, V] target rows, T = B*k, bonus ids given;
-* ``ours-v1-seam`` / ``vllm-v1``: vLLM's V1 runner from its [T + B, V] logits: its glue
-  (``RejectionSampler.forward``: gather the target rows, fp32 copy, clone, temperature via
-  ``apply_sampling_constraints``) then our seam or vLLM's ``rejection_sample``; draft
-  probabilities [T, V] fp32 as V1's drafters hand them over (its bonus draw is vLLM's sampler,
-  not counted on either side);
+* ``ours-v1-seam``: vLLM's V1 ``RejectionSampler.forward`` with the plugin installed, from the
+  model's [T + B, V] logits. The step is plain (temperature only, no logprobs), so it is the
+  plugin's fast path (``v1_runner.verify_plain_step``): the logits verified in place, bonus rows
+  included, the bonus drawn in our kernels; draft probabilities [T, V] fp32 as V1's drafters hand
+  them over (p = softmax(logits / T) in fp32 and q laid out on the same rows: 2 tensors);
+* ``vllm-v1``: vLLM's own V1 path from the same logits: its glue (``RejectionSampler.forward``:
+  gather the target rows, fp32 copy, clone, temperature via ``apply_sampling_constraints``) then
+  its ``rejection_sample`` (its bonus draw by its Sampler over [B, V] is not counted: vLLM's side
+  is modeled short of it, ours includes it);
 * ``ours-v2-seam`` / ``vllm-mrv2``: Model Runner V2 from its [B(k+1), V] logits: its glue
   (``apply_sampling_params``: fp32 copy, ``apply_temperature``) then our seam or vLLM's
   ``rejection_sample`` (which draws the bonus token too), draft logits [B, k, V] as cached.
@@ -137,25 +141,42 @@ def v1_inputs(shape: Shape, x: Inputs) -> SimpleNamespace:
     B, k, V = shape.batch_size, shape.k, shape.vocab_size
     T = B * k
     rows = x.arange(T + B).view(B, k + 1)
-    metadata = SimpleNamespace(
+    metadata = SimpleNamespace(  # a plain step: temperature only (v1_runner.plain_step)
         all_greedy=False,
         all_random=True,
         temperature=x.full(B, TEMPERATURE),
         top_k=None,
         top_p=None,
         generators={},
+        max_num_logprobs=None,
+        no_penalties=True,
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[]),
     )
     logits = x.normal(T + B, V, dtype=DTYPES[shape.dtype])  # what the model returns: [T + B, V]
     target_index = rows[:, :k].reshape(-1)
+    ids = x.rejected(logits[target_index], torch.int32)
+    cu = (x.arange(B, torch.int32) + 1) * k
+    spec = SimpleNamespace(  # SpecDecodeMetadata: request r's k draft rows, then its bonus row
+        draft_token_ids=ids,
+        num_draft_tokens=[k] * B,
+        cu_num_draft_tokens=cu,
+        cu_num_sampled_tokens=(x.arange(B, torch.int32) + 1) * (k + 1),
+        target_logits_indices=target_index,
+        bonus_logits_indices=rows[:, k],
+        max_spec_len=k,
+    )
     return SimpleNamespace(
         logits=logits,
         target_index=target_index,
         draft_probs=x.probs(T, V) if shape.drafts == "probs" else None,
-        ids=x.rejected(logits[target_index], torch.int32),
+        ids=ids,
         num_draft=[k] * B,
-        cu=(x.arange(B, torch.int32) + 1) * k,
+        cu=cu,
         bonus=x.ids(B, V, torch.int32).view(B, 1),
         metadata=metadata,
+        spec=spec,
     )
 
 
@@ -175,14 +196,19 @@ def vllm_v1(shape: Shape, device: torch.device) -> Callable[[], Any]:
 
 
 def ours_v1_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    """V1's ``RejectionSampler.forward`` as the plugin wraps it, on a plain step: its fast path."""
     from spec_samplers.integrations.vllm import v1_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
 
     a = v1_inputs(shape, Inputs(device))
     verifier = RaggedVerifier(_sampler(shape))
-    return lambda: v1_runner.verify(
-        verifier, a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata
-    )
+    vllm_sampler = SimpleNamespace(synthetic_mode=False, fly_window_size=None)
+    if not v1_runner.plain_step(vllm_sampler, verifier, a.spec, a.draft_probs, a.logits, a.metadata):
+        # a sampler without the in-place bonus row (typical acceptance): vLLM's glue, then our seam
+        return lambda: v1_runner.verify(
+            verifier, a.ids, a.num_draft, shape.k, a.cu, a.draft_probs, _v1_glue(a), a.bonus, a.metadata
+        )
+    return lambda: v1_runner.verify_plain_step(verifier, a.spec, a.draft_probs, a.logits, a.metadata)
 
 
 def v2_arguments(shape: Shape, x: Inputs, logits: torch.Tensor) -> dict[str, Any]:

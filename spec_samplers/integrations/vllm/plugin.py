@@ -11,8 +11,9 @@ it holds our section is the module's ``rejection_sample`` replaced (logged once 
 otherwise vLLM's own function stays, or is put back. Bad sections raise there: at engine start.
 
 ``WRAPS`` lists the few other vLLM functions wrapped on import (spec_decode_params.py: min_p and
-logit_bias with speculative decoding); each wrapper reads the configuration it is given and,
-without our section, is vLLM's function.
+logit_bias with speculative decoding; V1's ``RejectionSampler.forward``, whose plain steps skip
+vLLM's glue when our sampler is installed at the V1 seam); each wrapper reads the configuration
+it is given (or the seam) and, without our section, is vLLM's function.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ WRAPS = (
         "RejectionSampler",
         "apply_logits_processors",
         "spec_samplers.integrations.vllm.v1_runner:apply_logits_processors",
+    ),
+    # V1's plain steps verified from the model's logits, bonus rows included (v1_runner.forward)
+    Wrap(
+        "vllm.v1.sample.rejection_sampler",
+        "RejectionSampler",
+        "forward",
+        "spec_samplers.integrations.vllm.v1_runner:forward",
     ),
 )
 _WRAPPED_MARK = "__spec_samplers_wraps__"

@@ -16,6 +16,13 @@ Strategy for calling a sampler:
   one-hot). Positions after k_b are filled the same way and never reached. All padding is valid
   ids and valid distributions, so strict-mode samplers accept it.
 
+Both runners' lean paths verify the engine's logits where the engine wrote them, bonus rows
+included (:func:`verify_with_bonus_rows`, :func:`verify_probs_with_bonus_rows`): request r's
+k_r + 1 rows are one ragged request whose last draft is the -1 placeholder, always rejected, so
+the token there is a sample of the bonus row (its argmax for a greedy request) drawn by the
+recovery race of position k_r in the sampler's kernels; no row is copied and no bonus is drawn
+eagerly.
+
 Everything is vectorised over the batch: no host synchronisation, no loop over rows.
 """
 
@@ -26,7 +33,7 @@ import torch
 from spec_samplers.engine_seam import bind
 from spec_samplers.errors import input_error
 from spec_samplers.layout import ragged_layout
-from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output, num_leading_accepted
 
 
 def ragged_positions(
@@ -198,3 +205,79 @@ class RaggedVerifier:
         if draft_probs is not None:
             padded_draft_probs = pad_ragged(draft_probs, index, valid, 1.0 / V)  # [B, K, V]
         return self.sampler(target, bonus_token_ids.reshape(-1, 1), padded_draft_probs, drafts, **kwargs)
+
+
+# --- bonus rows verified in place (both vLLM runners' lean paths) -------------------------------
+
+
+def bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
+    """Whether the sampler's token at an out-of-range draft is a sample of the target row at that
+    position, by the recovery race of that position, which is how :func:`verify_with_bonus_rows`
+    draws a bonus token (rejection sampling and block verification; not typical acceptance, which
+    recovers the argmax, nor strict mode, which refuses out-of-range ids)."""
+    from spec_samplers.block import BlockVerificationSampler
+    from spec_samplers.rejection import RejectionSampler
+
+    return isinstance(sampler, (RejectionSampler, BlockVerificationSampler)) and not sampler.strict_mode
+
+
+def verify_with_bonus_rows(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]: every row of the batch, bonus rows included
+    draft_logits: torch.Tensor | None,  # [L, V], [N, V] with draft_rows, or None (point-mass drafts)
+    draft_token_ids: torch.Tensor,  # [L] int32/int64: -1 at every bonus row
+    cu_num_rows: torch.Tensor,  # [R] int32/int64 inclusive cumulative sum of k_r + 1
+    max_spec_len: int,  # K >= every k_r
+    *,
+    temperature: torch.Tensor,  # [R] float: what the logits are divided by, 0 = greedy request
+    seeds: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor | None = None,  # [R] int64
+    **draft_rows: torch.Tensor,  # draft_rows [L] (-1 at bonus rows), draft_temperature [R]
+) -> torch.Tensor:
+    """[R, K+1] int64, -1 padded: the engine's logits verified in place by the sampler's logits
+    entry (requires :attr:`RaggedVerifier.has_logits_entry` and :func:`bonus_row_verifiable`).
+    Request r's rows [cu[r-1], cu[r]) are one ragged request of k_r + 1 rows whose last draft is
+    the -1 placeholder: always rejected, its token is a sample of the bonus row (the argmax for a
+    greedy request) by the recovery race of position k_r. So the kernels read the logits where
+    the engine wrote them and no vocabulary-sized tensor is created."""
+    out = verifier.from_logits(
+        logits,
+        torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
+        draft_logits,
+        draft_token_ids,
+        cu_num_rows,
+        max_spec_len + 1,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        **draft_rows,
+    )  # [R, K+2]: at most k_r + 1 <= K + 1 tokens per request
+    return out[:, : max_spec_len + 1]
+
+
+def verify_probs_with_bonus_rows(
+    verifier: RaggedVerifier,
+    target_probs: torch.Tensor,  # [L, V]: every row of the batch, bonus rows included
+    draft_probs: torch.Tensor | None,  # [L, V] (bonus rows never read) or None
+    draft_token_ids: torch.Tensor,  # [L] int32/int64: -1 at every bonus row
+    cu_num_rows: torch.Tensor,  # [R] inclusive cumulative sum of k_r + 1
+    max_spec_len: int,  # K >= every k_r
+    *,
+    seeds: torch.Tensor,  # [R] int64
+    is_greedy: torch.Tensor | None = None,  # [R] bool
+) -> torch.Tensor:
+    """:func:`verify_with_bonus_rows` on probabilities (the sampler's ``forward_ragged``; requires
+    :attr:`RaggedVerifier.uses_ragged_method`): for drafts whose law an engine hands over as
+    probabilities, verified against exactly those. A placeholder draft's draft row is never used
+    (an out-of-range draft is recovered from the target row alone). [R, K+1] int64, -1 padded."""
+    out = verifier(
+        target_probs,
+        torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
+        draft_probs,
+        draft_token_ids,
+        cu_num_rows,
+        max_spec_len + 1,
+        seeds=seeds,
+        is_greedy=is_greedy,
+    )
+    return out[:, : max_spec_len + 1]

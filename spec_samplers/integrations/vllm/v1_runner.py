@@ -9,19 +9,37 @@ Semantics kept from vLLM: greedy requests (temperature 0) are verified against t
 target logits; requests with their own ``torch.Generator`` (a per-request seed) draw their
 randomness from it, and only when they have drafts (vLLM's rule), so re-seeding reproduces them;
 the others draw from torch's default generator. Output [B, K+1] int32, -1 padded.
+
+Plain steps skip vLLM's glue (:func:`forward`, a wrapper of ``RejectionSampler.forward`` that
+the plugin installs): when the batch needs nothing but temperature, the model's [T + B, V]
+logits are verified in place, bonus rows included, and the bonus token is drawn in our kernels
+instead of by vLLM's Sampler: at most 2 vocabulary-sized eager tensors per step (none with
+point-mass drafts, 2 with draft probabilities).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from spec_samplers.engine_seam import replace_engine_function
-from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
+from spec_samplers.integrations.vllm.ragged import (
+    RaggedVerifier,
+    bonus_row_verifiable,
+    greedy_verify_ragged,
+    verify_probs_with_bonus_rows,
+    verify_with_bonus_rows,
+)
+from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.seeding import row_seeds
+
+#: the attribute of our ``rejection_sample`` replacement holding its :class:`RaggedVerifier`
+#: (what :func:`forward` reads to know that our sampler is installed)
+VERIFIER_ATTRIBUTE = "__spec_samplers_verifier__"
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., torch.Tensor]):
@@ -33,7 +51,10 @@ def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Calla
     with the arguments as given. The engine config refuses both with our section, so these calls
     only come from code that bypasses it.
     """
-    return replace_engine_function(sampler, RaggedVerifier(sampler), verify, vllm_rejection_sample, _vllm_only)
+    verifier = RaggedVerifier(sampler)
+    replacement = replace_engine_function(sampler, verifier, verify, vllm_rejection_sample, _vllm_only)
+    setattr(replacement, VERIFIER_ATTRIBUTE, verifier)
+    return replacement
 
 
 def _vllm_only(arguments: Mapping[str, Any]) -> bool:
@@ -108,6 +129,141 @@ def verify(
         greedy = greedy_verify_ragged(
             target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len
         )
+        out = torch.where(is_greedy[:, None], greedy, out)
+    return out.to(torch.int32)
+
+
+# --- plain steps: RejectionSampler.forward without vLLM's glue (issue 19) ------------------------
+
+
+def forward(vllm_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps V1's ``RejectionSampler.forward(metadata, draft_probs, logits, sampling_metadata)``.
+
+    With our sampler installed at the seam (its ``rejection_sample`` carries the verifier) and a
+    plain step (:func:`plain_step`), the step is :func:`verify_plain_step`: vLLM's glue (the
+    gather of the target rows, their fp32 copy and clone, the division by temperature) and its
+    bonus draw by its Sampler are skipped. Anything else is vLLM's forward, which calls our
+    ``rejection_sample`` as before; without our section it is vLLM's forward, unchanged."""
+    module_name = vllm_forward.__module__  # vllm.v1.sample.rejection_sampler: the seam's module
+
+    @functools.wraps(vllm_forward)
+    def _forward(self: Any, metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
+        seam = getattr(sys.modules.get(module_name), "rejection_sample", None)
+        verifier = getattr(seam, VERIFIER_ATTRIBUTE, None)
+        if verifier is None or not plain_step(self, verifier, metadata, draft_probs, logits, sampling_metadata):
+            return vllm_forward(self, metadata, draft_probs, logits, sampling_metadata)
+        from vllm.v1.outputs import SamplerOutput
+
+        tokens = verify_plain_step(verifier, metadata, draft_probs, logits, sampling_metadata)
+        return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
+
+    return _forward
+
+
+def _builtin_and_inactive(processor: Any) -> bool:
+    """Whether a V1 logits processor is one of vLLM's built-ins (exactly: not a subclass) with no
+    request using it in this batch; any other processor may change the logits."""
+    idle = {
+        "MinPLogitsProcessor": lambda p: not p.min_p_count,
+        "LogitBiasLogitsProcessor": lambda p: not p.biases,
+        "MinTokensLogitsProcessor": lambda p: not p.min_toks,
+    }.get(type(processor).__name__)
+    builtin = type(processor).__module__ == "vllm.v1.sample.logits_processor.builtin"
+    return builtin and idle is not None and bool(idle(processor))
+
+
+def plain_step(
+    rejection_sampler: Any,  # vLLM's RejectionSampler (its synthetic / FLy settings)
+    verifier: RaggedVerifier,
+    metadata: Any,  # SpecDecodeMetadata
+    draft_probs: torch.Tensor | None,  # [T, V] or None
+    logits: torch.Tensor,  # [T + B, V]
+    sampling_metadata: Any,  # SamplingMetadata
+) -> bool:
+    """Whether the step needs nothing but each request's temperature, so that
+    :func:`verify_plain_step` gives vLLM's law: no top-k / top-p, penalties, allowed-token mask,
+    bad words, thinking budget, active logits processor (every one a built-in and idle), no
+    logprobs, not vLLM's synthetic mode or FLy, shapes as vLLM lays them out, and a sampler that
+    draws a bonus row in place. Host-side attributes only: no device work."""
+    sm = sampling_metadata
+    holder = getattr(sm, "thinking_budget_state_holder", None)
+    processors = sm.logitsprocs
+    step_is_plain = (
+        not getattr(rejection_sampler, "synthetic_mode", True)
+        and getattr(rejection_sampler, "fly_window_size", None) is None
+        and sm.max_num_logprobs is None
+        and not getattr(sm, "logprob_token_ids", None)
+        and sm.top_k is None
+        and sm.top_p is None
+        and sm.no_penalties
+        and sm.allowed_token_ids_mask is None
+        and not sm.bad_words_token_ids
+        and (holder is None or not holder.has_tracked_requests())
+        and all(map(_builtin_and_inactive, [*processors.argmax_invariant, *processors.non_argmax_invariant]))
+        and (sm.all_greedy or sm.temperature is not None)
+    )
+    if not step_is_plain or not bonus_row_verifiable(verifier.sampler):
+        return False
+    num_drafts = metadata.draft_token_ids.shape[0]
+    if logits.dim() != 2 or logits.shape[0] != num_drafts + len(metadata.num_draft_tokens):
+        return False
+    if draft_probs is None or sm.all_greedy or num_drafts == 0:  # no draft's law to read
+        return verifier.has_logits_entry
+    same_shape = tuple(draft_probs.shape) == (num_drafts, logits.shape[1])
+    return verifier.uses_ragged_method and same_shape and draft_probs.is_floating_point()
+
+
+def verify_plain_step(
+    verifier: RaggedVerifier,
+    metadata: Any,  # SpecDecodeMetadata
+    draft_probs: torch.Tensor | None,  # [T, V] fp32 (the drafter's law) or None
+    logits: torch.Tensor,  # [T + B, V]: request r's k_r draft rows, then its bonus row
+    sampling_metadata: Any,  # SamplingMetadata of a plain step (plain_step)
+) -> torch.Tensor:
+    """[B, K+1] int32, -1 padded: a plain step (:func:`plain_step`) verified from the model's
+    logits, bonus rows included, as Model Runner V2's seam does (request r's rows
+    [cu[r-1] + r, cu[r] + r] are one ragged request of k_r + 1 rows whose last draft is the -1
+    placeholder; the token there is the bonus sample, drawn in our kernels).
+
+    Point-mass drafts (``draft_probs`` None): the sampler's logits entry reads the logits in
+    place, divided by each request's temperature in the kernels (0: greedy, the argmax): no
+    vocabulary-sized eager tensor. Draft probabilities are verified against exactly the given q
+    with the probability entry: p = softmax(logits / T) in fp32 (one tensor, the softmax written
+    over the quotient; the same fp32 values as vLLM's glue: the quotient of the fp32 logits, then
+    its softmax) and q gathered onto the same rows (the second tensor); greedy requests keep vLLM's
+    greedy verification on the logits' argmax. A seeded request draws its seed from its generator
+    every step: its bonus is ours now, and vLLM's Sampler draws a seeded bonus every step too."""
+    sm = sampling_metadata
+    num_reqs = len(metadata.num_draft_tokens)
+    K = metadata.max_spec_len
+    cu_rows = metadata.cu_num_sampled_tokens  # [B] inclusive cumulative sum of k_r + 1
+    draft_ids = metadata.draft_token_ids  # [T]
+    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
+    ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
+    if sm.all_greedy:
+        placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
+        out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1)[:, : K + 1]
+        return out.to(torch.int32)
+    temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
+    seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
+    if draft_probs is None or draft_probs.shape[0] == 0:
+        out = verify_with_bonus_rows(verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds)
+        return out.to(torch.int32)
+    # p: vLLM's fp32 quotient (greedy rows by 1), then its softmax written over it
+    rows = torch.arange(logits.shape[0], device=logits.device, dtype=cu_rows.dtype)
+    req_of_row = torch.searchsorted(cu_rows, rows, right=True)  # [T + B]
+    row_temp = temperature.masked_fill(temperature == 0, 1.0)[req_of_row]  # [T + B]
+    target_probs = torch.div(logits, row_temp[:, None])  # [T + B, V] fp32 (bf16 / fp32 promotes)
+    # in place: the softmax reads each row whole before writing it (CPU, and CUDA's row kernels)
+    target_probs = torch.softmax(target_probs, dim=-1, out=target_probs)
+    # q on the same rows, one gather: row i of request r is draft row i - r; a bonus row's
+    # placeholder draft never uses its draft row, which is then the next one (a valid law)
+    q = draft_probs[(rows - req_of_row).clamp_(max=draft_probs.shape[0] - 1)]  # [T + B, V]
+    is_greedy = None if sm.all_random else temperature == 0  # [B]
+    out = verify_probs_with_bonus_rows(verifier, target_probs, q, ids, cu_rows, K, seeds=seeds, is_greedy=is_greedy)
+    if is_greedy is not None:
+        placeholder = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
+        greedy = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1)[:, : K + 1]
         out = torch.where(is_greedy[:, None], greedy, out)
     return out.to(torch.int32)
 

@@ -54,7 +54,12 @@ import torch
 
 from spec_samplers import rng
 from spec_samplers.engine_seam import replace_engine_function
-from spec_samplers.integrations.vllm.ragged import RaggedVerifier, greedy_verify_ragged
+from spec_samplers.integrations.vllm.ragged import (
+    RaggedVerifier,
+    bonus_row_verifiable,
+    greedy_verify_ragged,
+    verify_with_bonus_rows,
+)
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 
 
@@ -141,7 +146,7 @@ def verify(
     temp = temperature[req_state].to(torch.float32)  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
-    if verifier.has_logits_entry and _bonus_row_verifiable(verifier.sampler):
+    if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
         return _verify_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu, bonus_rows, expanded_idx_mapping,
             expanded_local_pos, temp, seeds, offsets, num_speculative_steps, vocab,
@@ -207,17 +212,6 @@ def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, num_sampled
 
 
-def _bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
-    """Whether the sampler's token at an out-of-range draft is a sample of the target row at that
-    position, by the recovery race of that position, which is how this seam draws a bonus token
-    (rejection sampling and block verification; not typical acceptance, which recovers the argmax,
-    nor strict mode, which refuses out-of-range ids)."""
-    from spec_samplers.block import BlockVerificationSampler
-    from spec_samplers.rejection import RejectionSampler
-
-    return isinstance(sampler, (RejectionSampler, BlockVerificationSampler)) and not sampler.strict_mode
-
-
 def _verify_with_bonus_rows(
     verifier: RaggedVerifier,
     logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
@@ -233,15 +227,12 @@ def _verify_with_bonus_rows(
     num_speculative_steps: int,
     vocab: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk's logits verified in place, bonus rows included: each request's rows
-    [cu[r], cu[r+1]) are one ragged request of k_r + 1 rows whose last draft is the -1
-    placeholder. The placeholder is always rejected and its token is a sample of the bonus row
-    (its argmax for greedy requests) by the recovery race of position k_r, the bonus token that
-    the other path draws eagerly; a rejection earlier stops before it. So the kernels read the
-    logits where vLLM wrote them (no row copy, no eager softmax or race) and the tokens follow
-    the same law and the same random stream as :func:`sample_rows`. The drafter's cached logits
-    are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the requests' T):
-    no vocabulary-sized tensor is created."""
+    """The chunk's logits verified in place, bonus rows included
+    (:func:`~spec_samplers.integrations.vllm.ragged.verify_with_bonus_rows`: request r's rows
+    [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
+    tokens follow the same law and the same random stream as :func:`sample_rows`. The drafter's
+    cached logits are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the
+    requests' T): no vocabulary-sized tensor is created."""
     num_logits = logits.shape[0]
     S = num_speculative_steps
     # the draft scored by row i is draft_sampled[i + 1]; a bonus row scores the placeholder
@@ -265,18 +256,18 @@ def _verify_with_bonus_rows(
             # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
             draft_temperature=req_temp,  # [R]
         )
-    out = verifier.from_logits(
+    out = verify_with_bonus_rows(
+        verifier,
         logits,
-        torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
         cache,
         ids,
         cu[1:],
-        S + 1,
+        S,
         # vLLM's logits arrive divided by T: 1, or 0 for greedy requests. sign() gives both in one
         # op (a negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before)
         temperature=req_temp.sign(),
         seeds=seeds,
         offsets=offsets,
         **drafts,
-    )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
-    return _with_counts(out[:, : S + 1])
+    )
+    return _with_counts(out)
