@@ -269,11 +269,14 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         stochastic: bool = False,
         draft_rows: torch.Tensor | None = None,  # [T] int32/int64 (ragged logits only)
         draft_temperature: torch.Tensor | None = None,  # [B] float (ragged logits only)
+        draft_is_probs: bool = False,  # ragged logits only: ``draft`` holds probabilities
     ) -> torch.Tensor:
         self._require_op(entry)
         if entry.endswith("_from_logits"):
             _check_one_of(temperature, sampling_params)
         self._check_draft_options(draft_rows, draft_temperature, sampling_params)
+        if draft_is_probs and sampling_params is not None:
+            raise input_error("draft_probs", "None with sampling_params (pass temperature=)", "a tensor")
         ragged = cu_num_draft_tokens is not None
         if ragged and max_spec_len is None:
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
@@ -288,12 +291,13 @@ class SpecDecodeBaseSampler(torch.nn.Module):
                 raise input_error(name, f"None under torch.compile and on meta tensors (pass {instead})", "a value")
             rows = (target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len)
             randomness = (seeds, offsets, is_greedy, stochastic)
-            drafts = (draft_rows, draft_temperature)
+            drafts = (draft_rows, draft_temperature, draft_is_probs)
             return custom_ops.verify(self._op_handle, entry, *rows, temperature, *randomness, *drafts)
         logits = temperature is not None or sampling_params is not None
         if ragged:
             assert max_spec_len is not None and cu_num_draft_tokens is not None  # for mypy: checked above
-            names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
+            draft_name = "draft_logits" if logits and not draft_is_probs else "draft_probs"
+            names = ("target_logits" if logits else "target_probs", draft_name)
             shapes = validation.check_ragged_metadata(
                 target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names, draft_rows
             )
@@ -303,7 +307,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
                 if draft_rows is not None and draft is not None:
                     validation.check_draft_rows_values(draft_rows, draft.shape[0])
             if self._check_values:
-                validation.check_float_values(target, draft, *names, logits)
+                validation.check_float_values(target, None if draft_is_probs else draft, *names, logits)
+                if draft_is_probs and draft is not None:
+                    validation.check_float_values(draft, None, names[1], names[1], logits=False)
         else:
             shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
         device = target.device
@@ -342,6 +348,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             **filters,
             draft_rows=draft_rows,
             draft_temperature=draft_temperature,
+            draft_is_probs=draft_is_probs,
         )
         out = self.verify(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
@@ -489,10 +496,29 @@ class Processing(TypedDict):
 
 
 class DraftRows(TypedDict):
-    """The ragged logits entries' indexed draft rows (both optional)."""
+    """The ragged logits entries' draft options: indexed draft rows, their temperature, and
+    whether the drafts come as probabilities."""
 
     draft_rows: torch.Tensor | None  # [T] int32/int64
     draft_temperature: torch.Tensor | None  # [B] float
+    draft_is_probs: bool
+
+
+def _draft_rows(
+    draft_logits: torch.Tensor | None,
+    draft_probs: torch.Tensor | None,
+    draft_rows: torch.Tensor | None,
+    draft_temperature: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, DraftRows]:
+    """(the draft tensor, its options) of a ragged logits entry: ``draft_logits`` or, instead,
+    ``draft_probs`` (probabilities read as given: no temperature)."""
+    if draft_probs is None:
+        return draft_logits, DraftRows(draft_rows=draft_rows, draft_temperature=draft_temperature, draft_is_probs=False)
+    if draft_logits is not None:
+        raise input_error("draft_probs", "None when draft_logits is given (one draft law)", "a tensor")
+    if draft_temperature is not None:
+        raise input_error("draft_temperature", "None with draft_probs (probabilities are read as given)", "a tensor")
+    return draft_probs, DraftRows(draft_rows=draft_rows, draft_temperature=None, draft_is_probs=True)
 
 
 class Randomness(TypedDict):
@@ -641,6 +667,7 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         draft_rows: torch.Tensor | None = None,  # [T] int32/int64 rows of an [N, V] draft_logits
         draft_temperature: torch.Tensor | None = None,  # [B] float, T of the draft rows
+        draft_probs: torch.Tensor | None = None,  # [T, V] (or [N, V] with draft_rows) probabilities
     ) -> torch.Tensor:
         """Ragged twin of :meth:`forward_from_logits`.
 
@@ -652,7 +679,7 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
             As :meth:`forward_ragged`.
         temperature, sampling_params
             As :meth:`forward_from_logits` (one of the two).
-        draft_rows, draft_temperature
+        draft_rows, draft_temperature, draft_probs
             As :meth:`SpecDecodeStochasticBaseSampler.forward_ragged_from_logits`.
 
         Returns
@@ -667,8 +694,8 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         """
         ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
         processing = Processing(temperature=temperature, sampling_params=sampling_params)
-        inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
-        drafts = DraftRows(draft_rows=draft_rows, draft_temperature=draft_temperature)
+        draft, drafts = _draft_rows(draft_logits, draft_probs, draft_rows, draft_temperature)
+        inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
         return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **drafts)
 
 
@@ -846,6 +873,7 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         draft_rows: torch.Tensor | None = None,  # [T] int32/int64 rows of an [N, V] draft_logits
         draft_temperature: torch.Tensor | None = None,  # [B] float, T of the draft rows
+        draft_probs: torch.Tensor | None = None,  # [T, V] (or [N, V] with draft_rows) probabilities
     ) -> torch.Tensor:
         """:meth:`forward_from_logits` in the ragged layout of :meth:`forward_ragged`.
 
@@ -871,6 +899,12 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
             [B] float: the temperature of request b's draft rows, p = softmax(draft / T_draft)
             (default ``temperature``); the target rows keep ``temperature``, whose 0 still
             marks a greedy request. A value not > 0 (or NaN) counts as 1; strict mode raises.
+        draft_probs : torch.Tensor, optional
+            The drafts' law as probabilities instead of ``draft_logits`` (then None): [T, V]
+            fp32/fp16/bf16, or with ``draft_rows`` an [N, V] matrix of any row stride, read as
+            given (no temperature, no ``draft_temperature``; bad values as in
+            :meth:`forward_ragged`), while the target stays logits. For an engine whose drafter
+            hands over q itself (vLLM V1's draft probabilities): no softmax or copy of either.
 
         Returns
         -------
@@ -893,6 +927,6 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
         processing = Processing(temperature=temperature, sampling_params=sampling_params)
         randomness = _randomness(seeded_seqs, seeds, offsets)
-        inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
-        drafts = DraftRows(draft_rows=draft_rows, draft_temperature=draft_temperature)
+        draft, drafts = _draft_rows(draft_logits, draft_probs, draft_rows, draft_temperature)
+        inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
         return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **randomness, **drafts)

@@ -185,12 +185,13 @@ def verify(
     stochastic: bool,
     draft_rows: torch.Tensor | None = None,  # [T] int32/int64: ragged logits, rows of an [N, V] draft
     draft_temperature: torch.Tensor | None = None,  # [B] float: ragged logits
+    draft_is_probs: bool = False,  # ragged logits: the draft holds probabilities
 ) -> torch.Tensor:
     """[B, K+1] int64, -1 padded: the sampler's entry on these arguments (counters updated)."""
     rows = (target, bonus_token_ids, draft, draft_token_ids)
     options = dict(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature)
     randomness = dict(seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=stochastic)
-    drafts = dict(draft_rows=draft_rows, draft_temperature=draft_temperature)
+    drafts = dict(draft_rows=draft_rows, draft_temperature=draft_temperature, draft_is_probs=draft_is_probs)
     out: torch.Tensor = _SAMPLERS[sampler]._run(entry, *rows, **options, **randomness, **drafts)
     return out
 
@@ -212,11 +213,13 @@ def _(
     stochastic,
     draft_rows=None,
     draft_temperature=None,
+    draft_is_probs=False,
 ):
     # the metadata checks run here too (shapes, dtypes, devices: no data), naming the argument
     logits = entry.endswith("_from_logits")
     if cu_num_draft_tokens is not None:
-        names = ("target_logits", "draft_logits") if logits else ("target_probs", "draft_probs")
+        draft_name = "draft_logits" if logits and not draft_is_probs else "draft_probs"
+        names = ("target_logits" if logits else "target_probs", draft_name)
         ragged = (cu_num_draft_tokens, max_spec_len)
         shapes = validation.check_ragged_metadata(
             target, bonus_token_ids, draft, draft_token_ids, *ragged, *names, draft_rows

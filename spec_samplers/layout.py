@@ -23,6 +23,7 @@ Strict mode raises instead (:func:`spec_samplers.validation.check_ragged_values`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -153,6 +154,10 @@ class VerifyBatch:
     # ``temperature``; a value not > 0 counts as 1 there).
     draft_rows: torch.Tensor | None = None  # [T] int32/int64
     draft_temperature: torch.Tensor | None = None  # [B] float
+    # Ragged logits inputs whose drafts come as probabilities (an engine whose drafter hands over
+    # q itself, e.g. vLLM V1's draft probabilities): ``draft`` holds probabilities, read as given
+    # (no temperature), while ``target`` holds logits.
+    draft_is_probs: bool = False
 
     def __post_init__(self) -> None:
         # The kernels read every [B] tensor as contiguous: a strided or expanded (stride 0) view
@@ -190,7 +195,7 @@ class VerifyBatch:
         bonus_token_ids: torch.Tensor,  # [B, 1] or [B]
         draft: torch.Tensor | None,  # [B, k, V] or None
         draft_token_ids: torch.Tensor,  # [B, k]
-        **extra: torch.Tensor | None,
+        **extra: Any,  # the optional fields by name (tensors, or draft_is_probs)
     ) -> VerifyBatch:
         B, kp1, V = target.shape
         layout = RowLayout.padded(B, kp1 - 1, V)
@@ -205,7 +210,7 @@ class VerifyBatch:
         draft_token_ids: torch.Tensor,  # [T]
         cu_num_draft_tokens: torch.Tensor,  # [B]
         max_spec_len: int,  # K
-        **extra: torch.Tensor | None,
+        **extra: Any,  # the optional fields by name (tensors, or draft_is_probs)
     ) -> VerifyBatch:
         T, V = target.shape
         layout = RowLayout.ragged_from(cu_num_draft_tokens, T, max_spec_len, V)

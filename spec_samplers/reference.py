@@ -390,7 +390,7 @@ class FlatInputs:
                     draft = _rows_at(draft, self._indexed_rows(batch, draft.shape[0]))
                     self.draft_rows = _own_rows(self.draft_rows)
             target = _softmax_rows(batch, target, K + 1)
-            if draft is not None:
+            if draft is not None and not batch.draft_is_probs:
                 draft = _softmax_rows(batch, draft, K, _draft_temperature(batch))
             self.is_greedy = t == 0
         self.target = target  # [R, V]

@@ -228,15 +228,17 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
         return start
     start.split = split if split is not None else vocab_split(V, B, device)
     if batch.temperature is not None:
+        # draft probabilities (draft_is_probs) need no statistics: the kernels read them as given
+        logit_draft = None if batch.draft_is_probs else draft
         start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
             layout,
             target,
-            draft,
+            logit_draft,
             batch.temperature,
             start.split,
             filters=batch,
-            draft_index=index,
-            draft_temperature=batch.draft_temperature if draft is not None else None,
+            draft_index=index if logit_draft is not None else None,
+            draft_temperature=batch.draft_temperature if logit_draft is not None else None,
         )
         start.amax = (amax_val, amax_idx)
     return start

@@ -61,7 +61,14 @@ def plan_verify(
         amax_nb = NB  # the argmax partials below take the pass's split
     seqs = (
         lc.rows(layout, start.target, stats["t_stats_ptr"]),
-        lc.rows(layout, start.draft, stats["d_stats_ptr"], start.draft_index, batch.draft_temperature),
+        # draft probabilities (draft_is_probs) have no statistics and no temperature: read as given
+        lc.rows(
+            layout,
+            start.draft,
+            stats["d_stats_ptr"],
+            start.draft_index,
+            stats["d_stats_ptr"] and batch.draft_temperature,
+        ),
         lc.rows(layout, batch.draft_token_ids)[:3],
     )
     bonus = batch.bonus_token_ids
