@@ -67,7 +67,7 @@ def plan_verify(
             start.draft,
             stats["d_stats_ptr"],
             start.draft_index,
-            stats["d_stats_ptr"] and batch.draft_temperature,
+            None if batch.draft_is_probs else batch.draft_temperature,
         ),
         lc.rows(layout, batch.draft_token_ids)[:3],
     )
