@@ -608,10 +608,9 @@ def check_engine_snippets() -> dict:
 
 
 def check_v1_plain_step(vocab: int = 128256) -> dict:
-    """vLLM V1's plain-step fast path (v1_runner.verify_plain_step) on CUDA, which the CPU suite
-    cannot check: its softmax written over its input equals PyTorch's out-of-place softmax bit for
-    bit, and its greedy rows (draft probabilities, mixed batch, bf16 logits) are vLLM's greedy
-    verification of the logits' argmax."""
+    """vLLM V1's plain-step fast path (v1_runner.verify_plain_step) on CUDA with the kernels: its
+    greedy rows (draft probabilities read in place by index, mixed batch, bf16 logits) are vLLM's
+    greedy verification of the logits' argmax, and its tokens are the reference backend's."""
     from types import SimpleNamespace
 
     from spec_samplers.integrations.vllm import v1_runner
@@ -619,10 +618,6 @@ def check_v1_plain_step(vocab: int = 128256) -> dict:
     from spec_samplers.registry import get_sampler
 
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    x = torch.randn(9, vocab, device=DEVICE, generator=gen).to(torch.bfloat16)
-    quotient = torch.div(x, torch.rand(9, 1, device=DEVICE, generator=gen) + 0.5)
-    expected = torch.softmax(quotient, -1)
-    softmax_in_place_equal = torch.equal(torch.softmax(quotient, -1, out=quotient), expected)
     B, k = 8, 4
     T = B * k
     rows = torch.arange(T + B, device=DEVICE).view(B, k + 1)
@@ -647,7 +642,15 @@ def check_v1_plain_step(vocab: int = 128256) -> dict:
     bonus = argmax[rows[:, k]]
     greedy = greedy_verify_ragged(argmax[target_rows], ids, bonus, spec.cu_num_draft_tokens, k).to(torch.int32)
     greedy_rows_equal = torch.equal(out[0::2], greedy[0::2])
-    return {"softmax_in_place_equal": softmax_in_place_equal, "greedy_rows_equal": greedy_rows_equal}
+    reference = v1_runner.verify_plain_step(
+        RaggedVerifier(get_sampler("rejection_sampler", backend="torch")), spec, draft_probs, logits, metadata
+    )
+    # random rows: the logits rule's sums differ in rounding between the kernels and PyTorch, so a
+    # near-tie may flip (reported); greedy rows must agree
+    return {
+        "greedy_rows_equal": greedy_rows_equal,
+        "rows_differing_from_reference": int((out != reference).any(1).sum()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -729,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     failed += [g for g in graphs if not g["replays_equal"]]
     failed += [a for a in arrivals if not a["ok"]]
     failed += [engine_snippets] if engine_snippets["returncode"] != 0 else []
-    failed += [v1_plain_step] if not all(v1_plain_step.values()) else []
+    failed += [v1_plain_step] if not v1_plain_step["greedy_rows_equal"] else []
     if failed:
         print(f"FAILED: {len(failed)} equality/graph checks", file=sys.stderr)
         return 1

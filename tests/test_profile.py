@@ -199,8 +199,8 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     the vocabulary before: 263 tensors, 261 without draft logits) and reads the drafter's cached
     logits in place (the sampler's ``draft_rows`` and ``draft_temperature``; before: their gather
     and its fp32 quotient by T, 2 tensors), so it creates none. V1's plain steps (the plugin's
-    wrapper of ``RejectionSampler.forward``) verify the model's logits in place too: none with
-    point-mass drafts, 2 with draft probabilities."""
+    wrapper of ``RejectionSampler.forward``) verify the model's logits in place too, and the
+    drafter's probabilities by index: none with either drafting."""
     from spec_samplers.integrations.vllm import v1_runner, v2_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
     from spec_samplers.registry import get_sampler
@@ -237,9 +237,9 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     )
     assert v1_runner.plain_step(SimpleNamespace(synthetic_mode=False), verifier, a.spec, None, a.logits, a.metadata)
     assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=None)) == 0  # point-mass drafts
-    # draft probabilities, verified against exactly q: p in fp32 (its softmax written over the
-    # quotient) and q laid out on the same rows
-    assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=a.draft_probs)) == 2  # issue 19's bound
+    # draft probabilities, verified against exactly q, read in place by index (the logits entry's
+    # draft_probs and draft_rows; before: p in fp32 and q laid out on the rows, 2 tensors)
+    assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=a.draft_probs)) == 0
 
 
 def _allocated_vocab_tensors(call) -> int:

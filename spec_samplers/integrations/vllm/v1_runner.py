@@ -31,7 +31,6 @@ from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
     bonus_row_verifiable,
     greedy_verify_ragged,
-    verify_probs_with_bonus_rows,
     verify_with_bonus_rows,
 )
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
@@ -225,14 +224,12 @@ def verify_plain_step(
     [cu[r-1] + r, cu[r] + r] are one ragged request of k_r + 1 rows whose last draft is the -1
     placeholder; the token there is the bonus sample, drawn in our kernels).
 
-    Point-mass drafts (``draft_probs`` None): the sampler's logits entry reads the logits in
-    place, divided by each request's temperature in the kernels (0: greedy, the argmax): no
-    vocabulary-sized eager tensor. Draft probabilities are verified against exactly the given q
-    with the probability entry: p = softmax(logits / T) in fp32 (one tensor, the softmax written
-    over the quotient; the same fp32 values as vLLM's glue: the quotient of the fp32 logits, then
-    its softmax) and q gathered onto the same rows (the second tensor); greedy requests keep vLLM's
-    greedy verification on the logits' argmax. A seeded request draws its seed from its generator
-    every step: its bonus is ours now, and vLLM's Sampler draws a seeded bonus every step too."""
+    The sampler's logits entry reads the logits in place, divided by each request's temperature
+    in the kernels (0: greedy, the argmax), and draft probabilities, when the drafter hands them
+    over, in place too (``draft_probs`` with ``draft_rows``: row i of request r reads q's row
+    i - r): p is verified against exactly the given q, and no vocabulary-sized eager tensor is
+    created with either drafting. A seeded request draws its seed from its generator every step:
+    its bonus is ours now, and vLLM's Sampler draws a seeded bonus every step too."""
     sm = sampling_metadata
     num_reqs = len(metadata.num_draft_tokens)
     K = metadata.max_spec_len
@@ -246,25 +243,18 @@ def verify_plain_step(
         return out.to(torch.int32)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
-    if draft_probs is None or draft_probs.shape[0] == 0:
-        out = verify_with_bonus_rows(verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds)
-        return out.to(torch.int32)
-    # p: vLLM's fp32 quotient (greedy rows by 1), then its softmax written over it
-    rows = torch.arange(logits.shape[0], device=logits.device, dtype=cu_rows.dtype)
-    req_of_row = torch.searchsorted(cu_rows, rows, right=True)  # [T + B]
-    row_temp = temperature.masked_fill(temperature == 0, 1.0)[req_of_row]  # [T + B]
-    target_probs = torch.div(logits, row_temp[:, None])  # [T + B, V] fp32 (bf16 / fp32 promotes)
-    # in place: the softmax reads each row whole before writing it (CPU, and CUDA's row kernels)
-    target_probs = torch.softmax(target_probs, dim=-1, out=target_probs)
-    # q on the same rows, one gather: row i of request r is draft row i - r; a bonus row's
-    # placeholder draft never uses its draft row, which is then the next one (a valid law)
-    q = draft_probs[(rows - req_of_row).clamp_(max=draft_probs.shape[0] - 1)]  # [T + B, V]
-    is_greedy = None if sm.all_random else temperature == 0  # [B]
-    out = verify_probs_with_bonus_rows(verifier, target_probs, q, ids, cu_rows, K, seeds=seeds, is_greedy=is_greedy)
-    if is_greedy is not None:
-        placeholder = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
-        greedy = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1)[:, : K + 1]
-        out = torch.where(is_greedy[:, None], greedy, out)
+    drafts: dict[str, torch.Tensor] = {}
+    if draft_probs is not None and draft_probs.shape[0] > 0:
+        # q read in place: row i of request r scores draft i - r (its k_r draft rows come first);
+        # a bonus row's placeholder draft reads no draft row (-1, skipped by the kernels)
+        rows = torch.arange(logits.shape[0], device=logits.device, dtype=cu_rows.dtype)
+        req_of_row = torch.searchsorted(cu_rows, rows, right=True)  # [T + B]
+        bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
+        index = (rows - req_of_row).index_fill_(0, bonus_rows, -1)  # [T + B]
+        drafts = dict(draft_probs=draft_probs, draft_rows=index)
+    out = verify_with_bonus_rows(
+        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
+    )
     return out.to(torch.int32)
 
 
