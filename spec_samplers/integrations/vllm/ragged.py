@@ -28,6 +28,8 @@ Everything is vectorised over the batch: no host synchronisation, no loop over r
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from spec_samplers.engine_seam import bind
@@ -205,6 +207,18 @@ class RaggedVerifier:
         if draft_probs is not None:
             padded_draft_probs = pad_ragged(draft_probs, index, valid, 1.0 / V)  # [B, K, V]
         return self.sampler(target, bonus_token_ids.reshape(-1, 1), padded_draft_probs, drafts, **kwargs)
+
+
+#: the attribute of our ``rejection_sample`` replacements (both runners) holding their
+#: :class:`RaggedVerifier`: what the plain-step wrappers read to know that our sampler is installed
+VERIFIER_ATTRIBUTE = "__spec_samplers_verifier__"
+
+
+def seam_verifier(module_name: str, attribute: str = "rejection_sample") -> RaggedVerifier | None:
+    """The verifier of our replacement installed at ``module_name``'s ``attribute`` (vLLM's seam),
+    or None when vLLM's own function is there (or the module is not imported)."""
+    seam = getattr(sys.modules.get(module_name), attribute, None)
+    return getattr(seam, VERIFIER_ATTRIBUTE, None)
 
 
 # --- bonus rows verified in place (both vLLM runners' lean paths) -------------------------------
