@@ -449,6 +449,18 @@ def _processed_logprobs(sampler: Any) -> bool:
     return sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES
 
 
+#: the tensors of ``_verify``'s arguments after ``logits`` that :func:`verify_plain_chunk` reads
+CHUNK_ARGUMENTS = (
+    "draft_logits",
+    "draft_sampled",
+    "pos",
+    "cu_num_logits",
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+)
+
+
 def verify_plain_chunk(
     rejection_sampler: Any,  # Model Runner V2's RejectionSampler
     verifier: RaggedVerifier,
