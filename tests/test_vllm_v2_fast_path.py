@@ -81,7 +81,7 @@ def add_requests(sampler, requests: list[dict]) -> None:
 
 def rejection_sampler(config, sampler):
     """Model Runner V2's RejectionSampler built as its model runner builds it (the plugin's
-    observer installs the seam from the config)."""
+    observer installs the seam from the config), before any request is added, as vLLM does."""
     from vllm.config import set_current_vllm_config
 
     with set_current_vllm_config(config):
@@ -178,8 +178,8 @@ def test_plain_chunk_matches_vllms_glue_and_our_seam(model_dir, restore_seams, m
     inputs, logits, cache = step(requests, 6)
     draft_logits = cache if probabilistic else None
     sampler = vllm_sampler(monkeypatch, config, len(inputs["temperature"]))
-    add_requests(sampler, requests)
     rs = rejection_sampler(config, sampler)
+    add_requests(sampler, requests)
     module = seam_module(V2_MODULE)
     glue = counting_glue(sampler)
     slow = vllm_verify()(rs, *verify_args(inputs, logits, draft_logits))
@@ -209,8 +209,8 @@ def test_greedy_requests_are_the_argmax(model_dir, restore_seams, monkeypatch):
     requests[1]["params"] = dict(top_k=3, top_p=0.5, min_p=0.2)
     inputs, logits, cache = step(requests, 8)
     sampler = vllm_sampler(monkeypatch, config, len(inputs["temperature"]))
-    add_requests(sampler, requests)
     rs = rejection_sampler(config, sampler)
+    add_requests(sampler, requests)
     glue = counting_glue(sampler)
     _, sampled, num_sampled = v2_runner.verify_chunk(vllm_verify())(rs, *verify_args(inputs, logits, cache))
     assert glue == []
@@ -228,8 +228,8 @@ def test_seeded_requests_reproduce(model_dir, restore_seams, monkeypatch):
         inputs, logits, cache = step(requests, 10, leaning=False)
         logits, cache = logits * 0, cache * 0  # uniform target and drafter
         sampler = vllm_sampler(monkeypatch, config, len(inputs["temperature"]))
-        add_requests(sampler, requests)
         rs = rejection_sampler(config, sampler)
+        add_requests(sampler, requests)
         torch.manual_seed(torch_seed)
         outs.append(v2_runner.verify_chunk(vllm_verify())(rs, *verify_args(inputs, logits, cache))[1])
     assert torch.equal(outs[0], outs[1])
@@ -246,8 +246,8 @@ def test_verify_in_chunks_with_several_chunks(model_dir, restore_seams, monkeypa
     requests = mixed_requests(11, R=12)
     inputs, logits, cache = step(requests, 12)
     sampler = vllm_sampler(monkeypatch, config, len(inputs["temperature"]))
-    add_requests(sampler, requests)
     rs = rejection_sampler(config, sampler)
+    add_requests(sampler, requests)
     assert getattr(type(rs)._verify, "__spec_samplers_wraps__", False)  # the plugin's wrapper
     batch = v2_input_batch(inputs)
     L = logits.shape[0]
@@ -272,8 +272,8 @@ def test_verify_in_chunks_with_several_chunks(model_dir, restore_seams, monkeypa
     sampler = vllm_sampler(monkeypatch, config, len(inputs["temperature"]))
     requests[1]["params"] = dict(min_p=0.05)  # (a random request: vLLM ignores min-p for greedy ones)
     sampler.sampling_states.apply_min_p = lambda *args: None  # its Triton kernel cannot run here: routing only
-    add_requests(sampler, requests)
     rs = rejection_sampler(config, sampler)
+    add_requests(sampler, requests)
     glue = counting_glue(sampler)
     chunks(6)
     assert len(glue) == 1
@@ -356,8 +356,8 @@ def routed(model_dir, monkeypatch, case: dict) -> str:
     inputs, logits, cache = step(requests, 13)
     sampler = vllm_sampler(monkeypatch, config, 3)
     case.get("sampler", lambda s: None)(sampler)
-    add_requests(sampler, requests[:1] if case.get("skip_add") else requests)
     rs = rejection_sampler(config, sampler)
+    add_requests(sampler, requests[:1] if case.get("skip_add") else requests)
     for key, value in case.get("rs", {}).items():
         setattr(rs, key, value)
     if "section" in case:
@@ -391,12 +391,15 @@ def test_plain_chunks_take_the_fast_path(model_dir, restore_seams, monkeypatch, 
 
 def test_flags_follow_the_slot(model_dir, restore_seams, monkeypatch):
     """A slot's flag is rewritten when the slot is reused, and the components' add_request are
-    left as they were (recorded during vLLM's call only)."""
+    left as they were (recorded during vLLM's call only); without our sampler at the seam, vLLM's
+    add_request runs alone."""
     from vllm import SamplingParams
 
     sampler = vllm_sampler(monkeypatch, engine_config(model_dir, None), 4)
-    flags = getattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE, None)
-    assert flags is None  # nothing added yet: the fast path stays off
+    install(V2_MODULE, None)
+    sampler.add_request(1, SamplingParams(temperature=0.5))
+    assert getattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE, None) is None  # not installed: no flags
+    install(V2_MODULE, REJECTION)
     sampler.add_request(1, SamplingParams(temperature=0.5, presence_penalty=1.0))
     flags = getattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE)
     assert flags.tolist() == [True, True, True, True]

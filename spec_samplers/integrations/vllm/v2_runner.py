@@ -313,6 +313,7 @@ BUILTIN_PROCESSORS = frozenset(
     }
 )
 _SAMPLER_MODULE = "vllm.v1.worker.gpu.sample.sampler"
+_SEAM_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 
 
 def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
@@ -323,18 +324,27 @@ def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
     and each logits processor's ``add_request`` during vLLM's call (recorded, not asked again:
     they have side effects), and min-p / top-k / top-p from the sampling states as vLLM's rule
     reads them (none of them matters to a greedy request). Host work once per request, none per
-    step."""
+    step; nothing without our sampler at the seam (vLLM builds the RejectionSampler, where the
+    plugin installs it, before it adds any request)."""
 
     @functools.wraps(vllm_add_request)
     def _add_request(self: Any, req_idx: int, sampling_params: Any) -> Any:
+        if seam_verifier(_SEAM_MODULE) is None:  # our sampler is not installed: vLLM's method only
+            return vllm_add_request(self, req_idx, sampling_params)
         components = [getattr(self, "thinking_budget_state", None), *getattr(self, "logits_processors", ())]
         with _answers_of([c for c in components if c is not None]) as answers:
             result = vllm_add_request(self, req_idx, sampling_params)
         flags = getattr(self, NEEDS_MORE_ATTRIBUTE, None)
         if flags is None:
-            flags = np.ones(len(self.needs_logits_processing), dtype=bool)
+            num_slots = getattr(getattr(self, "sampling_states", None), "max_num_reqs", None)
+            if num_slots is None:  # a Sampler laid out otherwise: no flags, no fast path
+                return result
+            flags = np.ones(num_slots, dtype=bool)
             setattr(self, NEEDS_MORE_ATTRIBUTE, flags)
-        flags[req_idx] = _needs_more(self, req_idx, components, answers)
+        try:
+            flags[req_idx] = _needs_more(self, req_idx, components, answers)
+        except AttributeError:  # sampling states laid out otherwise: the request stays vLLM's
+            flags[req_idx] = True
         return result
 
     return _add_request
@@ -401,7 +411,8 @@ def verify_chunk(vllm_verify: Callable[..., Any]) -> Callable[..., Any]:
         verifier = seam_verifier(module_name)
         if verifier is not None:
             call = signature.bind(self, *args, **kwargs).arguments
-            if plain_chunk(self, verifier, call["logits"], call["idx_mapping_np"]):
+            known = all(name in call for name in ("logits", "idx_mapping_np", *CHUNK_ARGUMENTS))
+            if known and plain_chunk(self, verifier, call["logits"], call["idx_mapping_np"]):
                 return verify_plain_chunk(self, verifier, **{k: v for k, v in call.items() if k != "self"})
         return vllm_verify(self, *args, **kwargs)
 
