@@ -56,6 +56,43 @@ def temperature_twin(states):
     return apply_temperature
 
 
+_VLLM_TEMPERATURE_KERNEL = """
+import sys, torch
+from spec_samplers.bench.cost.workloads import prepare_vllm
+prepare_vllm()  # vLLM's real Triton kernels (run by the interpreter)
+from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
+logits, rows, temperature = torch.load(sys.argv[1])
+processed = torch.empty_like(logits, dtype=torch.float32).copy_(logits)  # as apply_sampling_params
+apply_temperature(processed, rows, temperature)
+torch.save(processed, sys.argv[2])
+"""
+
+
+def test_temperature_twin_is_vllms_kernel(tmp_path):
+    """The twin gives exactly what vLLM's ``_temperature_kernel`` gives (run in a child process,
+    where vLLM imports its Triton kernels and the interpreter runs them)."""
+    import os
+    import subprocess
+    import sys
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(8, 300, generator=gen) * 4).to(torch.bfloat16)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.45, 2.0, 0.33])
+    rows = torch.tensor([1, 0, 2, 3, 4, 5, 6, 1], dtype=torch.int32)
+    torch.save((logits, rows, temperature), tmp_path / "in.pt")
+    script = tmp_path / "kernel.py"
+    script.write_text(_VLLM_TEMPERATURE_KERNEL)
+    env = dict(os.environ, TRITON_INTERPRET="1", VLLM_TARGET_DEVICE="cpu")
+    cmd = [sys.executable, str(script), str(tmp_path / "in.pt"), str(tmp_path / "out.pt")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = SimpleNamespace(temperature=SimpleNamespace(gpu=temperature))
+    twin = logits.float()
+    temperature_twin(states)(twin, rows, None)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), twin)
+    assert not torch.equal(twin, logits.float())  # rows were divided
+
+
 def vllm_sampler(monkeypatch, config, max_num_reqs: int):
     """Model Runner V2's real Sampler (the plugin wraps its add_request), on CPU."""
     import vllm.v1.worker.gpu.buffer_utils as buffers
