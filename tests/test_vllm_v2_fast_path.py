@@ -316,6 +316,29 @@ def test_verify_in_chunks_with_several_chunks(model_dir, restore_seams, monkeypa
     assert len(glue) == 1
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["bonus_rows_in_place", "eager_bonus"])
+def test_raw_logits_at_their_temperature_match_divided_logits(monkeypatch, in_place):
+    """The seam's ``logits_divided=False`` (raw logits, each request's T applied by us) gives the
+    tokens of the logits divided as vLLM's glue divides them, on the bonus-row path (T in the
+    kernels) and on the eager one (one division here), greedy and random requests mixed."""
+    from vllm_support import v2_args
+
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+    from spec_samplers.rejection import RejectionSampler
+
+    requests = mixed_requests(21, R=10)
+    inputs, logits, cache = step(requests, 22, dtype=torch.float32)
+    t = inputs["temperature"][inputs["expanded_idx_mapping"].long()][:, None]
+    divided = torch.where((t == 0) | (t == 1), logits, logits / t)  # vLLM's temperature kernel
+    if not in_place:
+        monkeypatch.setattr(v2_runner, "bonus_row_verifiable", lambda sampler: False)
+    verifier = RaggedVerifier(RejectionSampler())
+    for drafts in (cache, None):
+        expected = v2_runner.verify(verifier, divided, drafts, *v2_args(inputs), K)
+        out = v2_runner.verify(verifier, logits, drafts, *v2_args(inputs), K, logits_divided=False)
+        assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
+
+
 # --- routing -----------------------------------------------------------------------------------
 
 
