@@ -470,3 +470,6 @@ def test_flags_follow_the_slot(model_dir, restore_seams, monkeypatch):
     assert all("add_request" not in vars(p) for p in sampler.logits_processors)
     assert "add_request" not in vars(sampler.thinking_budget_state)
     assert np.array_equal(sampler.needs_logits_processing, [False, True, False, False])
+    install(V2_MODULE, None)  # the slot reused while our sampler is away: needs more (unknown)
+    sampler.add_request(1, SamplingParams(temperature=0.5, presence_penalty=1.0))
+    assert flags.tolist() == [True, True, True, True]

@@ -266,7 +266,7 @@ def v2_rejection_sampler(a: dict[str, Any]) -> Any:
 
     from spec_samplers.integrations.vllm import v2_runner
 
-    sampler = object.__new__(Sampler)
+    sampler: Any = object.__new__(Sampler)
     num_slots = a["temperature"].shape[0]
     sampler.sampling_states = SimpleNamespace(
         temperature=SimpleNamespace(gpu=a["temperature"]),
@@ -275,7 +275,7 @@ def v2_rejection_sampler(a: dict[str, Any]) -> Any:
     )
     sampler.logprobs_mode, sampler.return_sampling_mask = "raw_logprobs", False
     setattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE, np.zeros(num_slots, dtype=bool))
-    rs = object.__new__(RejectionSampler)
+    rs: Any = object.__new__(RejectionSampler)
     rs.sampler, rs.num_speculative_steps, rs.watermark_key = sampler, a["num_speculative_steps"], None
     rs.synthetic_conditional_rates, rs.use_block_verification, rs.fly_window_size = None, False, 0
     return rs

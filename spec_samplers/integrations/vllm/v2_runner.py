@@ -329,12 +329,14 @@ def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(vllm_add_request)
     def _add_request(self: Any, req_idx: int, sampling_params: Any) -> Any:
+        flags = getattr(self, NEEDS_MORE_ATTRIBUTE, None)
+        if flags is not None:  # the slot's new occupant needs more until shown otherwise
+            flags[req_idx] = True
         if seam_verifier(_SEAM_MODULE) is None:  # our sampler is not installed: vLLM's method only
             return vllm_add_request(self, req_idx, sampling_params)
         components = [getattr(self, "thinking_budget_state", None), *getattr(self, "logits_processors", ())]
         with _answers_of([c for c in components if c is not None]) as answers:
             result = vllm_add_request(self, req_idx, sampling_params)
-        flags = getattr(self, NEEDS_MORE_ATTRIBUTE, None)
         if flags is None:
             num_slots = getattr(getattr(self, "sampling_states", None), "max_num_reqs", None)
             if num_slots is None:  # a Sampler laid out otherwise: no flags, no fast path
