@@ -242,6 +242,35 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=a.draft_probs)) == 0
 
 
+def test_v2_plain_chunk_creates_no_vocabulary_sized_eager_tensor():
+    """Structural: Model Runner V2's ``_verify`` as the plugin wraps it, on a plain chunk
+    (temperature only): vLLM's glue (the chunk's fp32 copy and its division by T) is skipped and
+    the raw logits verified in place at each request's temperature, the drafter's cache read in
+    place: no vocabulary-sized tensor created or allocated, with either drafting (before: the
+    glue's fp32 copy, 1)."""
+    import numpy as np
+    import vllm_support  # noqa: F401  (vLLM's platform: CPU; the plugin tests' requirements)
+
+    from spec_samplers.integrations.vllm import v2_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+    from spec_samplers.registry import get_sampler
+
+    shape = wl.Shape(REQUESTS, STEPS, VOCAB)
+    x = wl.Inputs(META)
+    logits = x.normal(REQUESTS * (STEPS + 1), VOCAB, dtype=torch.bfloat16)
+    a = wl.v2_arguments(shape, x, logits)
+    rs = wl.v2_rejection_sampler(a)
+    for name in ("rejection_sampler", "block_verification"):
+        verifier = RaggedVerifier(get_sampler(name, backend="triton"))
+        assert v2_runner.plain_chunk(rs, verifier, logits, np.arange(REQUESTS))  # the fast path
+        chunk = {k: a[k] for k in v2_runner.CHUNK_ARGUMENTS}
+        for drafts in (a["draft_logits"], None):  # probabilistic, point-mass drafts
+            call = functools.partial(
+                v2_runner.verify_plain_chunk, rs, verifier, logits, **{**chunk, "draft_logits": drafts}
+            )
+            assert _allocated_vocab_tensors(call) == 0
+
+
 def _allocated_vocab_tensors(call) -> int:
     """Vocabulary-sized tensors an eager call creates or allocates (``new_empty`` and the like
     move no data, so ``creates_vocab_tensor`` leaves them out)."""
@@ -265,10 +294,12 @@ def test_profile_cli_runs_at_a_small_shape(tmp_path):
     for launch in result["launches"]:
         assert launch["bytes"] > 0 and launch["sass"]["registers"] > 0
     assert result["modeled"]["H100"]["graph_s"] > result["modeled"]["H100"]["floor_s"] > 0
-    # the request tail of the verification launch (its last program per request finishes it) is
-    # measured on its own, one program per request, and pays no launch latency of its own
-    (tail,) = [launch for launch in result["launches"] if launch["tail"]]
-    assert tail["name"] == "rejection_tail" and tail["grid"] == [2]
+    # the tails (the last program of each (request, position) combines its statistics, the last
+    # of each request finishes it) are measured on their own, one program per tail, right after
+    # their launch, and pay no launch latency of their own: 2 launches per logits call
+    tails = {launch["name"]: launch["grid"] for launch in result["launches"] if launch["tail"]}
+    assert tails == {"softmax_tail": [2, 3], "rejection_tail": [2]}
+    assert names[names.index("softmax_tail") - 1] == "softmax_partials_kernel"
     assert names[names.index("rejection_tail") - 1] == "residual_partials_kernel"
     h100 = result["modeled"]["H100"]
-    assert h100["graph_s"] == pytest.approx(h100["kernels_s"] + (len(names) - 1) * 1e-6)
+    assert h100["graph_s"] == pytest.approx(h100["kernels_s"] + 2 * 1e-6)

@@ -18,9 +18,14 @@ every request rejects its first draft (deterministic: the small-shape counts sca
   gather the target rows, fp32 copy, clone, temperature via ``apply_sampling_constraints``) then
   its ``rejection_sample`` (its bonus draw by its Sampler over [B, V] is not counted: vLLM's side
   is modeled short of it, ours includes it);
-* ``ours-v2-seam`` / ``vllm-mrv2``: Model Runner V2 from its [B(k+1), V] logits: its glue
-  (``apply_sampling_params``: fp32 copy, ``apply_temperature``) then our seam or vLLM's
-  ``rejection_sample`` (which draws the bonus token too), draft logits [B, k, V] as cached.
+* ``ours-v2-seam``: Model Runner V2's ``RejectionSampler._verify`` with the plugin installed, from
+  its [B(k+1), V] logits. The chunk is plain (temperature only, no logprobs), so it is the
+  plugin's fast path (``v2_runner.verify_plain_chunk``): vLLM's glue is skipped and the raw logits
+  are verified in place, bonus rows included, each request at its own temperature in our kernels;
+  the drafter's cached logits [B, k, V] read in place too;
+* ``vllm-mrv2``: Model Runner V2 from the same logits: its glue (``apply_sampling_params``: fp32
+  copy, ``apply_temperature``) then vLLM's ``rejection_sample`` (which draws the bonus token too),
+  draft logits [B, k, V] as cached.
 """
 
 from __future__ import annotations
@@ -250,7 +255,36 @@ def vllm_mrv2(shape: Shape, device: torch.device) -> Callable[[], Any]:
     return lambda: rejection_sample(_v2_glue(logits, a), **a)
 
 
+def v2_rejection_sampler(a: dict[str, Any]) -> Any:
+    """Model Runner V2's RejectionSampler and Sampler as ``_verify`` reads them for the step of
+    :func:`v2_arguments` (vLLM's classes, their attributes set directly: no engine to build them):
+    the standard method, raw logprobs, every request temperature-only (the plugin's per-request
+    flags down)."""
+    import numpy as np
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    from spec_samplers.integrations.vllm import v2_runner
+
+    sampler: Any = object.__new__(Sampler)
+    num_slots = a["temperature"].shape[0]
+    sampler.sampling_states = SimpleNamespace(
+        temperature=SimpleNamespace(gpu=a["temperature"]),
+        seeds=SimpleNamespace(gpu=a["seed"]),
+        max_num_logprobs=lambda idx_mapping_np: -1,
+    )
+    sampler.logprobs_mode, sampler.return_sampling_mask = "raw_logprobs", False
+    setattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE, np.zeros(num_slots, dtype=bool))
+    rs: Any = object.__new__(RejectionSampler)
+    rs.sampler, rs.num_speculative_steps, rs.watermark_key = sampler, a["num_speculative_steps"], None
+    rs.synthetic_conditional_rates, rs.use_block_verification, rs.fly_window_size = None, False, 0
+    return rs
+
+
 def ours_v2_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    """MRv2's ``RejectionSampler._verify`` as the plugin wraps it, on a plain chunk: its fast path."""
+    import numpy as np
+
     from spec_samplers.integrations.vllm import v2_runner
     from spec_samplers.integrations.vllm.ragged import RaggedVerifier
 
@@ -258,7 +292,12 @@ def ours_v2_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
     logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
     a = v2_arguments(shape, x, logits)
     verifier = RaggedVerifier(_sampler(shape))
-    return lambda: v2_runner.verify(verifier, _v2_glue(logits, a), **a)
+    rs = v2_rejection_sampler(a)
+    if not v2_runner.plain_chunk(rs, verifier, logits, np.arange(shape.batch_size)):
+        # a sampler without the in-place bonus row (typical acceptance): vLLM's glue, then our seam
+        return lambda: v2_runner.verify(verifier, _v2_glue(logits, a), **a)
+    chunk = {name: a[name] for name in v2_runner.CHUNK_ARGUMENTS}  # _verify's, after the logits
+    return lambda: v2_runner.verify_plain_chunk(rs, verifier, logits, **chunk)
 
 
 BUILDERS: dict[str, Callable[[Shape, torch.device], Callable[[], Any]]] = {

@@ -11,9 +11,10 @@ it holds our section is the module's ``rejection_sample`` replaced (logged once 
 otherwise vLLM's own function stays, or is put back. Bad sections raise there: at engine start.
 
 ``WRAPS`` lists the few other vLLM functions wrapped on import (spec_decode_params.py: min_p and
-logit_bias with speculative decoding; V1's ``RejectionSampler.forward``, whose plain steps skip
-vLLM's glue when our sampler is installed at the V1 seam); each wrapper reads the configuration
-it is given (or the seam) and, without our section, is vLLM's function.
+logit_bias with speculative decoding; V1's ``RejectionSampler.forward`` and Model Runner V2's
+``RejectionSampler._verify``, whose plain steps skip vLLM's glue when our sampler is installed at
+the seam, and V2's ``Sampler.add_request``, which records what they read); each wrapper reads the
+configuration it is given (or the seam) and, without our section, is vLLM's function.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Wrap:
 
 
 _PARAMS = "spec_samplers.integrations.vllm.spec_decode_params"
+_V2 = "spec_samplers.integrations.vllm.v2_runner"
 #: min_p and logit_bias with speculative decoding (spec_decode_params.py): validation in the
 #: front end, V1's logits processors in the worker
 WRAPS = (
@@ -101,6 +103,10 @@ WRAPS = (
         "forward",
         "spec_samplers.integrations.vllm.v1_runner:forward",
     ),
+    # Model Runner V2's plain chunks verified from the raw logits (v2_runner.verify_chunk), from a
+    # per-request flag recorded when the Sampler adds the request (v2_runner.add_request)
+    Wrap("vllm.v1.worker.gpu.sample.sampler", "Sampler", "add_request", f"{_V2}:add_request"),
+    Wrap("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler", "_verify", f"{_V2}:verify_chunk"),
 )
 _WRAPPED_MARK = "__spec_samplers_wraps__"
 #: the class, in each seam's module, whose construction tells us the configuration

@@ -17,7 +17,7 @@ Strategy for calling a sampler:
   ids and valid distributions, so strict-mode samplers accept it.
 
 Both runners' lean paths verify the engine's logits where the engine wrote them, bonus rows
-included (:func:`verify_with_bonus_rows`, :func:`verify_probs_with_bonus_rows`): request r's
+included (:func:`verify_with_bonus_rows`): request r's
 k_r + 1 rows are one ragged request whose last draft is the -1 placeholder, always rejected, so
 the token there is a sample of the bonus row (its argmax for a greedy request) drawn by the
 recovery race of position k_r in the sampler's kernels; no row is copied and no bonus is drawn
@@ -27,6 +27,8 @@ Everything is vectorised over the batch: no host synchronisation, no loop over r
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -207,6 +209,18 @@ class RaggedVerifier:
         return self.sampler(target, bonus_token_ids.reshape(-1, 1), padded_draft_probs, drafts, **kwargs)
 
 
+#: the attribute of our ``rejection_sample`` replacements (both runners) holding their
+#: :class:`RaggedVerifier`: what the plain-step wrappers read to know that our sampler is installed
+VERIFIER_ATTRIBUTE = "__spec_samplers_verifier__"
+
+
+def seam_verifier(module_name: str, attribute: str = "rejection_sample") -> RaggedVerifier | None:
+    """The verifier of our replacement installed at ``module_name``'s ``attribute`` (vLLM's seam),
+    or None when vLLM's own function is there (or the module is not imported)."""
+    seam = getattr(sys.modules.get(module_name), attribute, None)
+    return getattr(seam, VERIFIER_ATTRIBUTE, None)
+
+
 # --- bonus rows verified in place (both vLLM runners' lean paths) -------------------------------
 
 
@@ -252,32 +266,4 @@ def verify_with_bonus_rows(
         offsets=offsets,
         **draft_rows,
     )  # [R, K+2]: at most k_r + 1 <= K + 1 tokens per request
-    return out[:, : max_spec_len + 1]
-
-
-def verify_probs_with_bonus_rows(
-    verifier: RaggedVerifier,
-    target_probs: torch.Tensor,  # [L, V]: every row of the batch, bonus rows included
-    draft_probs: torch.Tensor | None,  # [L, V] (bonus rows never read) or None
-    draft_token_ids: torch.Tensor,  # [L] int32/int64: -1 at every bonus row
-    cu_num_rows: torch.Tensor,  # [R] inclusive cumulative sum of k_r + 1
-    max_spec_len: int,  # K >= every k_r
-    *,
-    seeds: torch.Tensor,  # [R] int64
-    is_greedy: torch.Tensor | None = None,  # [R] bool
-) -> torch.Tensor:
-    """:func:`verify_with_bonus_rows` on probabilities (the sampler's ``forward_ragged``; requires
-    :attr:`RaggedVerifier.uses_ragged_method`): for drafts whose law an engine hands over as
-    probabilities, verified against exactly those. A placeholder draft's draft row is never used
-    (an out-of-range draft is recovered from the target row alone). [R, K+1] int64, -1 padded."""
-    out = verifier(
-        target_probs,
-        torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
-        draft_probs,
-        draft_token_ids,
-        cu_num_rows,
-        max_spec_len + 1,
-        seeds=seeds,
-        is_greedy=is_greedy,
-    )
     return out[:, : max_spec_len + 1]

@@ -20,7 +20,6 @@ point-mass drafts, 2 with draft probabilities).
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,17 +27,15 @@ import torch
 
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import (
+    VERIFIER_ATTRIBUTE,
     RaggedVerifier,
     bonus_row_verifiable,
     greedy_verify_ragged,
+    seam_verifier,
     verify_with_bonus_rows,
 )
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.seeding import row_seeds
-
-#: the attribute of our ``rejection_sample`` replacement holding its :class:`RaggedVerifier`
-#: (what :func:`forward` reads to know that our sampler is installed)
-VERIFIER_ATTRIBUTE = "__spec_samplers_verifier__"
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., torch.Tensor]):
@@ -147,8 +144,7 @@ def forward(vllm_forward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(vllm_forward)
     def _forward(self: Any, metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
-        seam = getattr(sys.modules.get(module_name), "rejection_sample", None)
-        verifier = getattr(seam, VERIFIER_ATTRIBUTE, None)
+        verifier = seam_verifier(module_name)
         if verifier is None or not plain_step(self, verifier, metadata, draft_probs, logits, sampling_metadata):
             return vllm_forward(self, metadata, draft_probs, logits, sampling_metadata)
         from vllm.v1.outputs import SamplerOutput

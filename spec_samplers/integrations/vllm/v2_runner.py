@@ -47,17 +47,24 @@ reproduces; vocabularies of different size are cut to the smaller one, as vLLM d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from spec_samplers import rng
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import (
+    VERIFIER_ATTRIBUTE,
     RaggedVerifier,
     bonus_row_verifiable,
     greedy_verify_ragged,
+    seam_verifier,
     verify_with_bonus_rows,
 )
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
@@ -74,7 +81,10 @@ def make_rejection_sample(
     (the engine config refuses each of them together with our section, so such calls only come
     from code that bypasses it).
     """
-    return replace_engine_function(sampler, RaggedVerifier(sampler), verify, vllm_rejection_sample, _vllm_only)
+    verifier = RaggedVerifier(sampler)
+    replacement = replace_engine_function(sampler, verifier, verify, vllm_rejection_sample, _vllm_only)
+    setattr(replacement, VERIFIER_ATTRIBUTE, verifier)  # what verify_chunk reads
+    return replacement
 
 
 def _vllm_only(arguments: Mapping[str, Any]) -> bool:
@@ -134,7 +144,15 @@ def verify(
     fly_window_size: int = 0,  # vLLM 0.33
     fly_entropy_threshold: float = 0.3,  # vLLM 0.33
     fly_entropy_top_k: int = 3,  # vLLM 0.33
+    *,
+    logits_divided: bool = True,  # ours, never passed by vLLM (see below)
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sampled [R, S+1] int64, -1 padded; num_sampled [R] int32).
+
+    ``logits_divided``: whether ``target_logits`` arrive divided by each request's temperature
+    (vLLM's ``apply_sampling_params`` ran: what vLLM passes) or raw (the plain-chunk fast path,
+    :func:`verify_chunk`): then the bonus-row path divides in the kernels, the eager paths once
+    here."""
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
     device = target_logits.device
@@ -149,10 +167,14 @@ def verify(
     if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
         return _verify_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu, bonus_rows, expanded_idx_mapping,
-            expanded_local_pos, temp, seeds, offsets, num_speculative_steps, vocab,
+            expanded_local_pos, temp, seeds, offsets, num_speculative_steps, vocab, logits_divided,
         )  # fmt: skip
 
     is_greedy = temp == 0  # [R]
+    if not logits_divided:  # what vLLM's temperature kernel does: fp32 quotient, greedy rows by 1
+        rows = torch.arange(num_logits, device=device)
+        row_temp = temp.masked_fill(is_greedy, 1.0)[torch.searchsorted(cu[1:], rows, right=True)]  # [L]
+        logits = torch.div(logits, row_temp[:, None])
 
     num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
     num_draft = cu[1:] - cu[:-1] - 1  # [R]
@@ -226,6 +248,7 @@ def _verify_with_bonus_rows(
     offsets: torch.Tensor,  # [R] int64
     num_speculative_steps: int,
     vocab: int,
+    logits_divided: bool,  # the logits arrive divided by req_temp (vLLM's glue ran), or raw
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk's logits verified in place, bonus rows included
     (:func:`~spec_samplers.integrations.vllm.ragged.verify_with_bonus_rows`: request r's rows
@@ -263,11 +286,233 @@ def _verify_with_bonus_rows(
         ids,
         cu[1:],
         S,
-        # vLLM's logits arrive divided by T: 1, or 0 for greedy requests. sign() gives both in one
-        # op (a negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before)
-        temperature=req_temp.sign(),
+        # Logits divided by vLLM: T is 1, or 0 for greedy requests. sign() gives both in one op (a
+        # negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before). Raw logits
+        # (the plain-chunk fast path): each request's own T, divided in the kernels
+        temperature=req_temp.sign() if logits_divided else req_temp,
         seeds=seeds,
         offsets=offsets,
         **drafts,
     )
     return _with_counts(out)
+
+
+# --- plain chunks: RejectionSampler._verify without vLLM's glue (issue 19) -----------------------
+
+#: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs
+#: more than its temperature ([max_num_reqs] bool, numpy; True for a slot :func:`add_request` has
+#: not seen), written by the plugin's wrapper of ``Sampler.add_request``
+NEEDS_MORE_ATTRIBUTE = "_spec_samplers_needs_more_than_temperature"
+#: vLLM's built-in logits processors of Model Runner V2 (module, class): their ``add_request``
+#: answers whether they change the request's logits; any other processor may change any row
+BUILTIN_PROCESSORS = frozenset(
+    {
+        ("vllm.v1.worker.gpu.sample.logit_bias", "LogitBiasState"),  # logit bias, allowed tokens, min tokens
+        ("vllm.v1.worker.gpu.sample.penalties", "PenaltiesState"),
+        ("vllm.v1.worker.gpu.sample.bad_words", "BadWordsState"),
+    }
+)
+_SAMPLER_MODULE = "vllm.v1.worker.gpu.sample.sampler"
+_SEAM_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+
+
+def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps Model Runner V2's ``Sampler.add_request(req_idx, sampling_params)``: vLLM's method,
+    then our flag for the slot (:data:`NEEDS_MORE_ATTRIBUTE`): whether the request needs anything
+    but its temperature. vLLM's own flag (``needs_logits_processing``) counts a temperature other
+    than 0 and 1 too, so ours is read from the same sources: the answers of the thinking budget's
+    and each logits processor's ``add_request`` during vLLM's call (recorded, not asked again:
+    they have side effects), and min-p / top-k / top-p from the sampling states as vLLM's rule
+    reads them (none of them matters to a greedy request). Host work once per request, none per
+    step; nothing without our sampler at the seam (vLLM builds the RejectionSampler, where the
+    plugin installs it, before it adds any request)."""
+
+    @functools.wraps(vllm_add_request)
+    def _add_request(self: Any, req_idx: int, sampling_params: Any) -> Any:
+        flags = getattr(self, NEEDS_MORE_ATTRIBUTE, None)
+        if flags is not None:  # the slot's new occupant needs more until shown otherwise
+            flags[req_idx] = True
+        if seam_verifier(_SEAM_MODULE) is None:  # our sampler is not installed: vLLM's method only
+            return vllm_add_request(self, req_idx, sampling_params)
+        components = [getattr(self, "thinking_budget_state", None), *getattr(self, "logits_processors", ())]
+        with _answers_of([c for c in components if c is not None]) as answers:
+            result = vllm_add_request(self, req_idx, sampling_params)
+        if flags is None:
+            num_slots = getattr(getattr(self, "sampling_states", None), "max_num_reqs", None)
+            if num_slots is None:  # a Sampler laid out otherwise: no flags, no fast path
+                return result
+            flags = np.ones(num_slots, dtype=bool)
+            setattr(self, NEEDS_MORE_ATTRIBUTE, flags)
+        try:
+            flags[req_idx] = _needs_more(self, req_idx, components, answers)
+        except AttributeError:  # sampling states laid out otherwise: the request stays vLLM's
+            flags[req_idx] = True
+        return result
+
+    return _add_request
+
+
+@contextlib.contextmanager
+def _answers_of(components: Sequence[Any]) -> Iterator[dict[int, Any]]:
+    """Records what each component's ``add_request`` returns while the block runs ({id: answer});
+    a component whose method cannot be shadowed (no instance dict) gives no answer."""
+    answers: dict[int, Any] = {}
+    shadowed = []
+    for component in components:
+        method = component.add_request
+
+        def recorded(req_idx: int, sampling_params: Any, _method: Any = method, _key: int = id(component)) -> Any:
+            answers[_key] = answer = _method(req_idx, sampling_params)
+            return answer
+
+        own = vars(component).get("add_request") if hasattr(component, "__dict__") else None
+        try:
+            component.add_request = recorded
+        except (AttributeError, TypeError):
+            continue
+        shadowed.append((component, own))
+    try:
+        yield answers
+    finally:
+        for component, own in shadowed:
+            if own is None:
+                del component.add_request
+            else:
+                component.add_request = own
+
+
+def _needs_more(sampler: Any, req_idx: int, components: Sequence[Any], answers: Mapping[int, Any]) -> bool:
+    """Whether the request in slot ``req_idx`` needs more than its temperature (conservative:
+    anything unknown counts)."""
+    thinking, *processors = components
+    if thinking is None or answers.get(id(thinking), True):
+        return True
+    for processor in processors:
+        builtin = (type(processor).__module__, type(processor).__name__) in BUILTIN_PROCESSORS
+        if not builtin or answers.get(id(processor), True):
+            return True
+    states = sampler.sampling_states  # vLLM's rule (SamplingStates.add_request) without temperature
+    if states.temperature.np[req_idx] == 0.0:
+        return False
+    filters = (states.min_p.np[req_idx] != 0.0, states.top_k.np[req_idx] != states.vocab_size)
+    return bool(any(filters) or states.top_p.np[req_idx] != 1.0)
+
+
+def verify_chunk(vllm_verify: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps Model Runner V2's ``RejectionSampler._verify`` (one chunk of whole requests, called by
+    ``_verify_in_chunks``). With our sampler installed at the seam and a plain chunk
+    (:func:`plain_chunk`), the chunk is :func:`verify_plain_chunk`: vLLM's glue
+    (``Sampler.apply_sampling_params``: the chunk's logits copied to fp32, divided by the
+    temperatures) is skipped and the raw logits are verified in place. Anything else is vLLM's
+    ``_verify``, which calls our ``rejection_sample`` (or vLLM's, without our section)."""
+    module_name = vllm_verify.__module__  # the seam's module
+    signature = inspect.signature(vllm_verify)
+
+    @functools.wraps(vllm_verify)
+    def _verify(self: Any, *args: Any, **kwargs: Any) -> Any:
+        verifier = seam_verifier(module_name)
+        if verifier is not None:
+            call = signature.bind(self, *args, **kwargs).arguments
+            known = all(name in call for name in ("logits", "idx_mapping_np", *CHUNK_ARGUMENTS))
+            if known and plain_chunk(self, verifier, call["logits"], call["idx_mapping_np"]):
+                return verify_plain_chunk(self, verifier, **{k: v for k, v in call.items() if k != "self"})
+        return vllm_verify(self, *args, **kwargs)
+
+    return _verify
+
+
+def plain_chunk(
+    rejection_sampler: Any,  # Model Runner V2's RejectionSampler
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V] the chunk's logits, raw
+    idx_mapping_np: np.ndarray,  # [R] request slots of the chunk (host)
+) -> bool:
+    """Whether the chunk needs nothing but each request's temperature, so that
+    :func:`verify_plain_chunk` gives what vLLM's glue and our seam give: every request's
+    :data:`NEEDS_MORE_ATTRIBUTE` flag down (no min-p, top-k, top-p, logit bias, allowed tokens,
+    min tokens, penalties, bad words, thinking budget, other logits processor); no sampling mask;
+    no processed logprobs for a request of the chunk; none of vLLM's own schemes (synthetic,
+    block verification, FLy, watermarking); vLLM's own ``apply_sampling_params`` (a subclass's
+    may do more); a sampler that verifies bonus rows in place. Host state only: no device work."""
+    sampler: Any = getattr(rejection_sampler, "sampler", None)
+    flags = getattr(sampler, NEEDS_MORE_ATTRIBUTE, None)
+    vllm_sampler = getattr(sys.modules.get(_SAMPLER_MODULE), "Sampler", None)
+    if flags is None or vllm_sampler is None or logits.dim() != 2:
+        return False
+    rs = rejection_sampler
+    scheme = dict(  # an attribute missing in this vLLM version: the feature is absent
+        synthetic_conditional_rates=getattr(rs, "synthetic_conditional_rates", None),
+        use_block_verification=getattr(rs, "use_block_verification", False),
+        fly_window_size=getattr(rs, "fly_window_size", 0),
+        contexts=getattr(rs, "watermark_key", None),  # a watermark key: vLLM passes contexts
+    )
+    glue_is_vllms = getattr(type(sampler), "apply_sampling_params", None) is vllm_sampler.apply_sampling_params
+    if _vllm_only(scheme) or not glue_is_vllms or getattr(sampler, "return_sampling_mask", False):
+        return False
+    if bool(flags[idx_mapping_np].any()):
+        return False
+    if _processed_logprobs(sampler) and sampler.sampling_states.max_num_logprobs(idx_mapping_np) >= 0:
+        return False  # vLLM computes logprobs from the processed logits (NO_LOGPROBS is -1)
+    return verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler)
+
+
+def _processed_logprobs(sampler: Any) -> bool:
+    from vllm.config.model import PROCESSED_LOGPROBS_MODES
+
+    return sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES
+
+
+#: the tensors of ``_verify``'s arguments after ``logits`` that :func:`verify_plain_chunk` reads
+CHUNK_ARGUMENTS = (
+    "draft_logits",
+    "draft_sampled",
+    "pos",
+    "cu_num_logits",
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+)
+
+
+def verify_plain_chunk(
+    rejection_sampler: Any,  # Model Runner V2's RejectionSampler
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V] the chunk's raw logits (the model's dtype)
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
+    draft_sampled: torch.Tensor,  # [L]
+    pos: torch.Tensor,  # [L]
+    cu_num_logits: torch.Tensor,  # [R+1] chunk-relative
+    idx_mapping: torch.Tensor,  # [R]
+    expanded_idx_mapping: torch.Tensor,  # [L]
+    expanded_local_pos: torch.Tensor,  # [L]
+    verify_draft_sampled: torch.Tensor | None = None,  # [L] (vLLM 0.33: invalid drafts -1)
+    **unused: Any,  # idx_mapping_np, seq_lens_upper_bound_np: read by vLLM's glue only
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_verify``'s triple (processed_logits, sampled [R, S+1] int64, num_sampled [R] int32) for a
+    plain chunk (:func:`plain_chunk`): the raw logits verified in place, bonus rows included, each
+    request at its own temperature in the kernels (0: greedy, the argmax); the drafter's cached
+    logits read in place too. No vocabulary-sized tensor is created.
+
+    The raw logits are returned as ``processed_logits``, which is what vLLM's own
+    ``apply_sampling_params`` returns for a chunk that needs no processing. ``_verify_in_chunks``
+    reads it for two things only: logprobs, from it when ``logprobs_mode`` is a processed mode
+    (otherwise from the raw logits anyway), and the sampling mask (``return_sampling_mask``);
+    :func:`plain_chunk` sends both cases to vLLM (processed logprobs: when a request of the chunk
+    asks for logprobs; rows of requests that do not ask are never returned to them)."""
+    states = rejection_sampler.sampler.sampling_states
+    sampled, num_sampled = verify(
+        verifier,
+        logits,
+        draft_logits,
+        draft_sampled if verify_draft_sampled is None else verify_draft_sampled,
+        cu_num_logits,
+        pos,
+        idx_mapping,
+        expanded_idx_mapping,
+        expanded_local_pos,
+        states.temperature.gpu,
+        states.seeds.gpu,
+        rejection_sampler.num_speculative_steps,
+        logits_divided=False,
+    )
+    return logits, sampled, num_sampled
