@@ -92,6 +92,19 @@ def batches():
                     draft_rows=torch.empty(T, **i64),
                     draft_temperature=torch.empty(B, device=META),
                 )
+                # the drafter's probabilities (draft_probs=), indexed and as [T, V] rows
+                for rows, n in ((torch.empty(T, **i64), 11), (None, T)):
+                    yield VerifyBatch.ragged(
+                        torch.empty(T, V, **f),
+                        bonus,
+                        torch.empty(n, V, device=META),
+                        torch.empty(T, **i64),
+                        torch.empty(B, **i64),
+                        K,
+                        **extra,
+                        draft_rows=rows,
+                        draft_is_probs=True,
+                    )
         else:
             yield VerifyBatch.padded(
                 torch.empty(B, K + 1, V, **f),
