@@ -246,6 +246,7 @@ def verify_with_bonus_rows(
     temperature: torch.Tensor,  # [R] float: what the logits are divided by, 0 = greedy request
     seeds: torch.Tensor,  # [R] int64
     offsets: torch.Tensor | None = None,  # [R] int64
+    bonus_token_ids: torch.Tensor | None = None,  # [R] int, never emitted (default: -1s, one op)
     **draft_rows: torch.Tensor,  # draft_rows [L] (-1 at bonus rows), draft_temperature [R]
 ) -> torch.Tensor:
     """[R, K+1] int64, -1 padded: the engine's logits verified in place by the sampler's logits
@@ -254,9 +255,11 @@ def verify_with_bonus_rows(
     the -1 placeholder: always rejected, its token is a sample of the bonus row (the argmax for a
     greedy request) by the recovery race of position k_r. So the kernels read the logits where
     the engine wrote them and no vocabulary-sized tensor is created."""
+    if bonus_token_ids is None:
+        bonus_token_ids = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
     out = verifier.from_logits(
         logits,
-        torch.full_like(seeds, PLACEHOLDER_TOKEN_ID),  # never emitted: every last draft is rejected
+        bonus_token_ids,  # never emitted: every last draft is rejected
         draft_logits,
         draft_token_ids,
         cu_num_rows,

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from spec_samplers import rng
+from spec_samplers.bonus_rows import bonus_row_inputs
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
@@ -156,19 +157,19 @@ def verify(
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
     device = target_logits.device
-    cu = cu_num_logits.to(torch.int64)
-    bonus_rows = cu[1:] - 1  # [R]
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
+    if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
+        return _verify_with_bonus_rows(
+            verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
+            expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided,
+        )  # fmt: skip
+    cu = cu_num_logits.to(torch.int64)
+    bonus_rows = cu[1:] - 1  # [R]
     req_state = idx_mapping  # [R] int32 or int64: either indexes
     temp = temperature[req_state].to(torch.float32)  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
     offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
-    if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
-        return _verify_with_bonus_rows(
-            verifier, logits, draft_logits, draft_sampled, cu, bonus_rows, expanded_idx_mapping,
-            expanded_local_pos, temp, seeds, offsets, num_speculative_steps, vocab, logits_divided,
-        )  # fmt: skip
 
     is_greedy = temp == 0  # [R]
     if not logits_divided:  # what vLLM's temperature kernel does: fp32 quotient, greedy rows by 1
@@ -239,59 +240,67 @@ def _verify_with_bonus_rows(
     logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
     draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
     draft_sampled: torch.Tensor,  # [L]
-    cu: torch.Tensor,  # [R+1] int64
-    bonus_rows: torch.Tensor,  # [R] int64: cu[1:] - 1
+    cu_num_logits: torch.Tensor,  # [R+1]
+    pos: torch.Tensor,  # [L]
+    idx_mapping: torch.Tensor,  # [R]: request state of each request
     expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
     expanded_local_pos: torch.Tensor,  # [L]: step of each row within its request
-    req_temp: torch.Tensor,  # [R] fp32: each request's temperature (0 = greedy)
-    seeds: torch.Tensor,  # [R] int64
-    offsets: torch.Tensor,  # [R] int64
+    temperature: torch.Tensor,  # [max_num_reqs]: T per request state (0 = greedy)
+    seed: torch.Tensor,  # [max_num_reqs] int64
     num_speculative_steps: int,
-    vocab: int,
-    logits_divided: bool,  # the logits arrive divided by req_temp (vLLM's glue ran), or raw
+    logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk's logits verified in place, bonus rows included
     (:func:`~spec_samplers.integrations.vllm.ragged.verify_with_bonus_rows`: request r's rows
     [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
     tokens follow the same law and the same random stream as :func:`sample_rows`. The drafter's
     cached logits are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the
-    requests' T): no vocabulary-sized tensor is created."""
-    num_logits = logits.shape[0]
+    requests' T): no vocabulary-sized tensor is created. The per-request and per-row inputs (T,
+    seed and counter offset by request state, the ids each row scores, the drafter rows) are
+    gathered by :func:`spec_samplers.bonus_rows.bonus_row_inputs`: one kernel launch on CUDA."""
+    num_logits, vocab = logits.shape
     S = num_speculative_steps
-    # the draft scored by row i is draft_sampled[i + 1]; a bonus row scores the placeholder
-    # (vLLM's int32 or int64, as given: the sampler reads either)
-    ids = torch.nn.functional.pad(draft_sampled[1:num_logits], (0, 1), value=PLACEHOLDER_TOKEN_ID)
-    ids = ids.index_fill(0, bonus_rows, PLACEHOLDER_TOKEN_ID)
     cache = None
-    drafts: dict[str, torch.Tensor] = {}
+    num_steps = 0
     if draft_logits is not None:
         # The drafter's cache read in place: [max_num_reqs * S', vocab] rows (a view, no copy),
         # row (state, step) at state * S' + step, divided by the request's temperature in the
-        # kernels (the target rows arrive divided by vLLM; the drafter's do not).
+        # kernels (the target rows arrive divided by vLLM; the drafter's do not). A bonus row's
+        # placeholder never reads a drafter row (its step k_r may be past the cached ones): -1
+        # there, out of range, so the kernels skip that row.
         num_steps = draft_logits.shape[1]
         cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
-        # [L] state * S' + step, in vLLM's index dtype (the sampler reads int32 or int64); a bonus
-        # row's placeholder never reads a drafter row (its step k_r may be past the cached ones):
-        # -1 there, out of range, so the kernels skip that row
-        rows = torch.add(expanded_local_pos[:num_logits], expanded_idx_mapping[:num_logits], alpha=num_steps)
-        drafts = dict(
-            draft_rows=rows.index_fill_(0, bonus_rows, -1),
-            # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
-            draft_temperature=req_temp,  # [R]
-        )
+    inputs = bonus_row_inputs(
+        cu_num_logits,
+        idx_mapping,
+        temperature,
+        seed,
+        pos,
+        draft_sampled,  # the draft scored by row i is draft_sampled[i + 1] (vLLM's int32 or int64)
+        expanded_idx_mapping if cache is not None else None,
+        expanded_local_pos if cache is not None else None,
+        num_logits,
+        num_steps,
+        S + 1,
+    )
+    drafts: dict[str, torch.Tensor] = {}
+    if cache is not None and inputs.draft_rows is not None:
+        # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
+        drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
     out = verify_with_bonus_rows(
         verifier,
         logits,
         cache,
-        ids,
-        cu[1:],
+        inputs.ids,
+        cu_num_logits[1:],
         S,
         # Logits divided by vLLM: T is 1, or 0 for greedy requests. sign() gives both in one op (a
         # negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before). Raw logits
         # (the plain-chunk fast path): each request's own T, divided in the kernels
-        temperature=req_temp.sign() if logits_divided else req_temp,
-        seeds=seeds,
-        offsets=offsets,
+        temperature=inputs.temperature.sign() if logits_divided else inputs.temperature,
+        seeds=inputs.seeds,
+        offsets=inputs.offsets,
+        bonus_token_ids=inputs.bonus,
         **drafts,
     )
     return _with_counts(out)

@@ -1,0 +1,99 @@
+"""One small kernel for an engine batch whose rows include each request's bonus row (vLLM Model
+Runner V2's layout): the per-request and per-row inputs of the bonus-row verification, gathered
+in one launch instead of about ten eager ops (:func:`spec_samplers.bonus_rows.bonus_row_inputs`
+is the PyTorch twin and the dispatch).
+
+Request r's rows are [cu[r], cu[r+1]), the last one its bonus row; its parameters live at its
+request state s = state[r] (T and seed per state), its counter offset is the position of its
+first row, row i scores the sampled id ``sampled[i + 1]`` (the bonus row scores the -1
+placeholder) and, with a drafter cache, reads cache row ``state_of_row * num_steps + step_of_row``
+(-1 at the bonus row: no drafter row). Grid (R,); every load is masked to [0, L) and to the
+request's rows, so inconsistent counts read nothing outside the tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+# L and num_steps follow the batch: left unspecialised so that a new batch reuses the variant.
+@triton.jit(do_not_specialize=["L", "num_steps"])
+def bonus_row_inputs_kernel(
+    cu_ptr,  # [R+1] int32/int64: request r's rows are [cu[r], cu[r+1])
+    state_ptr,  # [R] int32/int64: request r's state
+    temp_ptr,  # [num_states] float: T per state
+    seed_ptr,  # [num_states] int64: seed per state
+    pos_ptr,  # [L'] int: position of each row (L' >= L)
+    sampled_ptr,  # [L'] int32/int64: row i scores sampled[i + 1]
+    row_state_ptr,  # [L'] int: state of each row, or None (no drafter cache)
+    row_step_ptr,  # [L'] int: step of each row, or None
+    temp_out,  # [R] fp32
+    seed_out,  # [R] int64
+    offset_out,  # [R] int64
+    bonus_out,  # [R] int64: -1 (every request's last draft is the rejected placeholder)
+    ids_out,  # [L] (dtype of sampled): the draft id each row scores, -1 at bonus rows
+    rows_out,  # [L] int64: drafter cache row of each row, -1 at bonus rows; or None
+    L,  # rows of the batch
+    num_steps,  # cached steps per state (the cache's S')
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    lo = tl.load(cu_ptr + r).to(tl.int64)
+    hi = tl.load(cu_ptr + r + 1).to(tl.int64)
+    state = tl.load(state_ptr + r).to(tl.int64)
+    tl.store(temp_out + r, tl.load(temp_ptr + state).to(tl.float32))
+    tl.store(seed_out + r, tl.load(seed_ptr + state).to(tl.int64))
+    tl.store(offset_out + r, tl.load(pos_ptr + lo, mask=(lo >= 0) & (lo < L), other=0).to(tl.int64))
+    tl.store(bonus_out + r, tl.full([], -1, tl.int64))
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = (offs < hi) & (offs >= 0) & (offs < L)
+        is_bonus = offs == hi - 1
+        # a draft row i < hi - 1 <= L - 1 reads sampled[i + 1] inside [0, L)
+        draft_row = inside & (offs != hi - 1)
+        nxt = tl.load(sampled_ptr + offs + 1, mask=draft_row, other=-1)
+        tl.store(ids_out + offs, tl.where(is_bonus, -1, nxt), mask=inside)
+        if rows_out is not None:
+            step = tl.load(row_step_ptr + offs, mask=draft_row, other=0).to(tl.int64)
+            row_state = tl.load(row_state_ptr + offs, mask=draft_row, other=0).to(tl.int64)
+            tl.store(rows_out + offs, tl.where(is_bonus, -1, row_state * num_steps + step), mask=inside)
+
+
+def bonus_row_inputs_triton(
+    cu: torch.Tensor,  # [R+1] int32/int64
+    state: torch.Tensor,  # [R] int32/int64
+    temperature: torch.Tensor,  # [num_states] float
+    seed: torch.Tensor,  # [num_states] int64
+    pos: torch.Tensor,  # [L'] int
+    sampled: torch.Tensor,  # [L'] int32/int64
+    row_state: torch.Tensor | None,  # [L'] int, or None
+    row_step: torch.Tensor | None,  # [L'] int, or None
+    num_rows: int,  # L
+    num_steps: int,  # S' of the drafter cache (unused without it)
+    max_rows_per_request: int,  # a bound on cu[r+1] - cu[r] (the vector step; longer requests loop)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L],
+    draft rows [L] int64 or None): :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`'s
+    values in one launch. Every [R] / [L] input is read through unit strides (made contiguous here:
+    [R]- and [L]-sized copies at most)."""
+    R = cu.shape[0] - 1
+    device = cu.device
+    c = [
+        t.contiguous() if t is not None else None
+        for t in (cu, state, temperature, seed, pos, sampled, row_state, row_step)
+    ]
+    temp_out = torch.empty(R, dtype=torch.float32, device=device)
+    seed_out = torch.empty(R, dtype=torch.int64, device=device)
+    offset_out = torch.empty(R, dtype=torch.int64, device=device)
+    bonus_out = torch.empty(R, dtype=torch.int64, device=device)
+    ids_out = torch.empty(num_rows, dtype=sampled.dtype, device=device)
+    rows_out = torch.empty(num_rows, dtype=torch.int64, device=device) if row_state is not None else None
+    if R > 0:
+        block = max(16, triton.next_power_of_2(max(1, max_rows_per_request)))
+        bonus_row_inputs_kernel[(R,)](
+            *c, temp_out, seed_out, offset_out, bonus_out, ids_out, rows_out, num_rows, num_steps,
+            BLOCK=block, num_warps=1,
+        )  # fmt: skip
+    return temp_out, seed_out, offset_out, bonus_out, ids_out, rows_out
