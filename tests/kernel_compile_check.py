@@ -171,7 +171,25 @@ def main():
                 target=TARGET,
                 options=launch.options or None,
             )
+    for launch in bonus_row_launches():
+        sig, consts = signature(launch.kernel, launch.args)
+        seen.add((launch.name, tuple(sorted(sig.items()))))
+        triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
     print(f"compiled all kernel variants for sm_90: {len(seen)} variants")
+
+
+def bonus_row_launches():
+    """The bonus-row inputs kernel (spec_samplers.bonus_rows) with int32 / int64 indices, with and
+    without a drafter cache."""
+    from spec_samplers.kernels.bonus_row_kernels import plan_bonus_row_inputs
+
+    R, L = 4, 20
+    for dtype, cache in itertools.product((torch.int32, torch.int64), (True, False)):
+        i = dict(dtype=dtype, device=META)
+        rows = (torch.empty(L, **i), torch.empty(L, **i)) if cache else (None, None)
+        args = (torch.empty(R + 1, **i), torch.empty(R, **i), torch.empty(8, device=META))
+        args += (torch.empty(8, dtype=torch.int64, device=META), torch.empty(L, dtype=torch.int64, device=META))
+        yield from plan_bonus_row_inputs(*args, torch.empty(L, **i), *rows, L, 5, 5)[0]
 
 
 if __name__ == "__main__":

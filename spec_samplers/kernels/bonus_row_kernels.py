@@ -13,9 +13,16 @@ request's rows, so inconsistent counts read nothing outside the tensors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+
+from spec_samplers.kernels.launch_common import KernelLaunch, run_all
+
+#: (temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] or None)
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 # L and num_steps follow the batch: left unspecialised so that a new batch reuses the variant.
@@ -61,7 +68,7 @@ def bonus_row_inputs_kernel(
             tl.store(rows_out + offs, tl.where(is_bonus, -1, row_state * num_steps + step), mask=inside)
 
 
-def bonus_row_inputs_triton(
+def plan_bonus_row_inputs(
     cu: torch.Tensor,  # [R+1] int32/int64
     state: torch.Tensor,  # [R] int32/int64
     temperature: torch.Tensor,  # [num_states] float
@@ -73,27 +80,34 @@ def bonus_row_inputs_triton(
     num_rows: int,  # L
     num_steps: int,  # S' of the drafter cache (unused without it)
     max_rows_per_request: int,  # a bound on cu[r+1] - cu[r] (the vector step; longer requests loop)
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L],
-    draft rows [L] int64 or None): :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`'s
-    values in one launch. Every [R] / [L] input is read through unit strides (made contiguous here:
-    [R]- and [L]-sized copies at most)."""
+) -> tuple[list[KernelLaunch], Outputs]:
+    """The launch (none for an empty batch) and its outputs: (temperature [R] fp32, seeds [R]
+    int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] int64 or None), the values of
+    :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`. Every [R] / [L] input is read
+    through unit strides (made contiguous here: [R]- and [L]-sized copies at most)."""
     R = cu.shape[0] - 1
     device = cu.device
-    c = [
-        t.contiguous() if t is not None else None
-        for t in (cu, state, temperature, seed, pos, sampled, row_state, row_step)
-    ]
-    temp_out = torch.empty(R, dtype=torch.float32, device=device)
-    seed_out = torch.empty(R, dtype=torch.int64, device=device)
-    offset_out = torch.empty(R, dtype=torch.int64, device=device)
-    bonus_out = torch.empty(R, dtype=torch.int64, device=device)
-    ids_out = torch.empty(num_rows, dtype=sampled.dtype, device=device)
-    rows_out = torch.empty(num_rows, dtype=torch.int64, device=device) if row_state is not None else None
-    if R > 0:
-        block = max(16, triton.next_power_of_2(max(1, max_rows_per_request)))
-        bonus_row_inputs_kernel[(R,)](
-            *c, temp_out, seed_out, offset_out, bonus_out, ids_out, rows_out, num_rows, num_steps,
-            BLOCK=block, num_warps=1,
-        )  # fmt: skip
-    return temp_out, seed_out, offset_out, bonus_out, ids_out, rows_out
+    tensors = (cu, state, temperature, seed, pos, sampled, row_state, row_step)
+    names = ("cu_ptr", "state_ptr", "temp_ptr", "seed_ptr", "pos_ptr", "sampled_ptr", "row_state_ptr", "row_step_ptr")
+    args: dict[str, object] = {n: None if t is None else t.contiguous() for n, t in zip(names, tensors)}
+    outputs: Outputs = (
+        torch.empty(R, dtype=torch.float32, device=device),
+        torch.empty(R, dtype=torch.int64, device=device),
+        torch.empty(R, dtype=torch.int64, device=device),
+        torch.empty(R, dtype=torch.int64, device=device),
+        torch.empty(num_rows, dtype=sampled.dtype, device=device),
+        torch.empty(num_rows, dtype=torch.int64, device=device) if row_state is not None else None,
+    )
+    outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out")
+    args.update(zip(outs, outputs))
+    block = max(16, triton.next_power_of_2(max(1, max_rows_per_request)))
+    args.update(L=num_rows, num_steps=num_steps, BLOCK=block)
+    launches = [KernelLaunch(bonus_row_inputs_kernel, (R,), args, 1, "bonus_row_inputs")] if R > 0 else []
+    return launches, outputs
+
+
+def bonus_row_inputs_triton(*args: Any) -> Outputs:
+    """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments)."""
+    launches, outputs = plan_bonus_row_inputs(*args)
+    run_all(launches)
+    return outputs
