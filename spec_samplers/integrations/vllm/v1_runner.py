@@ -13,8 +13,8 @@ the others draw from torch's default generator. Output [B, K+1] int32, -1 padded
 Plain steps skip vLLM's glue (:func:`forward`, a wrapper of ``RejectionSampler.forward`` that
 the plugin installs): when the batch needs nothing but temperature, the model's [T + B, V]
 logits are verified in place, bonus rows included, and the bonus token is drawn in our kernels
-instead of by vLLM's Sampler: at most 2 vocabulary-sized eager tensors per step (none with
-point-mass drafts, 2 with draft probabilities).
+instead of by vLLM's Sampler: no vocabulary-sized eager tensor per step, with point-mass drafts
+or draft probabilities (read in place by index).
 """
 
 from __future__ import annotations
@@ -205,7 +205,8 @@ def plain_step(
     if draft_probs is None or sm.all_greedy or num_drafts == 0:  # no draft's law to read
         return verifier.has_logits_entry
     same_shape = tuple(draft_probs.shape) == (num_drafts, logits.shape[1])
-    return verifier.uses_ragged_method and same_shape and draft_probs.is_floating_point()
+    # q goes to the logits entry too (draft_probs with draft_rows)
+    return verifier.has_logits_entry and same_shape and draft_probs.is_floating_point()
 
 
 def verify_plain_step(
@@ -241,12 +242,10 @@ def verify_plain_step(
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
     drafts: dict[str, torch.Tensor] = {}
     if draft_probs is not None and draft_probs.shape[0] > 0:
-        # q read in place: row i of request r scores draft i - r (its k_r draft rows come first);
+        # q read in place: the logits row of draft t reads q's row t (laid out as the ids above);
         # a bonus row's placeholder draft reads no draft row (-1, skipped by the kernels)
-        rows = torch.arange(logits.shape[0], device=logits.device, dtype=cu_rows.dtype)
-        req_of_row = torch.searchsorted(cu_rows, rows, right=True)  # [T + B]
-        bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
-        index = (rows - req_of_row).index_fill_(0, bonus_rows, -1)  # [T + B]
+        index = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)  # [T + B]
+        index[metadata.target_logits_indices] = torch.arange(draft_ids.shape[0], device=logits.device)
         drafts = dict(draft_probs=draft_probs, draft_rows=index)
     out = verify_with_bonus_rows(
         verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
