@@ -52,3 +52,18 @@ def test_empty_batch_and_the_eager_dispatch_off_cuda():
     empty = (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros(0, dtype=torch.int64, device=DEVICE))
     out = bonus_row_inputs_triton(*empty, *args[2:6], None, None, 0, 6, 4)
     assert out[0].shape == (0,) and out[4].shape == (0,) and out[5] is None
+
+
+def test_strided_and_expanded_inputs_read_as_their_contiguous_copies():
+    """Every input may be a view: a strided ``pos`` / ``sampled`` and an expanded (stride 0)
+    temperature give the values of their contiguous copies (the launcher copies [R] / [L] inputs)."""
+    cu, state, temperature, seed, pos, sampled, row_state, row_step, L, S = batch([3, 4], torch.int64, 5, True)
+    wide_pos = torch.stack([pos, pos + 1], 1)[:, 0]  # stride 2
+    wide_sampled = torch.stack([sampled, -sampled], 1)[:, 0]
+    flat_t = torch.full((), 0.6, device=DEVICE).expand(temperature.shape[0])
+    assert wide_pos.stride(0) == 2 and flat_t.stride(0) == 0
+    args = (cu, state, flat_t, seed, wide_pos, wide_sampled, row_state, row_step, L, S)
+    expected = bonus_row_inputs_reference(cu, state, flat_t.contiguous(), seed, pos, sampled, row_state, row_step, L, S)
+    got = bonus_row_inputs_triton(*args, 4)
+    for name, a, b in zip(expected._fields, expected, got):
+        assert torch.equal(a.long() if name == "draft_rows" else a, b), name

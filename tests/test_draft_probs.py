@@ -157,3 +157,24 @@ def test_draft_probs_cross_the_custom_op():
         return sampler.forward_ragged_from_logits(*a, K, **k)
 
     assert torch.equal(torch.compile(call, fullgraph=True, backend="eager")(*args, **kw), call(*args, **kw))
+
+
+def test_strided_expanded_and_low_precision_draft_probs_read_as_their_contiguous_copy():
+    """``draft_probs`` as a strided view (every other row of a wider matrix), expanded (one row,
+    row stride 0) and in bf16: the tokens of its contiguous fp32-equal copy, on both backends."""
+    batch, _ = make_batch(torch.float32, "permuted", 12)
+    probs = as_probs(batch).draft  # [N, V]
+    wide = torch.zeros(2 * probs.shape[0], V + 5, device=DEVICE)
+    wide[::2, :V] = probs
+    strided = wide[::2, :V]
+    expanded = probs[:1].expand(probs.shape[0], V)
+    assert strided.stride() == (2 * (V + 5), 1) and expanded.stride(0) == 0
+    args = list(positional(batch))
+    args[2] = None
+    kw = dict(temperature=batch.temperature, seeds=batch.seeds, offsets=batch.offsets, draft_rows=batch.draft_rows)
+    for backend in ("torch", KERNEL_BACKEND):
+        sampler = RejectionSampler(backend=backend)
+        for view in (strided, expanded, probs.to(torch.bfloat16)):
+            out = sampler.forward_ragged_from_logits(*args, **kw, draft_probs=view)
+            expected = sampler.forward_ragged_from_logits(*args, **kw, draft_probs=view.float().contiguous())
+            assert torch.equal(out, expected)
