@@ -52,7 +52,7 @@ def entries(B: int, k: int, V: int, device: str) -> dict[str, Callable[[], objec
     return {
         "RejectionSampler(probs)": lambda: rs(q, bonus, p, ids, seeds=seeds),
         "RejectionSampler(point mass)": lambda: rs(q, bonus, None, ids, seeds=seeds),
-        "TypicalAcceptanceSampler(probs)": lambda: ts(q, bonus, p, ids, seeds=seeds),
+        "TypicalAcceptanceSampler(probs)": lambda: ts(q, bonus, p, ids),
         "forward_from_logits(T)": lambda: rs.forward_from_logits(tl, bonus, dl, ids, temp, seeds=seeds),
         "forward_from_logits(SamplingParams)": lambda: rs.forward_from_logits(
             tl, bonus, dl, ids, sampling_params=params, seeds=seeds
