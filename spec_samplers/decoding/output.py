@@ -73,12 +73,12 @@ def model_device(model: LanguageModel) -> torch.device:
 
 class RoundTarget(NamedTuple):
     """The target's view of one round's emitted tokens, for observers that report scores: emitted
-    token j of row m was drawn from ``probs[m, index[m, j]]`` (the processed target distribution),
-    scored by ``logits[m, index[m, j]]`` (the target's raw logits). Tensors on the model's device."""
+    token j of row m was drawn from ``probs[m, positions[m, j]]`` (the processed target distribution),
+    scored by ``logits[m, positions[m, j]]`` (the target's raw logits). Tensors on the model's device."""
 
     logits: torch.Tensor  # [M, Q, V]
     probs: torch.Tensor  # [M, Q, V] fp32
-    index: torch.Tensor  # [M, W] int64: the query position behind each emitted token
+    positions: torch.Tensor  # [M, W] int64: the query position behind each emitted token
 
 
 class RoundObserver(Protocol):

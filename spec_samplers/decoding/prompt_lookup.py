@@ -63,7 +63,9 @@ class PromptLookupDrafter:
     def forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         """logits [B, Q, V]: at the last position, 0 at each request's proposal and -inf elsewhere."""
         if not isinstance(kv_cache, TensorKVCache):
-            raise input_error("kv_cache", "a TensorKVCache (PromptLookupDrafter.new_kv_cache())", type(kv_cache).__name__)
+            raise input_error(
+                "kv_cache", "a TensorKVCache (PromptLookupDrafter.new_kv_cache())", type(kv_cache).__name__
+            )
         layout = kv_cache.query_layout(query_token_ids)
         ids = layout.input_ids[:, None, :, None]
         kv_cache.update([KVState(ids, ids)], valid=layout.valid)

@@ -107,7 +107,7 @@ def _generate_frame_locals() -> dict[str, Any]:
         del frame
 
 
-def _as_eos_list(eos: Any) -> list[int] | None:
+def _as_id_list(eos: Any) -> list[int] | None:
     if eos is None:
         return None
     if isinstance(eos, torch.Tensor):
@@ -143,9 +143,9 @@ class _GenerateObserver:
         self.logits: torch.Tensor | None = None
 
     def _record(self, rows: torch.Tensor, keep: torch.Tensor, have: torch.Tensor, target: RoundTarget) -> None:
-        M, W = target.index.shape
+        M, W = target.positions.shape
         V = target.logits.shape[-1]
-        index = target.index[:, :, None].expand(M, W, V)
+        index = target.positions[:, :, None].expand(M, W, V)
         raw = target.logits.gather(1, index).float()  # [M, W, V]
         j = torch.arange(W, device=raw.device)[None]
         mask = j < keep.to(raw.device)[:, None]
@@ -183,7 +183,7 @@ class _GenerateObserver:
                 continue
             for j in range(n):
                 end = P + before + j + 1
-                scores = target.logits[m, target.index[m, j]][None] if target is not None else None
+                scores = target.logits[m, target.positions[m, j]][None] if target is not None else None
                 if bool(self.criteria(self.sequences[row : row + 1, :end], scores).any()):
                     keep[m], stopped[m] = j + 1, True
                     self.sequences[row, end : P + before + n] = self.pad_token_id
@@ -319,19 +319,19 @@ def _speculative_generate(
     lookup = getattr(config, "prompt_lookup_num_tokens", None)
     if draft_model is None and not lookup:
         raise _fail("no drafter: pass assistant_model=<draft model> or prompt_lookup_num_tokens=<k>")
-    k = int(lookup if draft_model is None else (getattr(config, "num_assistant_tokens", None) or 5))
+    k: Any = lookup if draft_model is None else getattr(config, "num_assistant_tokens", None) or 5
     tree = options.get("tree")
     if draft_model is None and tree is not None:
         raise _fail("tree= needs assistant_model (prompt lookup drafts chains)")
     # everything the decoder checks (sampler name and options, k, tree) fails here, before any model call
     decoder_args = dict(
         sampler=options.get("sampler") or "rejection_sampler",
-        num_speculative_tokens=k,
+        num_speculative_tokens=int(k),
         sampler_options=options.get("sampler_options"),
         tree=tree,
         draft_sampling=options.get("draft_sampling") or "independent",
     )
-    eos = _as_eos_list(getattr(config, "eos_token_id", None))
+    eos = _as_id_list(getattr(config, "eos_token_id", None))
     target = HFLanguageModel(model, eos_token_id=eos)
     if draft_model is not None:
         draft: Any = HFLanguageModel(draft_model, eos_token_id=None)
@@ -345,9 +345,8 @@ def _speculative_generate(
     if streamer is not None and B != 1:
         raise _fail(f"streamer: supported for batch size 1 (as transformers), got batch size {B}")
     extra = [c for c in stopping_criteria if type(c).__name__ not in _NATIVE_CRITERIA]
-    pad = config.pad_token_id
-    pad = pad if pad is not None else (eos[0] if eos else 0)
-    pad = int(pad.tolist() if isinstance(pad, torch.Tensor) else pad)
+    pad_ids = _as_id_list(config.pad_token_id)  # an int, a list or a tensor: the first id pads
+    pad = pad_ids[0] if pad_ids else eos[0] if eos else 0
     return_dict = bool(getattr(config, "return_dict_in_generate", False))
     observer = _GenerateObserver(
         input_ids,
