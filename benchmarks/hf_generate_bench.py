@@ -174,15 +174,17 @@ def main() -> None:
         rows.append(row)
     base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "plain generate"}
     print(
-        f"transformers {transformers.__version__}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-        f"{args.threads} thread(s); load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+        f"transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"{platform.processor() or platform.machine()}, {args.threads} thread(s); "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     )
-    print("| batch | method | tokens/s | vs plain | target passes | accepted drafts/step |")
-    print("|---|---|---|---|---|---|")
+    print("| batch | method | tokens/s (median) | s per round | vs plain | target passes | accepted drafts/step |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         acc = "-" if r["accepted_per_step"] is None else f"{r['accepted_per_step']:.2f}"
         print(
-            f"| {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base[r['batch']]:.2f}x | "
+            f"| {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
+            f"{min(r['seconds']):.2f}-{max(r['seconds']):.2f} | {r['tokens_per_s'] / base[r['batch']]:.2f}x | "
             f"{r['target_passes']} | {acc} |"
         )
     if args.json:
