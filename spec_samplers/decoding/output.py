@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -70,19 +71,56 @@ def model_device(model: LanguageModel) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cpu")
 
 
-class TokenBuffer:
-    """Host-side output [B, max_new_tokens] with per-request EOS and length limits (vectorised)."""
+class RoundTarget(NamedTuple):
+    """The target's view of one round's emitted tokens, for observers that report scores: emitted
+    token j of row m was drawn from ``probs[m, positions[m, j]]`` (the processed target distribution),
+    scored by ``logits[m, positions[m, j]]`` (the target's raw logits). Tensors on the model's device."""
 
-    def __init__(self, batch_size: int, max_new_tokens: int, eos_token_ids: Sequence[int]) -> None:
+    logits: torch.Tensor  # [M, Q, V]
+    probs: torch.Tensor  # [M, Q, V] fp32
+    positions: torch.Tensor  # [M, W] int64: the query position behind each emitted token
+
+
+class RoundObserver(Protocol):
+    """Sees every round's tokens before they are committed (``SpeculativeDecoder.generate(observer=)``):
+    it may end a request early (stopping criteria) and watch what is kept (streaming, scores)."""
+
+    def __call__(
+        self,
+        rows: torch.Tensor,  # [M] int64: the requests (original batch index)
+        new: torch.Tensor,  # [M, W] int64 host: the round's tokens
+        keep: torch.Tensor,  # [M] int64: how many of them EOS and max_new_tokens let through
+        have: torch.Tensor,  # [M] int64: tokens each request held before the round
+        target: RoundTarget | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens to keep [M] int64, each <= keep; stop [M] bool: the request ends after them)."""
+        ...
+
+
+class TokenBuffer:
+    """Host-side output [B, max_new_tokens] with per-request EOS and length limits (vectorised),
+    and an optional :class:`RoundObserver`."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int],
+        observer: RoundObserver | None = None,
+    ) -> None:
         self.token_ids = torch.full((batch_size, max_new_tokens), PAD_TOKEN_ID, dtype=torch.int64)
         self.num_tokens = torch.zeros(batch_size, dtype=torch.int64)
         self.finished_by_eos = torch.zeros(batch_size, dtype=torch.bool)
         self.max_new_tokens = max_new_tokens
         self.eos = torch.tensor(list(eos_token_ids), dtype=torch.int64)
+        self.observer = observer
 
-    def append(self, rows: torch.Tensor, new: torch.Tensor, num_new: torch.Tensor) -> torch.Tensor:
+    def append(
+        self, rows: torch.Tensor, new: torch.Tensor, num_new: torch.Tensor, target: RoundTarget | None = None
+    ) -> torch.Tensor:
         """Append ``new[m, :num_new[m]]`` to request ``rows[m]`` (host tensors [M], [M, W], [M]),
-        stopping after an EOS or at max_new_tokens. Returns [M] bool: the request is finished."""
+        stopping after an EOS, at max_new_tokens or where the observer says. ``target``: what the
+        observer may report as scores. Returns [M] bool: the request is finished."""
         M, W = new.shape
         j = torch.arange(W)[None, :]
         emitted = j < num_new[:, None]
@@ -90,12 +128,15 @@ class TokenBuffer:
         first_eos = torch.where(is_eos.any(dim=1), is_eos.to(torch.int64).argmax(dim=1), W)
         have = self.num_tokens[rows]
         keep = torch.minimum(torch.minimum(num_new, first_eos + 1), self.max_new_tokens - have)  # [M]
+        stopped = torch.zeros(M, dtype=torch.bool)
+        if self.observer is not None:
+            keep, stopped = self.observer(rows, new, keep, have, target)
         mask = j < keep[:, None]
         self.token_ids[rows[:, None].expand(M, W)[mask], (have[:, None] + j)[mask]] = new[mask]
         self.num_tokens[rows] = have + keep
         eos_hit = first_eos < keep
         self.finished_by_eos[rows] = eos_hit
-        return eos_hit | (have + keep >= self.max_new_tokens)
+        return eos_hit | stopped | (have + keep >= self.max_new_tokens)
 
 
 @dataclass
@@ -117,14 +158,15 @@ def start_generation(
     prompt_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
     sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    observer: RoundObserver | None = None,
 ) -> GenerationStart:
     """Checks a generate call's arguments against ``model`` (the target: its vocabulary bounds the
-    prompt ids, its EOS ends a request) and sets up the output."""
+    prompt ids, its EOS ends a request) and sets up the output (seen by ``observer``)."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise input_error("max_new_tokens", "an int >= 0", repr(max_new_tokens))
     prompts = as_prompts(prompt_ids, getattr(model, "vocab_size", None))
     params = as_params_list(sampling_params, len(prompts))
-    return GenerationStart(prompts, params, TokenBuffer(len(prompts), max_new_tokens, stop_token_ids(model)))
+    return GenerationStart(prompts, params, TokenBuffer(len(prompts), max_new_tokens, stop_token_ids(model), observer))
 
 
 @dataclass

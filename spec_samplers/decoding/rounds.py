@@ -12,6 +12,7 @@ from spec_samplers.decoding.output import (
     GenerationOutput,
     GenerationStart,
     RequestStats,
+    RoundObserver,
     TokenBuffer,
     model_device,
     start_generation,
@@ -92,11 +93,13 @@ def begin_rounds(
     sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     seed: int | None,
     positions: int,
+    observer: RoundObserver | None = None,
 ) -> tuple[GenerationStart, RoundCounters, SampleStrategy | None]:
     """What a decoding loop (chain or tree) sets up before its first round: the checked requests,
     the counters (``positions`` per round: k, or the tree's depth) and the sampling strategy on
-    the target's device; the strategy is None when there is nothing to generate."""
-    start = start_generation(target, prompt_ids, max_new_tokens, sampling_params)
+    the target's device; the strategy is None when there is nothing to generate. ``observer`` sees
+    each round's tokens (:class:`~spec_samplers.decoding.output.RoundObserver`)."""
+    start = start_generation(target, prompt_ids, max_new_tokens, sampling_params, observer)
     stats = RoundCounters(start.batch_size, positions)
     if start.batch_size == 0 or max_new_tokens == 0:
         return start, stats, None

@@ -27,6 +27,8 @@ from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.decoding.interfaces import LanguageModel
 from spec_samplers.decoding.output import (
     GenerationOutput,
+    RoundObserver,
+    RoundTarget,
     left_pad,
     model_device,
 )
@@ -125,6 +127,7 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         seed: int | None = None,
+        observer: RoundObserver | None = None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens for each prompt.
 
@@ -136,6 +139,9 @@ class SpeculativeDecoder:
             seed: seeds requests whose SamplingParams.seed is None (request i gets a seed derived
                 from ``seed`` and i). Set SamplingParams.seed for outputs that do not depend on a
                 request's place in the batch.
+            observer: sees each round's tokens before they are committed and may end requests
+                early (:class:`~spec_samplers.decoding.output.RoundObserver`; the transformers
+                integration's stopping criteria, streamer and scores).
 
         Returns:
             :class:`GenerationOutput`: token_ids [B, max_new_tokens] (-1 after EOS) and
@@ -143,7 +149,9 @@ class SpeculativeDecoder:
         """
         k = self.num_speculative_tokens
         positions = k if self.tree is None else self.tree.depth  # counted per round
-        start, stats, strategy = begin_rounds(self.target, prompt_ids, max_new_tokens, sampling_params, seed, positions)
+        start, stats, strategy = begin_rounds(
+            self.target, prompt_ids, max_new_tokens, sampling_params, seed, positions, observer
+        )
         prompts, buffer, B = start.prompts, start.buffer, start.batch_size
         if strategy is None:
             return stats.output(buffer)
@@ -191,7 +199,8 @@ class SpeculativeDecoder:
             overlap = torch.minimum(p, q[:, :k]).sum(dim=-1)  # [n, k] sum_x min(p', q'): lossless acceptance
             out_host, overlap_host = out.cpu(), overlap.double().cpu()  # the round's read-back
             num_accepted = (out_host[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(dim=1)  # [n]
-            finished = buffer.append(active, out_host, num_accepted + 1)
+            emitted = torch.arange(k + 1, device=device)[None].expand(out.shape[0], k + 1)
+            finished = buffer.append(active, out_host, num_accepted + 1, RoundTarget(logits, q, emitted))
             stats.round(active, num_accepted, overlap_host)
             # 4. crop both caches to the committed tokens (see the module docstring)
             crop = (k - num_accepted).tolist()

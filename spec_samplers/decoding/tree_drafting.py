@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_samplers.decoding.output import left_pad, model_device
+from spec_samplers.decoding.output import RoundTarget, left_pad, model_device
 from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
 from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy
 from spec_samplers.errors import input_error
@@ -257,7 +257,8 @@ def generate_tree(
         tokens, parents, p_rows = draft_tree(decoder, shape, p_root, strategy, rounds, draft_cache, vocab)
         query = torch.cat([root[:, None], tokens], dim=1)  # [n, N+1]
         query_parents = torch.cat([torch.full((n, 1), -1, device=device), parents], dim=1)
-        q = strategy.probs(decoder.target.forward_tree(query, query_parents, target_cache))  # type: ignore[attr-defined]
+        target_logits = decoder.target.forward_tree(query, query_parents, target_cache)  # type: ignore[attr-defined]
+        q = strategy.probs(target_logits)
         extra: dict[str, Any] = {"seeds": strategy.seeds, "offsets": rounds} if random else {}
         greedy = strategy.tensors.is_greedy
         out = decoder.sampler.forward_tree(  # type: ignore[operator]
@@ -272,7 +273,9 @@ def generate_tree(
         target_cache.keep_query_slots(keep)
         out_host = token_ids.cpu()  # the round's read-back
         num_accepted = (node_ids.cpu() >= 0).sum(dim=1)
-        finished = buffer.append(active, out_host, num_accepted + 1)
+        # emitted token j was drawn at node_ids[j - 1] (the root for j = 0)
+        emitted = torch.cat([torch.zeros_like(node_ids[:, :1]), node_ids.clamp(min=0)], dim=1)
+        finished = buffer.append(active, out_host, num_accepted + 1, RoundTarget(target_logits, q, emitted))
         stats.round(active, num_accepted, torch.zeros(n, D, dtype=torch.float64))
         stats.drafted[active] += N - D
         pending = token_ids

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Sequence
 from importlib import metadata
@@ -28,6 +29,16 @@ import torch
 from spec_samplers.decoding.interfaces import KVCache, KVState
 from spec_samplers.decoding.kv_cache import SlotKVCache, _gather_slots
 from spec_samplers.errors import input_error
+from spec_samplers.integrations.hf_generate import SpeculativeGenerate, speculative_generate
+
+__all__ = [
+    "HFKVCache",
+    "HFLanguageModel",
+    "SpeculativeGenerate",
+    "load_model_pair",
+    "speculative_generate",
+    "tree_attention_inputs",
+]
 
 #: oldest transformers whose DynamicCache has per-layer ``keys``/``values`` and ``crop(-n)``
 MIN_TRANSFORMERS = (4, 56)
@@ -109,6 +120,17 @@ def _unsupported_layers(config: Any) -> list[str]:
     return []
 
 
+def cache_argument(model: Any) -> str:
+    """The name under which ``model.forward`` takes its KV cache: ``cache`` from transformers 5.24
+    on (``past_key_values`` still works there, with a deprecation warning, until 5.40), else
+    ``past_key_values``."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class _Unset:
     pass
 
@@ -140,6 +162,7 @@ class HFLanguageModel:
                 "models are supported (per-request KV-cache crops leave holes that window masks would count)"
             )
         self.model = model
+        self._cache_argument = cache_argument(model)
         self._vocab_size = int(getattr(text_config, "vocab_size", 0)) or None
         if isinstance(eos_token_id, _Unset):
             generation = getattr(model, "generation_config", None)
@@ -198,8 +221,8 @@ class HFLanguageModel:
             input_ids=layout.input_ids,
             attention_mask=layout.attention_mask,
             position_ids=layout.position_ids,
-            past_key_values=kv_cache.cache,
             use_cache=True,
+            **{self._cache_argument: kv_cache.cache},
         )
         kv_cache.append_query_slots(layout)
         return out.logits
@@ -229,8 +252,8 @@ class HFLanguageModel:
             input_ids=layout.input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=kv_cache.cache,
             use_cache=True,
+            **{self._cache_argument: kv_cache.cache},
         )
         kv_cache.append_query_slots(layout)
         return out.logits
