@@ -261,9 +261,7 @@ def v1_case(rng: random.Random, gen: torch.Generator) -> dict:
         logits = logits[: max(T - 1, 0)]
     mode = rng.choice(["greedy", "random", "mixed"])
     temp = torch.tensor([rng.choice([0.0, 1.0]) for _ in range(B)])
-    meta = SimpleNamespace(
-        all_greedy=mode == "greedy", all_random=mode == "random", temperature=temp, generators={}
-    )
+    meta = SimpleNamespace(all_greedy=mode == "greedy", all_random=mode == "random", temperature=temp, generators={})
     return dict(B=B, K=K, V=V, args=(ids, counts, K, cu, None, logits, bonus, meta))
 
 

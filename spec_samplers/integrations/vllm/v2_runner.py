@@ -265,12 +265,14 @@ def chunk_metadata(
         raise input_error("cu_num_logits", "a [R+1] int tensor", f"shape {tuple(cu_num_logits.shape)}")
     num_reqs = cu_num_logits.shape[0] - 1
     if tuple(idx_mapping.shape) != (num_reqs,):
-        raise input_error("idx_mapping", f"shape ({num_reqs},) (one state per request)", f"shape {tuple(idx_mapping.shape)}")
+        shape = tuple(idx_mapping.shape)
+        raise input_error("idx_mapping", f"shape ({num_reqs},) (one state per request)", f"shape {shape}")
     if temperature.dim() != 1 or tuple(seed.shape) != tuple(temperature.shape):
         raise input_error("seed", f"shape {tuple(temperature.shape)} (as temperature)", f"shape {tuple(seed.shape)}")
     for name, t in rows.items():
         if t.dim() != 1 or t.shape[0] < num_logits:
-            raise input_error(name, f"a 1-d tensor of at least {num_logits} entries (one per logits row)", f"shape {tuple(t.shape)}")
+            expected = f"a 1-d tensor of at least {num_logits} entries (one per logits row)"
+            raise input_error(name, expected, f"shape {tuple(t.shape)}")
     cu = cu_num_logits.to(torch.int64)
     start, end = cu[:-1], cu[1:]
     first = torch.arange(num_reqs, device=cu.device) == 0
