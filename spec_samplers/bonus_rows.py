@@ -52,7 +52,7 @@ def bonus_row_inputs_reference(
     return BonusRowInputs(
         temperature[state].to(torch.float32),
         seed[state].to(torch.int64),
-        pos[cu64[:-1]].to(torch.int64),
+        pos[cu64[:-1].clamp(0, max(num_rows - 1, 0))].to(torch.int64),  # (the kernel masks to [0, L))
         torch.full_like(bonus_rows, PLACEHOLDER_TOKEN_ID),
         ids,
         rows,

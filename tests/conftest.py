@@ -65,15 +65,33 @@ def small_split(V: int, B: int, block_v: int = 64, num_blocks: int = 3) -> Vocab
 
 
 #: test modules whose every test carries a marker (select with -m, deselect with -m "not ...")
-_MODULE_MARKERS = {"vllm": ("test_vllm_",), "slow": ("test_lossless", "test_kernels_compile", "test_launch_variants")}
+_MODULE_MARKERS = {
+    "vllm": ("test_vllm_",),
+    "slow": ("test_lossless", "test_kernels_compile", "test_launch_variants"),
+    # modules that run the Triton kernels (.ci/run runs their quick tier on the newest Triton too)
+    "kernels": tuple(
+        """test_kernels_ test_tree_kernels test_sampling_kernels test_block_verification test_bonus_rows
+        test_draft_probs test_draft_rows test_fused_filters test_fuzz_ test_logits_api test_logits_processor
+        test_logits_rule test_rng test_robustness test_sampling_params_verify test_softmax_stats
+        test_two_level_race test_decoding_draws test_layers test_profile""".split()
+    ),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first_instances: set[tuple[str, str]] = set()
     for item in items:
         name = item.path.name
         for marker, prefixes in _MODULE_MARKERS.items():
             if name.startswith(prefixes):
                 item.add_marker(marker)
+        # the quick tier (README, "Development"): every test function once, at its first parameter
+        # set (the parametrizations list their smallest shapes first), none of the slow ones
+        function = (name, getattr(item, "originalname", item.name))
+        if function not in first_instances and item.get_closest_marker("slow") is None:
+            first_instances.add(function)
+            if item.get_closest_marker("not_quick") is None:
+                item.add_marker("quick")
 
 
 @pytest.fixture

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.not_quick  # the whole benchmarks/ suite in a subprocess
 def test_benchmark_suite_runs_in_quick_mode():
     # TRITON_INTERPRET=1: the Triton kernel path (when the samplers have one) runs on the CPU too
     env = {**os.environ, "PYTHONPATH": REPO, "SPEC_SAMPLERS_BENCH_QUICK": "1", "TRITON_INTERPRET": "1"}

@@ -69,6 +69,7 @@ def filtered_batch(gen, B: int, K: int, V: int, dtype: torch.dtype, ragged: bool
     return VerifyBatch.ragged(target[:, :K][keep], bonus, drafts[keep] if draft else None, ids[keep], cu, K, **filters)
 
 
+@pytest.mark.not_quick  # every fused variant (10 s); the filter kernel stays in the tier
 @pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_kernels_equal_reference(gen, ragged, dtype):

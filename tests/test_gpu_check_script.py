@@ -27,6 +27,7 @@ def test_gpu_check_requires_cuda(monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.not_quick  # the whole GPU check script on the CPU (10 s)
 def test_gpu_check_equality_and_report_code_runs_on_tiny_cpu_shapes(monkeypatch):
     """The GPU script's equality sweep and report, on CPU through the interpreter: catches
     mistakes in the script before a GPU session spends time on it."""

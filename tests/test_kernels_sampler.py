@@ -100,6 +100,7 @@ def _chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
 
 
+@pytest.mark.not_quick  # 600 interpreted programs, chi-square (66 s of CPU)
 @pytest.mark.parametrize("use_draft", [True, False])
 def test_kernel_path_is_lossless(use_draft):
     """Emitted tokens follow the target. Each chi-square check fails with probability 1e-4 on a

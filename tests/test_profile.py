@@ -282,6 +282,7 @@ def _allocated_vocab_tensors(call) -> int:
     return sum(op.creates_vocab_tensor or alloc for op, alloc in zip(ops.records, allocated))
 
 
+@pytest.mark.not_quick  # the profile CLI end to end (15 s of CPU)
 def test_profile_cli_runs_at_a_small_shape(tmp_path):
     out = tmp_path / "profile.json"
     cmd = [sys.executable, "-m", "spec_samplers.cli", "profile", "--batch-size", "2", "--k", "2"]

@@ -28,6 +28,16 @@ def clean(x):
 
 
 @triton.jit
+def mask_if(cond, m):
+    """The block mask ``m`` where the scalar ``cond`` holds, all False elsewhere. Written as a select,
+    not ``m & cond``: Triton's interpreter gives a scalar comparison its operands' dtype, so
+    ``m & (row >= 0)`` (or a bare scalar comparison as the mask of a one-element load) reaches
+    ``tl.load`` as an integer array, which Triton 3.9's interpreter refuses ("mask has unsupported
+    dtype"). The select keeps the block's boolean payload; compiled code is the same either way."""
+    return tl.where(cond, m, False)
+
+
+@triton.jit
 def request_span(cu_ptr, b, K, num_rows, RAGGED: tl.constexpr):
     """(first flat row, k_b) of request b. A malformed ragged request (not 0 <= start <= end <=
     num_rows, or end - start > K; spec_samplers.layout) gets k_b = -1: no position i >= 0

@@ -97,8 +97,8 @@ def _row_argmax(ptr, row_off, ok, V, st, LOGITS: tl.constexpr, PRECISE: tl.const
 @triton.jit
 def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m, st, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """The current residual at ``offs``: the target row while fresh, else the scratch slot."""
-    from_target = _load(t_ptr, t_off, offs, m & (fresh != 0), st, LOGITS, PRECISE)
-    from_scratch = tl.load(s_ptr + s_off + offs, mask=m & (fresh == 0), other=0.0)
+    from_target = _load(t_ptr, t_off, offs, kc.mask_if(fresh != 0, m), st, LOGITS, PRECISE)
+    from_scratch = tl.load(s_ptr + s_off + offs, mask=kc.mask_if(fresh == 0, m), other=0.0)
     return tl.where(fresh != 0, from_target, from_scratch)
 
 
@@ -165,12 +165,13 @@ def rejection_tree_kernel(
             tok = tl.where(valid, tok_raw, 0)
             s_off = s_base + slot * V
             one = tok + tl.arange(0, 1)
-            r_c = tl.sum(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, one, valid, t_st, LOGITS, PRECISE), 0)
+            one_m = kc.mask_if(valid, one >= 0)  # a block mask (kc.mask_if)
+            r_c = tl.sum(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, one, one_m, t_st, LOGITS, PRECISE), 0)
             d_row = tl.load(drows_ptr + b * (N + 1) + cur)
             p_c = 1.0
             if POLICY != 2:
                 d_off = tl.maximum(d_row, 0) * stride_d
-                p_c = tl.sum(_load(draft_ptr, d_off, one, valid & (d_row >= 0), d_st, LOGITS, PRECISE), 0)
+                p_c = tl.sum(_load(draft_ptr, d_off, one, kc.mask_if(d_row >= 0, one_m), d_st, LOGITS, PRECISE), 0)
             p_drawn = p_c
             rem = 1.0
             if POLICY == 1:
@@ -209,7 +210,7 @@ def rejection_tree_kernel(
                     r = _residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m, t_st, LOGITS, PRECISE)
                     r = tl.math.div_rn(r, z)
                     if POLICY != 2:
-                        p = _load(draft_ptr, d_off, offs, m & (d_row >= 0), d_st, LOGITS, PRECISE)
+                        p = _load(draft_ptr, d_off, offs, kc.mask_if(d_row >= 0, m), d_st, LOGITS, PRECISE)
                         r = tl.maximum(r - tl.math.div_rn(p, rem), 0.0)
                     r = tl.where(offs == tok, 0.0, r)
                     tl.store(scratch_ptr + n_off + offs, r, mask=m)
@@ -292,11 +293,9 @@ def typical_tree_kernel(
         par_c = tl.maximum(par, 0)
         ok = valid & (tl.load(pass_ptr + base + par_c) != 0)
         par_row = tl.load(rows_ptr + base + par_c)
-        cand = tl.sum(
-            kc.clean(tl.load(target_ptr + tl.maximum(par_row, 0) * stride_t + tl.where(valid, tok_raw, 0)
-                             + tl.arange(0, 1), mask=ok & (par_row >= 0), other=0.0)),
-            0,
-        )  # fmt: skip
+        one = tl.where(valid, tok_raw, 0) + tl.arange(0, 1)
+        one_m = kc.mask_if(ok & (par_row >= 0), one >= 0)  # a block mask (kc.mask_if)
+        cand = tl.sum(kc.clean(tl.load(target_ptr + tl.maximum(par_row, 0) * stride_t + one, mask=one_m, other=0.0)), 0)
         ok = ok & (cand.to(tl.float64) > tl.load(thr_ptr + base + par_c))
         tl.store(pass_ptr + base + j, ok.to(tl.int8))
         score = dj * (N + 1) - j

@@ -101,7 +101,9 @@ def traversal_tree_walk(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torc
     last_child = torch.zeros(B, N + 1, dtype=torch.int64, device=device)  # last entered child of each node
     skipped = torch.zeros(B, N + 1, dtype=torch.bool, device=device)  # could not have been drawn
 
-    for _ in range(2 * N + 1):
+    if N == 0:  # no node: the walk stops at the root (and the loop's gathers have nothing to read)
+        stop = torch.zeros_like(stop)
+    for _ in range(2 * N + 1 if N else 0):
         # the next untried child of cur, if any (children in index order)
         kids = (tb.parents == cur[:, None]) & present & (node_index > at(last_child, cur)[:, None])
         enter = kids.any(dim=1) & ~done

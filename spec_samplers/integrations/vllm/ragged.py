@@ -41,10 +41,12 @@ from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output, num_leading
 def ragged_positions(
     cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64, inclusive cumulative sum of k_b
     max_spec_len: int,
+    num_tokens: int,  # T, the flat rows: a request reaching past them is malformed
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(index [B, K] int64 into the T flat rows, 0 where not ``valid``; valid [B, K] bool;
-    num_draft_tokens [B] int64)."""
-    _, draft_rows, num_draft = ragged_layout(cu_num_draft_tokens, max_spec_len)
+    num_draft_tokens [B] int64, -1 for a malformed request (:func:`spec_samplers.layout.request_spans`),
+    which has no valid position and must emit no token)."""
+    _, draft_rows, num_draft = ragged_layout(cu_num_draft_tokens, max_spec_len, num_tokens)
     return draft_rows.clamp(min=0), draft_rows >= 0, num_draft
 
 
@@ -72,15 +74,20 @@ def greedy_verify_ragged(
     bonus_token_ids: torch.Tensor,  # [B] int32/int64
     cu_num_draft_tokens: torch.Tensor,  # [B]
     max_spec_len: int,
+    vocab_size: int,  # V: a bonus id outside [0, V) is no token
 ) -> torch.Tensor:
     """vLLM's greedy verification: accept x_i iff x_i == argmax q_i; emit argmax q_j at the first
-    rejection, the bonus token after k_b acceptances. Returns [B, K+1] int64, -1 padded."""
-    index, valid, num_draft = ragged_positions(cu_num_draft_tokens, max_spec_len)
+    rejection, the bonus token after k_b acceptances. Returns [B, K+1] int64, -1 padded. As the
+    samplers' ragged entries (docs/contract.md, "Robustness"): a malformed request emits nothing,
+    and an out-of-range bonus id is not emitted."""
+    num_tokens = min(target_argmax.shape[0], draft_token_ids.shape[0])
+    index, valid, num_draft = ragged_positions(cu_num_draft_tokens, max_spec_len, num_tokens)
     drafts = pad_ragged(draft_token_ids.to(torch.int64), index, valid, -1)  # [B, K]
     argmax = pad_ragged(target_argmax.to(torch.int64), index, valid, 0)  # [B, K]
     accepted = valid & (drafts == argmax)
     n = num_leading_accepted(accepted)  # [B]
     bonus = bonus_token_ids.to(torch.int64)
+    bonus = torch.where((num_draft >= 0) & (bonus >= 0) & (bonus < vocab_size), bonus, PLACEHOLDER_TOKEN_ID)
     if max_spec_len == 0:
         return build_output(drafts, n, bonus)
     recovered = argmax.gather(1, n.clamp(max=max_spec_len - 1)[:, None]).squeeze(1)  # [B]
@@ -192,7 +199,7 @@ class RaggedVerifier:
     ) -> torch.Tensor:
         V = target_probs.shape[1]
         K = max_spec_len
-        index, valid, _ = ragged_positions(cu_num_draft_tokens, K)
+        index, valid, num_draft = ragged_positions(cu_num_draft_tokens, K, target_probs.shape[0])
         bonus = bonus_token_ids.to(torch.int64).clamp(0, V - 1)  # [B]
         one_hot = torch.nn.functional.one_hot(bonus, V).to(target_probs.dtype)  # [B, V]
         valid_ext = torch.nn.functional.pad(valid, (0, 1), value=False)  # [B, K+1]: row K is the bonus row
@@ -206,7 +213,9 @@ class RaggedVerifier:
         padded_draft_probs = None
         if draft_probs is not None:
             padded_draft_probs = pad_ragged(draft_probs, index, valid, 1.0 / V)  # [B, K, V]
-        return self.sampler(target, bonus_token_ids.reshape(-1, 1), padded_draft_probs, drafts, **kwargs)
+        out = self.sampler(target, bonus_token_ids.reshape(-1, 1), padded_draft_probs, drafts, **kwargs)
+        # a malformed request (num_draft -1) was padded to a certain rejection; it emits nothing
+        return torch.where(num_draft[:, None] >= 0, out, PLACEHOLDER_TOKEN_ID)
 
 
 #: the attribute of our ``rejection_sample`` replacements (both runners) holding their

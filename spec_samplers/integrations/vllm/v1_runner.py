@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from spec_samplers.engine_seam import replace_engine_function
+from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
@@ -85,11 +86,17 @@ def verify(
     step with draft probabilities (the drafts' law comes as probabilities), gets vLLM's fp32
     softmax, and vLLM's greedy verification replaces its greedy rows."""
     batch_size = len(num_draft_tokens)
-    device = target_logits.device
+    if cu_num_draft_tokens.dim() != 1 or cu_num_draft_tokens.shape[0] != batch_size:
+        raise input_error(
+            "cu_num_draft_tokens",
+            f"shape ({batch_size},), one entry per num_draft_tokens entry",
+            f"shape {tuple(cu_num_draft_tokens.shape)}",
+        )
+    device, vocab = target_logits.device, target_logits.shape[-1]
     bonus = bonus_token_ids.reshape(-1)  # [B]
     if sampling_metadata.all_greedy:
         greedy = greedy_verify_ragged(
-            target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len
+            target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len, vocab
         )
         return greedy.to(torch.int32)
     is_greedy = None if sampling_metadata.all_random else sampling_metadata.temperature == 0  # [B]
@@ -123,7 +130,7 @@ def verify(
     )
     if is_greedy is not None:
         greedy = greedy_verify_ragged(
-            target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len
+            target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len, vocab
         )
         out = torch.where(is_greedy[:, None], greedy, out)
     return out.to(torch.int32)
@@ -236,7 +243,8 @@ def verify_plain_step(
     ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
     if sm.all_greedy:
         placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
-        out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1)[:, : K + 1]
+        out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
+        out = out[:, : K + 1]
         return out.to(torch.int32)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64

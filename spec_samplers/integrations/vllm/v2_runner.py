@@ -60,6 +60,7 @@ import torch
 from spec_samplers import rng
 from spec_samplers.bonus_rows import bonus_row_inputs
 from spec_samplers.engine_seam import replace_engine_function
+from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
@@ -157,19 +158,30 @@ def verify(
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
     device = target_logits.device
+    ok, cu_num_logits, idx_mapping = chunk_metadata(
+        cu_num_logits, idx_mapping, temperature, seed, num_logits, num_speculative_steps,
+        pos=pos, draft_sampled=draft_sampled, expanded_idx_mapping=expanded_idx_mapping,
+        expanded_local_pos=expanded_local_pos,
+    )  # fmt: skip
+    if num_logits == 0 or num_reqs == 0:  # nothing to verify (shapes: no device read)
+        return _with_counts(torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device))
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
     if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
-        return _verify_with_bonus_rows(
+        out = _verify_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
             expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided,
         )  # fmt: skip
+        return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID))
     cu = cu_num_logits.to(torch.int64)
     bonus_rows = cu[1:] - 1  # [R]
     req_state = idx_mapping  # [R] int32 or int64: either indexes
     temp = temperature[req_state].to(torch.float32)  # [R]
     seeds = seed[req_state].to(torch.int64)  # [R]
-    offsets = pos[cu[:-1]].to(torch.int64)  # [R]: position of the request's first row, new each step
+    offsets = pos[cu[:-1].clamp(max=num_logits - 1)].to(torch.int64)  # [R]: position of its first row
+    # this path lays the draft rows out assuming every request well formed: one malformed request
+    # and the chunk emits nothing (never a token read from another request's rows)
+    ok = ok & ok.all()
 
     is_greedy = temp == 0  # [R]
     if not logits_divided:  # what vLLM's temperature kernel does: fp32 quotient, greedy rows by 1
@@ -177,12 +189,14 @@ def verify(
         row_temp = temp.masked_fill(is_greedy, 1.0)[torch.searchsorted(cu[1:], rows, right=True)]  # [L]
         logits = torch.div(logits, row_temp[:, None])
 
-    num_draft_rows = num_logits - num_reqs  # T, known from shapes: no host sync
+    num_draft_rows = max(num_logits - num_reqs, 0)  # T, known from shapes: no host sync
     num_draft = cu[1:] - cu[:-1] - 1  # [R]
     cu_draft = torch.cumsum(num_draft, dim=0)  # [R], inclusive
     flat = torch.arange(num_draft_rows, device=device, dtype=torch.int64)  # [T]
     req_of_row = torch.searchsorted(cu_draft, flat, right=True)  # [T]
-    draft_rows = flat + req_of_row  # [T]: request r's rows are shifted by its r earlier bonus rows
+    # [T]: request r's rows are shifted by its r earlier bonus rows (clamped: malformed metadata
+    # must not index past the rows; its output is masked)
+    draft_rows = (flat + req_of_row).clamp(0, max(num_logits - 2, 0))
     draft_ids = draft_sampled[draft_rows + 1]  # [T]
 
     bonus_logits = logits[bonus_rows]  # [R, V]
@@ -224,9 +238,49 @@ def verify(
             seeds=seeds,
             offsets=offsets,
         )
-        greedy = greedy_verify_ragged(target_rows.argmax(dim=-1), draft_ids, bonus, cu_draft, num_speculative_steps)
+        greedy = greedy_verify_ragged(
+            target_rows.argmax(dim=-1), draft_ids, bonus, cu_draft, num_speculative_steps, vocab
+        )
         out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
-    return _with_counts(out)
+    return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID))
+
+
+def chunk_metadata(
+    cu_num_logits: torch.Tensor,  # [R+1]
+    idx_mapping: torch.Tensor,  # [R]
+    temperature: torch.Tensor,  # [max_num_reqs]
+    seed: torch.Tensor,  # [max_num_reqs]
+    num_logits: int,  # L
+    num_speculative_steps: int,  # S: a request has at most S + 1 rows
+    **rows: torch.Tensor,  # pos, draft_sampled, expanded_*: [L'] with L' >= L
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ok [R] bool, cu [R+1] int64 in [0, L], idx_mapping [R] in [0, max_num_reqs)): the chunk's
+    metadata made safe to index with, once, at the seam's edge. Shapes are checked on the host (a
+    clear error naming the argument); values on the device, without a host read: request r is
+    well formed when 0 <= cu[r] < cu[r+1] <= L (cu[0] == 0: the bonus-row call counts from row 0),
+    it has at most S + 1 rows (its bonus row last) and its request state exists. A malformed
+    request (non-monotone or out-of-range ``cu_num_logits``, a missing bonus row, an unknown
+    state) emits no token; the others are verified as usual (docs/contract.md, "Robustness")."""
+    if cu_num_logits.dim() != 1 or cu_num_logits.shape[0] < 1:
+        raise input_error("cu_num_logits", "a [R+1] int tensor", f"shape {tuple(cu_num_logits.shape)}")
+    num_reqs = cu_num_logits.shape[0] - 1
+    if tuple(idx_mapping.shape) != (num_reqs,):
+        shape = tuple(idx_mapping.shape)
+        raise input_error("idx_mapping", f"shape ({num_reqs},) (one state per request)", f"shape {shape}")
+    if temperature.dim() != 1 or tuple(seed.shape) != tuple(temperature.shape):
+        raise input_error("seed", f"shape {tuple(temperature.shape)} (as temperature)", f"shape {tuple(seed.shape)}")
+    for name, t in rows.items():
+        if t.dim() != 1 or t.shape[0] < num_logits:
+            expected = f"a 1-d tensor of at least {num_logits} entries (one per logits row)"
+            raise input_error(name, expected, f"shape {tuple(t.shape)}")
+    cu = cu_num_logits.to(torch.int64)
+    start, end = cu[:-1], cu[1:]
+    first = torch.arange(num_reqs, device=cu.device) == 0
+    states = temperature.shape[0]
+    ok = (start >= 0) & (end > start) & (end <= num_logits) & (end - start <= num_speculative_steps + 1)
+    ok &= (idx_mapping >= 0) & (idx_mapping < states) & (~first | (start == 0))
+    ok &= torch.cummax(cu, 0).values[:-1] == start  # no overlap with an earlier request's rows
+    return ok, cu.clamp(0, num_logits), torch.where(ok, idx_mapping, 0)
 
 
 def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,7 +303,7 @@ def _verify_with_bonus_rows(
     seed: torch.Tensor,  # [max_num_reqs] int64
     num_speculative_steps: int,
     logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """The chunk's logits verified in place, bonus rows included
     (:func:`~spec_samplers.integrations.vllm.ragged.verify_with_bonus_rows`: request r's rows
     [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
@@ -303,7 +357,7 @@ def _verify_with_bonus_rows(
         bonus_token_ids=inputs.bonus,
         **drafts,
     )
-    return _with_counts(out)
+    return out
 
 
 # --- plain chunks: RejectionSampler._verify without vLLM's glue (issue 19) -----------------------
