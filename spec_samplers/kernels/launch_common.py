@@ -259,10 +259,13 @@ def plan_filter_cuts(
     layout = batch.layout
     B, K = layout.batch_size, layout.max_drafts
     launches = []
+    cap = sampling_kernels.search_scratch(B * (K + 1), layout.vocab_size)
     for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
         if x is None or stats is None or B == 0 or x.numel() == 0:
             continue
         stride_b, stride_k = row_strides(layout, x)
+        # one scratch row per (request, position) for its searches' candidates (pivot_search)
+        scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=x.device)
         launches.append(
             KernelLaunch(
                 sampling_kernels.filter_cut_kernel,
@@ -277,9 +280,11 @@ def plan_filter_cuts(
                     top_p_ptr=batch.top_p,
                     min_p_ptr=batch.min_p,
                     stats_ptr=stats,
+                    scratch_ptr=scratch,
                     K=K,
                     num_rows=layout.num_rows,
                     V=layout.vocab_size,
+                    cap=cap,
                     RAGGED=layout.ragged,
                     BONUS_ROW=bonus_row,
                     BLOCK_V=sampling_kernels.search_block(layout.vocab_size),

@@ -46,13 +46,14 @@ from spec_samplers.kernels.common import (
     rule_max,
     weights,
 )
-from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group
+from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group, random_words
 from spec_samplers.kernels.softmax_kernels import row_partials
-from spec_samplers.rng_sampling import STREAM_SAMPLE
+from spec_samplers.rng_sampling import STREAM_ROW_SEED, STREAM_SAMPLE
 
 _MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
 _FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
 _STREAM_SAMPLE = tl.constexpr(STREAM_SAMPLE)
+_STREAM_ROW_SEED = tl.constexpr(STREAM_ROW_SEED)
 _RACE_GROUP = tl.constexpr(rng.RACE_GROUP)
 #: pivots evaluated per pass of the search (a power of two: one tile axis)
 PIVOTS = 16
@@ -60,6 +61,10 @@ PIVOTS = 16
 MAX_PASSES = 8
 #: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
 SEARCH_BLOCK_V = 256
+#: candidates a search may copy to its scratch row (fp32 entries per row; pivot_search), and the
+#: most scratch entries one launch allocates (a large batch gets shorter rows)
+SEARCH_SCRATCH = 8192
+SEARCH_SCRATCH_TOTAL = 2**22
 _PIVOTS = tl.constexpr(PIVOTS)
 _MAX_PASSES = tl.constexpr(MAX_PASSES)
 #: search modes: top-k (count of the values above < k) and top-p (mass above < top_p * total)
@@ -70,6 +75,12 @@ MODE_MASS = 1
 def search_block(vocab_size: int) -> int:
     """BLOCK_V of the pivot-search kernels (a power of two in [16, SEARCH_BLOCK_V])."""
     return max(16, min(SEARCH_BLOCK_V, triton.next_power_of_2(vocab_size)))
+
+
+def search_scratch(num_searches: int, vocab_size: int) -> int:
+    """Scratch entries per search (``cap`` of :func:`pivot_search`): a row's candidates fit when
+    there are at most this many; read at call time, so a test can shrink it."""
+    return max(1, min(SEARCH_SCRATCH, vocab_size, SEARCH_SCRATCH_TOTAL // max(num_searches, 1)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,27 +243,91 @@ def _pick(vec, lanes, idx):
 
 
 @triton.jit
-def _mass_at_least(
+def _compact(
     base,
     V,
     lo,
+    hi,
+    scratch,
+    cap,
     m_ref,
     s_max,
     s_scale,
     LOGITS: tl.constexpr,
     SCALED: tl.constexpr,
+    TRACK_MASS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """Fixed-point mass of the row's values >= lo."""
-    total = tl.zeros([], tl.int64)
+    """One pass over the row that copies its values in [lo, hi] to ``scratch`` (in row order,
+    while they fit in ``cap``). Returns (n: how many there are, count and mass of the values
+    > hi, mass of the values >= lo): the constants that let a pivot pass read the n candidates
+    in place of the row."""
+    tl.debug_barrier()  # the previous pass's reads of the scratch row are done
+    n = tl.zeros([], tl.int32)
+    c_above = tl.zeros([], tl.int32)
+    m_above = tl.zeros([], tl.int64)
+    m_in = tl.zeros([], tl.int64)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < V
         v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
-        units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-        total += tl.sum(tl.where(mask & (v >= lo), units, 0), axis=0)
-    return total
+        above = mask & (v > hi)
+        inside = mask & (v >= lo) & (v <= hi)
+        pos = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        tl.store(scratch + pos, v, mask=inside & (pos < cap))
+        n += tl.sum(inside.to(tl.int32), axis=0)
+        c_above += tl.sum(above.to(tl.int32), axis=0)
+        if TRACK_MASS:
+            units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+            m_above += tl.sum(tl.where(above, units, 0), axis=0)
+            m_in += tl.sum(tl.where(inside, units, 0), axis=0)
+    tl.debug_barrier()  # the candidates are visible to every thread of the program
+    return n, c_above, m_above, m_in + m_above
+
+
+@triton.jit
+def _pivot_pass(
+    src,
+    n,
+    piv,
+    c0,
+    m0,
+    m_ref,
+    s_max,
+    s_scale,
+    FROM_ROW: tl.constexpr,
+    MODE: tl.constexpr,
+    LOGITS: tl.constexpr,
+    SCALED: tl.constexpr,
+    TRACK_MASS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Per pivot: count and mass of the values > it, the largest value <= it and the smallest
+    value > it, over src[0:n]: the row (FROM_ROW), or the scratch candidates, whose values
+    above the interval are the constants c0 (count) and m0 (mass)."""
+    count = tl.zeros([_PIVOTS], tl.int32) + c0
+    mass = tl.zeros([_PIVOTS], tl.int64) + m0
+    below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max value <= pivot
+    above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min value > pivot
+    for start in range(0, n, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = offs < n
+        if FROM_ROW:
+            v = load_row_values(src, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
+        else:
+            v = tl.load(src + offs, mask=mask, other=0.0)
+        gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
+        le = (v[None, :] <= piv[:, None]) & mask[None, :]
+        if MODE == 0:
+            count += tl.sum(gt.to(tl.int32), axis=1)
+        if TRACK_MASS:
+            units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+            mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
+        below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
+        above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
+    return count, mass, below, above
 
 
 @triton.jit
@@ -266,6 +341,8 @@ def pivot_search(
     m_ref,
     s_max,
     s_scale,
+    scratch,
+    cap,
     MODE: tl.constexpr,
     LOGITS: tl.constexpr,
     SCALED: tl.constexpr,
@@ -277,38 +354,47 @@ def pivot_search(
     MODE_COUNT: #(values > v) < k; MODE_MASS: M(> v) < top_p * M(>= lo) or M(> v) = 0.
     Returns (lo, hi, mass of the values >= lo (TRACK_MASS)): the search ends with lo >= hi and
     lo = tau (a row value, or the starting lo when every value >= it is kept: the same kept set).
-    hi starts at the row max (hi = lo: the filter is off)."""
+    hi starts at the row max (hi = lo: the filter is off).
+
+    A first pass copies the row's values in [lo, hi] to ``scratch`` ([cap] fp32); when they fit,
+    every pivot pass reads them (plus the count and mass of the values above hi) instead of the
+    row: the result is the same, for a fraction of the work. When they do not, a pass reads the
+    row and the candidates of the narrower interval are copied again."""
+    if MODE == 1:
+        hi = tl.where(top_p >= 1.0, lo, hi)
+    n = tl.zeros([], tl.int32) + V
+    c_above = tl.zeros([], tl.int32)
+    m_above = tl.zeros([], tl.int64)
     m_lo = tl.zeros([], tl.int64)
     if TRACK_MASS:
         # (a missing row has lo = +inf: mass 0, and the loop below never runs)
-        m_lo = _mass_at_least(base, V, lo, m_ref, s_max, s_scale, LOGITS, SCALED, BLOCK_V, PRECISE)
+        n, c_above, m_above, m_lo = _compact(
+            base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE
+        )
+    elif lo < hi:
+        n, c_above, m_above, m_lo = _compact(
+            base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE
+        )
     thr = tl.zeros([], tl.float64)
     if MODE == 1:
         thr = top_p.to(tl.float64) * m_lo.to(tl.float64)
-        hi = tl.where(top_p >= 1.0, lo, hi)
     lanes = tl.arange(0, _PIVOTS)
     for _ in range(_MAX_PASSES):
         if lo < hi:
             key_lo = to_key(lo)
             width = to_key(hi) - key_lo
             piv = from_key(key_lo + ((lanes + 1).to(tl.int64) * width) // (_PIVOTS + 1))  # [PIVOTS] ascending
-            count = tl.zeros([_PIVOTS], tl.int64)
-            mass = tl.zeros([_PIVOTS], tl.int64)
-            below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max row value <= pivot
-            above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min row value > pivot
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                mask = offs < V
-                v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
-                gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
-                le = (v[None, :] <= piv[:, None]) & mask[None, :]
-                if MODE == 0:
-                    count += tl.sum(gt.to(tl.int64), axis=1)
-                if TRACK_MASS:
-                    units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-                    mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
-                below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
-                above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
+            fits = n <= cap
+            if fits:
+                count, mass, below, above = _pivot_pass(
+                    scratch, n, piv, c_above, m_above, m_ref, s_max, s_scale, False,
+                    MODE, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE,
+                )  # fmt: skip
+            else:
+                count, mass, below, above = _pivot_pass(
+                    base, V, piv, 0, 0, m_ref, s_max, s_scale, True,
+                    MODE, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE,
+                )  # fmt: skip
             if MODE == 0:
                 passes = count < k
             else:
@@ -319,10 +405,16 @@ def pivot_search(
             if TRACK_MASS:
                 m_lo = tl.where(first > 0, _pick(mass, lanes, first - 1), m_lo)
             lo = tl.where(first > 0, _pick(above, lanes, first - 1), lo)
+            if n > cap:
+                if lo < hi:
+                    n, c_above, m_above, _ = _compact(
+                        base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V,
+                        PRECISE,
+                    )  # fmt: skip
     return lo, hi, m_lo
 
 
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "cap"])
 def search_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
@@ -333,8 +425,10 @@ def search_kernel(
     mass_ptr,  # [B] int64 out (TRACK_MASS): mass of the values >= the final lo
     k_ptr,  # [B] int64 top_k (MODE_COUNT)
     p_ptr,  # [B] fp32 top_p (MODE_MASS)
+    scratch_ptr,  # [B, cap] fp32: the search's candidates (pivot_search)
     R,
     V,
+    cap,
     MODE: tl.constexpr,
     LOGITS: tl.constexpr,
     TRACK_MASS: tl.constexpr,
@@ -364,6 +458,8 @@ def search_kernel(
         m_ref,
         0.0,
         1.0,
+        scratch_ptr + b.to(tl.int64) * cap,
+        cap,
         MODE,
         LOGITS,
         False,
@@ -379,7 +475,7 @@ def search_kernel(
 
 # num_rows (T) follows the batch size, which changes every engine step: not specialised, so a new
 # batch size reuses the compiled variant.
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "cap"])
 def filter_cut_kernel(
     x_ptr,
     stride_b,
@@ -390,9 +486,11 @@ def filter_cut_kernel(
     top_p_ptr,  # [B] fp32, 1 = off
     min_p_ptr,  # [B] fp32, 0 = off
     stats_ptr,  # [B, K+1, 3] fp32 (max, sum, cut): reads max, writes sum and cut
+    scratch_ptr,  # [B, K+1, cap] fp32: the searches' candidates (pivot_search)
     K,
     num_rows,
     V,
+    cap,
     RAGGED: tl.constexpr,
     BONUS_ROW: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -421,6 +519,7 @@ def filter_cut_kernel(
         floor = tl.minimum(tl.load(min_p_ptr + b) * hi, hi)
         top_k = tl.load(top_k_ptr + b)
         base = x_ptr + off
+        scratch = scratch_ptr + (b * (K + 1) + i).to(tl.int64) * cap
         tau_k, _, _ = pivot_search(
             base,
             V,
@@ -431,6 +530,8 @@ def filter_cut_kernel(
             0.0,
             m_rule,
             c,
+            scratch,
+            cap,
             0,
             False,
             True,
@@ -448,6 +549,8 @@ def filter_cut_kernel(
             0.0,
             m_rule,
             c,
+            scratch,
+            cap,
             1,
             False,
             True,
@@ -631,3 +734,20 @@ def softmax_kernel(
         onehot = tl.where(offs == tl.where(s > 0.0, amax, -1), 1.0, 0.0)
         p = tl.where(t_raw == 0.0, onehot, p)
         tl.store(out_ptr + b * V + offs, p, mask=mask)
+
+
+# num_rows follows the batch size: not specialised on.
+@triton.jit(do_not_specialize=["num_rows"])
+def row_seeds_kernel(
+    seed_ptr,  # [1] int64
+    offset_ptr,  # [1] int64
+    out_ptr,  # [num_rows] int64
+    num_rows,
+    BLOCK: tl.constexpr,
+):
+    """Row r's seed: words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED, as one int64
+    (:func:`spec_samplers.rng_sampling.derive_row_seeds`, in one launch)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    w0, w1, _, _ = random_words(tl.load(seed_ptr), tl.load(offset_ptr), r.to(tl.int64), _STREAM_ROW_SEED)
+    seed = (w1.to(tl.uint64) << 32) | w0.to(tl.uint64)
+    tl.store(out_ptr + r, seed.to(tl.int64, bitcast=True), mask=r < num_rows)
