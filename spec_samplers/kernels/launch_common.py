@@ -290,6 +290,7 @@ def plan_filter_cuts(
                     BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
                     PRECISE=precise_math(),
                 ),
+                num_warps=sampling_kernels.SEARCH_WARPS,
                 name="filter_cut",
             )
         )

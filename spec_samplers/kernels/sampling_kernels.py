@@ -12,7 +12,10 @@ that ends on the exact row value the reference picks:
   always row values, and the search ends when they meet (at most MAX_PASSES passes: each pass
   divides the key width by PIVOTS + 1 and 17**8 > 2**32);
 * masses are int64 fixed point (``constants.SAMPLING_MASS_BITS``), so a sum does not depend on
-  the order the vocabulary is visited in: the kernel and the reference compare the same integers.
+  the order the vocabulary is visited in: the kernel and the reference compare the same integers;
+* only the first pass reads the row: it copies the values in [lo, hi] to a scratch row (when at
+  most ``cap`` of them), and the later passes read those candidates plus the count and mass of
+  the values above hi (the same sums, over a fraction of the row).
 
 Kernels (launchers in :mod:`spec_samplers.kernels.sampling_launch`):
 
@@ -65,6 +68,9 @@ SEARCH_BLOCK_V = 256
 #: most scratch entries one launch allocates (a large batch gets shorter rows)
 SEARCH_SCRATCH = 8192
 SEARCH_SCRATCH_TOTAL = 2**22
+#: warps of the search kernels: one program per row, whose pivot passes keep [PIVOTS,
+#: SEARCH_BLOCK_V] per-lane sums (128 registers a thread at 8 warps, no spills on sm_90)
+SEARCH_WARPS = 8
 _PIVOTS = tl.constexpr(PIVOTS)
 _MAX_PASSES = tl.constexpr(MAX_PASSES)
 #: search modes: top-k (count of the values above < k) and top-p (mass above < top_p * total)
@@ -264,26 +270,30 @@ def _compact(
     > hi, mass of the values >= lo): the constants that let a pivot pass read the n candidates
     in place of the row."""
     tl.debug_barrier()  # the previous pass's reads of the scratch row are done
-    n = tl.zeros([], tl.int32)
-    c_above = tl.zeros([], tl.int32)
-    m_above = tl.zeros([], tl.int64)
-    m_in = tl.zeros([], tl.int64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+    # wider steps than the pivot passes': the prefix sum across the program's warps is paid per step
+    STEP: tl.constexpr = 4 * BLOCK_V
+    n = tl.zeros([], tl.int32)  # the one total needed every step (where the next copies go)
+    c_above = tl.zeros([STEP], tl.int32)  # per-lane sums, reduced after the loop
+    m_above = tl.zeros([STEP], tl.int64)
+    m_in = tl.zeros([STEP], tl.int64)
+    for start in range(0, V, STEP):
+        offs = start + tl.arange(0, STEP)
         mask = offs < V
         v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
         above = mask & (v > hi)
         inside = mask & (v >= lo) & (v <= hi)
-        pos = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        rank = tl.cumsum(inside.to(tl.int32), axis=0)
+        pos = n + rank - 1
         tl.store(scratch + pos, v, mask=inside & (pos < cap))
-        n += tl.sum(inside.to(tl.int32), axis=0)
-        c_above += tl.sum(above.to(tl.int32), axis=0)
+        n += tl.max(rank, axis=0)
+        c_above += above.to(tl.int32)
         if TRACK_MASS:
             units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-            m_above += tl.sum(tl.where(above, units, 0), axis=0)
-            m_in += tl.sum(tl.where(inside, units, 0), axis=0)
+            m_above += tl.where(above, units, 0)
+            m_in += tl.where(inside, units, 0)
     tl.debug_barrier()  # the candidates are visible to every thread of the program
-    return n, c_above, m_above, m_in + m_above
+    m_gt = tl.sum(m_above, axis=0)
+    return n, tl.sum(c_above, axis=0), m_gt, tl.sum(m_in, axis=0) + m_gt
 
 
 @triton.jit
@@ -307,27 +317,33 @@ def _pivot_pass(
     """Per pivot: count and mass of the values > it, the largest value <= it and the smallest
     value > it, over src[0:n]: the row (FROM_ROW), or the scratch candidates, whose values
     above the interval are the constants c0 (count) and m0 (mass)."""
-    count = tl.zeros([_PIVOTS], tl.int32) + c0
-    mass = tl.zeros([_PIVOTS], tl.int64) + m0
-    below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max value <= pivot
-    above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min value > pivot
-    for start in range(0, n, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+    # Per-lane accumulators, reduced once after the loop: a reduction per step (four across the
+    # program's warps) cost more than the comparisons. A quarter of BLOCK_V a step keeps them in
+    # registers.
+    STEP: tl.constexpr = BLOCK_V
+    count = tl.zeros([_PIVOTS, STEP], tl.int32)
+    mass = tl.zeros([_PIVOTS, STEP], tl.int64)
+    below = tl.full([_PIVOTS, STEP], float("-inf"), tl.float32)  # max value <= pivot
+    above = tl.full([_PIVOTS, STEP], float("inf"), tl.float32)  # min value > pivot
+    for start in range(0, n, STEP):
+        offs = start + tl.arange(0, STEP)
         mask = offs < n
         if FROM_ROW:
             v = load_row_values(src, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
         else:
             v = tl.load(src + offs, mask=mask, other=0.0)
-        gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
+        gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, STEP]
         le = (v[None, :] <= piv[:, None]) & mask[None, :]
         if MODE == 0:
-            count += tl.sum(gt.to(tl.int32), axis=1)
+            count += gt.to(tl.int32)
         if TRACK_MASS:
             units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-            mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
-        below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
-        above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
-    return count, mass, below, above
+            mass += tl.where(gt, units[None, :], 0)
+        below = tl.maximum(below, tl.where(le, v[None, :], float("-inf")))
+        above = tl.minimum(above, tl.where(gt, v[None, :], float("inf")))
+    count_gt = tl.sum(count, axis=1) + c0
+    mass_gt = tl.sum(mass, axis=1) + m0
+    return count_gt, mass_gt, tl.max(below, axis=1), tl.min(above, axis=1)
 
 
 @triton.jit
@@ -371,7 +387,9 @@ def pivot_search(
         n, c_above, m_above, m_lo = _compact(
             base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE
         )
-    elif lo < hi:
+    elif (lo < hi) & (V <= cap):
+        # (without the mass, a count search starts with a pass over the row when the row may not
+        # fit: its lo is the row's smallest value, so every value is a candidate)
         n, c_above, m_above, m_lo = _compact(
             base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE
         )
@@ -407,7 +425,7 @@ def pivot_search(
             lo = tl.where(first > 0, _pick(above, lanes, first - 1), lo)
             if n > cap:
                 if lo < hi:
-                    n, c_above, m_above, _ = _compact(
+                    n, c_above, m_above, m_recount = _compact(
                         base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V,
                         PRECISE,
                     )  # fmt: skip

@@ -111,7 +111,7 @@ def _search(
     scratch = torch.empty((B, cap), dtype=torch.float32, device=x.device)
     args = dict(_rows(x, rows), max_ptr=row_max, k_ptr=top_k, p_ptr=top_p, BLOCK_V=block, **interval, **flags)
     args.update(scratch_ptr=scratch, cap=cap)
-    KernelLaunch(sk.search_kernel, (B,), args, name="search").run()
+    KernelLaunch(sk.search_kernel, (B,), args, num_warps=sk.SEARCH_WARPS, name="search").run()
     return lo, mass
 
 
