@@ -171,27 +171,31 @@ def sampling_tensors(
     greedy = [p.is_greedy for p in rows]
     # One host tensor, one copy: a tensor per field from a list would cost a blocking copy each.
     # fp64 holds every field exactly (fp32 rounding happens on the device, as torch.tensor's would).
+    # Rows padded to a multiple of 4 entries: each fp32 field then starts 16-byte aligned, as a
+    # tensor of its own would (kernels specialise on pointer alignment; no extra variants).
+    width = -(-num_rows // 4) * 4
+    pad = [0.0] * (width - num_rows)
     host = torch.tensor(
         [
-            [1.0 if g else p.temperature for p, g in zip(rows, greedy)],
-            [p.top_p for p in rows],
-            [p.min_p for p in rows],
-            [max(p.top_k, 0) for p in rows],
-            greedy,
+            [1.0 if g else p.temperature for p, g in zip(rows, greedy)] + pad,
+            [p.top_p for p in rows] + pad,
+            [p.min_p for p in rows] + pad,
+            [max(p.top_k, 0) for p in rows] + pad,
+            [float(g) for g in greedy] + pad,
         ],
         dtype=torch.float64,
-    ).reshape(5, num_rows)
+    ).reshape(5, width)
     device = torch.device(device)
     if device.type == "cuda":
         host = host.pin_memory()  # the copy below then does not wait for the device
     packed = host.to(device, non_blocking=True)
     floats = packed[:3].to(torch.float32)
     return SamplingTensors(
-        temperature=floats[0],
-        top_p=floats[1],
-        top_k=packed[3].to(torch.int64),
-        min_p=floats[2],
-        is_greedy=packed[4] != 0,
+        temperature=floats[0, :num_rows],
+        top_p=floats[1, :num_rows],
+        top_k=packed[3, :num_rows].to(torch.int64),
+        min_p=floats[2, :num_rows],
+        is_greedy=packed[4, :num_rows] != 0,
         any_min_p=any(p.min_p > 0 for p in rows),
         any_top_k=any(p.top_k > 0 for p in rows),
         any_top_p=any(p.top_p < 1 for p in rows),
