@@ -260,12 +260,13 @@ def plan_filter_cuts(
     B, K = layout.batch_size, layout.max_drafts
     launches = []
     cap = sampling_kernels.search_scratch(B * (K + 1), layout.vocab_size)
+    # one scratch row per (request, position) for its searches' candidates (pivot_search), shared
+    # by the target and draft launches (one after the other on the stream)
+    scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=target.device)
     for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
         if x is None or stats is None or B == 0 or x.numel() == 0:
             continue
         stride_b, stride_k = row_strides(layout, x)
-        # one scratch row per (request, position) for its searches' candidates (pivot_search)
-        scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=x.device)
         launches.append(
             KernelLaunch(
                 sampling_kernels.filter_cut_kernel,
