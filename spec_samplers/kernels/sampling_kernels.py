@@ -275,7 +275,7 @@ def _compact(
     n = tl.zeros([], tl.int32)  # the one total needed every step (where the next copies go)
     c_above = tl.zeros([STEP], tl.int32)  # per-lane sums, reduced after the loop
     m_above = tl.zeros([STEP], tl.int64)
-    m_in = tl.zeros([STEP], tl.int64)
+    m_lo = tl.zeros([STEP], tl.int64)
     for start in range(0, V, STEP):
         offs = start + tl.arange(0, STEP)
         mask = offs < V
@@ -290,10 +290,9 @@ def _compact(
         if TRACK_MASS:
             units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
             m_above += tl.where(above, units, 0)
-            m_in += tl.where(inside, units, 0)
+            m_lo += tl.where(mask & (v >= lo), units, 0)  # (also when lo > hi: a missing row's +inf)
     tl.debug_barrier()  # the candidates are visible to every thread of the program
-    m_gt = tl.sum(m_above, axis=0)
-    return n, tl.sum(c_above, axis=0), m_gt, tl.sum(m_in, axis=0) + m_gt
+    return n, tl.sum(c_above, axis=0), tl.sum(m_above, axis=0), tl.sum(m_lo, axis=0)
 
 
 @triton.jit
