@@ -250,9 +250,8 @@ def _philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
 def _make_philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rounds = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device)
     weyl = torch.stack((rounds * PHILOX_W1, rounds * PHILOX_W0, rounds * PHILOX_W1))
-    mult = torch.full((2, 2), PHILOX_M0, dtype=torch.int64, device=device)
-    mult[0, 1] = PHILOX_M1
-    mult[1, 0] = PHILOX_M1
+    # (M0, M1; M1, M0) by fills: setting elements from Python ints would copy from the host
+    mult = torch.full((2, 2), PHILOX_M1, dtype=torch.int64, device=device).fill_diagonal_(PHILOX_M0)
     return mult[0], mult[1], weyl
 
 

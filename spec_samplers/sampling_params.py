@@ -169,14 +169,33 @@ def sampling_tensors(
     """Per-row tensors of ``sampling_params`` (one for every row, or a list of ``num_rows``)."""
     rows = as_params_list(sampling_params, num_rows)
     greedy = [p.is_greedy for p in rows]
+    # One host tensor, one copy: a tensor per field from a list would cost a blocking copy each.
+    # fp64 holds every field exactly (fp32 rounding happens on the device, as torch.tensor's would).
+    # Rows padded to a multiple of 4 entries: each fp32 field then starts 16-byte aligned, as a
+    # tensor of its own would (kernels specialise on pointer alignment; no extra variants).
+    width = -(-num_rows // 4) * 4
+    pad = [0.0] * (width - num_rows)
+    host = torch.tensor(
+        [
+            [1.0 if g else p.temperature for p, g in zip(rows, greedy)] + pad,
+            [p.top_p for p in rows] + pad,
+            [p.min_p for p in rows] + pad,
+            [max(p.top_k, 0) for p in rows] + pad,
+            [float(g) for g in greedy] + pad,
+        ],
+        dtype=torch.float64,
+    ).reshape(5, width)
+    device = torch.device(device)
+    if device.type == "cuda":
+        host = host.pin_memory()  # the copy below then does not wait for the device
+    packed = host.to(device, non_blocking=True)
+    floats = packed[:3].to(torch.float32)
     return SamplingTensors(
-        temperature=torch.tensor(
-            [1.0 if g else p.temperature for p, g in zip(rows, greedy)], dtype=torch.float32, device=device
-        ),
-        top_p=torch.tensor([p.top_p for p in rows], dtype=torch.float32, device=device),
-        top_k=torch.tensor([max(p.top_k, 0) for p in rows], dtype=torch.int64, device=device),
-        min_p=torch.tensor([p.min_p for p in rows], dtype=torch.float32, device=device),
-        is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+        temperature=floats[0, :num_rows],
+        top_p=floats[1, :num_rows],
+        top_k=packed[3, :num_rows].to(torch.int64),
+        min_p=floats[2, :num_rows],
+        is_greedy=packed[4, :num_rows] != 0,
         any_min_p=any(p.min_p > 0 for p in rows),
         any_top_k=any(p.top_k > 0 for p in rows),
         any_top_p=any(p.top_p < 1 for p in rows),

@@ -56,6 +56,7 @@ def record_launches() -> list:
             sl.renorm_triton(probs=x, top_p=p, out_dtype=out_dtype, split=split)
         sl.mask_logits_triton(logits=x, top_k=k, split=split)
         sl.softmax_triton(logits=x, temperature=p, split=split)
+    sl.row_seeds_triton(torch.empty(1, **i64), torch.empty(1, **i64), B)
     return recorded
 
 

@@ -21,6 +21,7 @@ from conftest import DEVICE, small_split
 
 from spec_samplers import SamplingParams
 from spec_samplers.kernels import launch_common as lc
+from spec_samplers.kernels import sampling_kernels
 from spec_samplers.kernels.block_launch import block_triton
 from spec_samplers.kernels.rejection_launch import plan_rejection, rejection_triton
 from spec_samplers.kernels.typical_launch import typical_triton
@@ -82,10 +83,14 @@ def test_fused_kernels_equal_reference(gen, ragged, dtype):
     assert torch.equal(typical_triton(batch, 0.09, 0.3, split=split), typical_reference(batch, 0.09, 0.3))
 
 
-def test_filter_kernel_finds_the_reference_cut_and_sum(gen):
+@pytest.mark.parametrize("scratch", [None, 4], ids=["candidates-fit", "scratch-4"])
+def test_filter_kernel_finds_the_reference_cut_and_sum(gen, scratch, monkeypatch):
     """Row by row: the kernel's cut keeps the reference's tokens, and its kept sum is the same
     float (a fixed-point sum does not depend on the order it is taken in). The kernel's weights
-    may differ from torch's by an ulp (exp implementations), so the cut is compared by rank."""
+    may differ from torch's by an ulp (exp implementations), so the cut is compared by rank.
+    With a scratch row of 4 entries the searches first pass over whole rows (pivot_search)."""
+    if scratch is not None:
+        monkeypatch.setattr(sampling_kernels, "SEARCH_SCRATCH", scratch)
     B, K, V = 6, 2, 80
     batch = filtered_batch(gen, B, K, V, torch.float32, False, False)
     x = batch.target.reshape(-1, V).float()
@@ -131,5 +136,7 @@ def test_filtered_plan_runs_the_filter_kernel_and_writes_no_probabilities(gen):
     assert [launch.name for launch in launches].count("filter_cut") == 2  # target and draft rows
     for launch in launches:
         for name, arg in launch.args.items():
-            if isinstance(arg, torch.Tensor) and name not in ("target_ptr", "draft_ptr", "x_ptr"):
+            if name == "scratch_ptr":  # the searches' candidates: at most SEARCH_SCRATCH a row, whatever V
+                assert arg.shape[-1] <= min(V, sampling_kernels.SEARCH_SCRATCH)
+            elif isinstance(arg, torch.Tensor) and name not in ("target_ptr", "draft_ptr", "x_ptr"):
                 assert arg.shape[-1] != V or arg.dim() < 2, f"{launch.name}.{name}: a [.., V] buffer"

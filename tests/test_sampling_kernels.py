@@ -86,9 +86,14 @@ def test_sample_kernel_half_precision_and_indices(dtype):
     assert got[0][2:].tolist() == [-1, -1]
 
 
+@pytest.mark.parametrize("scratch", [None, 3], ids=["candidates-fit", "scratch-3"])
 @pytest.mark.parametrize("kind", ["wide", "ties", "subnormal", "logits"])
-def test_pivot_search_finds_the_exact_threshold(kind):
-    """Every k in 1..V and a ladder of top_p: the kernels' tau equals the sorted reference's."""
+def test_pivot_search_finds_the_exact_threshold(kind, scratch, monkeypatch):
+    """Every k in 1..V and a ladder of top_p: the kernels' tau equals the sorted reference's,
+    whether a search's candidates fit in its scratch row at once or only after passes over the
+    whole row (a scratch row of 3 entries)."""
+    if scratch is not None:
+        monkeypatch.setattr(sk, "SEARCH_SCRATCH", scratch)
     g = torch.Generator().manual_seed(zlib.crc32(kind.encode()))
     V = 24
     if kind == "wide":
@@ -222,3 +227,18 @@ def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
     """The interpreter accepts programs the compiler rejects: compile every reachable variant
     (no GPU needed: Triton ships ptxas)."""
     assert "compiled all sampling kernel variants" in run_compile_check("sampling_compile_check.py", tmp_path)
+
+
+@pytest.mark.parametrize("seed", [0, 7, -(2**63), 2**63 - 1])
+def test_row_seeds_kernel_equals_pytorch_philox(seed):
+    """derive_row_seeds on CUDA runs one kernel; its seeds are the PyTorch Philox's, bit for bit."""
+    from spec_samplers.rng import STREAM_ROW_SEED
+    from spec_samplers.rng_sampling import derive_seeds
+
+    s = torch.tensor([seed], dtype=torch.int64)
+    o = torch.tensor([(seed * 31 + 5) % 2**62], dtype=torch.int64)
+    n = 300  # two programs of the kernel, the second one partial
+    want = derive_seeds(s, o, torch.arange(n), STREAM_ROW_SEED)
+    got = sl.row_seeds_triton(s.to(DEVICE), o.to(DEVICE), n)
+    assert torch.equal(got.cpu(), want)
+    assert sl.row_seeds_triton(s.to(DEVICE), o.to(DEVICE), 0).shape == (0,)

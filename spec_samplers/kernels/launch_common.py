@@ -259,6 +259,10 @@ def plan_filter_cuts(
     layout = batch.layout
     B, K = layout.batch_size, layout.max_drafts
     launches = []
+    cap = sampling_kernels.search_scratch(B * (K + 1), layout.vocab_size)
+    # one scratch row per (request, position) for its searches' candidates (pivot_search), shared
+    # by the target and draft launches (one after the other on the stream)
+    scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=target.device)
     for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
         if x is None or stats is None or B == 0 or x.numel() == 0:
             continue
@@ -277,14 +281,17 @@ def plan_filter_cuts(
                     top_p_ptr=batch.top_p,
                     min_p_ptr=batch.min_p,
                     stats_ptr=stats,
+                    scratch_ptr=scratch,
                     K=K,
                     num_rows=layout.num_rows,
                     V=layout.vocab_size,
+                    cap=cap,
                     RAGGED=layout.ragged,
                     BONUS_ROW=bonus_row,
                     BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
                     PRECISE=precise_math(),
                 ),
+                num_warps=sampling_kernels.SEARCH_WARPS,
                 name="filter_cut",
             )
         )

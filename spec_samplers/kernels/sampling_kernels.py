@@ -12,7 +12,10 @@ that ends on the exact row value the reference picks:
   always row values, and the search ends when they meet (at most MAX_PASSES passes: each pass
   divides the key width by PIVOTS + 1 and 17**8 > 2**32);
 * masses are int64 fixed point (``constants.SAMPLING_MASS_BITS``), so a sum does not depend on
-  the order the vocabulary is visited in: the kernel and the reference compare the same integers.
+  the order the vocabulary is visited in: the kernel and the reference compare the same integers;
+* only the first pass reads the row: it copies the values in [lo, hi] to a scratch row (when at
+  most ``cap`` of them), and the later passes read those candidates plus the count and mass of
+  the values above hi (the same sums, over a fraction of the row).
 
 Kernels (launchers in :mod:`spec_samplers.kernels.sampling_launch`):
 
@@ -46,13 +49,14 @@ from spec_samplers.kernels.common import (
     rule_max,
     weights,
 )
-from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group
+from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group, random_words
 from spec_samplers.kernels.softmax_kernels import row_partials
-from spec_samplers.rng_sampling import STREAM_SAMPLE
+from spec_samplers.rng_sampling import STREAM_ROW_SEED, STREAM_SAMPLE
 
 _MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
 _FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
 _STREAM_SAMPLE = tl.constexpr(STREAM_SAMPLE)
+_STREAM_ROW_SEED = tl.constexpr(STREAM_ROW_SEED)
 _RACE_GROUP = tl.constexpr(rng.RACE_GROUP)
 #: pivots evaluated per pass of the search (a power of two: one tile axis)
 PIVOTS = 16
@@ -60,6 +64,13 @@ PIVOTS = 16
 MAX_PASSES = 8
 #: vector width of the search passes, whose tiles are [PIVOTS, SEARCH_BLOCK_V]
 SEARCH_BLOCK_V = 256
+#: candidates a search may copy to its scratch row (fp32 entries per row; pivot_search), and the
+#: most scratch entries one launch allocates (a large batch gets shorter rows)
+SEARCH_SCRATCH = 8192
+SEARCH_SCRATCH_TOTAL = 2**22
+#: warps of the search kernels: one program per row, whose pivot passes keep [PIVOTS,
+#: SEARCH_BLOCK_V] per-lane sums (128 registers a thread at 8 warps, no spills on sm_90)
+SEARCH_WARPS = 8
 _PIVOTS = tl.constexpr(PIVOTS)
 _MAX_PASSES = tl.constexpr(MAX_PASSES)
 #: search modes: top-k (count of the values above < k) and top-p (mass above < top_p * total)
@@ -70,6 +81,12 @@ MODE_MASS = 1
 def search_block(vocab_size: int) -> int:
     """BLOCK_V of the pivot-search kernels (a power of two in [16, SEARCH_BLOCK_V])."""
     return max(16, min(SEARCH_BLOCK_V, triton.next_power_of_2(vocab_size)))
+
+
+def search_scratch(num_searches: int, vocab_size: int) -> int:
+    """Scratch entries per search (``cap`` of :func:`pivot_search`): a row's candidates fit when
+    there are at most this many; read at call time, so a test can shrink it."""
+    return max(1, min(SEARCH_SCRATCH, vocab_size, SEARCH_SCRATCH_TOTAL // max(num_searches, 1)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,27 +249,100 @@ def _pick(vec, lanes, idx):
 
 
 @triton.jit
-def _mass_at_least(
+def _compact(
     base,
     V,
     lo,
+    hi,
+    scratch,
+    cap,
     m_ref,
     s_max,
     s_scale,
     LOGITS: tl.constexpr,
     SCALED: tl.constexpr,
+    TRACK_MASS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """Fixed-point mass of the row's values >= lo."""
-    total = tl.zeros([], tl.int64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+    """One pass over the row that copies its values in [lo, hi] to ``scratch`` (in row order,
+    while they fit in ``cap``). Returns (n: how many there are, count and mass of the values
+    > hi, mass of the values >= lo): the constants that let a pivot pass read the n candidates
+    in place of the row."""
+    tl.debug_barrier()  # the previous pass's reads of the scratch row are done
+    # wider steps than the pivot passes': the prefix sum across the program's warps is paid per step
+    STEP: tl.constexpr = 4 * BLOCK_V
+    n = tl.zeros([], tl.int32)  # the one total needed every step (where the next copies go)
+    c_above = tl.zeros([STEP], tl.int32)  # per-lane sums, reduced after the loop
+    m_above = tl.zeros([STEP], tl.int64)
+    m_lo = tl.zeros([STEP], tl.int64)
+    for start in range(0, V, STEP):
+        offs = start + tl.arange(0, STEP)
         mask = offs < V
         v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
-        units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-        total += tl.sum(tl.where(mask & (v >= lo), units, 0), axis=0)
-    return total
+        above = mask & (v > hi)
+        inside = mask & (v >= lo) & (v <= hi)
+        rank = tl.cumsum(inside.to(tl.int32), axis=0)
+        pos = n + rank - 1
+        tl.store(scratch + pos, v, mask=inside & (pos < cap))
+        n += tl.max(rank, axis=0)
+        c_above += above.to(tl.int32)
+        if TRACK_MASS:
+            units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+            m_above += tl.where(above, units, 0)
+            m_lo += tl.where(mask & (v >= lo), units, 0)  # (also when lo > hi: a missing row's +inf)
+    tl.debug_barrier()  # the candidates are visible to every thread of the program
+    return n, tl.sum(c_above, axis=0), tl.sum(m_above, axis=0), tl.sum(m_lo, axis=0)
+
+
+@triton.jit
+def _pivot_pass(
+    src,
+    n,
+    piv,
+    c0,
+    m0,
+    m_ref,
+    s_max,
+    s_scale,
+    FROM_ROW: tl.constexpr,
+    MODE: tl.constexpr,
+    LOGITS: tl.constexpr,
+    SCALED: tl.constexpr,
+    TRACK_MASS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Per pivot: count and mass of the values > it, the largest value <= it and the smallest
+    value > it, over src[0:n]: the row (FROM_ROW), or the scratch candidates, whose values
+    above the interval are the constants c0 (count) and m0 (mass)."""
+    # Per-lane accumulators, reduced once after the loop: a reduction per step (four across the
+    # program's warps) cost more than the comparisons. A quarter of BLOCK_V a step keeps them in
+    # registers.
+    STEP: tl.constexpr = BLOCK_V
+    count = tl.zeros([_PIVOTS, STEP], tl.int32)
+    mass = tl.zeros([_PIVOTS, STEP], tl.int64)
+    below = tl.full([_PIVOTS, STEP], float("-inf"), tl.float32)  # max value <= pivot
+    above = tl.full([_PIVOTS, STEP], float("inf"), tl.float32)  # min value > pivot
+    for start in range(0, n, STEP):
+        offs = start + tl.arange(0, STEP)
+        mask = offs < n
+        if FROM_ROW:
+            v = load_row_values(src, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
+        else:
+            v = tl.load(src + offs, mask=mask, other=0.0)
+        gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, STEP]
+        le = (v[None, :] <= piv[:, None]) & mask[None, :]
+        if MODE == 0:
+            count += gt.to(tl.int32)
+        if TRACK_MASS:
+            units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
+            mass += tl.where(gt, units[None, :], 0)
+        below = tl.maximum(below, tl.where(le, v[None, :], float("-inf")))
+        above = tl.minimum(above, tl.where(gt, v[None, :], float("inf")))
+    count_gt = tl.sum(count, axis=1) + c0
+    mass_gt = tl.sum(mass, axis=1) + m0
+    return count_gt, mass_gt, tl.max(below, axis=1), tl.min(above, axis=1)
 
 
 @triton.jit
@@ -266,6 +356,8 @@ def pivot_search(
     m_ref,
     s_max,
     s_scale,
+    scratch,
+    cap,
     MODE: tl.constexpr,
     LOGITS: tl.constexpr,
     SCALED: tl.constexpr,
@@ -277,38 +369,49 @@ def pivot_search(
     MODE_COUNT: #(values > v) < k; MODE_MASS: M(> v) < top_p * M(>= lo) or M(> v) = 0.
     Returns (lo, hi, mass of the values >= lo (TRACK_MASS)): the search ends with lo >= hi and
     lo = tau (a row value, or the starting lo when every value >= it is kept: the same kept set).
-    hi starts at the row max (hi = lo: the filter is off)."""
+    hi starts at the row max (hi = lo: the filter is off).
+
+    A first pass copies the row's values in [lo, hi] to ``scratch`` ([cap] fp32); when they fit,
+    every pivot pass reads them (plus the count and mass of the values above hi) instead of the
+    row: the result is the same, for a fraction of the work. When they do not, a pass reads the
+    row and the candidates of the narrower interval are copied again."""
+    if MODE == 1:
+        hi = tl.where(top_p >= 1.0, lo, hi)
+    n = tl.zeros([], tl.int32) + V
+    c_above = tl.zeros([], tl.int32)
+    m_above = tl.zeros([], tl.int64)
     m_lo = tl.zeros([], tl.int64)
     if TRACK_MASS:
         # (a missing row has lo = +inf: mass 0, and the loop below never runs)
-        m_lo = _mass_at_least(base, V, lo, m_ref, s_max, s_scale, LOGITS, SCALED, BLOCK_V, PRECISE)
+        n, c_above, m_above, m_lo = _compact(
+            base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE
+        )
+    elif (lo < hi) & (V <= cap):
+        # (without the mass, a count search starts with a pass over the row when the row may not
+        # fit: its lo is the row's smallest value, so every value is a candidate)
+        n, c_above, m_above, m_lo = _compact(
+            base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE
+        )
     thr = tl.zeros([], tl.float64)
     if MODE == 1:
         thr = top_p.to(tl.float64) * m_lo.to(tl.float64)
-        hi = tl.where(top_p >= 1.0, lo, hi)
     lanes = tl.arange(0, _PIVOTS)
     for _ in range(_MAX_PASSES):
         if lo < hi:
             key_lo = to_key(lo)
             width = to_key(hi) - key_lo
             piv = from_key(key_lo + ((lanes + 1).to(tl.int64) * width) // (_PIVOTS + 1))  # [PIVOTS] ascending
-            count = tl.zeros([_PIVOTS], tl.int64)
-            mass = tl.zeros([_PIVOTS], tl.int64)
-            below = tl.full([_PIVOTS], float("-inf"), tl.float32)  # max row value <= pivot
-            above = tl.full([_PIVOTS], float("inf"), tl.float32)  # min row value > pivot
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                mask = offs < V
-                v = load_row_values(base, offs, mask, s_max, s_scale, LOGITS, SCALED, PRECISE)
-                gt = (v[None, :] > piv[:, None]) & mask[None, :]  # [PIVOTS, BLOCK_V]
-                le = (v[None, :] <= piv[:, None]) & mask[None, :]
-                if MODE == 0:
-                    count += tl.sum(gt.to(tl.int64), axis=1)
-                if TRACK_MASS:
-                    units = fixed_mass(weights_of(v, m_ref, LOGITS, PRECISE))
-                    mass += tl.sum(tl.where(gt, units[None, :], 0), axis=1)
-                below = tl.maximum(below, tl.max(tl.where(le, v[None, :], float("-inf")), axis=1))
-                above = tl.minimum(above, tl.min(tl.where(gt, v[None, :], float("inf")), axis=1))
+            fits = n <= cap
+            if fits:
+                count, mass, below, above = _pivot_pass(
+                    scratch, n, piv, c_above, m_above, m_ref, s_max, s_scale, False,
+                    MODE, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE,
+                )  # fmt: skip
+            else:
+                count, mass, below, above = _pivot_pass(
+                    base, V, piv, 0, 0, m_ref, s_max, s_scale, True,
+                    MODE, LOGITS, SCALED, TRACK_MASS, BLOCK_V, PRECISE,
+                )  # fmt: skip
             if MODE == 0:
                 passes = count < k
             else:
@@ -319,10 +422,16 @@ def pivot_search(
             if TRACK_MASS:
                 m_lo = tl.where(first > 0, _pick(mass, lanes, first - 1), m_lo)
             lo = tl.where(first > 0, _pick(above, lanes, first - 1), lo)
+            if n > cap:
+                if lo < hi:
+                    n, c_above, m_above, m_recount = _compact(
+                        base, V, lo, hi, scratch, cap, m_ref, s_max, s_scale, LOGITS, SCALED, TRACK_MASS, BLOCK_V,
+                        PRECISE,
+                    )  # fmt: skip
     return lo, hi, m_lo
 
 
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "cap"])
 def search_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
@@ -333,8 +442,10 @@ def search_kernel(
     mass_ptr,  # [B] int64 out (TRACK_MASS): mass of the values >= the final lo
     k_ptr,  # [B] int64 top_k (MODE_COUNT)
     p_ptr,  # [B] fp32 top_p (MODE_MASS)
+    scratch_ptr,  # [B, cap] fp32: the search's candidates (pivot_search)
     R,
     V,
+    cap,
     MODE: tl.constexpr,
     LOGITS: tl.constexpr,
     TRACK_MASS: tl.constexpr,
@@ -364,6 +475,8 @@ def search_kernel(
         m_ref,
         0.0,
         1.0,
+        scratch_ptr + b.to(tl.int64) * cap,
+        cap,
         MODE,
         LOGITS,
         False,
@@ -379,7 +492,7 @@ def search_kernel(
 
 # num_rows (T) follows the batch size, which changes every engine step: not specialised, so a new
 # batch size reuses the compiled variant.
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "cap"])
 def filter_cut_kernel(
     x_ptr,
     stride_b,
@@ -390,9 +503,11 @@ def filter_cut_kernel(
     top_p_ptr,  # [B] fp32, 1 = off
     min_p_ptr,  # [B] fp32, 0 = off
     stats_ptr,  # [B, K+1, 3] fp32 (max, sum, cut): reads max, writes sum and cut
+    scratch_ptr,  # [B, K+1, cap] fp32: the searches' candidates (pivot_search)
     K,
     num_rows,
     V,
+    cap,
     RAGGED: tl.constexpr,
     BONUS_ROW: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -421,6 +536,7 @@ def filter_cut_kernel(
         floor = tl.minimum(tl.load(min_p_ptr + b) * hi, hi)
         top_k = tl.load(top_k_ptr + b)
         base = x_ptr + off
+        scratch = scratch_ptr + (b * (K + 1) + i).to(tl.int64) * cap
         tau_k, _, _ = pivot_search(
             base,
             V,
@@ -431,6 +547,8 @@ def filter_cut_kernel(
             0.0,
             m_rule,
             c,
+            scratch,
+            cap,
             0,
             False,
             True,
@@ -448,6 +566,8 @@ def filter_cut_kernel(
             0.0,
             m_rule,
             c,
+            scratch,
+            cap,
             1,
             False,
             True,
@@ -631,3 +751,20 @@ def softmax_kernel(
         onehot = tl.where(offs == tl.where(s > 0.0, amax, -1), 1.0, 0.0)
         p = tl.where(t_raw == 0.0, onehot, p)
         tl.store(out_ptr + b * V + offs, p, mask=mask)
+
+
+# num_rows follows the batch size: not specialised on.
+@triton.jit(do_not_specialize=["num_rows"])
+def row_seeds_kernel(
+    seed_ptr,  # [1] int64
+    offset_ptr,  # [1] int64
+    out_ptr,  # [num_rows] int64
+    num_rows,
+    BLOCK: tl.constexpr,
+):
+    """Row r's seed: words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED, as one int64
+    (:func:`spec_samplers.rng_sampling.derive_row_seeds`, in one launch)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    w0, w1, _, _ = random_words(tl.load(seed_ptr), tl.load(offset_ptr), r.to(tl.int64), _STREAM_ROW_SEED)
+    seed = (w1.to(tl.uint64) << 32) | w0.to(tl.uint64)
+    tl.store(out_ptr + r, seed.to(tl.int64, bitcast=True), mask=r < num_rows)

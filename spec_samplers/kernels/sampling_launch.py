@@ -44,6 +44,17 @@ def _run_over_rows(
     ).run()
 
 
+def row_seeds_triton(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Kernel twin of :func:`spec_samplers.rng_sampling.derive_row_seeds` (seed, offset: [1]
+    int64): one launch where the PyTorch path runs Philox as ~90 small ops."""
+    out = torch.empty((num_rows,), dtype=torch.int64, device=seed.device)
+    if num_rows:
+        block = 256
+        args = dict(seed_ptr=seed, offset_ptr=offset, out_ptr=out, num_rows=num_rows, BLOCK=block)
+        KernelLaunch(sk.row_seeds_kernel, (-(-num_rows // block),), args, num_warps=2, name="row_seeds").run()
+    return out
+
+
 def _row_stats(
     x: torch.Tensor,  # [R, V], vocab stride 1
     rows: torch.Tensor,  # [B] int64
@@ -96,8 +107,11 @@ def _search(
     interval = dict(lo_ptr=lo, hi_ptr=hi, mass_ptr=mass)
     flags = dict(MODE=mode, LOGITS=logits, TRACK_MASS=track_mass, PRECISE=precise_math())
     block = sk.search_block(x.shape[1])
+    cap = sk.search_scratch(B, x.shape[1])
+    scratch = torch.empty((B, cap), dtype=torch.float32, device=x.device)
     args = dict(_rows(x, rows), max_ptr=row_max, k_ptr=top_k, p_ptr=top_p, BLOCK_V=block, **interval, **flags)
-    KernelLaunch(sk.search_kernel, (B,), args, name="search").run()
+    args.update(scratch_ptr=scratch, cap=cap)
+    KernelLaunch(sk.search_kernel, (B,), args, num_warps=sk.SEARCH_WARPS, name="search").run()
     return lo, mass
 
 
