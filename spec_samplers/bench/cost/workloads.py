@@ -60,7 +60,8 @@ class Shape:
 
 
 class Inputs:
-    """Tensors on ``device``: random values on CPU (seeded), shapes only on meta."""
+    """Tensors on ``device``: random values drawn on the CPU (seeded) and moved there, shapes
+    only on meta."""
 
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
@@ -69,17 +70,17 @@ class Inputs:
     def normal(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.gen is None:
             return torch.empty(shape, dtype=dtype, device=self.device)
-        return torch.randn(shape, generator=self.gen).to(dtype)
+        return torch.randn(shape, generator=self.gen).to(self.device, dtype)
 
     def probs(self, *shape: int) -> torch.Tensor:
         if self.gen is None:
             return torch.empty(shape, device=self.device)
-        return torch.randn(shape, generator=self.gen).softmax(-1)
+        return torch.randn(shape, generator=self.gen).softmax(-1).to(self.device)
 
     def ids(self, n: int, vocab: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         if self.gen is None:
             return torch.empty(n, dtype=dtype, device=self.device)
-        return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype)
+        return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype).to(self.device)
 
     def rejected(self, target: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """[rows] the least likely token of each target row: a draft the verifier rejects."""
@@ -237,22 +238,29 @@ def v2_arguments(shape: Shape, x: Inputs, logits: torch.Tensor) -> dict[str, Any
     )
 
 
-def _v2_glue(logits: torch.Tensor, a: dict[str, Any]) -> torch.Tensor:
+def _v2_glue(logits: torch.Tensor, a: dict[str, Any], vllm_modules: dict[str, Any] | None = None) -> torch.Tensor:
     """``Sampler.apply_sampling_params`` for temperature-only requests: fp32 copy, temperature."""
-    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
-
+    apply_temperature = _vllm_module("vllm.v1.worker.gpu.sample.gumbel", vllm_modules).apply_temperature
     processed = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
     apply_temperature(processed, a["expanded_idx_mapping"], a["temperature"])
     return processed
 
 
-def vllm_mrv2(shape: Shape, device: torch.device) -> Callable[[], Any]:
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+def _vllm_module(name: str, given: dict[str, Any] | None) -> Any:
+    """vLLM's module ``name``: from ``given`` (``bench.vllm_source.load``: vLLM's files imported
+    without vLLM) when it holds it, else the installed vLLM's."""
+    import importlib
 
+    return given[name] if given and name in given else importlib.import_module(name)
+
+
+def vllm_mrv2(shape: Shape, device: torch.device, vllm_modules: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """``vllm_modules``: see :func:`_vllm_module` (the GPU check's ``--vllm-src``)."""
+    utils = _vllm_module("vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils", vllm_modules)
     x = Inputs(device)
     logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
     a = v2_arguments(shape, x, logits)
-    return lambda: rejection_sample(_v2_glue(logits, a), **a)
+    return lambda: utils.rejection_sample(_v2_glue(logits, a, vllm_modules), **a)
 
 
 def v2_rejection_sampler(a: dict[str, Any]) -> Any:
@@ -297,6 +305,24 @@ def ours_v2_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
         # a sampler without the in-place bonus row (typical acceptance): vLLM's glue, then our seam
         return lambda: v2_runner.verify(verifier, _v2_glue(logits, a), **a)
     chunk = {name: a[name] for name in v2_runner.CHUNK_ARGUMENTS}  # _verify's, after the logits
+    return lambda: v2_runner.verify_plain_chunk(rs, verifier, logits, **chunk)
+
+
+def ours_v2_plain_chunk(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    """What ``ours-v2-seam`` runs on a plain chunk (``v2_runner.verify_plain_chunk``), called
+    directly, without vLLM's classes: the GPU check's seam where vLLM is not installed. The fast
+    path reads the sampler's temperatures and seeds and the number of steps only; the plain-chunk
+    decision before it (host flags, no GPU work) is left out."""
+    from spec_samplers.integrations.vllm import v2_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    x = Inputs(device)
+    logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
+    a = v2_arguments(shape, x, logits)
+    states = SimpleNamespace(temperature=SimpleNamespace(gpu=a["temperature"]), seeds=SimpleNamespace(gpu=a["seed"]))
+    rs = SimpleNamespace(sampler=SimpleNamespace(sampling_states=states), num_speculative_steps=shape.k)
+    verifier = RaggedVerifier(_sampler(shape))
+    chunk = {name: a[name] for name in v2_runner.CHUNK_ARGUMENTS}
     return lambda: v2_runner.verify_plain_chunk(rs, verifier, logits, **chunk)
 
 
