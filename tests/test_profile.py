@@ -303,3 +303,52 @@ def test_profile_cli_runs_at_a_small_shape(tmp_path):
     assert names[names.index("rejection_tail") - 1] == "residual_partials_kernel"
     h100 = result["modeled"]["H100"]
     assert h100["graph_s"] == pytest.approx(h100["kernels_s"] + 2 * 1e-6)
+
+
+def _traffic(fn, vocab=1024):
+    ops = trace.EagerOps(vocab)
+    with trace.recording(execute=False, ops=ops), ops:
+        fn()
+    return [(op.name, op.bytes_read, op.bytes_written, op.blocks) for op in ops.records]
+
+
+def test_eager_op_counter_overwriting_in_place_ops_do_not_read_their_destination():
+    """``copy_`` reads its source only; in-place ``exponential_`` (and the other draws, fills)
+    writes without reading; an in-place op that computes from its destination still reads it."""
+    x, y = torch.empty(4, 1024, device=META), torch.empty(4, 1024, dtype=torch.bfloat16, device=META)
+    n = x.numel()
+    got = _traffic(lambda: (x.copy_(y), x.exponential_(), x.fill_(1.0), x.mul_(2.0)))
+    assert got == [
+        ("aten::copy_", 2 * n, 4 * n, None),
+        ("aten::exponential_", 0, 4 * n, None),
+        ("aten::fill_", 0, 4 * n, None),
+        ("aten::mul_", 4 * n, 4 * n, None),
+    ]
+
+
+def test_eager_op_counter_gathers_read_the_gathered_rows_only():
+    """``x[idx]`` of 3 rows out of 64 reads 3 rows and the indices, not the 64 rows."""
+    x, idx = torch.empty(64, 1024, device=META), torch.empty(3, dtype=torch.int64, device=META)
+    row = 1024 * 4
+    got = _traffic(lambda: (x[idx], x.index_select(0, idx)))
+    assert [g[:3] for g in got] == [
+        ("aten::index", 3 * row + 24, 3 * row),
+        ("aten::index_select", 3 * row + 24, 3 * row),
+    ]
+
+
+def test_eager_op_counter_softmax_cast_and_grid():
+    """softmax(x, dtype=float32): of fp16 one pass reading fp16 (CUDA's half_to_float path), of
+    bf16 a cast and a softmax (no such path for bf16); a last-dimension softmax is charged one
+    block per row (PyTorch's host_softmax grid)."""
+    half, bf16 = (torch.empty(5, 1024, dtype=d, device=META) for d in (torch.float16, torch.bfloat16))
+    n = half.numel()
+    assert _traffic(lambda: half.softmax(-1, dtype=torch.float32)) == [("aten::_softmax", 2 * n, 4 * n, 5)]
+    assert _traffic(lambda: bf16.softmax(-1, dtype=torch.float32)) == [
+        ("aten::_to_copy", 2 * n, 4 * n, None),
+        ("aten::_softmax", 4 * n, 4 * n, 5),
+    ]
+    # a cast that is not the softmax's input stays a pass of its own
+    other = torch.empty(5, 1024, device=META)
+    got = _traffic(lambda: (half.float(), other.softmax(-1)))
+    assert [g[0] for g in got] == ["aten::_to_copy", "aten::_softmax"]
