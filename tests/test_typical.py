@@ -98,3 +98,30 @@ def test_ignores_draft_probs():
     draft = torch.softmax(torch.randn(4, 2, V, generator=gen), -1)
     s = TypicalAcceptanceSampler()
     assert torch.equal(s(target, bonus, draft, ids), s(target, bonus, None, ids))
+
+
+def test_reference_matches_the_per_position_definition():
+    """The PyTorch reference tests on the CPU only the positions a request reaches (it accepted
+    every earlier draft) and takes one argmax per request (issue 29's speedup): its tokens are
+    those of the definition, every position tested and every row's argmax taken, written out
+    here in float64 from the fp32 probabilities."""
+    from spec_samplers.output import build_output, num_leading_accepted
+    from spec_samplers.reference import ENTROPY_EPS_FP32, fp32_value
+
+    gen = torch.Generator().manual_seed(29)
+    for trial in range(20):
+        B, k, n = 7, 4, 40
+        target = torch.softmax(torch.randn(B, k + 1, n, generator=gen) * (trial % 4 + 0.5), -1)
+        ids = torch.where(
+            torch.rand(B, k, generator=gen) < 0.7, target[:, :k].argmax(-1), torch.randint(0, n, (B, k), generator=gen)
+        )
+        bonus = torch.randint(0, n, (B, 1), generator=gen)
+        thr, alpha = 0.09, 0.3
+        out = TypicalAcceptanceSampler(posterior_threshold=thr, posterior_alpha=alpha)(target, bonus, None, ids)
+        q64 = target.double()
+        entropy = -(q64 * torch.log(q64 + ENTROPY_EPS_FP32)).sum(-1)  # [B, k+1]
+        bound = torch.clamp(fp32_value(alpha) * torch.exp(-entropy), max=fp32_value(thr))
+        accepted = q64[:, :k].gather(2, ids[..., None]).squeeze(2) > bound[:, :k]
+        m = num_leading_accepted(accepted)
+        final = torch.where(m < k, target.argmax(-1)[torch.arange(B), m], bonus[:, 0])
+        assert torch.equal(out, build_output(ids, m, final)), trial

@@ -113,7 +113,7 @@ def softmax_launches(rows: int, vocab: int) -> list[dict[str, Any]]:
         programs = 1
         for g in grid:
             programs *= g
-        launch = {
+        launch: dict[str, Any] = {
             "name": name,
             "module": "flashinfer (data/include/flashinfer/sampling.cuh, OnlineSoftmax)",
             "grid": grid,
@@ -127,7 +127,7 @@ def softmax_launches(rows: int, vocab: int) -> list[dict[str, Any]]:
             "bytes_source": "read off the CUDA source",
         }
         launch["modeled"] = {
-            hw_name: model.launch_time(hw, launch["bytes"], 0.0, programs, THREADS // 32)
+            hw_name: model.launch_range(hw, launch["bytes"], 0.0, programs, THREADS // 32)
             for hw_name, hw in model.HARDWARE.items()
         }
         launches.append(launch)
@@ -172,7 +172,8 @@ def profile_chain(shape: Shape) -> dict[str, Any]:
         "per_element": {name: v / (3 * B * V) for name, v in classes.items()},
     }
     launch["modeled"] = {
-        name: model.launch_time(hw, launch["bytes"], cycles, B, THREADS // 32) for name, hw in model.HARDWARE.items()
+        name: model.launch_range(hw, launch["bytes"], cycles, B, THREADS // 32, ctas_per_sm=read.get("ctas_per_sm"))
+        for name, hw in model.HARDWARE.items()
     }
     softmaxes = softmax_launches(B * (k + 1), V) + softmax_launches(B * k, V)
     return summarize("flashinfer-chain", shape, [*softmaxes, launch], _cast_ops(shape))

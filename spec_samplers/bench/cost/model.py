@@ -62,6 +62,12 @@ class Hardware:
     #: L1 data cache and shared memory per SM (cc 9.0: 256 KB; Programming Guide): spills that fit
     #: stay there, the rest go to L2/DRAM
     l1_bytes: int = 256 * 1024
+    #: how much more than its even share (bandwidth / SMs) of DRAM bandwidth one SM draws when
+    #: few SMs stream: fitted to one published point, vLLM PR #34974's recovered-token kernel
+    #: after the PR (48 programs, about 29 us measured; the even share gives 53 us): so that
+    #: point is no independent check of it (benchmarks/results/*-cost-calibration.json); a lead
+    #: for gpu_check --quick at B = 1
+    sm_bandwidth_factor: float = 1.8
     launch_eager: float = LATENCIES["central"].launch_eager
     launch_graph: float = LATENCIES["central"].launch_graph
 
@@ -107,7 +113,8 @@ def launch_time(
     when ``standalone`` (a tail measured on its own runs inside its launch: no minimum).
 
     * Memory: a grid of fewer programs than SMs draws that fraction of the bandwidth (one CTA per
-      SM); and by Little's law no more than the bytes its resident warps keep in flight
+      SM), times ``sm_bandwidth_factor`` (an SM alone draws more than its even share); and by
+      Little's law no more than the bytes its resident warps keep in flight
       (``inflight_per_warp``: one iteration's loads of its vocabulary loop) per DRAM latency.
       Spills beyond L1 (``local_bytes_per_thread`` of every resident thread over the SM's L1) are
       stored and loaded once each through DRAM.
@@ -121,7 +128,7 @@ def launch_time(
     resident = max(1, min(per_sm, ctas_per_sm or per_sm) * num_warps)  # warps on one SM at once
     stack = local_bytes_per_thread * 32 * resident
     spill = 2 * local_bytes_per_thread * 32 * num_warps * programs if stack > hw.l1_bytes else 0.0
-    bandwidth = hw.bandwidth * used_sms / hw.sms
+    bandwidth = hw.bandwidth * min(1.0, used_sms * hw.sm_bandwidth_factor / hw.sms)
     if inflight_per_warp:
         bandwidth = min(bandwidth, used_sms * resident * inflight_per_warp * hw.clock / latency.dram_cycles)
     memory = (bytes_moved + spill) / bandwidth
@@ -147,7 +154,7 @@ def eager_op_time(hw: Hardware, op: dict[str, Any], latency: Latency = LATENCIES
     bandwidth its grid draws (``blocks``: fewer blocks than SMs draw that fraction; None: a full
     grid), at least ``latency.min_kernel``."""
     blocks = op.get("blocks")
-    share = min(1.0, blocks / hw.sms) if blocks else 1.0
+    share = min(1.0, blocks * hw.sm_bandwidth_factor / hw.sms) if blocks else 1.0
     return max((op["bytes_read"] + op["bytes_written"]) / (hw.bandwidth * share), latency.min_kernel)
 
 

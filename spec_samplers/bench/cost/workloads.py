@@ -41,7 +41,7 @@ import torch
 TEMPERATURE = 0.7
 WORKLOADS = ("ours", "ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "flashinfer-chain")
 #: the workloads that import vLLM
-VLLM_WORKLOADS = ("ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2")
+VLLM_WORKLOADS = ("ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "vllm-recovered-after")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -326,7 +326,67 @@ def ours_v2_plain_chunk(shape: Shape, device: torch.device) -> Callable[[], Any]
     return lambda: v2_runner.verify_plain_chunk(rs, verifier, logits, **chunk)
 
 
+#: the file of an older vLLM's ``vllm/v1/sample/rejection_sampler.py`` (unpacked from its wheel at
+#: run time, never committed) whose recovered-token kernel ``vllm-recovered-before`` profiles
+OLD_VLLM_ENV = "SPEC_SAMPLERS_OLD_VLLM_REJECTION_SAMPLER"
+
+
+def _old_vllm_kernel(name: str) -> Any:
+    """The Triton kernel ``name`` of the file :data:`OLD_VLLM_ENV` names, compiled from that
+    file's source alone (the function, with ``triton`` and ``tl`` in scope: no vLLM import)."""
+    import ast
+    import os
+
+    import triton
+    import triton.language as tl
+
+    path = os.environ.get(OLD_VLLM_ENV)
+    if not path:
+        raise RuntimeError(f"vllm-recovered-before: set {OLD_VLLM_ENV} to an older vLLM's rejection_sampler.py")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise RuntimeError(f"vllm-recovered-before: no function {name} in {path}")
+    scope: dict[str, Any] = {"triton": triton, "tl": tl}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), scope)
+    return scope[name]
+
+
+def vllm_recovered(shape: Shape, device: torch.device, before: bool) -> Callable[[], Any]:
+    """vLLM V1's ``sample_recovered_tokens`` (its recovery kernel and the exponentials it reads),
+    fp32 probabilities [B*k, V]: vLLM 0.33's (after vLLM PR #34974: the vocabulary in blocks of
+    8192), or with ``before`` the kernel of the file :data:`OLD_VLLM_ENV` names (before that PR:
+    one block of the whole padded vocabulary per program) driven as that release drove it
+    (exponentials drawn in place, kernel over (B, k)). The calibration's points
+    (benchmarks/cost_calibration.py)."""
+    B, k, V = shape.batch_size, shape.k, shape.vocab_size
+    x = Inputs(device)
+    target, draft = x.probs(B * k, V), x.probs(B * k, V)
+    ids = x.ids(B * k, V, torch.int32)
+    cu = (x.arange(B, torch.int32) + 1) * k
+    if not before:
+        from vllm.v1.sample.rejection_sampler import sample_recovered_tokens
+
+        metadata: Any = SimpleNamespace(generators={})  # the one field it reads
+        return lambda: sample_recovered_tokens(k, [k] * B, cu, ids, draft, target, metadata, device)
+    import triton
+
+    kernel = _old_vllm_kernel("sample_recovered_tokens_kernel")
+
+    def call() -> torch.Tensor:
+        q = torch.empty(B, V, dtype=torch.float32, device=device)
+        q.exponential_()
+        out = torch.empty_like(ids)
+        kernel[(B, k)](out, cu, ids, draft, target, q, V, triton.next_power_of_2(V), NO_DRAFT_PROBS=False)
+        return out
+
+    return call
+
+
 BUILDERS: dict[str, Callable[[Shape, torch.device], Callable[[], Any]]] = {
+    "vllm-recovered-after": lambda shape, device: vllm_recovered(shape, device, before=False),
+    "vllm-recovered-before": lambda shape, device: vllm_recovered(shape, device, before=True),
     "ours": ours,
     "ours-v1-seam": ours_v1_seam,
     "ours-v2-seam": ours_v2_seam,
