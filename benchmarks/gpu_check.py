@@ -867,7 +867,12 @@ def quick_table(rows: list[dict]) -> str:
         ("modeled_eager_us", "modeled eager"),
     )
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c[0])) for c in cols) + " |" for r in rows]
+    for r in rows:
+        cells = [_fmt(r.get(c[0])) for c in cols]
+        for i, key in ((4, "modeled_graph"), (8, "modeled_eager")):  # the model's low-high range
+            if f"{key}_low_us" in r:
+                cells[i] += f" ({r[f'{key}_low_us']:.1f}-{r[f'{key}_high_us']:.1f})"
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
