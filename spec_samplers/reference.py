@@ -526,9 +526,13 @@ def _typical_core(
         at = live.nonzero().squeeze(1) if live_only else rows
         if at.numel() == 0:
             break
-        q_i = _gather_rows(target_flat, target_rows[at, i])  # [n, V]
-        candidate = q_i.gather(1, drafts[at, i : i + 1]).squeeze(1)
-        accepted[at, i] = live[at] & typical_accepts(q_i, candidate, posterior_threshold, posterior_alpha)
+        # PyTorch sums the entropy of a lone row along another path than rows of a batch (the
+        # last bits differ at large V): a lone row of a batch is tested twice over, as in a batch
+        tested = at.repeat(2) if at.numel() == 1 and B > 1 else at
+        q_i = _gather_rows(target_flat, target_rows[tested, i])  # [n, V]
+        candidate = q_i.gather(1, drafts[tested, i : i + 1]).squeeze(1)
+        ok = typical_accepts(q_i, candidate, posterior_threshold, posterior_alpha)[: at.numel()]
+        accepted[at, i] = live[at] & ok
     num_accepted = num_leading_accepted(accepted)
     # the argmax of the one row each request recovers from (-1 where it has no probability mass:
     # its argmax 0 would have probability 0)

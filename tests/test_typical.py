@@ -125,3 +125,17 @@ def test_reference_matches_the_per_position_definition():
         m = num_leading_accepted(accepted)
         final = torch.where(m < k, target.argmax(-1)[torch.arange(B), m], bonus[:, 0])
         assert torch.equal(out, build_output(ids, m, final)), trial
+
+
+def test_entropy_threshold_of_a_row_is_that_of_the_batch_when_tested_twice():
+    """The reference tests only the live rows of a position; a lone row is tested twice over
+    (PyTorch sums a single row's float64 entropy along another path than a batch's: the last bits
+    differ at large V, which could flip a near-tie): the doubled row's threshold is bitwise the
+    batch's."""
+    from spec_samplers.reference import typical_threshold
+
+    q = torch.softmax(torch.randn(4, 151936, generator=torch.Generator().manual_seed(5)) * 3, -1)
+    batch = typical_threshold(q, 0.09, 0.3)
+    for i in range(4):
+        assert torch.equal(typical_threshold(q[[i, i]], 0.09, 0.3), batch[[i, i]])
+        assert torch.equal(typical_threshold(q[[i, (i + 1) % 4]], 0.09, 0.3)[0], batch[i])
