@@ -21,7 +21,9 @@ from pathlib import Path
 from spec_samplers.bench.cost import model, report
 from spec_samplers.bench.cost.workloads import Shape
 
-WORKLOADS = ("ours", "vllm-v1", "vllm-mrv2", "flashinfer-chain", "ours-v1-seam", "ours-v2-seam")
+WORKLOADS = ("ours", "ours-probs", "vllm-v1", "vllm-mrv2", "flashinfer-chain", "ours-v1-seam", "ours-v2-seam")
+#: ours through its probabilities entry (the bare-kernel comparison with the probabilities peers)
+ENTRIES = {"ours-probs": ("ours", "probs")}
 BATCHES = (1, 8, 64, 256)
 
 
@@ -72,6 +74,68 @@ def speedups(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _range(m: dict, key: str = "graph") -> tuple[float, float, float]:
+    """(central, low, high) seconds of a modeled total."""
+    return m[f"{key}_s"], m.get(f"{key}_low_s", m[f"{key}_s"]), m.get(f"{key}_high_s", m[f"{key}_s"])
+
+
+def _cell(t: tuple[float, float, float]) -> str:
+    return f"{t[0] * 1e6:.1f} us ({t[1] * 1e6:.1f}-{t[2] * 1e6:.1f})"
+
+
+def _ratio(peer: tuple[float, float, float], ours: tuple[float, float, float]) -> str:
+    """peer / ours, central (low: peer's low over our high; high: peer's high over our low)."""
+    return f"{peer[0] / ours[0]:.2f}x ({peer[1] / ours[2]:.2f}-{peer[2] / ours[1]:.2f})"
+
+
+#: like for like (issue 29): (title, ours, peer) per row of the headline
+HEADLINE = (
+    ("vLLM Model Runner V2: our seam in the runner vs vLLM's own path", "ours-v2-seam", "vllm-mrv2"),
+    ("vLLM V1: our seam in the runner vs vLLM's own path", "ours-v1-seam", "vllm-v1"),
+    ("FlashInfer: its softmax op + chain_speculative_sampling vs our logits entry", "ours", "flashinfer-chain"),
+)
+#: launches that are glue, not the verification kernel (FlashInfer's softmax before its chain op)
+GLUE_LAUNCHES = ("OnlineSoftmaxMapKernel", "OnlineSoftmaxReduceKernel", "OnlineSoftmaxFusedKernel")
+
+
+def headline(results: list[dict], gpu: str = "H100") -> str:
+    """Like for like, CUDA graphs, with the model's low-high range: what a user of each engine gets."""
+    by = {(r["workload"], r["shape"]["batch_size"]): r for r in results if "modeled" in r}
+    lines = ["| comparison | B | ours | peer | peer / ours |", "|---|---|---|---|---|"]
+    for title, ours, peer in HEADLINE:
+        for b in BATCHES:
+            if (ours, b) in by and (peer, b) in by:
+                o, p = _range(by[(ours, b)]["modeled"][gpu]), _range(by[(peer, b)]["modeled"][gpu])
+                lines.append(f"| {title} | {b} | {_cell(o)} | {_cell(p)} | {_ratio(p, o)} |")
+    return "\n".join(lines)
+
+
+def bare_kernels(results: list[dict], gpu: str = "H100") -> str:
+    """Bare kernels against bare kernels: each call's kernel launches only (no eager glue, no
+    launch latency; FlashInfer's chain op without its softmax), central (low-high), entry for
+    entry: our logits entry against vLLM MRv2's kernels (logits too), our probabilities entry
+    against vLLM V1's and FlashInfer's (probabilities)."""
+
+    def kernels(r: dict) -> tuple[float, float, float]:
+        ms = [x["modeled"][gpu] for x in r["launches"] if "modeled" in x and x["name"] not in GLUE_LAUNCHES]
+        low, high = (sum(m.get(k, m["kernel_s"]) for m in ms) for k in ("kernel_low_s", "kernel_high_s"))
+        return sum(m["kernel_s"] for m in ms), low, high
+
+    by = {(r["workload"], r["shape"]["batch_size"]): r for r in results if "modeled" in r}
+    pairs = (("ours", "vllm-mrv2"), ("ours-probs", "vllm-v1"), ("ours-probs", "flashinfer-chain"))
+    lines = ["| B | " + " | ".join(f"{o} vs {p}" for o, p in pairs) + " |", "|---|" + "---|" * len(pairs)]
+    for b in BATCHES:
+        cells = []
+        for ours, peer in pairs:
+            if (ours, b) not in by or (peer, b) not in by:
+                cells.append("n/a")
+                continue
+            o, p = kernels(by[(ours, b)]), kernels(by[(peer, b)])
+            cells.append(f"{o[0] * 1e6:.1f} vs {p[0] * 1e6:.1f} us: {_ratio(p, o)}")
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def traffic_check(results: list[dict]) -> str:
     """Our counted vocabulary bytes against docs/design.md's traffic formula (model.design_traffic)."""
     lines = [
@@ -96,7 +160,19 @@ def render(doc: dict) -> str:
         "V = 128256, bf16 logits, k = 4, temperature 0.7, probabilistic drafts, every request rejecting its",
         "first draft (the worst case). Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
         "",
-        "## Modeled time per call (H100 with CUDA graphs), peer / ours",
+        "## Like for like (H100, CUDA graphs, modeled: central (low-high))",
+        "",
+        "What a user of each engine gets: our seam inside each vLLM runner against vLLM's own path, and",
+        "FlashInfer's best public path (its softmax op, then chain_speculative_sampling) against our",
+        "logits entry. The range is the model's: its assumed latency constants at the ends of theirs.",
+        "",
+        headline(results),
+        "",
+        "## Bare kernels against bare kernels (H100, kernel time only: no eager glue, no launch latency)",
+        "",
+        bare_kernels(results),
+        "",
+        "## Modeled time per call (H100 with CUDA graphs), peer / our bare logits entry",
         "",
         speedups(results),
         "",
@@ -140,9 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     results, failures = [], []
     for workload in args.workload or WORKLOADS:
         for b in args.batch or BATCHES:
-            shape = Shape(b, 4, 128256, "bfloat16")
+            name, entry = ENTRIES.get(workload, (workload, "logits"))
+            shape = Shape(b, 4, 128256, "bfloat16", entry=entry)
             try:
-                results.append(trimmed(report.profile(workload, shape, counts=counts)))
+                result = trimmed(report.profile(name, shape, counts=counts))
+                result["workload"] = workload
+                results.append(result)
             except Exception as exc:  # a peer that cannot be profiled is reported, not dropped
                 failures.append({"workload": workload, "batch_size": b, "error": str(exc)[-2000:]})
             print(f"{workload} B={b} done", file=sys.stderr)

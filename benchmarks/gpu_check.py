@@ -3,7 +3,17 @@
 
 Usage::
 
-    python benchmarks/gpu_check.py [--out benchmarks/results] [--quick] [--vocabs 32000 ...]
+    python benchmarks/gpu_check.py [--out benchmarks/results] [--vocabs 32000 ...]
+    python benchmarks/gpu_check.py --quick [--vllm-src DIR] [--out FILE.json]   # about a minute
+    python benchmarks/gpu_check.py --export-vllm-src DIR   # where vLLM is installed: DIR for --vllm-src
+
+``--quick`` (issue 29) times ours (the logits entry), our Model Runner V2 seam (its plain-chunk
+fast path) and vLLM's Model Runner V2 (its glue and ``rejection_sample``) at V = 128256, k = 4,
+bf16 logits, B = 1 and 64, with the cost model's own workload builders, eager and CUDA-graph
+replay, L2 warm and cold, interleaved, next to the modeled values of the newest committed
+``benchmarks/results/*-cost-model.json``; it also measures one tiny kernel's eager and per-graph-node
+cost and the read bandwidth (the model's constants). vLLM need not be installed: ``--vllm-src``
+imports its kernel files from a copy (``spec_samplers.bench.vllm_source``). One JSON file.
 
 (--vocabs/--batches/--ks split the full sweep into shorter runs, one result file per V set.)
 
@@ -653,15 +663,295 @@ def check_v1_plain_step(vocab: int = 128256) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# --quick (issue 29): ours, our Model Runner V2 seam and vLLM's Model Runner V2, measured next to
+# the cost model's values, in about a minute. vLLM need not be installed: with --vllm-src DIR its
+# kernel files are imported from DIR (spec_samplers.bench.vllm_source), else vLLM's row is left out.
+
+QUICK_V, QUICK_K, QUICK_DTYPE, QUICK_BATCHES = 128256, 4, "bfloat16", (1, 64)
+#: interleaved rounds (each impl timed once per round, in turn) and CUDA-event repeats per timing
+QUICK_ROUNDS, QUICK_WARM_ITERS, QUICK_COLD_ITERS = 3, 50, 20
+QUICK_READ_BYTES = 2**30
+#: quick impl -> the cost model's workload (spec_samplers.bench.cost.workloads)
+QUICK_IMPLS = ("ours", "ours-v2-seam", "vllm-mrv2")
+
+
+def quick_vllm_modules(vllm_src: str | None, notes: list[str]) -> dict | None:
+    """vLLM's Model Runner V2 modules: from ``vllm_src`` when given, else the installed vLLM's;
+    None (with a note) when neither imports."""
+    from spec_samplers.bench import vllm_source
+
+    try:
+        if vllm_src:
+            return vllm_source.load(vllm_src)
+        return {name: importlib.import_module(name) for name in vllm_source.MRV2_MODULES}
+    except Exception as exc:  # vLLM absent or its files not importable here: time ours only
+        notes.append(f"vllm-mrv2 not timed: {type(exc).__name__}: {exc}")
+        return None
+
+
+def quick_calls(
+    B: int, k: int, V: int, dtype: str, vllm_modules: dict | None
+) -> dict[str, Callable[[], Callable[[], object]]]:
+    """Builders of the three calls of the cost model's workloads at one shape, inputs on DEVICE
+    (the same builders: what is timed is what is modeled). Our MRv2 seam is its plain-chunk fast
+    path. Each builder makes its inputs when called (:func:`time_quick`: one failing is noted)."""
+    from spec_samplers.bench.cost import workloads as wl
+
+    shape, device = wl.Shape(B, k, V, dtype), torch.device(DEVICE)
+    calls: dict[str, Callable[[], Callable[[], object]]] = {
+        "ours": lambda: wl.ours(shape, device),
+        "ours-v2-seam": lambda: wl.ours_v2_plain_chunk(shape, device),
+    }
+    if vllm_modules is not None:
+        calls["vllm-mrv2"] = lambda: wl.vllm_mrv2(shape, device, vllm_modules)
+    return calls
+
+
+def _tokens_ok(out: object, V: int) -> bool:
+    """The first token of every request (each call's first 2-D integer output, [R, k+1]; every
+    request samples at least one) is in [0, V): a cheap sanity check. Later columns are not
+    checked: vLLM leaves the entries past a request's count unwritten."""
+    tensors = out if isinstance(out, tuple) else (out,)
+    sampled = next(
+        (t for t in tensors if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point()), None
+    )
+    return sampled is not None and bool(((sampled[:, 0] >= 0) & (sampled[:, 0] < V)).all())
+
+
+def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph | None, str | None]:
+    """(graph, None), or (None, why) where fn cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm outside the capture (allocator, per-stream buffers)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph, None
+    except Exception as exc:  # a call that syncs or allocates on the host: eager timings only
+        torch.cuda.synchronize()
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _median_us(fn: Callable[[], object], *, cold: bool, iters: int) -> float:
+    t = time_call(fn, torch.device(DEVICE), min_repeats=iters, max_repeats=iters, warmup=1, cold_l2=cold)
+    return float(t["time_s"]) * 1e6
+
+
+def time_quick(
+    builders: dict[str, Callable[[], Callable[[], object]]], V: int, rounds: int, iters: tuple[int, int]
+) -> dict[str, dict]:
+    """Per call (built by ``builders``): eager and graph-replay medians (us), L2 warm and cold
+    (flushed before each call), each the median over ``rounds`` rounds that take the calls in
+    turn (interleaved), with the rounds' [min, max]. A call that fails to build or run is
+    reported with its error; the others go on."""
+    results: dict[str, dict] = {}
+    graphs: dict[str, Callable[[], object]] = {}
+    calls: dict[str, Callable[[], object]] = {}
+    for name, build in builders.items():
+        try:
+            fn = build()
+            results[name] = {"tokens_in_range": _tokens_ok(fn(), V)}  # compiles the kernels too
+        except Exception as exc:  # e.g. a peer's kernel this Triton cannot compile
+            results[name] = {"tokens_in_range": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            print("quick", name, results[name]["error"], flush=True)
+            continue
+        calls[name] = fn
+        if DEVICE == "cuda":
+            graph, why = _capture(fn)
+            if graph is not None:
+                graphs[name] = graph.replay
+                results[name]["_graph"] = graph  # kept alive while timed
+            else:
+                results[name]["graph_error"] = why
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            timed = {"eager": fn, **({"graph": graphs[name]} if name in graphs else {})}
+            for mode, f in timed.items():
+                for cache, cold, n in (("warm", False, iters[0]), ("cold", True, iters[1])):
+                    samples.setdefault((name, f"{mode}_{cache}"), []).append(_median_us(f, cold=cold, iters=n))
+    for (name, key), values in samples.items():
+        results[name][f"{key}_us"] = sorted(values)[len(values) // 2]
+        results[name][f"{key}_range_us"] = [min(values), max(values)]
+    for r in results.values():
+        r.pop("_graph", None)
+    return results
+
+
+def launch_costs(nodes: int = 20, iters: int = 200) -> dict:
+    """What one tiny kernel costs: eager (a 1-element ``add_`` between CUDA events: dispatch
+    included) and per node of a CUDA graph of ``nodes`` such kernels (graph of ``nodes`` minus
+    graph of 1, over ``nodes - 1``): the cost model's per-launch constants, measured."""
+    x = torch.zeros(1, device=DEVICE)
+    eager = _median_us(lambda: x.add_(1), cold=False, iters=iters)
+    if DEVICE != "cuda":
+        return {"eager_tiny_kernel_us": eager}
+    replay = {}
+    for n in (1, nodes):
+        graph, why = _capture(lambda n=n: [x.add_(1) for _ in range(n)])
+        if graph is None:
+            return {"eager_tiny_kernel_us": eager, "graph_error": why}
+        replay[n] = _median_us(graph.replay, cold=False, iters=iters)
+    return {
+        "eager_tiny_kernel_us": eager,
+        "graph_1_node_us": replay[1],
+        f"graph_{nodes}_nodes_us": replay[nodes],
+        "graph_per_node_us": (replay[nodes] - replay[1]) / (nodes - 1),
+    }
+
+
+def read_bandwidth(nbytes: int = 2**30) -> float:
+    """Bytes per second of an fp32 ``sum`` over ``nbytes`` (read only), median of 20."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=DEVICE)
+    t = time_call(lambda: x.sum(), torch.device(DEVICE), min_repeats=20, max_repeats=20)
+    return nbytes / float(t["time_s"])
+
+
+def modeled_costs(gpu: str, results_dir: Path = Path(__file__).resolve().parent / "results") -> dict:
+    """{"file", "gpu", "rows": {"workload/B": {graph_us, eager_us[, *_low_us, *_high_us]}}} from
+    the newest committed cost-model results (benchmarks/cost_model.py), for the H200 when the GPU's
+    name says so, else the H100; {} when there is none."""
+    files = sorted(results_dir.glob("*-cost-model.json"))
+    if not files:
+        return {}
+    data = json.loads(files[-1].read_text())
+    kind = "H200" if "H200" in gpu else "H100"
+    rows = {}
+    for r in data["results"]:
+        m = r.get("modeled", {}).get(kind)
+        if m is None or r["shape"]["vocab_size"] != QUICK_V or r["shape"]["k"] != QUICK_K:
+            continue
+        row = {f"{key[:-2]}_us": v * 1e6 for key, v in m.items() if key.endswith("_s")}
+        rows[f"{r['workload']}/{r['shape']['batch_size']}"] = row
+    return {"file": str(files[-1].relative_to(results_dir.parent.parent)), "gpu": kind, "rows": rows}
+
+
+def quick_rows(measured: dict[int, dict[str, dict]], modeled: dict) -> list[dict]:
+    """One row per (impl, B): measured beside modeled, and measured graph replay (L2 cold: the
+    model reads DRAM) over modeled graph time."""
+    rows = []
+    for B, by_impl in measured.items():
+        for impl, m in by_impl.items():
+            model = modeled.get("rows", {}).get(f"{impl}/{B}", {})
+            row = {"impl": impl, "B": B, "k": QUICK_K, "V": QUICK_V, "dtype": QUICK_DTYPE, **m}
+            row.update({f"modeled_{key}": v for key, v in model.items()})
+            measured_graph = m.get("graph_cold_us")
+            if measured_graph is not None and model.get("graph_us"):
+                row["measured_over_modeled_graph"] = measured_graph / model["graph_us"]
+            if model.get("eager_us") and "eager_cold_us" in m:
+                row["measured_over_modeled_eager"] = m["eager_cold_us"] / model["eager_us"]
+            rows.append(row)
+    return rows
+
+
+def _fmt(v: object) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+
+def quick_table(rows: list[dict]) -> str:
+    cols = (
+        ("impl", "impl"),
+        ("B", "B"),
+        ("graph_warm_us", "graph warm"),
+        ("graph_cold_us", "graph cold"),
+        ("modeled_graph_us", "modeled graph"),
+        ("measured_over_modeled_graph", "cold/modeled"),
+        ("eager_warm_us", "eager warm"),
+        ("eager_cold_us", "eager cold"),
+        ("modeled_eager_us", "modeled eager"),
+    )
+    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [_fmt(r.get(c[0])) for c in cols]
+        for i, key in ((4, "modeled_graph"), (8, "modeled_eager")):  # the model's low-high range
+            if f"{key}_low_us" in r:
+                cells[i] += f" ({r[f'{key}_low_us']:.1f}-{r[f'{key}_high_us']:.1f})"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def quick_main(args: argparse.Namespace, meta: dict) -> int:
+    """``--quick``: measured (us, CUDA events, medians) next to modeled; one JSON file."""
+    notes: list[str] = []
+    vllm_modules = quick_vllm_modules(args.vllm_src, notes)
+    if args.vllm_src:
+        version_file = Path(args.vllm_src) / "VLLM_VERSION"
+        meta["vllm_src"] = {
+            "dir": args.vllm_src,
+            "version": version_file.read_text().strip() if version_file.exists() else None,
+        }
+    report: dict = {"meta": meta, "shape": {"V": QUICK_V, "k": QUICK_K, "dtype": QUICK_DTYPE}, "notes": notes}
+    out = Path(args.out)
+    if out.suffix != ".json":
+        out = out / f"gpu_check_quick_{meta['gpu'].replace(' ', '_')}_{meta['date'][:10]}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    measured: dict[int, dict[str, dict]] = {}
+    report["modeled_from"] = modeled_costs(meta["gpu"])
+
+    def save() -> None:  # after every stage: a crash later still leaves what was measured
+        report["rows"] = quick_rows(measured, report["modeled_from"])
+        out.write_text(json.dumps(report, indent=1))
+
+    report["read_bandwidth_GBps"] = read_bandwidth(QUICK_READ_BYTES) / 1e9
+    report["launch"] = launch_costs()
+    print("launch", report["launch"], "read GB/s", round(report["read_bandwidth_GBps"]), flush=True)
+    save()
+    for B in args.quick_batches:
+        builders = quick_calls(B, QUICK_K, QUICK_V, QUICK_DTYPE, vllm_modules)
+        measured[B] = time_quick(builders, QUICK_V, QUICK_ROUNDS, (QUICK_WARM_ITERS, QUICK_COLD_ITERS))
+        print("quick", B, measured[B], flush=True)
+        save()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    print(quick_table(report["rows"]))
+    modeled_from = report["modeled_from"]
+    print(f"(measured on {meta['gpu']}; modeled from {modeled_from.get('file')}, {modeled_from.get('gpu')})")
+    print(f"wrote {out}")
+    failed = [r for r in report["rows"] if not r["tokens_in_range"]]
+    if failed:
+        print(f"FAILED: tokens out of range in {[(r['impl'], r['B']) for r in failed]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
-    parser.add_argument("--quick", action="store_true", help="a few shapes only (smoke run)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="about a minute: ours, our MRv2 seam and vLLM's MRv2 timed at B = 1 and 64 next to the "
+        "cost model (one JSON file: --out DIR or --out FILE.json)",
+    )
+    parser.add_argument("--quick-batches", type=int, nargs="+", default=list(QUICK_BATCHES))
+    parser.add_argument(
+        "--vllm-src",
+        default=None,
+        help="--quick: a directory holding vllm/ (vLLM's Python files, e.g. from "
+        "spec_samplers.bench.vllm_source.export) to import vLLM's MRv2 kernels from without vLLM",
+    )
+    parser.add_argument(
+        "--export-vllm-src",
+        metavar="DIR",
+        help="copy the installed vLLM's MRv2 kernel files (and the vLLM modules they import) into DIR "
+        "for --vllm-src on a machine without vLLM, then exit (no CUDA needed; never commit DIR)",
+    )
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS), help="subset of V (to split long runs)")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     args = parser.parse_args(argv)
+    if args.export_vllm_src:
+        from spec_samplers.bench import vllm_source
+
+        written = vllm_source.export(args.export_vllm_src)
+        print(f"wrote {len(written)} files of vLLM's under {args.export_vllm_src}")
+        return 0
     _require_cuda()
     import triton
 
@@ -683,9 +973,9 @@ def main(argv: list[str] | None = None) -> int:
 
     meta["auto_backend_uses_kernels_on_cuda"] = use_triton("auto", torch.device("cuda"))
     print("meta", meta, flush=True)
-    shapes = dict(vocabs=args.vocabs, batches=args.batches, ks=args.ks)
     if args.quick:
-        shapes = dict(vocabs=args.vocabs[:1], batches=(1, 64), ks=(4,))
+        return quick_main(args, meta)
+    shapes = dict(vocabs=args.vocabs, batches=args.batches, ks=args.ks)
     equality = check_equality(**shapes)
     sampling = check_sampling_ops(shapes["vocabs"], shapes["batches"])
     graphs = check_graphs()
@@ -699,8 +989,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_timing:
         timings, notes = [], ["timings skipped (--skip-timing)"]
     else:
-        iters = dict(warm_iters=20, cold_iters=10) if args.quick else {}
-        timings, notes = run_timings(bw, **shapes, **iters)
+        timings, notes = run_timings(bw, **shapes)
         sampling_t = sampling_timings(shapes["vocabs"])
         fused_t = fused_params_timings(shapes["vocabs"])
     out = Path(args.out)

@@ -496,7 +496,8 @@ def typical_accepts(
 def typical_threshold(q: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
     """[N] float64 min(threshold, alpha * exp(-H(q))) of q [N, V] fp32 (see :func:`typical_accepts`)."""
     q64 = q.to(torch.float64)
-    entropy = -(q64 * torch.log(q64 + ENTROPY_EPS_FP32)).sum(dim=-1)
+    terms = q64 + ENTROPY_EPS_FP32  # in place from here: one float64 temporary, same operations
+    entropy = -terms.log_().mul_(q64).sum(dim=-1)
     return torch.clamp(fp32_value(posterior_alpha) * torch.exp(-entropy), max=fp32_value(posterior_threshold))
 
 
@@ -514,19 +515,29 @@ def _typical_core(
     device = target_flat.device
     draft_valid, drafts = _valid_drafts(draft_ids, num_draft, V)
     accepted = torch.zeros((B, K), dtype=torch.bool, device=device)
-    argmaxes = []
-    # One position at a time keeps the fp32 copy at [B, V] instead of upcasting [B, K+1, V].
-    for i in range(K + 1):
-        q_i = _gather_rows(target_flat, target_rows[:, i])  # [B, V]
-        # -1 where the row has no probability mass (its argmax 0 would have probability 0)
-        argmaxes.append(torch.where(q_i.amax(dim=-1) > 0, torch.argmax(q_i, dim=-1), PLACEHOLDER_TOKEN_ID))
-        if i == K:
-            break
-        candidate = q_i.gather(1, drafts[:, i : i + 1]).squeeze(1)
-        accepted[:, i] = draft_valid[:, i] & typical_accepts(q_i, candidate, posterior_threshold, posterior_alpha)
-    num_accepted = num_leading_accepted(accepted)
     rows = torch.arange(B, device=device)
-    recovered = torch.stack(argmaxes, dim=1)[rows, num_accepted]
+    # One position at a time keeps the fp32 copy at [B, V] instead of upcasting [B, K+1, V]. On
+    # the CPU only the requests that accepted every earlier draft test position i (the entropy
+    # pass is the cost; a later position of a request that rejected cannot change its tokens);
+    # elsewhere every request does (picking the live ones would wait on the device).
+    live_only = device.type == "cpu"
+    for i in range(K):
+        live = draft_valid[:, i] & accepted[:, :i].all(dim=1)
+        at = live.nonzero().squeeze(1) if live_only else rows
+        if at.numel() == 0:
+            break
+        # PyTorch sums the entropy of a lone row along another path than rows of a batch (the
+        # last bits differ at large V): a lone row of a batch is tested twice over, as in a batch
+        tested = at.repeat(2) if at.numel() == 1 and B > 1 else at
+        q_i = _gather_rows(target_flat, target_rows[tested, i])  # [n, V]
+        candidate = q_i.gather(1, drafts[tested, i : i + 1]).squeeze(1)
+        ok = typical_accepts(q_i, candidate, posterior_threshold, posterior_alpha)[: at.numel()]
+        accepted[at, i] = live[at] & ok
+    num_accepted = num_leading_accepted(accepted)
+    # the argmax of the one row each request recovers from (-1 where it has no probability mass:
+    # its argmax 0 would have probability 0)
+    q_j = _gather_rows(target_flat, target_rows[rows, num_accepted])  # [B, V]
+    recovered = torch.where(q_j.amax(dim=-1) > 0, torch.argmax(q_j, dim=-1), PLACEHOLDER_TOKEN_ID)
     has_bonus_row = target_rows[rows, num_accepted] >= 0
     final = _final_tokens(recovered, num_accepted < num_draft, bonus_token_ids, has_bonus_row, V)
     return build_output(draft_ids, num_accepted, final)
@@ -622,7 +633,8 @@ def _block_core(f: FlatInputs, seeds: torch.Tensor, offsets: torch.Tensor) -> to
         for m in range(K):
             q_m = _gather_rows(target_flat, target_rows[:, m])  # [B, V]
             p_m = _gather_rows(draft_flat, draft_rows[:, m])
-            masses.append((rho[:, m, None] * q_m - p_m).clamp_min(0.0).sum(dim=-1))
+            # (rho_m q_m - p_m)+ in place in q_m: the same operations without three temporaries
+            masses.append(q_m.mul_(rho[:, m, None]).sub_(p_m).clamp_min_(0.0).sum(dim=-1))
         mass = torch.stack(masses, dim=1) if K else torch.zeros((B, 0), device=device)
     h = torch.where(draft_valid, block_thresholds(mass, rho[:, :K]), rho[:, :K])  # position m's h at [:, m]
     h = torch.cat([h[:, 1:], rho[:, K:]], dim=1)  # [B, K]: entry m-1 holds h_m

@@ -69,3 +69,69 @@ def test_gpu_check_equality_and_report_code_runs_on_tiny_cpu_shapes(monkeypatch)
     ]
     md = mod._markdown(meta, rows, graphs, timings, ["flashinfer not importable"])
     assert "| spec_samplers | rejection | 130 | 3 | 2 | float32 |" in md and "1/1 shapes equal" in md
+
+
+def test_gpu_check_quick_runs_on_tiny_cpu_shapes(monkeypatch, tmp_path):
+    """--quick's code on CPU through the interpreter: ours, our MRv2 seam and vLLM's MRv2 built
+    from the cost model's workloads (vLLM's kernels imported from an exported copy of its files,
+    as on a GPU machine without vLLM), timed, and laid out next to the modeled values."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the script itself runs this at real sizes")
+    pytest.importorskip("vllm")  # the exported copy is taken from the installed vLLM
+    from triton.language.extra import libdevice
+
+    from spec_samplers.bench import vllm_source
+    from spec_samplers.bench.cost import standins
+
+    mod = _load()
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(libdevice, "log1p", standins.log1p)  # the interpreter has no libdevice
+    src = tmp_path / "vllm_src"
+    written = vllm_source.export(src)
+    assert (src / "VLLM_VERSION").read_text().strip() and len(written) >= 2
+    notes: list[str] = []
+    modules = mod.quick_vllm_modules(str(src), notes)
+    assert notes == [] and all(str(src) in m.__file__ for m in modules.values())
+    builders = mod.quick_calls(2, 2, 256, "float32", modules)
+    assert set(builders) == {"ours", "ours-v2-seam", "vllm-mrv2"}
+    measured = mod.time_quick(builders, 256, rounds=2, iters=(1, 1))
+    for impl, m in measured.items():
+        assert m["tokens_in_range"], impl
+        assert 0 < m["eager_warm_range_us"][0] <= m["eager_warm_us"] <= m["eager_warm_range_us"][1]
+    modeled = mod.modeled_costs("NVIDIA H100 80GB HBM3")
+    assert modeled["gpu"] == "H100" and modeled["rows"]["ours/1"]["graph_us"] > 0
+    rows = mod.quick_rows({1: measured}, modeled)
+    assert {r["impl"] for r in rows} == set(builders) and all("modeled_graph_us" in r for r in rows)
+    assert "| ours | 1 |" in mod.quick_table(rows)
+    # vLLM absent and no copy: a note, and ours is still timed
+    missing: list[str] = []
+    assert mod.quick_vllm_modules(str(tmp_path / "nowhere"), missing) is None and "vllm-mrv2" in missing[0]
+
+
+def test_gpu_check_quick_main_writes_one_json_without_vllm(monkeypatch, tmp_path):
+    """--quick end to end on CPU with vLLM not importable (the GPU machine has none): ours and our
+    seam are timed, vLLM's row is a note, and everything lands in the one JSON file --out names."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the script itself runs this at real sizes")
+    import argparse
+    import json
+    import sys
+
+    mod = _load()
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    for name, value in dict(
+        DEVICE="cpu", QUICK_V=256, QUICK_K=2, QUICK_DTYPE="float32", QUICK_READ_BYTES=2**20
+    ).items():
+        monkeypatch.setattr(mod, name, value)
+    monkeypatch.setattr(mod, "QUICK_ROUNDS", 1)
+    monkeypatch.setattr(mod, "QUICK_WARM_ITERS", 1)
+    monkeypatch.setattr(mod, "QUICK_COLD_ITERS", 1)
+    out = tmp_path / "quick.json"
+    args = argparse.Namespace(out=str(out), quick_batches=[1, 2], vllm_src=None)
+    meta = {"gpu": "NVIDIA H200", "date": "2026-11-28T03:00:00+00:00", "versions": {}}
+    assert mod.quick_main(args, meta) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["quick.json"]
+    report = json.loads(out.read_text())
+    assert {(r["impl"], r["B"]) for r in report["rows"]} == {(i, b) for i in ("ours", "ours-v2-seam") for b in (1, 2)}
+    assert "vllm-mrv2 not timed" in report["notes"][0] and report["read_bandwidth_GBps"] > 0
+    assert report["modeled_from"]["gpu"] == "H200" and report["launch"]["eager_tiny_kernel_us"] > 0

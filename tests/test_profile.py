@@ -304,3 +304,87 @@ def test_profile_cli_runs_at_a_small_shape(tmp_path):
     assert names[names.index("rejection_tail") - 1] == "residual_partials_kernel"
     h100 = result["modeled"]["H100"]
     assert h100["graph_s"] == pytest.approx(h100["kernels_s"] + 2 * 1e-6)
+
+
+def _traffic(fn, vocab=1024):
+    ops = trace.EagerOps(vocab)
+    with trace.recording(execute=False, ops=ops), ops:
+        fn()
+    return [(op.name, op.bytes_read, op.bytes_written, op.blocks) for op in ops.records]
+
+
+def test_eager_op_counter_overwriting_in_place_ops_do_not_read_their_destination():
+    """``copy_`` reads its source only; in-place ``exponential_`` (and the other draws, fills)
+    writes without reading; an in-place op that computes from its destination still reads it."""
+    x, y = torch.empty(4, 1024, device=META), torch.empty(4, 1024, dtype=torch.bfloat16, device=META)
+    n = x.numel()
+    got = _traffic(lambda: (x.copy_(y), x.exponential_(), x.fill_(1.0), x.mul_(2.0)))
+    assert got == [
+        ("aten::copy_", 2 * n, 4 * n, None),
+        ("aten::exponential_", 0, 4 * n, None),
+        ("aten::fill_", 0, 4 * n, None),
+        ("aten::mul_", 4 * n, 4 * n, None),
+    ]
+
+
+def test_eager_op_counter_gathers_read_the_gathered_rows_only():
+    """``x[idx]`` of 3 rows out of 64 reads 3 rows and the indices, not the 64 rows."""
+    x, idx = torch.empty(64, 1024, device=META), torch.empty(3, dtype=torch.int64, device=META)
+    row = 1024 * 4
+    got = _traffic(lambda: (x[idx], x.index_select(0, idx)))
+    assert [g[:3] for g in got] == [
+        ("aten::index", 3 * row + 24, 3 * row),
+        ("aten::index_select", 3 * row + 24, 3 * row),
+    ]
+
+
+def test_eager_op_counter_softmax_cast_and_grid():
+    """softmax(x, dtype=float32): of fp16 one pass reading fp16 (CUDA's half_to_float path), of
+    bf16 a cast and a softmax (no such path for bf16); a last-dimension softmax is charged one
+    block per row (PyTorch's host_softmax grid)."""
+    half, bf16 = (torch.empty(5, 1024, dtype=d, device=META) for d in (torch.float16, torch.bfloat16))
+    n = half.numel()
+    assert _traffic(lambda: half.softmax(-1, dtype=torch.float32)) == [("aten::_softmax", 2 * n, 4 * n, 5)]
+    assert _traffic(lambda: bf16.softmax(-1, dtype=torch.float32)) == [
+        ("aten::_to_copy", 2 * n, 4 * n, None),
+        ("aten::_softmax", 4 * n, 4 * n, 5),
+    ]
+    # a cast that is not the softmax's input stays a pass of its own
+    other = torch.empty(5, 1024, device=META)
+    got = _traffic(lambda: (half.float(), other.softmax(-1)))
+    assert [g[0] for g in got] == ["aten::_to_copy", "aten::_softmax"]
+
+
+def test_time_model_latency_terms():
+    """Issue 29's latency terms, each on its own: a minimum duration per launch (not for a tail,
+    which runs inside its launch), issue at half rate with one warp per scheduler, Little's law on
+    the bytes a few warps keep in flight, spills beyond L1 through DRAM, a tail's dependent L2
+    round trips, and an eager row softmax charged at the bandwidth its one block per row draws."""
+    from spec_samplers.bench.cost import model
+
+    hw, lat = model.H100, model.LATENCIES["central"]
+    tiny = model.launch_time(hw, 1e3, 10.0, 1, 1)
+    assert tiny["kernel_s"] == lat.min_kernel
+    assert model.launch_time(hw, 1e3, 10.0, 1, 1, standalone=False)["kernel_s"] < lat.min_kernel
+    # issue: 4 warps on one SM fill the 4 schedulers at one warp each: half rate; 8 warps: full
+    cycles = 1e6
+    one_each = model.launch_time(hw, 0.0, cycles, 1, 4)["issue_s"]
+    two_each = model.launch_time(hw, 0.0, cycles, 1, 8)["issue_s"]
+    assert one_each == cycles / (4 * hw.clock * 0.5) and two_each == cycles / (4 * hw.clock)
+    # Little's law: 1 warp with 512 B in flight per DRAM latency, far below the SM's share
+    few = model.launch_time(hw, 1e6, 0.0, 1, 1, inflight_per_warp=512.0)
+    assert few["memory_s"] == 1e6 / (512.0 * hw.clock / lat.dram_cycles)
+    # spills: a stack that does not fit L1 is stored and loaded through DRAM
+    spilled = model.launch_time(hw, 0.0, 0.0, 132, 4, ctas_per_sm=1, local_bytes_per_thread=4096)
+    assert spilled["spill_bytes"] == 2 * 4096 * 128 * 132
+    assert model.launch_time(hw, 0.0, 0.0, 132, 4, local_bytes_per_thread=64)["spill_bytes"] == 0.0
+    # a tail's dependent round trips
+    tail = model.launch_time(hw, 0.0, 0.0, 1, 4, dependent_rounds=10, standalone=False)
+    assert tail["kernel_s"] == tail["latency_s"] == 10 * lat.l2_cycles / hw.clock
+    # the range brackets the central value
+    r = model.launch_range(hw, 1e5, 1e4, 4, 4, dependent_rounds=3)
+    assert r["kernel_low_s"] <= r["kernel_s"] <= r["kernel_high_s"]
+    # eager softmax of 5 rows: 5 blocks draw 5 * factor / 132 of the bandwidth
+    op = {"bytes_read": 4e6, "bytes_written": 4e6, "blocks": 5}
+    assert model.eager_op_time(hw, op) == pytest.approx(8e6 / (hw.bandwidth * 5 * hw.sm_bandwidth_factor / hw.sms))
+    assert model.eager_op_time(hw, {**op, "blocks": None}) == 8e6 / hw.bandwidth

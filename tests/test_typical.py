@@ -98,3 +98,44 @@ def test_ignores_draft_probs():
     draft = torch.softmax(torch.randn(4, 2, V, generator=gen), -1)
     s = TypicalAcceptanceSampler()
     assert torch.equal(s(target, bonus, draft, ids), s(target, bonus, None, ids))
+
+
+def test_reference_matches_the_per_position_definition():
+    """The PyTorch reference tests on the CPU only the positions a request reaches (it accepted
+    every earlier draft) and takes one argmax per request (issue 29's speedup): its tokens are
+    those of the definition, every position tested and every row's argmax taken, written out
+    here in float64 from the fp32 probabilities."""
+    from spec_samplers.output import build_output, num_leading_accepted
+    from spec_samplers.reference import ENTROPY_EPS_FP32, fp32_value
+
+    gen = torch.Generator().manual_seed(29)
+    for trial in range(20):
+        B, k, n = 7, 4, 40
+        target = torch.softmax(torch.randn(B, k + 1, n, generator=gen) * (trial % 4 + 0.5), -1)
+        ids = torch.where(
+            torch.rand(B, k, generator=gen) < 0.7, target[:, :k].argmax(-1), torch.randint(0, n, (B, k), generator=gen)
+        )
+        bonus = torch.randint(0, n, (B, 1), generator=gen)
+        thr, alpha = 0.09, 0.3
+        out = TypicalAcceptanceSampler(posterior_threshold=thr, posterior_alpha=alpha)(target, bonus, None, ids)
+        q64 = target.double()
+        entropy = -(q64 * torch.log(q64 + ENTROPY_EPS_FP32)).sum(-1)  # [B, k+1]
+        bound = torch.clamp(fp32_value(alpha) * torch.exp(-entropy), max=fp32_value(thr))
+        accepted = q64[:, :k].gather(2, ids[..., None]).squeeze(2) > bound[:, :k]
+        m = num_leading_accepted(accepted)
+        final = torch.where(m < k, target.argmax(-1)[torch.arange(B), m], bonus[:, 0])
+        assert torch.equal(out, build_output(ids, m, final)), trial
+
+
+def test_entropy_threshold_of_a_row_is_that_of_the_batch_when_tested_twice():
+    """The reference tests only the live rows of a position; a lone row is tested twice over
+    (PyTorch sums a single row's float64 entropy along another path than a batch's: the last bits
+    differ at large V, which could flip a near-tie): the doubled row's threshold is bitwise the
+    batch's."""
+    from spec_samplers.reference import typical_threshold
+
+    q = torch.softmax(torch.randn(4, 151936, generator=torch.Generator().manual_seed(5)) * 3, -1)
+    batch = typical_threshold(q, 0.09, 0.3)
+    for i in range(4):
+        assert torch.equal(typical_threshold(q[[i, i]], 0.09, 0.3), batch[[i, i]])
+        assert torch.equal(typical_threshold(q[[i, (i + 1) % 4]], 0.09, 0.3)[0], batch[i])

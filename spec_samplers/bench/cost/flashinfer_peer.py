@@ -10,8 +10,9 @@ CUDA cannot run in Triton's interpreter, so its traffic is read off the source, 
 (grid (B,), one CTA of 1024 threads each), worst case (first draft rejected): the gathered
 accept scalars; pass 1 reads the rejected position's target and draft rows (fp32) to sum
 relu(q - p); pass 2 re-reads them up to the sampled token, half the rows on average. The op
-takes probabilities, so the softmax it needs is counted too: ``softmax(logits / T)`` in fp32 of
-the target [B, k+1, V] and draft [B, k, V] logits, traced with the same dispatch mode as ours.
+takes probabilities, so the softmax it needs is counted too, FlashInfer's own
+(``flashinfer.sampling.softmax`` with per-request temperatures: :func:`softmax_launches`) on the
+fp32 casts of the target [B(k+1), V] and draft [Bk, V] logits (its softmax takes fp32 only).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from spec_samplers.bench.cost import model, sass, trace
 from spec_samplers.bench.cost.totals import summarize
-from spec_samplers.bench.cost.workloads import DTYPES, TEMPERATURE, Inputs, Shape
+from spec_samplers.bench.cost.workloads import DTYPES, Inputs, Shape
 
 THREADS = 1024  # DISPATCH_COMPUTE_CAP_NUM_THREADS for compute capability >= 8
 INSTANCE = """#include <flashinfer/sampling.cuh>
@@ -73,17 +74,64 @@ def compile_chain(vec: int) -> bytes:
             return f.read()
 
 
-def _softmax_ops(shape: Shape) -> list[dict[str, Any]]:
-    """The eager ops turning the engine's bf16 logits into the fp32 probabilities the op takes."""
+#: FlashInfer's ``OnlineSoftmax`` (data/include/flashinfer/sampling.cuh): the vocabulary-split
+#: path for at most this many rows at a vocabulary of at least LARGE_VOCAB, in slices of SLICE
+SMALL_BATCH_ROWS, LARGE_VOCAB, SLICE = 128, 24576, 8192
+
+
+def _cast_ops(shape: Shape) -> list[dict[str, Any]]:
+    """The eager casts of the engine's logits to the fp32 that FlashInfer's softmax takes (its
+    launcher reads ``float*`` only: csrc/sampling.cu ``softmax``), target and draft."""
     B, k, V = shape.batch_size, shape.k, shape.vocab_size
     x = Inputs(torch.device("meta"))
     dtype = DTYPES[shape.dtype]
-    target, draft = x.normal(B, k + 1, V, dtype=dtype), x.normal(B, k, V, dtype=dtype)
     ops = trace.EagerOps(V)
     with ops:
-        for logits in (target, draft):
-            (logits / TEMPERATURE).softmax(-1, dtype=torch.float32)
+        for logits in (x.normal(B * (k + 1), V, dtype=dtype), x.normal(B * k, V, dtype=dtype)):
+            logits.float()
     return [vars(op) for op in ops.records]
+
+
+def softmax_launches(rows: int, vocab: int) -> list[dict[str, Any]]:
+    """``flashinfer.sampling.softmax`` of [rows, V] fp32 logits with per-request temperatures,
+    its kernels as its launcher picks them (``OnlineSoftmax``): up to 128 rows at a large
+    vocabulary, a map kernel over (row, 8192-entry slice) reading the logits once and a reduce
+    kernel per row reading them again and writing the probabilities; otherwise one fused kernel
+    per row (two reads: the row is not cached in shared memory at this V, one write). Traffic
+    read off the source, time memory-bound (no SASS read: CUDA, not compiled here)."""
+    row = 4 * vocab
+    if rows <= SMALL_BATCH_ROWS and vocab >= LARGE_VOCAB:
+        slices = -(-vocab // SLICE)
+        parts = [
+            ("OnlineSoftmaxMapKernel", [rows, slices], rows * row, 0),
+            ("OnlineSoftmaxReduceKernel", [rows], rows * row, rows * row),
+        ]
+    else:
+        parts = [("OnlineSoftmaxFusedKernel", [rows], 2 * rows * row, rows * row)]
+    launches = []
+    for name, grid, loaded, stored in parts:
+        programs = 1
+        for g in grid:
+            programs *= g
+        launch: dict[str, Any] = {
+            "name": name,
+            "module": "flashinfer (data/include/flashinfer/sampling.cuh, OnlineSoftmax)",
+            "grid": grid,
+            "programs": programs,
+            "num_warps": THREADS // 32,
+            "bytes_loaded": float(loaded),
+            "bytes_stored": float(stored),
+            "vocab_bytes_loaded": float(loaded),
+            "vocab_bytes_stored": float(stored),
+            "bytes": float(loaded + stored),
+            "bytes_source": "read off the CUDA source",
+        }
+        launch["modeled"] = {
+            hw_name: model.launch_range(hw, launch["bytes"], 0.0, programs, THREADS // 32)
+            for hw_name, hw in model.HARDWARE.items()
+        }
+        launches.append(launch)
+    return launches
 
 
 def profile_chain(shape: Shape) -> dict[str, Any]:
@@ -124,6 +172,8 @@ def profile_chain(shape: Shape) -> dict[str, Any]:
         "per_element": {name: v / (3 * B * V) for name, v in classes.items()},
     }
     launch["modeled"] = {
-        name: model.launch_time(hw, launch["bytes"], cycles, B, THREADS // 32) for name, hw in model.HARDWARE.items()
+        name: model.launch_range(hw, launch["bytes"], cycles, B, THREADS // 32, ctas_per_sm=read.get("ctas_per_sm"))
+        for name, hw in model.HARDWARE.items()
     }
-    return summarize("flashinfer-chain", shape, [launch], _softmax_ops(shape))
+    softmaxes = softmax_launches(B * (k + 1), V) + softmax_launches(B * k, V)
+    return summarize("flashinfer-chain", shape, [*softmaxes, launch], _cast_ops(shape))

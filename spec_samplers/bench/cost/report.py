@@ -88,6 +88,24 @@ def _loop_cycles(variant: dict[str, Any], sites: list[dict[str, Any]], programs:
     return {"warp_cycles": cycles, "vocab_elements": elements, "per_element": per_element}
 
 
+def latency_inputs(variant: dict[str, Any], sites: list[dict[str, Any]], tail: bool) -> dict[str, Any]:
+    """What :func:`model.launch_time` needs beyond bytes and cycles, from the compiled variant:
+    CTAs resident per SM (occupancy), the bytes a warp keeps in flight (one iteration's loads of
+    its widest vocabulary loop: 32 lanes of each load's width), the stack of a kernel that spills;
+    for a tail (it runs after its launch's other programs, alone): its dependent L2 round trips,
+    the arrival atomic plus one per source line that loads (an upper bound: loads of one line
+    wait for the line before)."""
+    inflight = max((32 * sum(ld["width"] for ld in lp["loads"]) for lp in variant.get("loops", [])), default=0)
+    loads = {(s["file"], s["line"]) for s in sites if s["kind"] == "load"}
+    return {
+        "ctas_per_sm": variant.get("ctas_per_sm"),
+        "inflight_per_warp": float(inflight) or None,
+        "local_bytes_per_thread": variant.get("stack_bytes", 0) if variant.get("spill_instructions") else 0,
+        "dependent_rounds": 1 + len(loads) if tail else 0,
+        "standalone": not tail,
+    }
+
+
 def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, Any] | None = None) -> dict[str, Any]:
     """Launches, bytes, instructions and modeled times of one call of ``workload`` at ``shape``.
 
@@ -116,15 +134,19 @@ def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, An
             continue
         traffic = scale((a, b), (*SMALL_VOCAB, shape.vocab_size), (SMALL_BATCH, shape.batch_size), launch["tensors"])
         variant = full["variants"].get(launch["variant"], {})
-        loops = _loop_cycles(variant, traffic.pop("sites"), launch["programs"], launch["num_warps"])
+        sites = traffic.pop("sites")
+        loops = _loop_cycles(variant, sites, launch["programs"], launch["num_warps"])
         row.update(traffic)
         row["bytes"] = traffic["bytes_loaded"] + traffic["bytes_stored"]
         row["sass"] = {k: v for k, v in variant.items() if k != "loops"}
         row["loops"] = variant.get("loops", [])
         row["straight_classes"] = variant.get("straight", {}).get("classes", {})
         row.update(loops)
+        row["latency_inputs"] = latency_inputs(variant, sites, bool(launch["tail"]))
         row["modeled"] = {
-            name: model.launch_time(hw, row["bytes"], loops["warp_cycles"], launch["programs"], launch["num_warps"])
+            name: model.launch_range(
+                hw, row["bytes"], loops["warp_cycles"], launch["programs"], launch["num_warps"], **row["latency_inputs"]
+            )
             for name, hw in model.HARDWARE.items()
         }
         launches.append(row)
@@ -177,18 +199,19 @@ def launch_table(result: dict[str, Any]) -> str:
     """Per launch of one profile: grid, bytes, SASS resources, loop instructions per element."""
     head = (
         "| kernel | grid | warps | MB | regs | spills | smem B | occ | instr/elem | int mul | fp32 | fp64 | mufu "
-        "| loads | H100 us (mem / issue) |"
+        "| loads | H100 us (mem / issue / dependent latency -> kernel) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in result["launches"]:
         if "modeled" not in r:
             lines.append(f"| {r['name']} | {r['grid']} | {r['num_warps']} | {r.get('error', '')} |")
             continue
-        sass, pe, t = r["sass"], r["per_element"], r["modeled"]["H100"]
+        # (a launch modeled from its source without SASS, FlashInfer's softmax: bytes only)
+        sass, pe, t = r.get("sass", {}), r.get("per_element", {}), r["modeled"]["H100"]
         if r.get("vocab_elements", 0) < result["shape"]["vocab_size"]:
             pe = {}  # a per-request kernel: no vocabulary axis to count per element
-        widths = Counter(f"{ld['width'] * 8}bit" for lp in r["loops"] for ld in lp["loads"])
-        for key, n in r["straight_classes"].items():
+        widths = Counter(f"{ld['width'] * 8}bit" for lp in r.get("loops", []) for ld in lp["loads"])
+        for key, n in r.get("straight_classes", {}).items():
             if key.startswith("ldg_"):
                 widths[key[4:]] += n
         loads = ", ".join(f"{k}x{v}" for k, v in sorted(widths.items()))
@@ -199,6 +222,7 @@ def launch_table(result: dict[str, Any]) -> str:
             f"| {sass.get('shared_bytes', '?')} | {_resource(sass, 'occupancy')} "
             f"| {_per(pe, 'total', 1)} | {_per(pe, 'int_mul', 2)} | {_per(pe, 'fp32', 1)} "
             f"| {_per(pe, 'fp64', 2)} | {_per(pe, 'mufu', 2)} | {loads or '-'} "
-            f"| {t['memory_s'] * 1e6:.1f} / {t['issue_s'] * 1e6:.1f} |"
+            f"| {t['memory_s'] * 1e6:.1f} / {t['issue_s'] * 1e6:.1f} / {t.get('latency_s', 0.0) * 1e6:.1f} "
+            f"-> {t['kernel_s'] * 1e6:.1f} |"
         )
     return "\n".join(lines)

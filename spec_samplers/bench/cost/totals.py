@@ -15,9 +15,11 @@ def summarize(
     workload: str, shape: Shape, launches: list[dict[str, Any]], eager: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Totals of one call: its launches (with ``modeled`` kernel times) and eager ops at full
-    shape; eager ops move their bytes at the bandwidth, every launch and data-moving op pays the
-    launch latency (eager or CUDA-graph), except a request tail measured on its own (it runs
-    inside the launch before it: :mod:`.tails`)."""
+    shape; eager ops move their bytes at the bandwidth their grid draws
+    (:func:`model.eager_op_time`), every launch and data-moving op pays the launch latency (eager
+    or CUDA-graph), except a request tail measured on its own (it runs inside the launch before
+    it: :mod:`.tails`). Each total comes with its low and high ends (``graph_low_s``,
+    ``graph_high_s``...: the assumed latency constants at the ends of their ranges)."""
     moving = [op for op in eager if op["bytes_read"] + op["bytes_written"] > 0]
     itemsize = DTYPES[shape.dtype].itemsize
     design_bytes = (
@@ -27,17 +29,28 @@ def summarize(
     )
     totals: dict[str, Any] = {}
     for name, hw in model.HARDWARE.items():
-        kernel_s = sum(r["modeled"][name]["kernel_s"] for r in launches if "modeled" in r)
-        eager_s = sum((op["bytes_read"] + op["bytes_written"]) / hw.bandwidth for op in moving)
         count = sum(not r.get("tail") for r in launches) + len(moving)
         floor = model.byte_floor(hw, shape.batch_size, shape.vocab_size, itemsize)
+        ends = {}
+        for end, latency in model.LATENCIES.items():
+            key = "kernel_s" if end == "central" else f"kernel_{end}_s"
+            kernel_s = sum(
+                r["modeled"][name].get(key, r["modeled"][name]["kernel_s"]) for r in launches if "modeled" in r
+            )
+            eager_s = sum(model.eager_op_time(hw, op, latency) for op in moving)
+            ends[end] = (kernel_s, eager_s, latency)
+        kernel_s, eager_s, latency = ends["central"]
         totals[name] = {
-            "eager_s": kernel_s + eager_s + count * hw.launch_eager,
-            "graph_s": kernel_s + eager_s + count * hw.launch_graph,
+            "eager_s": kernel_s + eager_s + count * latency.launch_eager,
+            "graph_s": kernel_s + eager_s + count * latency.launch_graph,
             "kernels_s": kernel_s,
             "eager_ops_s": eager_s,
             "floor_s": floor,
         }
+        for end in ("low", "high"):
+            k_s, e_s, lat = ends[end]
+            totals[name][f"graph_{end}_s"] = k_s + e_s + count * lat.launch_graph
+            totals[name][f"eager_{end}_s"] = k_s + e_s + count * lat.launch_eager
         totals[name]["graph_over_floor"] = totals[name]["graph_s"] / floor
         if design_bytes:
             # the bytes the design must move (model.design_traffic) at the bandwidth: for the

@@ -169,10 +169,33 @@ class EagerOp:
     #: a new tensor at least half a vocabulary row long (not a view, not in place)
     creates_vocab_tensor: bool
     vocab_sized: bool
+    #: CUDA blocks of the kernel PyTorch launches for it when that is fewer than a full grid
+    #: (a row softmax: one per row); None: enough blocks to fill the GPU
+    blocks: int | None = None
 
 
 #: ops that move no data (views, metadata, allocation without initialisation)
 _NO_TRAFFIC = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::set_")
+#: in-place ops that overwrite their first argument without reading it: a copy's destination, a
+#: fill, the in-place random draws (their CUDA kernels write every element from the generator)
+_WRITE_ONLY_SELF = (
+    "aten::copy_",
+    "aten::fill_",
+    "aten::zero_",
+    "aten::exponential_",
+    "aten::uniform_",
+    "aten::normal_",
+    "aten::random_",
+    "aten::geometric_",
+    "aten::cauchy_",
+    "aten::log_normal_",
+)
+#: gathers: they read the gathered elements of their first argument (as many as they write) and
+#: their indices, not the whole source
+_GATHERS = ("aten::index", "aten::index_select", "aten::gather", "aten::take")
+#: row softmaxes; PyTorch's CUDA kernel (aten/src/ATen/native/cuda/SoftMax.cu, host_softmax, the
+#: last-dimension case) launches one block per row: ``dim3 grid(outer_size)``
+_ROW_SOFTMAX = ("aten::_softmax", "aten::_log_softmax")
 
 
 @dataclass
@@ -180,8 +203,13 @@ class EagerOps(TorchDispatchMode):
     """Records every PyTorch op (outside Triton launches) with the bytes it reads and writes.
 
     Bytes: the non-aliasing outputs are written and every tensor input is read (an in-place op
-    writes its first argument). Views and allocations move nothing. Ops on tensors of at least
-    half a vocabulary row of elements are flagged vocabulary-sized (the counter RNG works on
+    writes its first argument), except: an overwriting in-place op (``copy_``, ``fill_``, the
+    in-place random draws) does not read its first argument; a gather reads the elements it
+    gathers and its indices, not its whole source; and a cast of fp16 to fp32 feeding a row
+    softmax is folded into it, as PyTorch's CUDA ``softmax(x, dtype=float32)`` reads fp16 in
+    place (``half_to_float``; bf16 has no such path: its cast stays a pass of its own,
+    aten/src/ATen/native/SoftMax.cpp). Views and allocations move nothing. Ops on tensors of at
+    least half a vocabulary row of elements are flagged vocabulary-sized (the counter RNG works on
     [rows, V/2] word tensors: with a full row as the bar, one request's RNG ops would slip under)."""
 
     vocab_size: int
@@ -191,6 +219,8 @@ class EagerOps(TorchDispatchMode):
         super().__init__()
         self._paused = 0
         self.vocab_bar = max(1, self.vocab_size // 2)
+        #: (output, record index) of the last fp16 -> fp32 cast, for a softmax that consumes it
+        self._half_cast: tuple[torch.Tensor, int] | None = None
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -226,18 +256,33 @@ class EagerOps(TorchDispatchMode):
             )
             created = [o for o, alias in zip(outs, aliasing + [False] * len(outs)) if not alias]
             traffic_out = list(created) + written_out + ([ins[0]] if written and ins else [])
-            traffic_in = ins
+            traffic_in = ins[1:] if name in _WRITE_ONLY_SELF or name in _GATHERS else ins
+        bytes_read = sum(map(_nbytes, traffic_in))
+        if name in _GATHERS and ins:
+            bytes_read += sum(o.numel() for o in created) * ins[0].element_size()
         largest = max([t.numel() for t in ins + outs] or [0])
+        blocks = None
+        if name in _ROW_SOFTMAX and ins and ins[0].dim() > 0 and args[1] in (-1, ins[0].dim() - 1):
+            blocks = ins[0].numel() // max(1, ins[0].shape[-1])
+            cast = self._half_cast
+            if cast is not None and cast[0] is ins[0] and cast[1] == len(self.records) - 1:
+                folded = self.records.pop()  # the fp16 read happens here, the fp32 copy never
+                bytes_read = folded.bytes_read
         self.records.append(
             EagerOp(
                 name=name,
-                bytes_read=sum(map(_nbytes, traffic_in)),
+                bytes_read=bytes_read,
                 bytes_written=sum(map(_nbytes, traffic_out)),
                 largest=largest,
                 creates_vocab_tensor=any(t.numel() >= self.vocab_bar for t in created),
                 vocab_sized=bool(traffic_in or traffic_out) and largest >= self.vocab_bar,
+                blocks=blocks,
             )
         )
+        is_half_cast = name == "aten::_to_copy" and ins and ins[0].dtype == torch.float16
+        self._half_cast = (outs[0], len(self.records) - 1) if is_half_cast and outs else None
+        if is_half_cast and outs and outs[0].dtype != torch.float32:
+            self._half_cast = None
         return out
 
 

@@ -41,7 +41,7 @@ import torch
 TEMPERATURE = 0.7
 WORKLOADS = ("ours", "ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "flashinfer-chain")
 #: the workloads that import vLLM
-VLLM_WORKLOADS = ("ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2")
+VLLM_WORKLOADS = ("ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "vllm-recovered-after")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -60,7 +60,8 @@ class Shape:
 
 
 class Inputs:
-    """Tensors on ``device``: random values on CPU (seeded), shapes only on meta."""
+    """Tensors on ``device``: random values drawn on the CPU (seeded) and moved there, shapes
+    only on meta."""
 
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
@@ -69,17 +70,17 @@ class Inputs:
     def normal(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.gen is None:
             return torch.empty(shape, dtype=dtype, device=self.device)
-        return torch.randn(shape, generator=self.gen).to(dtype)
+        return torch.randn(shape, generator=self.gen).to(self.device, dtype)
 
     def probs(self, *shape: int) -> torch.Tensor:
         if self.gen is None:
             return torch.empty(shape, device=self.device)
-        return torch.randn(shape, generator=self.gen).softmax(-1)
+        return torch.randn(shape, generator=self.gen).softmax(-1).to(self.device)
 
     def ids(self, n: int, vocab: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         if self.gen is None:
             return torch.empty(n, dtype=dtype, device=self.device)
-        return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype)
+        return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype).to(self.device)
 
     def rejected(self, target: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """[rows] the least likely token of each target row: a draft the verifier rejects."""
@@ -237,22 +238,29 @@ def v2_arguments(shape: Shape, x: Inputs, logits: torch.Tensor) -> dict[str, Any
     )
 
 
-def _v2_glue(logits: torch.Tensor, a: dict[str, Any]) -> torch.Tensor:
+def _v2_glue(logits: torch.Tensor, a: dict[str, Any], vllm_modules: dict[str, Any] | None = None) -> torch.Tensor:
     """``Sampler.apply_sampling_params`` for temperature-only requests: fp32 copy, temperature."""
-    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
-
+    apply_temperature = _vllm_module("vllm.v1.worker.gpu.sample.gumbel", vllm_modules).apply_temperature
     processed = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
     apply_temperature(processed, a["expanded_idx_mapping"], a["temperature"])
     return processed
 
 
-def vllm_mrv2(shape: Shape, device: torch.device) -> Callable[[], Any]:
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+def _vllm_module(name: str, given: dict[str, Any] | None) -> Any:
+    """vLLM's module ``name``: from ``given`` (``bench.vllm_source.load``: vLLM's files imported
+    without vLLM) when it holds it, else the installed vLLM's."""
+    import importlib
 
+    return given[name] if given and name in given else importlib.import_module(name)
+
+
+def vllm_mrv2(shape: Shape, device: torch.device, vllm_modules: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """``vllm_modules``: see :func:`_vllm_module` (the GPU check's ``--vllm-src``)."""
+    utils = _vllm_module("vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils", vllm_modules)
     x = Inputs(device)
     logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
     a = v2_arguments(shape, x, logits)
-    return lambda: rejection_sample(_v2_glue(logits, a), **a)
+    return lambda: utils.rejection_sample(_v2_glue(logits, a, vllm_modules), **a)
 
 
 def v2_rejection_sampler(a: dict[str, Any]) -> Any:
@@ -300,7 +308,85 @@ def ours_v2_seam(shape: Shape, device: torch.device) -> Callable[[], Any]:
     return lambda: v2_runner.verify_plain_chunk(rs, verifier, logits, **chunk)
 
 
+def ours_v2_plain_chunk(shape: Shape, device: torch.device) -> Callable[[], Any]:
+    """What ``ours-v2-seam`` runs on a plain chunk (``v2_runner.verify_plain_chunk``), called
+    directly, without vLLM's classes: the GPU check's seam where vLLM is not installed. The fast
+    path reads the sampler's temperatures and seeds and the number of steps only; the plain-chunk
+    decision before it (host flags, no GPU work) is left out."""
+    from spec_samplers.integrations.vllm import v2_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    x = Inputs(device)
+    logits = x.normal(shape.batch_size * (shape.k + 1), shape.vocab_size, dtype=DTYPES[shape.dtype])
+    a = v2_arguments(shape, x, logits)
+    states = SimpleNamespace(temperature=SimpleNamespace(gpu=a["temperature"]), seeds=SimpleNamespace(gpu=a["seed"]))
+    rs = SimpleNamespace(sampler=SimpleNamespace(sampling_states=states), num_speculative_steps=shape.k)
+    verifier = RaggedVerifier(_sampler(shape))
+    chunk = {name: a[name] for name in v2_runner.CHUNK_ARGUMENTS}
+    return lambda: v2_runner.verify_plain_chunk(rs, verifier, logits, **chunk)
+
+
+#: the file of an older vLLM's ``vllm/v1/sample/rejection_sampler.py`` (unpacked from its wheel at
+#: run time, never committed) whose recovered-token kernel ``vllm-recovered-before`` profiles
+OLD_VLLM_ENV = "SPEC_SAMPLERS_OLD_VLLM_REJECTION_SAMPLER"
+
+
+def _old_vllm_kernel(name: str) -> Any:
+    """The Triton kernel ``name`` of the file :data:`OLD_VLLM_ENV` names, compiled from that
+    file's source alone (the function, with ``triton`` and ``tl`` in scope: no vLLM import)."""
+    import ast
+    import os
+
+    import triton
+    import triton.language as tl
+
+    path = os.environ.get(OLD_VLLM_ENV)
+    if not path:
+        raise RuntimeError(f"vllm-recovered-before: set {OLD_VLLM_ENV} to an older vLLM's rejection_sampler.py")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise RuntimeError(f"vllm-recovered-before: no function {name} in {path}")
+    scope: dict[str, Any] = {"triton": triton, "tl": tl}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), scope)
+    return scope[name]
+
+
+def vllm_recovered(shape: Shape, device: torch.device, before: bool) -> Callable[[], Any]:
+    """vLLM V1's ``sample_recovered_tokens`` (its recovery kernel and the exponentials it reads),
+    fp32 probabilities [B*k, V]: vLLM 0.33's (after vLLM PR #34974: the vocabulary in blocks of
+    8192), or with ``before`` the kernel of the file :data:`OLD_VLLM_ENV` names (before that PR:
+    one block of the whole padded vocabulary per program) driven as that release drove it
+    (exponentials drawn in place, kernel over (B, k)). The calibration's points
+    (benchmarks/cost_calibration.py)."""
+    B, k, V = shape.batch_size, shape.k, shape.vocab_size
+    x = Inputs(device)
+    target, draft = x.probs(B * k, V), x.probs(B * k, V)
+    ids = x.ids(B * k, V, torch.int32)
+    cu = (x.arange(B, torch.int32) + 1) * k
+    if not before:
+        from vllm.v1.sample.rejection_sampler import sample_recovered_tokens
+
+        metadata: Any = SimpleNamespace(generators={})  # the one field it reads
+        return lambda: sample_recovered_tokens(k, [k] * B, cu, ids, draft, target, metadata, device)
+    import triton
+
+    kernel = _old_vllm_kernel("sample_recovered_tokens_kernel")
+
+    def call() -> torch.Tensor:
+        q = torch.empty(B, V, dtype=torch.float32, device=device)
+        q.exponential_()
+        out = torch.empty_like(ids)
+        kernel[(B, k)](out, cu, ids, draft, target, q, V, triton.next_power_of_2(V), NO_DRAFT_PROBS=False)
+        return out
+
+    return call
+
+
 BUILDERS: dict[str, Callable[[Shape, torch.device], Callable[[], Any]]] = {
+    "vllm-recovered-after": lambda shape, device: vllm_recovered(shape, device, before=False),
+    "vllm-recovered-before": lambda shape, device: vllm_recovered(shape, device, before=True),
     "ours": ours,
     "ours-v1-seam": ours_v1_seam,
     "ours-v2-seam": ours_v2_seam,
