@@ -279,7 +279,22 @@ def target_law(
                     new_frontier.append((child, p * mass))
         frontier = new_frontier
     probs_t = torch.tensor(probs, dtype=torch.float64)
-    return TargetLaw(prompt_t, num_tokens, params, processing, float(min_prob), stops, cells, probs_t / probs_t.sum(), nodes)
+    return TargetLaw(
+        prompt_t, num_tokens, params, processing, float(min_prob), stops, cells, probs_t / probs_t.sum(), nodes
+    )
+
+
+@torch.no_grad()
+def greedy_continuation(model: torch.nn.Module, prompt: Sequence[int], num_tokens: int) -> list[int]:
+    """The target's own greedy continuation (argmax of fp32 logits, lowest id on ties): what a
+    greedy request must get, token for token."""
+    device = next(model.parameters()).device
+    ids = [int(t) for t in prompt]
+    for _ in range(num_tokens):
+        x = torch.tensor([ids], dtype=torch.int64, device=device)
+        logits = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False).logits[0, -1]
+        ids.append(int(logits.float().argmax()))
+    return ids[len(prompt) :]
 
 
 def target_laws(
@@ -445,9 +460,7 @@ def _tv_noise(probs: torch.Tensor, n: int) -> float:
     return total / 2
 
 
-def _one_test(
-    name: str, groups: list[tuple[torch.Tensor, torch.Tensor]], alpha_ci: float, threshold: float
-) -> LawTest:
+def _one_test(name: str, groups: list[tuple[torch.Tensor, torch.Tensor]], alpha_ci: float, threshold: float) -> LawTest:
     """groups: per prompt, (counts [K], probs [K]) on that prompt's cells.
 
     The TV is measured on the pooled cells (those of the chi-square). It bounds the TV on the
@@ -501,8 +514,10 @@ def check_samples(
     if any(law.num_tokens != m for law in laws):
         raise input_error("laws", f"laws of the same num_tokens ({m})", [law.num_tokens for law in laws])
     threshold = alpha / (m + 1)  # Bonferroni over the joint and the m positions
-    impossible, examples = 0, []
-    joint_groups, position_groups = [], [[] for _ in range(m)]
+    impossible = 0
+    examples: list[list[int]] = []
+    joint_groups: list[tuple[torch.Tensor, torch.Tensor]] = []
+    position_groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(m)]
     for law, rows in zip(laws, samples):
         index = [law.cell_of(row) for row in rows]
         bad = [list(map(int, row[:m])) for row, i in zip(rows, index) if i < 0]

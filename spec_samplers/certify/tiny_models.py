@@ -102,7 +102,7 @@ def build_tiny_pair(
     directory: str | os.PathLike[str],
     vocab_size: int = 16,
     target_layers: int = 2,
-    draft_noise: float = 0.5,
+    draft_noise: float = 0.1,
     seed: int = 0,
     eos_token_id: int | None = None,
 ) -> TinyPair:
