@@ -113,6 +113,7 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
     from spec_samplers.certify.law import check_samples, greedy_continuation, samples_needed, target_law
     from spec_samplers.certify.tiny_models import build_tiny_pair, load_causal_lm
     from spec_samplers.decoding.tree_drafting import as_tree_shape
+    from spec_samplers.integrations.transformers import check_model_dir
     from spec_samplers.sampling_params import SamplingParams
 
     if not 0 < args.alpha < 1:
@@ -131,8 +132,12 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
         work = args.work_dir or tempfile.mkdtemp(prefix="spec-samplers-certify-")
         built = build_tiny_pair(work, vocab_size=args.vocab_size, seed=args.seed)
         target_dir, draft_dir = built.target, (None if args.ngram else built.draft)
-    elif draft_dir is None and not args.ngram:
-        raise ValueError("--target: give --draft DIR or --ngram with it")
+    else:
+        check_model_dir(target_dir, "--target")
+        if draft_dir is not None:
+            check_model_dir(draft_dir, "--draft")
+        elif not args.ngram:
+            raise ValueError("--target: give --draft DIR or --ngram with it")
     tree = [int(b) for b in args.tree.split(",")] if args.tree else None
     if tree is not None:
         as_tree_shape(tree)  # a bad shape answers before anything runs
