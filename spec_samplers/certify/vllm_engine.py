@@ -228,7 +228,9 @@ class VllmEngine:
         return dict(self.llm.collective_rpc(_installed_in_worker)[0])
 
     def counts(self) -> SpecDecodeCounts:
-        """vLLM's cumulative speculative-decoding counters (subtract two for one run)."""
+        """vLLM's cumulative speculative-decoding counters (subtract two for one run). vLLM keeps
+        them in the process's Prometheus registry, and each engine started replaces the previous
+        engine's there: read them while this engine is the newest in the process."""
         values: dict[str, int] = {}
         for metric in self.llm.get_metrics():
             name = getattr(metric, "name", "")

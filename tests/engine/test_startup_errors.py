@@ -16,7 +16,9 @@ from spec_samplers.certify.vllm_engine import EngineSpec, VllmEngine
         ("typical_acceptance_sampler", {"posterior_threshold": "high"}, "rejected its options"),
     ],
 )
-def test_bad_section_fails_at_engine_start(pair, capfd, sampler, options, message):
+def test_bad_section_fails_at_engine_start(pair, capfd, monkeypatch, sampler, options, message):
+    # the worker is killed once it has failed: unbuffered, its log reaches the captured output first
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     with pytest.raises(Exception, match="initialization failed"):
         VllmEngine(EngineSpec(pair.target, sampler=sampler, sampler_options=options))
     captured = capfd.readouterr()
