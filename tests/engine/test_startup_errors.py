@@ -23,5 +23,5 @@ def test_bad_section_fails_at_engine_start(pair, capfd, monkeypatch, sampler, op
         VllmEngine(EngineSpec(pair.target, sampler=sampler, sampler_options=options))
     captured = capfd.readouterr()
     logs = captured.out + captured.err
-    assert "SpecSamplersConfigError: additional_config['spec_samplers']" in logs, logs[-3000:]
+    assert "SpecSamplersConfigError: " in logs, logs[-3000:]
     assert message in logs
