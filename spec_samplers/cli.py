@@ -55,6 +55,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return run_generate(args)
 
 
+def add_certify_arguments(p: argparse.ArgumentParser) -> None:
+    from spec_samplers.certify.cli import add_arguments  # sets the command too
+
+    add_arguments(p)
+
+
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=positive_int, default=4000, help="rows per setting (default 4000)")
     p.add_argument("--k", type=positive_int, default=4, help="draft tokens per row (default 4)")
@@ -96,6 +102,12 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         "SASS (registers, spills, occupancy, instructions per vocabulary element) and a MODELED time on "
         "H100/H200; docs/cost-model.md.",
         add_profile_arguments,
+        None,
+    ),
+    "certify": (
+        "test whether a speculative decoding setup (vLLM, transformers, ours) keeps the target's law",
+        None,
+        add_certify_arguments,
         None,
     ),
 }
