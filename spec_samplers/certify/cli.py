@@ -193,7 +193,10 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "consistent": consistent,
         "engine": args.engine,
-        "sampler": args.sampler or ("planted: " + args.plant if args.plant else "engine's own"),
+        "sampler": args.sampler
+        or (
+            "planted: " + args.plant if args.plant else "rejection_sampler" if args.engine == "spec-samplers" else "own"
+        ),
         "drafting": "ngram" if args.ngram else ("tree " + args.tree if args.tree else f"draft model, k={args.k}"),
         "target": target_dir,
         "draft": draft_dir,
