@@ -64,6 +64,9 @@ def small_split(V: int, B: int, block_v: int = 64, num_blocks: int = 3) -> Vocab
     return vocab_split(V, B, DEVICE, block_v=block_v, num_blocks=num_blocks)
 
 
+#: the engine tier runs in its own environment (vLLM's CPU build): tests/engine/run, not this run
+collect_ignore = ["engine"]
+
 #: test modules whose every test carries a marker (select with -m, deselect with -m "not ...")
 _MODULE_MARKERS = {"vllm": ("test_vllm_",), "slow": ("test_lossless", "test_kernels_compile", "test_launch_variants")}
 

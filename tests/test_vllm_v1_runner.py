@@ -383,3 +383,47 @@ def test_block_verification_greedy_rows_and_seeds(restore_seams):
             if t == 0:
                 assert torch.equal(out[b], greedy[b])
         assert torch.equal(out[[1, 3]], outs[0][[1, 3]])  # seeded rows reproduce
+
+
+@pytest.mark.parametrize("with_draft_probs", [True, False])
+def test_all_nan_target_rows_still_give_one_token(restore_seams, with_draft_probs):
+    """vLLM's contract at the seam (its test_all_nan_target_logits_in_range): every request gains
+    at least one in-vocabulary token. A request whose first row is all NaN gets token 0 there (as
+    vLLM's own verification does); a request with healthy rows is unchanged."""
+    module = install(V1_MODULE, REJECTION)
+    drafts = [[1, 2], [3], [4, 5]]
+    md = spec_metadata(drafts)
+    V = 8
+    logits = random_logits(md.draft_token_ids.shape[0], V, 3)
+    logits[:2] = float("nan")  # request 0's rows
+    draft_probs = torch.softmax(random_logits(logits.shape[0], V, 4), -1) if with_draft_probs else None
+    bonus = torch.tensor([[3], [4], [5]], dtype=torch.int32)
+    for temperatures in ([1.0, 1.0, 1.0], [0.0, 1.0, 0.7]):
+        out = call_v1(module, md, draft_probs, logits.clone(), bonus, sampling_metadata(temperatures))
+        rows = check_layout(out, drafts, V)
+        assert rows[0] == [0]
+        assert all(1 <= len(row) for row in rows)
+
+
+def test_expand_batch_to_tokens_is_ours_while_the_section_is_active(restore_seams):
+    """vLLM issue #55005: its CPU build's expand_batch_to_tokens returns uninitialised floats. With
+    our section the module's function (which apply_sampling_constraints calls) is expand_to_tokens;
+    without it, vLLM's."""
+    x = torch.tensor([0.0, 0.7, 1.3])
+    cu = torch.tensor([2, 2, 5], dtype=torch.int32)
+    expected = torch.tensor([1.0, 1.0, 1.3, 1.3, 1.3])  # request 1 has no rows; 0 -> 1 (greedy)
+    assert torch.equal(v1_runner.expand_to_tokens(x, cu, 5, replace_from=0, replace_to=1), expected)
+    assert torch.equal(v1_runner.expand_to_tokens(torch.tensor([3, 4]), cu[:2], 2), torch.tensor([3, 3]))
+    assert v1_runner.expand_to_tokens(x, cu, 0).shape == (0,)
+    module = install(V1_MODULE, REJECTION)
+    assert getattr(module.expand_batch_to_tokens, "__wrapped__", None) is not None  # the plugin's wrapper
+    assert torch.equal(module.expand_batch_to_tokens(x, cu, 5, 0, 1), expected)  # ours: the section is on
+
+    def vllms(*args):
+        return "vllm's"
+
+    vllms.__module__ = V1_MODULE
+    wrapper = v1_runner.expand_batch_to_tokens(vllms)
+    assert torch.equal(wrapper(x, cu, 5, 0, 1), expected)
+    install(V1_MODULE, None)
+    assert wrapper(x, cu, 5, 0, 1) == "vllm's"  # without our section: vLLM's function

@@ -11,7 +11,8 @@ it holds our section is the module's ``rejection_sample`` replaced (logged once 
 otherwise vLLM's own function stays, or is put back. Bad sections raise there: at engine start.
 
 ``WRAPS`` lists the few other vLLM functions wrapped on import (spec_decode_params.py: min_p and
-logit_bias with speculative decoding; V1's ``RejectionSampler.forward`` and Model Runner V2's
+logit_bias with speculative decoding; V1's ``expand_batch_to_tokens``, broken on vLLM's CPU build
+(vLLM issue #55005); V1's ``RejectionSampler.forward`` and Model Runner V2's
 ``RejectionSampler._verify``, whose plain steps skip vLLM's glue when our sampler is installed at
 the seam, and V2's ``Sampler.add_request``, which records what they read); each wrapper reads the
 configuration it is given (or the seam) and, without our section, is vLLM's function.
@@ -102,6 +103,14 @@ WRAPS = (
         "RejectionSampler",
         "forward",
         "spec_samplers.integrations.vllm.v1_runner:forward",
+    ),
+    # vLLM issue #55005: its CPU build's per-row temperatures are uninitialised memory; ours while
+    # our section is installed (v1_runner.expand_batch_to_tokens)
+    Wrap(
+        "vllm.v1.sample.rejection_sampler",
+        None,
+        "expand_batch_to_tokens",
+        "spec_samplers.integrations.vllm.v1_runner:expand_batch_to_tokens",
     ),
     # Model Runner V2's plain chunks verified from the raw logits (v2_runner.verify_chunk), from a
     # per-request flag recorded when the Sampler adds the request (v2_runner.add_request)

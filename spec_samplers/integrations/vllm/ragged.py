@@ -221,6 +221,18 @@ def seam_verifier(module_name: str, attribute: str = "rejection_sample") -> Ragg
     return getattr(seam, VERIFIER_ATTRIBUTE, None)
 
 
+def at_least_one_token(out: torch.Tensor) -> torch.Tensor:
+    """vLLM's contract at its verification seam (both runners): every request gains at least one
+    token per step, and every emitted token is in the vocabulary (vLLM's own
+    ``test_all_nan_target_logits_in_range``). Our samplers emit -1 where a target row has no
+    probability mass (all NaN or -inf logits: docs/contract.md); a request whose first row has none
+    would get no token and never progress. Such a slot becomes token 0, what vLLM's own
+    verification gives there (``argmax`` of an all-NaN or all -inf row). Later -1 slots stay: the
+    request has gained its accepted drafts. [B, K+1], the same tensor (one op, no host sync)."""
+    out[:, :1].clamp_(min=0)
+    return out
+
+
 # --- bonus rows verified in place (both vLLM runners' lean paths) -------------------------------
 
 

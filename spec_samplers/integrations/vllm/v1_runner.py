@@ -8,7 +8,9 @@ metrics. Replacing only this function keeps all of that vLLM's.
 Semantics kept from vLLM: greedy requests (temperature 0) are verified against the argmax of the
 target logits; requests with their own ``torch.Generator`` (a per-request seed) draw their
 randomness from it, and only when they have drafts (vLLM's rule), so re-seeding reproduces them;
-the others draw from torch's default generator. Output [B, K+1] int32, -1 padded.
+the others draw from torch's default generator. Output [B, K+1] int32, -1 padded; every request
+gets at least one token in the vocabulary (``ragged.at_least_one_token``: a first row without
+probability mass, all NaN logits, gives token 0, as vLLM's own verification does).
 
 Plain steps skip vLLM's glue (:func:`forward`, a wrapper of ``RejectionSampler.forward`` that
 the plugin installs): when the batch needs nothing but temperature, the model's [T + B, V]
@@ -29,6 +31,7 @@ from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
+    at_least_one_token,
     bonus_row_verifiable,
     greedy_verify_ragged,
     seam_verifier,
@@ -108,7 +111,7 @@ def verify(
             temperature=temperature,
             seeds=row_seeds(batch_size, device, generators),
         )
-        return out.to(torch.int32)
+        return at_least_one_token(out).to(torch.int32)
     seeds = row_seeds(batch_size, device, generators) if verifier.accepts("seeds") else None  # [B] int64
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # [T, V]
     out = verifier(
@@ -126,7 +129,7 @@ def verify(
             target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len
         )
         out = torch.where(is_greedy[:, None], greedy, out)
-    return out.to(torch.int32)
+    return at_least_one_token(out).to(torch.int32)
 
 
 # --- plain steps: RejectionSampler.forward without vLLM's glue (issue 19) ------------------------
@@ -237,7 +240,7 @@ def verify_plain_step(
     if sm.all_greedy:
         placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
         out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1)[:, : K + 1]
-        return out.to(torch.int32)
+        return at_least_one_token(out).to(torch.int32)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
     drafts: dict[str, torch.Tensor] = {}
@@ -250,7 +253,7 @@ def verify_plain_step(
     out = verify_with_bonus_rows(
         verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
     )
-    return out.to(torch.int32)
+    return at_least_one_token(out).to(torch.int32)
 
 
 # --- logit bias and min-p on the draft rows (issue 21: min_p / logit_bias with speculative decoding) ---
@@ -331,3 +334,47 @@ def apply_min_p_to_draft_rows(
     row_temp = torch.where(row_temp > 0, row_temp, 1.0)  # vLLM divides greedy rows by 1
     threshold = logits.amax(dim=-1) + row_temp * torch.log(row_min_p)  # [T]; -inf where min_p = 0
     return logits.masked_fill_(logits < threshold[:, None], float("-inf"))
+
+
+# --- vLLM issue #55005: expand_batch_to_tokens on CPU ------------------------------------------
+
+
+def expand_batch_to_tokens(vllm_expand: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Wraps V1's ``expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)``,
+    which ``RejectionSampler.forward`` (``apply_sampling_constraints``) uses to lay each request's
+    temperature, top-k and top-p out per draft row before dividing the target logits.
+
+    vLLM's CPU build returns uninitialised memory for float tensors there (vLLM issue #55005, fix
+    PR #55006, both open for 0.32 and 0.33), so a batch that is not all greedy gets draft rows
+    divided by garbage temperatures: wrong tokens with vLLM's own verification and, on steps that
+    are not plain (top-k / top-p / min-p, penalties...), with ours. With our sampler installed at
+    the seam this is :func:`expand_to_tokens` (torch ops, every device, no host sync); without it,
+    vLLM's function, unchanged."""
+    module_name = vllm_expand.__module__  # vllm.v1.sample.rejection_sampler: the seam's module
+
+    @functools.wraps(vllm_expand)
+    def _expand_batch_to_tokens(
+        x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: Any = 0, replace_to: Any = 0
+    ) -> torch.Tensor:
+        if seam_verifier(module_name) is None:
+            return vllm_expand(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+        return expand_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+    return _expand_batch_to_tokens
+
+
+def expand_to_tokens(
+    x: torch.Tensor,  # [B]
+    cu_num_tokens: torch.Tensor,  # [B] inclusive cumulative sum of each request's rows
+    num_tokens: int,
+    replace_from: Any = 0,
+    replace_to: Any = 0,
+) -> torch.Tensor:
+    """[num_tokens]: row t holds x of the request it belongs to, ``replace_to`` where that is
+    ``replace_from`` (vLLM's ``expand_batch_to_tokens``; rows past the last request repeat it)."""
+    if num_tokens == 0 or x.shape[0] == 0:
+        return x.new_empty(num_tokens)
+    rows = torch.arange(num_tokens, device=x.device)
+    request = torch.searchsorted(cu_num_tokens.to(torch.int64), rows, right=True).clamp_(max=x.shape[0] - 1)
+    out = x[request]
+    return out.masked_fill_(out == replace_from, replace_to)

@@ -63,6 +63,7 @@ from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
+    at_least_one_token,
     bonus_row_verifiable,
     greedy_verify_ragged,
     seam_verifier,
@@ -230,7 +231,9 @@ def verify(
 
 
 def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1)."""
+    """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1); a request whose
+    first row has no mass gets token 0 there (:func:`at_least_one_token`: vLLM's contract)."""
+    out = at_least_one_token(out)
     num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)  # [R]
     return out, num_sampled
 
