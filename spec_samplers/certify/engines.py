@@ -77,7 +77,7 @@ def run(setup: Setup, prompts: Sequence[Sequence[int]], n_per_prompt: int) -> En
         reason = vllm_unavailable()
         if reason:
             raise ValueError(f"--engine vllm: {reason}")
-        from spec_samplers.certify.vllm_engine import run_vllm  # type: ignore[import-not-found,unused-ignore]
+        from spec_samplers.certify.vllm_engine import run_vllm
 
         out = run_vllm(setup, prompts, n_per_prompt)
     else:
