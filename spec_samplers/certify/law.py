@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -172,7 +173,7 @@ def transformers_processing(logits: torch.Tensor, params: SamplingParams) -> tor
     scores = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).double()
-    warpers: list[Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor]] = []
+    warpers: list[Any] = []  # transformers' LogitsWarper objects
     if params.temperature != 1.0:
         warpers.append(TemperatureLogitsWarper(params.temperature))
     if params.top_k > 0:

@@ -41,6 +41,10 @@ class TinyPair:
     seed: int
 
 
+#: the saved dtype (transformers' config field, typed per version: passed by name)
+_FP32: dict[str, Any] = {"torch_dtype": "float32"}
+
+
 def tiny_llama_config(
     vocab_size: int = 16,
     hidden_size: int = 64,
@@ -69,7 +73,7 @@ def tiny_llama_config(
         eos_token_id=eos_token_id,
         bos_token_id=None,
         pad_token_id=None,
-        torch_dtype="float32",
+        **_FP32,
     )
 
 
@@ -81,7 +85,7 @@ def tiny_llama(seed: int = 0, **config: Any) -> torch.nn.Module:
     return LlamaForCausalLM(tiny_llama_config(**config)).eval()
 
 
-def draft_of(target: torch.nn.Module, num_layers: int = 1, noise: float = 0.5, seed: int = 1) -> torch.nn.Module:
+def draft_of(target: Any, num_layers: int = 1, noise: float = 0.5, seed: int = 1) -> Any:
     """A draft with the target's first ``num_layers`` decoder layers, embedding, norm and head, each
     weight plus N(0, (noise * its std)^2) noise."""
     from transformers import LlamaForCausalLM
@@ -112,14 +116,15 @@ def build_tiny_pair(
     target = tiny_llama(seed, vocab_size=vocab_size, num_layers=target_layers, eos_token_id=eos_token_id)
     draft = draft_of(target, num_layers=1, noise=draft_noise, seed=seed + 1)
     paths = []
-    for name, model in (("target", target), ("draft", draft)):
+    models: tuple[tuple[str, Any], ...] = (("target", target), ("draft", draft))
+    for name, model in models:
         path = root / name
         model.save_pretrained(path)
         paths.append(str(path))
     return TinyPair(paths[0], paths[1], vocab_size, seed)
 
 
-def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> Any:
     """A saved causal LM from a local directory (no download), in eval mode."""
     from transformers import AutoModelForCausalLM
 
