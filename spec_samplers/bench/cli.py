@@ -262,7 +262,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if command == "trees":
         from spec_samplers.bench import tree_bench
 
-        return tree_bench.main(tree_bench.argv_from_bench(args))
+        try:
+            return tree_bench.main(tree_bench.argv_from_bench(args))
+        except ValueError as exc:
+            return _error(exc)
     return cmd_verify(args)
 
 
