@@ -44,7 +44,6 @@ def _error(message: str) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from spec_samplers.bench.cost import model, report
     from spec_samplers.bench.cost.workloads import Shape
-
     from spec_samplers.registry import available_samplers
 
     for name in ("batch_size", "k", "vocab_size"):

@@ -103,9 +103,7 @@ def _class_node(module: str, name: str) -> tuple[ast.ClassDef, ast.Module, str] 
     return None
 
 
-def _init_options(
-    cls: ast.ClassDef, tree: ast.Module, module: str, depth: int = 0
-) -> dict[str, object] | bool | None:
+def _init_options(cls: ast.ClassDef, tree: ast.Module, module: str, depth: int = 0) -> dict[str, object] | bool | None:
     """The options of ``cls.__init__`` from source, following its bases depth first (the first
     ``__init__`` found wins; the MRO of mixins without ``__init__`` before one base class); False
     when neither the class nor a base defines ``__init__``; None when anything is not plain
@@ -135,10 +133,10 @@ def _init_options(
         found = _base_node(base.id, tree, module)
         if found is None:
             return None
-        options = _init_options(*found, depth + 1)
-        if options is not False:  # an __init__ found (or an unknown): it decides
-            return options
-    return False if not cls.bases else None
+        inherited = _init_options(*found, depth + 1)
+        if inherited is not False:  # an __init__ found (or an unknown): it decides
+            return inherited
+    return False
 
 
 def _base_node(name: str, tree: ast.Module, module: str) -> tuple[ast.ClassDef, ast.Module, str] | None:
