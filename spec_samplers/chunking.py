@@ -19,10 +19,16 @@ PyTorch backend there runs the batch whole rather than wait on the device.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from spec_samplers.layout import VerifyBatch, request_slice
+
+if TYPE_CHECKING:  # spec_samplers.tree imports the base classes, which import this module
+    from spec_samplers.tree.layout import TreeBatch
+    from spec_samplers.tree.output import TreeOutput
 
 #: vocabulary entries of target rows per chunk: 2**18, 1 MB of fp32 rows (at V = 4096 and K = 1,
 #: 32 requests). The references' temporaries peak near 14x a chunk; measured at B = 4096, V = 4096,
@@ -65,3 +71,52 @@ def run_chunked(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: 
     if bounds is None:
         return op(batch, **options)
     return torch.cat([op(request_slice(batch, start, stop, rows), **options) for start, stop, rows in bounds])
+
+
+def _tree_slice(tb: TreeBatch, start: int, stop: int, lo: int, hi: int) -> TreeBatch:
+    """Requests [start, stop) of a tree batch, their flat rows [lo, hi) (views)."""
+
+    def rows(m: torch.Tensor) -> torch.Tensor:
+        return torch.where(m >= 0, m - lo, m)
+
+    def part(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[start:stop]
+
+    return replace(
+        tb,
+        target=tb.target[lo:hi],
+        draft=None if tb.draft is None else tb.draft[lo:hi],
+        target_rows=rows(tb.target_rows[start:stop]),
+        draft_rows=rows(tb.draft_rows[start:stop]),
+        tokens=tb.tokens[start:stop],
+        parents=tb.parents[start:stop],
+        depth=tb.depth[start:stop],
+        seeds=part(tb.seeds),
+        offsets=part(tb.offsets),
+        is_greedy=part(tb.is_greedy),
+        temperature=None if tb.temperature is None else tb.temperature[lo:hi],
+    )
+
+
+def run_tree_chunked(op: Callable[..., TreeOutput], tb: TreeBatch, **options: object) -> TreeOutput:
+    """``op(tb, **options)`` one chunk of requests at a time, on the CPU (each chunk's flat rows
+    are the range its row maps span, read from them: free on the CPU, a synchronisation
+    elsewhere). Target and draft rows are sliced alike, as flat indices they may share (the
+    temperature of a logits row)."""
+    from spec_samplers.tree.output import TreeOutput
+
+    B = tb.batch_size
+    step = requests_per_chunk(tb.num_nodes + 1, tb.vocab_size)
+    if B <= step or tb.target.device.type != "cpu":
+        return op(tb, **options)
+    maps = torch.cat([tb.target_rows, tb.draft_rows], dim=1)  # [B, 2(N+1)]
+    present = maps >= 0
+    lows = torch.where(present, maps, torch.iinfo(torch.int64).max).amin(dim=1).tolist()
+    highs = torch.where(present, maps, -1).amax(dim=1).tolist()
+    outs = []
+    for start in range(0, B, step):
+        stop = min(start + step, B)
+        lo, hi = min(lows[start:stop]), max(highs[start:stop]) + 1
+        lo = min(lo, hi)  # a chunk without rows reads none
+        outs.append(op(_tree_slice(tb, start, stop, lo, hi), **options))
+    return TreeOutput(torch.cat([o.token_ids for o in outs]), torch.cat([o.node_ids for o in outs]))

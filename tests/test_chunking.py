@@ -143,3 +143,61 @@ def test_requests_per_chunk_bounds_the_rows() -> None:
     """At vLLM's CPU test shape (V = 4096, K = 1) a chunk holds 32 requests: 256 Ki entries."""
     assert chunking.requests_per_chunk(2, 4096) == 32
     assert chunking.requests_per_chunk(2, 10**9) == 1
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("entry", ["forward_tree", "forward_tree_from_logits"])
+def test_tree_entries_chunked_equal_whole(monkeypatch: pytest.MonkeyPatch, name: str, entry: str) -> None:
+    sampler = SAMPLERS[name]()
+    gen = torch.Generator().manual_seed(4)
+    parents = torch.tensor([0, 0, 1, 1, 2, 2])  # a binary tree of depth 3
+    N = parents.shape[0]
+    target_logits = 3 * torch.randn(B, N + 1, V, generator=gen)
+    draft_logits = target_logits + torch.randn(B, N + 1, V, generator=gen)
+    # node j's token drawn from its parent's draft row
+    tokens = torch.multinomial(draft_logits[:, parents].softmax(-1).reshape(-1, V), 1, generator=gen).view(B, N)
+    extra = _randomness(sampler, B, gen)
+    temperature = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.0, 2.0])
+
+    def call() -> torch.Tensor:
+        if entry == "forward_tree":
+            out = sampler.forward_tree(target_logits.softmax(-1), draft_logits.softmax(-1), tokens, parents, **extra)
+        else:
+            out = sampler.forward_tree_from_logits(target_logits, draft_logits, tokens, parents, temperature, **extra)
+        return torch.cat([out.token_ids, out.node_ids], dim=1)
+
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 2**62)
+    whole = call()
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 1)
+    calls = []
+    original = chunking._tree_slice
+    monkeypatch.setattr(chunking, "_tree_slice", lambda *a: calls.append(1) or original(*a))
+    chunked = call()
+    assert len(calls) == B
+    assert torch.equal(whole, chunked)
+
+
+def test_a_planted_slicing_fault_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power of the comparison: chunks that drop the offsets draw other numbers, and the tokens
+    differ from the whole batch's."""
+    sampler = RejectionSampler(backend="torch")
+    gen, target_logits, draft_logits, draft_ids, bonus = _inputs(5)
+    seeds = torch.randint(0, 2**62, (B,), generator=gen)
+    offsets = torch.randint(1, 100, (B,), generator=gen)
+
+    def call() -> torch.Tensor:
+        probs = target_logits.softmax(-1), draft_logits.softmax(-1)
+        return sampler(probs[0], bonus, probs[1], draft_ids, seeds=seeds, offsets=offsets)
+
+    original = chunking.request_slice
+
+    def faulty(*args, **kwargs):
+        from dataclasses import replace
+
+        return replace(original(*args, **kwargs), offsets=None)
+
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 2**62)
+    whole = call()
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(chunking, "request_slice", faulty)
+    assert not torch.equal(whole, call())
