@@ -63,7 +63,8 @@ def test_source_options_fall_back_when_not_plain(tmp_path: Path, monkeypatch: py
     (tmp_path / "plugin_mod.py").write_text(
         "import torch\n"
         "DEFAULT = 3\n"
-        "class Plain(torch.nn.Module):\n    def __init__(self, a: int = 1, *, b: str = 'x'):\n        super().__init__()\n"
+        "class Plain(torch.nn.Module):\n"
+        "    def __init__(self, a: int = 1, *, b: str = 'x'):\n        super().__init__()\n"
         "class Computed(Plain):\n    def __init__(self, a: int = DEFAULT):\n        super().__init__()\n"
         "class Inherits(Plain):\n    pass\n"
         "class Foreign(torch.nn.Linear):\n    pass\n"

@@ -332,9 +332,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(report.render(document))
     if not (args.json and args.plot):
         print(
-            "\nMore: --json PATH writes every number (per-position rates, noise sds, machine; schema in "
-            "spec_samplers/bench/report.py), --plot PATH a PNG of acceptance and TV against theory "
-            "(needs matplotlib); e.g. --json bench.json --plot bench.png."
+            "\nMore: --json PATH writes every number (per-position rates, noise sds, machine; schema in\n"
+            "spec_samplers/bench/report.py), --plot PATH a PNG of acceptance and TV against theory\n"
+            "(needs matplotlib); e.g. --json bench.json --plot bench.png"
         )
     if args.json:
         report.write_json(args.json, document)

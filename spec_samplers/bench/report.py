@@ -53,6 +53,7 @@ import datetime
 import json
 import os
 import platform
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -297,7 +298,7 @@ def summary(document: dict[str, Any]) -> str:
     where = ""
     if shape is not None:
         t0 = document["timing"][0]
-        where = f"; ms/call at B = {shape[0]}, k = {t0['k']}, V = {t0['vocab_size']}, {shape[1]}, {t0['device']}"
+        where = f"; ms/call: median time per call at B = {shape[0]}, V = {t0['vocab_size']}, {shape[1]}, {t0['device']}"
     rows = []
     notes = []
     declared = {s["label"]: s["lossless"] for s in document["samplers"]}
@@ -312,8 +313,8 @@ def summary(document: dict[str, Any]) -> str:
             for e in group
         ]
         lossless = declared.get(label)
-        verdict = "lossless" if lossless else "LOSSY" if lossless is False else "?"
-        verdict += f", {len(off)} of {len(group)} off target" if off or lossless is False else ""
+        verdict = "yes" if lossless else "NO" if lossless is False else "?"
+        verdict += f", {len(off)}/{len(group)} off" if off or lossless is False else ""
         times = [
             t["time_s"] * 1e3
             for t in document["timing"]
@@ -337,21 +338,20 @@ def summary(document: dict[str, Any]) -> str:
                 f"{e['tv_output'].get('exact') or e['tv_output']['estimate']:.2f})"
                 for e in worst
             )
-            notes.append(
-                f"  {label}: its output is off the target on {len(off)} settings, e.g. {cells}: "
+            note = (
+                f"{label}: its output is off the target on {len(off)} settings, e.g. {cells}: "
                 "acceptance there is not a win, the tokens follow another distribution."
             )
-    headers = ["sampler", "lossless?", "emitted/step", "theory", "max |z|", "TV excess", "ms/call"]
+            notes.append(textwrap.fill(note, WIDTH, initial_indent="  ", subsequent_indent="    "))
+    headers = ["sampler", "lossless?", "emitted", "theory", "max |z|", "TV excess", "ms/call"]
     table = _table(headers, rows, [False, False] + [True] * 5)
-    lines = [
-        "",
-        f"Summary (k = {config['k']}; emitted/step and theory: means over the {len(document['settings'])} settings"
-        f"{where}).",
-        "lossless?: declared, and 'off target' where the run's TV out exceeds its noise floor by",
-        f"> {LOSSY_Z:g} sd (exact TV > {EXACT_TV_LOSSY:g}); TV excess: the worst TV out minus its floor.",
-        table,
-    ]
-    return "\n".join(lines + notes)
+    legend = (
+        f"Summary (k = {config['k']}). emitted: tokens per step, theory: the lossless theory's, means over "
+        f"the {len(document['settings'])} settings; max |z|: their worst gap in standard errors. "
+        f"lossless?: declared, and 'n/m off' where the run's TV out exceeds its noise floor by > {LOSSY_Z:g} sd "
+        f"(exact TV > {EXACT_TV_LOSSY:g}); TV excess: the worst TV out minus its floor{where}."
+    )
+    return "\n".join(["", textwrap.fill(legend, WIDTH), table, *notes])
 
 
 def render(document: dict[str, Any]) -> str:
