@@ -25,6 +25,7 @@ from typing import Any, ClassVar, TypedDict
 import torch
 
 from spec_samplers import custom_ops, validation
+from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, use_triton
@@ -132,7 +133,12 @@ class SpecDecodeBaseSampler(torch.nn.Module):
       arguments are refused by name;
     * ``applies_filters``: True when both ops apply a batch's per-request top-k / top-p / min-p
       (``VerifyBatch.top_k`` ...) themselves; otherwise ``sampling_params=`` is processed into
-      probabilities first (process, then verify).
+      probabilities first (process, then verify);
+    * ``requests_independent``: True when ``reference_op``'s tokens for a request depend on that
+      request's rows, ids and randomness alone (randomness a function of seed, offset, position,
+      index): the reference then runs a chunk of requests at a time (:mod:`spec_samplers.chunking`,
+      bounded memory). Off by default: a sampler drawing from one generator for the whole batch
+      would draw differently per chunk.
     """
 
     lossless: ClassVar[bool | None] = None
@@ -141,6 +147,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     takes_draft_rows: ClassVar[bool] = False
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
     kernel_op: ClassVar[str | None] = None
+    requests_independent: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -238,6 +245,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         kernel_op = type(self).kernel_op
         if kernel_op is not None and use_triton(self.backend, batch.target.device):
             return _load(kernel_op)(batch, **self.op_options())
+        if type(self).requests_independent:
+            return run_chunked(reference_op, batch, **self.op_options())
         return reference_op(batch, **self.op_options())
 
     def _require_op(self, entry: str) -> None:

@@ -49,6 +49,7 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     #: the bench's lossless theory for this sampler (spec_samplers.bench.quality.block_theory)
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)
+    requests_independent = True
     kernel_op = "spec_samplers.kernels.block_launch:block_triton"
     #: Traversal Verification (Weng et al. 2025), the tree form of block verification; a PyTorch
     #: reference on every device (no tree kernel)

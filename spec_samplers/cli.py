@@ -1,17 +1,19 @@
-"""The ``spec-samplers`` command."""
+"""The ``spec-samplers`` command.
+
+Start-up: only the chosen subcommand's arguments are built (:func:`build_parser`), and nothing
+here imports torch at module level, so ``--help``, ``--version`` and ``list`` answer without it
+(tests/test_cli_startup.py checks that structurally)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
+import os
 import sys
 from collections.abc import Callable
 
-from spec_samplers.bench.arguments import positive_int
-from spec_samplers.bench.cli import add_arguments as add_bench_arguments
-from spec_samplers.bench.cli import moved_flag_message
-from spec_samplers.generate_cli import add_arguments as add_generate_arguments
-from spec_samplers.profile_cli import add_arguments as add_profile_arguments
+from spec_samplers._version import __version__
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -55,19 +57,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return run_generate(args)
 
 
-def add_certify_arguments(p: argparse.ArgumentParser) -> None:
-    from spec_samplers.certify.cli import add_arguments  # sets the command too
+def cmd_profile(args: argparse.Namespace) -> int:
+    from spec_samplers.profile_cli import cmd_profile as run_profile
 
-    add_arguments(p)
+    return run_profile(args)
+
+
+def _builder(target: str) -> Callable[[argparse.ArgumentParser], None]:
+    """The argument builder ``"module:function"``, imported when its subcommand is chosen."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        module, _, name = target.partition(":")
+        getattr(importlib.import_module(module), name)(p)
+
+    return add
+
+
+def cmd_certify(args: argparse.Namespace) -> int:
+    from spec_samplers.certify.cli import cmd_certify as run_certify
+
+    return run_certify(args)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    from spec_samplers.bench.arguments import positive_int
+
     p.add_argument("--trials", type=positive_int, default=4000, help="rows per setting (default 4000)")
     p.add_argument("--k", type=positive_int, default=4, help="draft tokens per row (default 4)")
 
 
 #: subcommand -> (help line, description (None: the one its argument builder sets), argument
-#: builder, command (None: the one its argument builder sets))
+#: builder (None: no options), command). A new subcommand is one more entry here.
 COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None] | None, Command | None]] = {
     "list": (
         "list every registered sampler with its options and source package",
@@ -87,13 +107,13 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
     "bench": (
         "benchmarks: verification samplers (bare bench), sampling ops, SamplingParams, model pairs, trees",
         None,
-        add_bench_arguments,
+        _builder("spec_samplers.bench.cli:add_arguments"),
         cmd_bench,
     ),
     "generate": (
         "speculative decoding of a prompt with two local transformers models",
         None,
-        add_generate_arguments,
+        _builder("spec_samplers.generate_cli:add_arguments"),
         cmd_generate,
     ),
     "profile": (
@@ -101,37 +121,73 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         "Every kernel launch of one call, the bytes each moves (counted by Triton's interpreter), its sm_90 "
         "SASS (registers, spills, occupancy, instructions per vocabulary element) and a MODELED time on "
         "H100/H200; docs/cost-model.md.",
-        add_profile_arguments,
-        None,
+        _builder("spec_samplers.profile_cli:add_arguments"),
+        cmd_profile,
     ),
     "certify": (
         "test whether a speculative decoding setup (vLLM, transformers, ours) keeps the target's law",
         None,
-        add_certify_arguments,
-        None,
+        _builder("spec_samplers.certify.cli:add_arguments"),
+        cmd_certify,
     ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv``, only the subcommand it names gets its arguments (the
+    others answer ``--help`` from their help line), so a call imports that subcommand alone."""
+    chosen = None if argv is None else _chosen(argv)
     parser = argparse.ArgumentParser(prog="spec-samplers", description="Speculative-decoding verification samplers.")
+    parser.add_argument("--version", action="version", version=f"spec-samplers {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_line, description, add, command) in COMMANDS.items():
         p = sub.add_parser(name, help=help_line, description=description)
-        if add is not None:
+        if add is not None and (argv is None or name == chosen):
             add(p)
-        if command is not None:
-            p.set_defaults(func=command)
+        p.set_defaults(func=command)
     return parser
+
+
+#: the options that name a file a command writes (checked before the run, which may take minutes)
+OUTPUT_OPTIONS = ("json", "plot")
+
+
+def output_path_error(option: str, path: str) -> str | None:
+    """Why ``path`` cannot be written (its nearest existing folder is not a writable folder), or
+    None. The writers create missing folders, so a missing folder is fine."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if os.path.isdir(path):
+        return f"--{option} {path!r}: expected a file path, got a directory"
+    if not os.path.isdir(folder):
+        return f"--{option} {path!r}: {folder!r} is not a directory"
+    if not os.access(folder, os.W_OK):
+        return f"--{option} {path!r}: the directory {folder!r} is not writable"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    moved = moved_flag_message(argv)
-    if moved:  # a mode flag of the flag-based bench: name the subcommand instead of argparse's error
-        print(moved, file=sys.stderr)
-        return 2
-    args = build_parser().parse_args(argv)
+    if _chosen(argv) == "bench":
+        from spec_samplers.bench.cli import moved_flag_message
+
+        moved = moved_flag_message(argv)
+        if moved:  # a mode flag of the flag-based bench: name the subcommand instead of argparse's error
+            print(moved, file=sys.stderr)
+            return 2
+    args = build_parser(argv).parse_args(argv)
+    for option in OUTPUT_OPTIONS:
+        path = getattr(args, option, None)
+        problem = None if path is None else output_path_error(option, path)
+        if problem:
+            print(f"spec-samplers {args.command}: error: {problem}", file=sys.stderr)
+            return 2
     return args.func(args)
 
 

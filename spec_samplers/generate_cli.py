@@ -66,6 +66,50 @@ def tree_from_args(args: argparse.Namespace) -> list[int] | NodeBudget | None:
     return None
 
 
+#: bytes per parameter of the checkpoint dtypes config.json names
+_ITEMSIZE = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "float64": 8}
+#: loaded weights over their file size (buffers, the allocator's slack), and KV cache and
+#: activations of one prompt: a margin, not a measurement
+LOAD_OVERHEAD = 1.25
+
+
+def model_bytes(path: str, dtype: str | None) -> int:
+    """Memory the model in directory ``path`` takes loaded in ``dtype`` (None: the checkpoint's):
+    its weight files' size, rescaled when loading converts the dtype."""
+    import json
+    import os
+
+    weights = sum(
+        os.path.getsize(os.path.join(path, name))
+        for name in os.listdir(path)
+        if name.endswith((".safetensors", ".bin", ".pt", ".pth"))
+    )
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        stored = _ITEMSIZE.get(str(config.get("torch_dtype") or config.get("dtype")), 4)
+    except (OSError, ValueError):
+        stored = 4
+    loaded = stored if dtype is None else _ITEMSIZE[dtype]
+    return int(weights * loaded / stored * LOAD_OVERHEAD)
+
+
+def check_models_fit(args: argparse.Namespace, device: object) -> None:
+    """Refuse, before loading, two models that do not fit the available host memory (they are
+    read into it on every device)."""
+    from spec_samplers.memory_budget import check_fits
+
+    dtype = None if args.model_dtype == "auto" else args.model_dtype
+    if dtype is None and getattr(device, "type", None) == "cpu":
+        dtype = "float32"  # load_model_pair's default on the CPU
+    need = model_bytes(args.target, dtype) + model_bytes(args.draft, dtype)
+    check_fits(
+        need,
+        f"the target and draft models in {dtype or 'their checkpoint dtype'}",
+        "--target / --draft / --model-dtype",
+    )
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from spec_samplers.bench import runner
     from spec_samplers.bench.arguments import MODEL_DTYPES, resolve_device, sampling_params_from_args
@@ -76,6 +120,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_model_dir(args.target, "--target")  # before loading anything: a missing path answers at once
         check_model_dir(args.draft, "--draft")
         device = resolve_device(args.device)
+        check_models_fit(args, device)
         params = sampling_params_from_args(args, seed=args.seed)
         spec = runner.resolve_samplers([args.sampler], args.option, sweep=False)[0]
         target, draft, tokenizer = load_model_pair(args.target, args.draft, device, MODEL_DTYPES[args.model_dtype])

@@ -215,3 +215,50 @@ class VerifyBatch:
         T, V = target.shape
         layout = RowLayout.ragged_from(cu_num_draft_tokens, T, max_spec_len, V)
         return cls(layout, target, draft, draft_token_ids, bonus_token_ids.reshape(layout.batch_size), **extra)
+
+
+#: the [B] fields of a VerifyBatch, sliced with its requests
+_REQUEST_FIELDS = ("bonus_token_ids", "seeds", "offsets", "is_greedy", "temperature", "top_k", "top_p", "min_p")
+_REQUEST_FIELDS_RAGGED = ("draft_temperature",)
+
+
+def request_slice(batch: VerifyBatch, start: int, stop: int, rows: tuple[int, int] | None = None) -> VerifyBatch:
+    """Requests [start, stop) of ``batch`` as a batch of their own (views: nothing is copied but
+    [B]-sized metadata). Padded: their [K+1] / [K] rows. Ragged: ``rows`` = (lo, hi) must be the
+    flat rows they read, ``cu_num_draft_tokens[start-1]`` (0 for the first) and
+    ``cu_num_draft_tokens[stop-1]``, of metadata that is non-decreasing from 0 and ends <= T
+    (:func:`spec_samplers.chunking.chunk_bounds` checks that; each request then reads the same
+    rows as in the whole batch)."""
+    layout = batch.layout
+    fields: dict[str, Any] = {}
+    for name in _REQUEST_FIELDS + _REQUEST_FIELDS_RAGGED:
+        t = getattr(batch, name)
+        fields[name] = None if t is None else t[start:stop]
+    if not layout.ragged:
+        return VerifyBatch(
+            RowLayout.padded(stop - start, layout.max_drafts, layout.vocab_size),
+            batch.target[start:stop],
+            None if batch.draft is None else batch.draft[start:stop],
+            batch.draft_token_ids[start:stop],
+            draft_rows=batch.draft_rows,
+            draft_is_probs=batch.draft_is_probs,
+            **fields,
+        )
+    assert rows is not None and layout.cu_num_draft_tokens is not None
+    lo, hi = rows
+    cu = layout.cu_num_draft_tokens[start:stop] - lo
+    draft = batch.draft
+    draft_rows = batch.draft_rows
+    if draft_rows is not None:  # the draft is an [N, V] matrix that draft_rows index: kept whole
+        draft_rows = draft_rows[lo:hi]
+    elif draft is not None:
+        draft = draft[lo:hi]
+    return VerifyBatch(
+        RowLayout(True, stop - start, layout.max_drafts, layout.vocab_size, hi - lo, cu),
+        batch.target[lo:hi],
+        draft,
+        batch.draft_token_ids[lo:hi],
+        draft_rows=draft_rows,
+        draft_is_probs=batch.draft_is_probs,
+        **fields,
+    )

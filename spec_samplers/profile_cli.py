@@ -34,21 +34,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-sass", action="store_true", help="skip the sm_90 compile (no instruction counts)")
     p.add_argument("--json", metavar="PATH", help="write the full profile (every launch and constant) as JSON")
-    p.set_defaults(func=cmd_profile)
+
+
+def _error(message: str) -> int:
+    print(f"spec-samplers profile: error: {message}", file=sys.stderr)
+    return 2
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from spec_samplers.bench.cost import model, report
     from spec_samplers.bench.cost.workloads import Shape
+    from spec_samplers.registry import available_samplers
 
     for name in ("batch_size", "k", "vocab_size"):
         if getattr(args, name) < 1:
-            print(f"spec-samplers profile: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+            return _error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    samplers = available_samplers()
+    if args.sampler not in samplers:
+        return _error(f"--sampler: unknown sampler {args.sampler!r}; available: {', '.join(samplers)}")
     shape = Shape(args.batch_size, args.k, args.vocab_size, args.dtype, args.sampler, args.entry, args.drafts)
     results: list[dict[str, Any]] = []
     for workload in args.workload or ["ours"]:
-        results.append(report.profile(workload, shape, sass=not args.no_sass))
+        try:
+            results.append(report.profile(workload, shape, sass=not args.no_sass))
+        except (ValueError, NotImplementedError) as exc:  # e.g. an entry the sampler does not have
+            return _error(f"{workload}: {exc}")
     print("All times are MODELED (docs/cost-model.md), not measured.\n")
     print(report.table(results))
     for r in results:

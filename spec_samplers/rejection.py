@@ -44,6 +44,7 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     applies_filters: ClassVar[bool] = True
     takes_draft_rows: ClassVar[bool] = True
     reference_op = staticmethod(rejection_reference)
+    requests_independent = True
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
     tree_reference = staticmethod(rejection_tree_reference)
     tree_kernel = "spec_samplers.kernels.tree_launch:rejection_tree_triton"

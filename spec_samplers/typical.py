@@ -56,6 +56,7 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
     applies_filters: ClassVar[bool] = True
     takes_draft_rows: ClassVar[bool] = True
     reference_op = staticmethod(typical_reference)
+    requests_independent = True
     kernel_op = "spec_samplers.kernels.typical_launch:typical_triton"
     tree_reference = staticmethod(typical_tree_reference)
     tree_kernel = "spec_samplers.kernels.tree_launch:typical_tree_triton"

@@ -225,6 +225,36 @@ def build_config(args: argparse.Namespace):
     )
 
 
+#: peak memory of one timed call over the size of its inputs: measured 2.6 on the CPU (bench
+#: --quick --vocab 262144 and 1048576: 378 bytes of peak RSS per vocabulary entry at B = 4, k = 4,
+#: inputs 144), rounded up; covers the baselines timed next to the samplers
+TIMING_OVERHEAD = 4
+#: peak memory of the quality runs over their tensors (the pairs, the counts, one chunk of rows)
+QUALITY_OVERHEAD = 3
+
+
+def check_memory(config) -> None:
+    """Refuse a bench run whose estimated memory exceeds what is available (before allocating)."""
+    from spec_samplers.bench.quality import CHUNK_ELEMENTS
+    from spec_samplers.memory_budget import check_fits
+
+    k, V = config.k, config.timing_vocab
+    if config.batch_sizes:
+        itemsize = max(torch.empty((), dtype=d).element_size() for d in config.dtypes)
+        timed = max(config.batch_sizes) * (2 * k + 1) * V * itemsize * TIMING_OVERHEAD
+        what = f"the timed call at B = {max(config.batch_sizes)}, k = {k}, V = {V}"
+        if config.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(config.device)
+            check_fits(timed, what, "--vocab / --batch-sizes / --k", free, where=f"{config.device} memory")
+        else:
+            check_fits(timed, what, "--vocab / --batch-sizes / --k")
+    pairs = sum(3 * s.contexts * s.vocab_size * 4 for s in config.settings)  # target, draft, counts (fp32)
+    # draft and bonus ids of one setting (int64), with torch.multinomial's temporaries
+    ids = max(s.contexts for s in config.settings) * config.rows * (k + 1) * 8 * 3
+    chunk = CHUNK_ELEMENTS * 4 * QUALITY_OVERHEAD
+    check_fits(pairs + ids + chunk, f"the quality runs at --rows {config.rows}, k = {k}", "--rows / --k")
+
+
 def _error(exc: Exception) -> int:
     print(f"spec-samplers bench: error: {exc}", file=sys.stderr)
     return 2
@@ -262,7 +292,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if command == "trees":
         from spec_samplers.bench import tree_bench
 
-        return tree_bench.main(tree_bench.argv_from_bench(args))
+        try:
+            return tree_bench.main(tree_bench.argv_from_bench(args))
+        except ValueError as exc:
+            return _error(exc)
     return cmd_verify(args)
 
 
@@ -272,6 +305,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     try:
         config = build_config(args)
+        check_memory(config)
         if args.plot:
             from spec_samplers.bench.plot import require_pyplot
 
@@ -296,6 +330,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         **runner.run(config),
     }
     print(report.render(document))
+    if not (args.json and args.plot):
+        print(
+            "\nMore: --json PATH writes every number (per-position rates, noise sds, machine; schema in\n"
+            "spec_samplers/bench/report.py), --plot PATH a PNG of acceptance and TV against theory\n"
+            "(needs matplotlib); e.g. --json bench.json --plot bench.png"
+        )
     if args.json:
         report.write_json(args.json, document)
         print(f"\nwrote {args.json}")

@@ -53,6 +53,7 @@ import datetime
 import json
 import os
 import platform
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -265,6 +266,94 @@ def block_vs_token_table(entries: Sequence[dict[str, Any]]) -> str | None:
     return _table(BLOCK_HEADERS, rows, [False] + [True] * 8)
 
 
+#: an output whose TV from the target lies this many noise sds above the floor (or an exact TV
+#: above EXACT_TV_LOSSY) differs from the target: the run's own evidence that a sampler is lossy
+#: there (quality.Z_BOUND: what the tests allow a lossless sampler)
+LOSSY_Z = 4.5
+EXACT_TV_LOSSY = 1e-3
+
+
+def _off_target(tv: dict[str, Any]) -> bool:
+    """Whether the run shows this output's first token off the target distribution."""
+    if tv.get("exact") is not None:
+        return bool(tv["exact"] > EXACT_TV_LOSSY)
+    z = tv.get("excess_z")
+    return z is not None and z > LOSSY_Z
+
+
+def _summary_shape(timing: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+    """(B, dtype) the summary quotes times at: the timed batch size nearest 16, the first dtype."""
+    if not timing:
+        return None
+    sizes = sorted({t["batch_size"] for t in timing})
+    return min(sizes, key=lambda b: (abs(b - 16), b)), timing[0]["dtype"]
+
+
+def summary(document: dict[str, Any]) -> str:
+    """One line per sampler variant: lossless or lossy (declared, and as this run measured it),
+    tokens per step against the lossless theory, the output's distance from the target against
+    its noise floor, and the time per call at one named shape."""
+    shape = _summary_shape(document["timing"])
+    config = document["config"]
+    where = ""
+    if shape is not None:
+        t0 = document["timing"][0]
+        where = f"; ms/call: median time per call at B = {shape[0]}, V = {t0['vocab_size']}, {shape[1]}, {t0['device']}"
+    rows = []
+    notes = []
+    declared = {s["label"]: s["lossless"] for s in document["samplers"]}
+    for label, group in _by_sampler(document["acceptance"]).items():
+        off = [e for e in group if _off_target(e["tv_output"])]
+        emitted = sum(e["emitted"] for e in group) / len(group)
+        theories = [e["theory"]["emitted"] for e in group if e["theory"]]
+        theory = sum(theories) / len(theories) if len(theories) == len(group) else None
+        zs = [abs(e["z"]["emitted"]) for e in group if e["z"]]
+        excess = [
+            e["tv_output"]["exact"] if e["tv_output"].get("exact") is not None else e["tv_output"]["excess"]
+            for e in group
+        ]
+        lossless = declared.get(label)
+        verdict = "yes" if lossless else "NO" if lossless is False else "?"
+        verdict += f", {len(off)}/{len(group)} off" if off or lossless is False else ""
+        times = [
+            t["time_s"] * 1e3
+            for t in document["timing"]
+            if t["sampler"] == label and shape is not None and (t["batch_size"], t["dtype"]) == shape
+        ]
+        rows.append(
+            [
+                label,
+                verdict,
+                _f(emitted, 2),
+                _f(theory, 2),
+                "-" if not zs else f"{max(zs):.1f}",
+                f"{max(excess):+.3f}",
+                _f(times[0], 2) if times else "-",
+            ]
+        )
+        if off:
+            worst = sorted(off, key=lambda e: -(e["tv_output"].get("exact") or e["tv_output"]["estimate"]))[:3]
+            cells = ", ".join(
+                f"{e['setting']['name']} (accept {e['acceptance']:.3f}, TV out "
+                f"{e['tv_output'].get('exact') or e['tv_output']['estimate']:.2f})"
+                for e in worst
+            )
+            note = (
+                f"{label}: its output is off the target on {len(off)} settings, e.g. {cells}: "
+                "acceptance there is not a win, the tokens follow another distribution."
+            )
+            notes.append(textwrap.fill(note, WIDTH, initial_indent="  ", subsequent_indent="    "))
+    headers = ["sampler", "lossless?", "emitted", "theory", "max |z|", "TV excess", "ms/call"]
+    table = _table(headers, rows, [False, False] + [True] * 5)
+    legend = (
+        f"Summary (k = {config['k']}). emitted: tokens per step, theory: the lossless theory's, means over "
+        f"the {len(document['settings'])} settings; max |z|: their worst gap in standard errors. "
+        f"lossless?: declared, and 'n/m off' where the run's TV out exceeds its noise floor by > {LOSSY_Z:g} sd "
+        f"(exact TV > {EXACT_TV_LOSSY:g}); TV excess: the worst TV out minus its floor{where}."
+    )
+    return "\n".join(["", textwrap.fill(legend, WIDTH), table, *notes])
+
+
 def render(document: dict[str, Any]) -> str:
     """The terminal report: acceptance (or the sweep summary), then timing."""
     machine, config = document["machine"], document["config"]
@@ -309,6 +398,8 @@ def render(document: dict[str, Any]) -> str:
             "Time per call (MB: inputs + output; floor MB: 2*B*V*itemsize, docs/design.md section 6)",
             timing_table(document["timing"]),
         ]
+    if document["acceptance"]:
+        parts.append(summary(document))
     return "\n".join(parts)
 
 

@@ -17,6 +17,7 @@ import functools
 import inspect
 import itertools
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,8 +214,17 @@ def run(config: BenchConfig) -> dict[str, Any]:
     bar = _progress(total, config.progress)
     acceptance, timings = [], []
     pairs = [_pairs(config, i, s) for i, s in enumerate(config.settings)]
+    started = time.perf_counter()
+
+    def stage(text: str) -> None:
+        """One line per stage on stderr when there is no bar (a pipe, a log file): never silent
+        for a minute."""
+        if bar is None:
+            print(f"[bench {time.perf_counter() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
+
     try:
-        for spec in config.specs:
+        for i, spec in enumerate(config.specs):
+            stage(f"acceptance {i + 1}/{len(config.specs)}: {spec.label} over {len(config.settings)} settings")
             for setting, (target, draft) in zip(config.settings, pairs):
                 if bar is not None:
                     bar.set_postfix_str(f"{spec.name} {setting.name}", refresh=False)
@@ -243,7 +253,11 @@ def run(config: BenchConfig) -> dict[str, Any]:
                 )
                 if bar is not None:
                     bar.update()
-        for spec in timed:
+        for i, spec in enumerate(timed):
+            stage(
+                f"timing {i + 1}/{len(timed)}: {spec.label} at B = {','.join(map(str, config.batch_sizes))}, "
+                f"V = {config.timing_vocab}"
+            )
             for dtype in config.dtypes:
                 for batch_size in config.batch_sizes:
                     if bar is not None:
@@ -261,6 +275,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
                     timings.append({"sampler": spec.label, "name": spec.name, "options": dict(spec.options), **t})
                     if bar is not None:
                         bar.update()
+        stage("done")
     finally:
         if bar is not None:
             bar.close()

@@ -29,6 +29,9 @@ from spec_samplers.rejection import RejectionSampler
 
 #: (name, nodes) pairs compared at equal node budgets: a chain of N nodes and a tree of N nodes
 COMPARISONS: tuple[tuple[Sequence[int], int], ...] = (((2, 2), 6), ((2, 2, 1), 10), ((4, 2, 1), 20), ((4,), 4))
+#: the smallest vocabulary the comparisons run on: drafting without replacement needs as many
+#: distinct tokens as the widest level has children
+MIN_VOCAB = max(max(branching) for branching, _ in COMPARISONS)
 
 
 def workload(vocab_size: int, sigma: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    if args.vocab < MIN_VOCAB:
+        raise ValueError(f"--vocab: expected an integer >= {MIN_VOCAB} (the widest tree level), got {args.vocab}")
+    if args.rounds < 2:
+        raise ValueError(f"--rounds: expected an integer >= 2, got {args.rounds}")
     all_rows = []
     for sigma in args.sigma or [0.5, 1.0, 2.0]:
         rows = chain_vs_tree(args.vocab, sigma, args.rounds, args.seed)

@@ -130,9 +130,17 @@ def load_pairs(path: str) -> tuple[Setting, torch.Tensor, torch.Tensor]:
                 f"--from-file {path!r}: reading .safetensors needs the safetensors package "
                 "(pip install safetensors), or save the tensors with torch.save to a .pt file"
             ) from exc
-        data = load_file(path)
-    else:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        if path.endswith(".safetensors"):
+            data = load_file(path)
+        else:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a file of another format fails in the reader's own way (pickle, zip, header...)
+        kind = "a .safetensors file" if path.endswith(".safetensors") else "a torch.save file (.pt)"
+        raise ValueError(
+            f"--from-file {path!r}: expected {kind} holding a dict of target_probs and draft_probs; "
+            f"could not read it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
     if not isinstance(data, dict):
         raise ValueError(
             f"--from-file {path!r}: expected a dict with keys target_probs and draft_probs, got {type(data).__name__}"

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from spec_samplers.base import SpecDecodeBaseSampler, _sampling_filters
+from spec_samplers.chunking import run_tree_chunked
 from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import use_triton
 from spec_samplers.sampling.reference import filtered_softmax_reference
@@ -425,6 +426,12 @@ class TreeEntries(SpecDecodeBaseSampler):
         else:
             reference = type(self).tree_reference
             assert reference is not None
-            out = reference(tb, **self.tree_options())
+            # the built-ins' tree references key every draw by request (chunks change no token)
+            chunked = type(self).requests_independent
+            out = (
+                run_tree_chunked(reference, tb, **self.tree_options())
+                if chunked
+                else reference(tb, **self.tree_options())
+            )
         self._update_counters(out.token_ids, num_draft_tokens=num_nodes)
         return out
