@@ -230,16 +230,31 @@ def seam_verifier(module_name: str, attribute: str = "rejection_sample") -> Ragg
     return getattr(seam, VERIFIER_ATTRIBUTE, None)
 
 
-def at_least_one_token(out: torch.Tensor) -> torch.Tensor:
+def at_least_one_token(out: torch.Tensor, well_formed: torch.Tensor | None = None) -> torch.Tensor:
     """vLLM's contract at its verification seam (both runners): every request gains at least one
     token per step, and every emitted token is in the vocabulary (vLLM's own
     ``test_all_nan_target_logits_in_range``). Our samplers emit -1 where a target row has no
     probability mass (all NaN or -inf logits: docs/contract.md); a request whose first row has none
     would get no token and never progress. Such a slot becomes token 0, what vLLM's own
     verification gives there (``argmax`` of an all-NaN or all -inf row). Later -1 slots stay: the
-    request has gained its accepted drafts. [B, K+1], the same tensor (one op, no host sync)."""
-    out[:, :1].clamp_(min=0)
+    request has gained its accepted drafts. A request whose metadata is malformed
+    (``well_formed`` [B] bool False) keeps its -1s: it emits no token (docs/contract.md,
+    "Robustness"). [B, K+1], the same tensor (a few ops, no host sync)."""
+    first = out[:, :1]
+    filled = first.clamp(min=0)
+    if well_formed is not None:
+        filled = torch.where(well_formed[:, None], filled, first)
+    out[:, :1] = filled
     return out
+
+
+def well_formed_requests(
+    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive cumulative sum of k_b
+    max_spec_len: int,
+    num_tokens: int,  # T, the flat rows
+) -> torch.Tensor:
+    """[B] bool: the requests whose metadata :func:`ragged_positions` accepts (no host read)."""
+    return ragged_layout(cu_num_draft_tokens, max_spec_len, num_tokens)[2] >= 0
 
 
 # --- bonus rows verified in place (both vLLM runners' lean paths) -------------------------------

@@ -37,6 +37,7 @@ from spec_samplers.integrations.vllm.ragged import (
     greedy_verify_ragged,
     seam_verifier,
     verify_with_bonus_rows,
+    well_formed_requests,
 )
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.seeding import row_seeds
@@ -103,6 +104,7 @@ def verify(
         )
         return greedy.to(torch.int32)
     is_greedy = None if sampling_metadata.all_random else sampling_metadata.temperature == 0  # [B]
+    well_formed = well_formed_requests(cu_num_draft_tokens, max_spec_len, target_logits.shape[0])  # [B]
     # vLLM draws nothing from a request's generator in a step without drafts.
     generators = {i: g for i, g in sampling_metadata.generators.items() if num_draft_tokens[i] > 0}
     if draft_probs is None and verifier.has_logits_entry:
@@ -118,7 +120,7 @@ def verify(
             temperature=temperature,
             seeds=row_seeds(batch_size, device, generators),
         )
-        return at_least_one_token(out).to(torch.int32)
+        return at_least_one_token(out, well_formed).to(torch.int32)
     seeds = row_seeds(batch_size, device, generators) if verifier.accepts("seeds") else None  # [B] int64
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # [T, V]
     out = verifier(
@@ -136,7 +138,7 @@ def verify(
             target_logits.argmax(dim=-1), draft_token_ids, bonus, cu_num_draft_tokens, max_spec_len, vocab
         )
         out = torch.where(is_greedy[:, None], greedy, out)
-    return at_least_one_token(out).to(torch.int32)
+    return at_least_one_token(out, well_formed).to(torch.int32)
 
 
 # --- plain steps: RejectionSampler.forward without vLLM's glue (issue 19) ------------------------
@@ -248,7 +250,7 @@ def verify_plain_step(
         placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
         out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
         out = out[:, : K + 1]
-        return at_least_one_token(out).to(torch.int32)
+        return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
     drafts: dict[str, torch.Tensor] = {}
@@ -261,7 +263,7 @@ def verify_plain_step(
     out = verify_with_bonus_rows(
         verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
     )
-    return at_least_one_token(out).to(torch.int32)
+    return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
 
 
 # --- logit bias and min-p on the draft rows (issue 21: min_p / logit_bias with speculative decoding) ---

@@ -165,7 +165,7 @@ def verify(
         expanded_local_pos=expanded_local_pos,
     )  # fmt: skip
     if num_logits == 0 or num_reqs == 0:  # nothing to verify (shapes: no device read)
-        return _with_counts(torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device))
+        return _with_counts(torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device), ok)
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
     if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
@@ -173,7 +173,7 @@ def verify(
             verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
             expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided,
         )  # fmt: skip
-        return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID))
+        return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID), ok)
     cu = cu_num_logits.to(torch.int64)
     bonus_rows = cu[1:] - 1  # [R]
     req_state = idx_mapping  # [R] int32 or int64: either indexes
@@ -243,7 +243,7 @@ def verify(
             target_rows.argmax(dim=-1), draft_ids, bonus, cu_draft, num_speculative_steps, vocab
         )
         out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
-    return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID))
+    return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID), ok)
 
 
 def chunk_metadata(
@@ -284,10 +284,11 @@ def chunk_metadata(
     return ok, cu.clamp(0, num_logits), torch.where(ok, idx_mapping, 0)
 
 
-def _with_counts(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1); a request whose
-    first row has no mass gets token 0 there (:func:`at_least_one_token`: vLLM's contract)."""
-    out = at_least_one_token(out)
+def _with_counts(out: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1); a well-formed
+    (``ok``) request whose first row has no mass gets token 0 there (:func:`at_least_one_token`:
+    vLLM's contract); a malformed one emits nothing."""
+    out = at_least_one_token(out, ok)
     num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)  # [R]
     return out, num_sampled
 
