@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from spec_samplers import rng
-from spec_samplers.kernels.backend import triton_importable
 from spec_samplers.rng import STREAM_ROW_SEED, STREAM_SAMPLE  # numbered in rng, with every other stream
 
 
@@ -39,10 +38,6 @@ def derive_row_seeds(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) ->
     tensors): row r's seed is words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED."""
     seeds = seed.reshape(1).to(torch.int64)
     offsets = offset.reshape(1).to(torch.int64)
-    if seeds.device.type == "cuda" and triton_importable():
-        from spec_samplers.kernels.sampling_launch import row_seeds_triton  # (imports triton)
-
-        return row_seeds_triton(seeds, offsets, num_rows)  # one launch for these ~90 ops
     r = torch.arange(num_rows, device=seeds.device, dtype=torch.int64)
     return derive_seeds(seeds, offsets, r, STREAM_ROW_SEED)
 

@@ -77,8 +77,6 @@ def run(setup: Setup, prompts: Sequence[Sequence[int]], n_per_prompt: int) -> En
         reason = vllm_unavailable()
         if reason:
             raise ValueError(f"--engine vllm: {reason}")
-        from spec_samplers.certify.vllm_engine import run_vllm
-
         out = run_vllm(setup, prompts, n_per_prompt)
     else:
         raise ValueError(f"--engine: expected one of {', '.join(ENGINES)}, got {setup.engine!r}")
@@ -249,4 +247,46 @@ def run_transformers(setup: Setup, prompts: Sequence[Sequence[int]], n_per_promp
         ]
         if setup.mixed_batch
         else [],
+    )
+
+
+def run_vllm(setup: Any, prompts: Sequence[Sequence[int]], n_per_prompt: int, **spec: Any) -> Any:
+    """``spec-samplers certify --engine vllm``: ``setup`` (a :class:`spec_samplers.certify.engines.Setup`)
+    on one vLLM engine; ``n_per_prompt`` seeded requests per prompt (and greedy ones with a mixed
+    batch), in batches of ``setup.batch_size``. A draft model drafts with vLLM's
+    ``draft_sample_method="probabilistic"`` (the drafter's law then matters) unless ``spec`` says
+    otherwise; other ``spec`` keys go to :class:`EngineSpec`."""
+    from spec_samplers.certify.vllm_engine import EngineSpec, VllmEngine, vllm_version
+
+    if setup.tree is not None or setup.plant is not None:
+        raise ValueError("--engine vllm: --tree and --plant run on --engine spec-samplers only")
+    options = {"draft_sample_method": "probabilistic" if setup.draft is not None else "greedy", **spec}
+    engine_spec = EngineSpec(
+        target=setup.target,
+        draft=setup.draft,
+        sampler=setup.sampler,
+        num_speculative_tokens=setup.num_speculative_tokens,
+        dtype=setup.dtype,
+        **options,
+    )
+    requests = _requests(setup, len(prompts), n_per_prompt)
+    samples: list[list[list[int]]] = [[] for _ in prompts]
+    greedy: list[list[list[int]]] = [[] for _ in prompts]
+    with VllmEngine(engine_spec) as engine:
+        before = engine.counts()
+        for start in range(0, len(requests), setup.batch_size):
+            chunk = requests[start : start + setup.batch_size]
+            rows = engine.generate([prompts[b] for b, _, _ in chunk], [p for _, _, p in chunk], setup.num_tokens)
+            for (b, i, _), row in zip(chunk, rows):
+                (samples if i >= 0 else greedy)[b].append(row)
+        counts = engine.counts() - before
+    per_step = counts.accepted_per_step
+    return EngineRun(
+        samples,
+        greedy if setup.mixed_batch else [],
+        acceptance_rate=counts.acceptance_rate,
+        tokens_per_target_pass=None if per_step is None else per_step + 1,
+        notes=[
+            f"vLLM {vllm_version()} (CPU build), {engine_spec.drafting}; greedy and sampled requests counted together"
+        ],
     )

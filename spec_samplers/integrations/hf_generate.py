@@ -224,7 +224,11 @@ class SpeculativeGenerate:
             call). Without one, ``prompt_lookup_num_tokens`` selects n-gram drafting.
     """
 
-    def __init__(self, **defaults: Any) -> None:
+    def __init__(self, language_model: Any, require: Any, **defaults: Any) -> None:
+        # the transformers adapter (HFLanguageModel, require_transformers), handed over by
+        # spec_samplers.integrations.transformers, which builds the public instance: this module
+        # never imports that one (one direction)
+        self._language_model, self._require = language_model, require
         self._defaults = defaults
 
     def with_options(self, **options: Any) -> SpeculativeGenerate:
@@ -235,7 +239,7 @@ class SpeculativeGenerate:
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise input_error("options", f"parameters of speculative_generate ({', '.join(sorted(allowed))})", unknown)
-        return SpeculativeGenerate(**{**self._defaults, **options})
+        return SpeculativeGenerate(self._language_model, self._require, **{**self._defaults, **options})
 
     def __call__(
         self,
@@ -272,7 +276,7 @@ class SpeculativeGenerate:
                 options[name] = frame[name]
         return _speculative_generate(
             model, input_ids, logits_processor or [], stopping_criteria or [], generation_config, synced_gpus,
-            options, model_kwargs,
+            options, model_kwargs, self._language_model, self._require,
         )  # fmt: skip
 
 
@@ -303,9 +307,9 @@ def _speculative_generate(
     synced_gpus: bool,
     options: dict[str, Any],
     model_kwargs: dict[str, Any],
+    HFLanguageModel: Any,  # noqa: N803 (the class, as transformers.py names it)
+    require_transformers: Any,
 ) -> Any:
-    from spec_samplers.integrations.transformers import HFLanguageModel, require_transformers
-
     transformers = require_transformers()
     _check_call(input_ids, config, synced_gpus, model_kwargs)
     B, P = input_ids.shape
@@ -373,7 +377,3 @@ def _speculative_generate(
     if not return_dict:
         return sequences
     return transformers.generation.utils.GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
-
-
-#: ``model.generate(..., custom_generate=speculative_generate)``
-speculative_generate = SpeculativeGenerate()

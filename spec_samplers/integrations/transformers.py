@@ -29,7 +29,7 @@ import torch
 from spec_samplers.decoding.interfaces import KVCache, KVState
 from spec_samplers.decoding.kv_cache import SlotKVCache, _gather_slots
 from spec_samplers.errors import input_error
-from spec_samplers.integrations.hf_generate import SpeculativeGenerate, speculative_generate
+from spec_samplers.integrations.hf_generate import SpeculativeGenerate
 
 __all__ = [
     "HFKVCache",
@@ -332,3 +332,7 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     if not ids:
         raise ValueError(f"--prompt {prompt!r}: the tokenizer gives no tokens")
     return ids
+
+
+#: the ``generate(custom_generate=...)`` callable (spec_samplers.integrations.hf_generate)
+speculative_generate = SpeculativeGenerate(HFLanguageModel, require_transformers)

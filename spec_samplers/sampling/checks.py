@@ -15,6 +15,7 @@ import torch
 
 from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from spec_samplers.errors import input_error
+from spec_samplers.kernels.backend import triton_importable
 from spec_samplers.rng import SEED_HIGH  # seeds drawn for seed=None lie in [0, SEED_HIGH)
 from spec_samplers.rng_sampling import derive_row_seeds
 from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES
@@ -241,5 +242,14 @@ def resolve_seeds(
         return seeds, offsets.expand(batch_size).contiguous()
     if offsets.shape[0] != 1:
         # per-row offsets with one shared seed: each row keeps its own offset, seeds still decorrelated
-        return derive_row_seeds(seeds, torch.zeros((), dtype=torch.int64, device=device), batch_size), offsets
-    return derive_row_seeds(seeds, offsets, batch_size), offsets.expand(batch_size).contiguous()
+        return _row_seeds(seeds, torch.zeros((), dtype=torch.int64, device=device), batch_size), offsets
+    return _row_seeds(seeds, offsets, batch_size), offsets.expand(batch_size).contiguous()
+
+
+def _row_seeds(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """:func:`derive_row_seeds`, in one launch on CUDA (its eager form is ~90 small ops)."""
+    if seed.device.type == "cuda" and triton_importable():
+        from spec_samplers.kernels.sampling_launch import row_seeds_triton  # (imports triton)
+
+        return row_seeds_triton(seed.reshape(1).to(torch.int64), offset.reshape(1).to(torch.int64), num_rows)
+    return derive_row_seeds(seed, offset, num_rows)
