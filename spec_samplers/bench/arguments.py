@@ -83,12 +83,18 @@ def add_device_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
     )
 
 
-def add_sampling_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """SamplingParams fields and the model dtype as options (``generate`` and ``bench models``)."""
+def add_filter_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--temperature, --top-p, --top-k, --min-p: SamplingParams' fields (``generate``, ``bench
+    models``, ``certify``)."""
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1: off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most probable tokens (default 0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="keep tokens >= min_p * max probability (default 0: off)")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """SamplingParams fields and the model dtype as options (``generate`` and ``bench models``)."""
+    add_filter_arguments(p)
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument(
         "--model-dtype",

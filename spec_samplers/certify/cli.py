@@ -24,7 +24,7 @@ started with that environment's python (docs/certify.md)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from spec_samplers.bench.arguments import positive_int
+    from spec_samplers.bench.arguments import add_filter_arguments, positive_int
     from spec_samplers.certify.engines import ENGINES
     from spec_samplers.certify.faults import PLANTS
 
@@ -36,10 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     drafting.add_argument("--draft", metavar="DIR", help="draft model directory")
     drafting.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafting instead of a draft")
     p.add_argument("--sampler", help="registered sampler (spec-samplers list); default: the engine's own verification")
-    p.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
-    p.add_argument("--top-p", type=float, default=1.0, help="default 1: off")
-    p.add_argument("--top-k", type=int, default=0, help="default 0: off")
-    p.add_argument("--min-p", type=float, default=0.0, help="default 0: off")
+    add_filter_arguments(p)
     p.add_argument(
         "--mixed-batch",
         action="store_true",
