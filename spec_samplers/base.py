@@ -18,6 +18,7 @@ so such a sampler gets them right through ``_create_output`` or by calling
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypedDict
@@ -28,7 +29,7 @@ from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.errors import input_error
-from spec_samplers.kernels.backend import check_backend, use_triton
+from spec_samplers.kernels.backend import LaunchConfig, check_backend, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
@@ -125,8 +126,10 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     * ``acceptance_law``: "token" (each draft judged on its own, as rejection sampling) or
       "block" (block verification): which lossless acceptance theory the bench compares with;
     * ``reference_op``: the PyTorch reference, ``fn(batch: VerifyBatch, **op_options) -> [B, K+1]``;
-    * ``kernel_op``: ``"module:function"`` of the kernel launcher with the same signature,
-      imported only when the Triton backend runs (None: the reference runs everywhere);
+    * ``kernel_op``: the kernel launcher, same signature plus an optional ``config=``
+      (:class:`~spec_samplers.kernels.backend.LaunchConfig`), from a module that imports triton
+      only inside the launcher (None: the reference runs everywhere; a ``"module:function"``
+      string is still accepted from third-party samplers);
     * :meth:`op_options`: the keyword options both receive;
     * ``takes_draft_rows``: True when both ops read ``VerifyBatch.draft_rows`` /
       ``draft_temperature`` (the ragged logits entry's indexed draft rows); otherwise those
@@ -134,6 +137,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     * ``applies_filters``: True when both ops apply a batch's per-request top-k / top-p / min-p
       (``VerifyBatch.top_k`` ...) themselves; otherwise ``sampling_params=`` is processed into
       probabilities first (process, then verify);
+    * ``bonus_rows_in_place``: True when the sampler's token at an out-of-range draft id is a
+      sample of that position's target row, drawn by the position's recovery race (rejection
+      sampling, block verification): what an engine's bonus rows verified in place need
+      (:func:`spec_samplers.integrations.vllm.ragged.bonus_row_verifiable`). A capability a
+      third-party sampler declares, not a list of classes;
     * ``requests_independent``: True when ``reference_op``'s tokens for a request depend on that
       request's rows, ids and randomness alone (randomness a function of seed, offset, position,
       index): the reference then runs a chunk of requests at a time (:mod:`spec_samplers.chunking`,
@@ -146,8 +154,12 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     applies_filters: ClassVar[bool] = False
     takes_draft_rows: ClassVar[bool] = False
     reference_op: ClassVar[Callable[..., torch.Tensor] | None] = None
-    kernel_op: ClassVar[str | None] = None
+    kernel_op: ClassVar[Callable[..., torch.Tensor] | str | None] = None
     requests_independent: ClassVar[bool] = False
+    bonus_rows_in_place: ClassVar[bool] = False
+    #: device facts and choices the kernel launches are planned with (None: the tensors' device);
+    #: a tool that plans for a GPU it does not have sets it (:class:`~spec_samplers.kernels.backend.LaunchConfig`)
+    launch_config: LaunchConfig | None = None
 
     def __init__(
         self,
@@ -239,15 +251,31 @@ class SpecDecodeBaseSampler(torch.nn.Module):
 
         Runs ``kernel_op`` when the backend resolves to Triton for the batch's device, else
         ``reference_op``. Override it to bring an algorithm without the two declarations."""
-        reference_op = type(self).reference_op
+        return self._op_for(batch)(batch)
+
+    def _op_for(self, batch: VerifyBatch) -> Callable[[VerifyBatch], torch.Tensor]:
+        """The function that runs the one op on ``batch``, its options bound: the one place that
+        picks kernels or reference. The pipeline calls what it returns, so a launch is three
+        calls from a public entry (entry, :meth:`_run`, launcher)."""
+        cls = type(self)
+        if cls.verify is not SpecDecodeBaseSampler.verify:
+            return self.verify  # a sampler that brings its own op
+        reference_op = cls.reference_op
         if reference_op is None:
-            raise NotImplementedError(f"{type(self).__name__} declares no reference_op")
-        kernel_op = type(self).kernel_op
-        if kernel_op is not None and use_triton(self.backend, batch.target.device):
-            return _load(kernel_op)(batch, **self.op_options())
-        if type(self).requests_independent:
-            return run_chunked(reference_op, batch, **self.op_options())
-        return reference_op(batch, **self.op_options())
+            raise NotImplementedError(f"{cls.__name__} declares no reference_op")
+        options = self.op_options()
+        kernel_op = cls.kernel_op
+        config = self.launch_config
+        forced = config is not None and config.kernels and self.backend != "torch"
+        if kernel_op is not None and (forced or use_triton(self.backend, batch.target.device)):
+            # a third-party sampler may still name its launcher as "module:function"
+            launcher = _load(kernel_op) if isinstance(kernel_op, str) else kernel_op
+            if config is not None:
+                options["config"] = config
+            return functools.partial(launcher, **options)
+        if cls.requests_independent:
+            return functools.partial(run_chunked, reference_op, **options)
+        return functools.partial(reference_op, **options)
 
     def _require_op(self, entry: str) -> None:
         if not self.has_op():
@@ -359,7 +387,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             draft_temperature=draft_temperature,
             draft_is_probs=draft_is_probs,
         )
-        out = self.verify(batch)
+        out = self._op_for(batch)(batch)
         self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
         return out
 

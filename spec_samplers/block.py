@@ -50,6 +50,7 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     acceptance_law: ClassVar[str] = "block"
     reference_op = staticmethod(block_reference)
     requests_independent = True
+    bonus_rows_in_place = True
     kernel_op = "spec_samplers.kernels.block_launch:block_triton"
     #: Traversal Verification (Weng et al. 2025), the tree form of block verification; a PyTorch
     #: reference on every device (no tree kernel)

@@ -184,6 +184,20 @@ class VerifyBatch:
         return self.temperature is not None
 
     @property
+    def target_kind(self) -> str:
+        """What ``target`` holds: "logits" (``temperature`` [B] given; 0 = greedy request) or
+        "probs". Launchers and references branch on this, not on which tensors are present."""
+        return "logits" if self.temperature is not None else "probs"
+
+    @property
+    def draft_kind(self) -> str:
+        """What the drafts are: "point_mass" (no draft law: greedy drafting), "probs" (read as
+        given) or "logits" (softmax at ``draft_temperature``, default ``temperature``)."""
+        if self.draft is None:
+            return "point_mass"
+        return "logits" if self.temperature is not None and not self.draft_is_probs else "probs"
+
+    @property
     def filtered(self) -> bool:
         """Logits inputs with per-request top-k / top-p / min-p filters."""
         return self.temperature is not None and self.top_k is not None

@@ -45,6 +45,7 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     takes_draft_rows: ClassVar[bool] = True
     reference_op = staticmethod(rejection_reference)
     requests_independent = True
+    bonus_rows_in_place = True
     kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
     tree_reference = staticmethod(rejection_tree_reference)
     tree_kernel = "spec_samplers.kernels.tree_launch:rejection_tree_triton"

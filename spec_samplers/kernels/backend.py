@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,6 +54,22 @@ def use_triton(backend: str, device: torch.device) -> bool:
             "backend='torch' or 'auto'"
         )
     return True
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Device facts and choices a call's launches are planned with, passed as an argument (a
+    sampler's ``launch_config``, a launcher's ``config=``) rather than read from globals: what a
+    tool that plans launches for a GPU it does not have (the cost model, on meta tensors) needs.
+
+    The default (every field None/False) is what a call on a real device does."""
+
+    #: streaming multiprocessors of the device planned for (None: the tensors' own device)
+    num_sms: int | None = None
+    #: plan the Triton launches even where the backend would run PyTorch (meta tensors)
+    kernels: bool = False
+    #: when a list, the planned launches are appended to it and not run (meta tensors carry no data)
+    launches: list[Any] | None = None
 
 
 @dataclass(frozen=True)
