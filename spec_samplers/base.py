@@ -29,7 +29,7 @@ from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.errors import input_error
-from spec_samplers.kernels.backend import LaunchConfig, check_backend, use_triton
+from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
@@ -157,9 +157,6 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     kernel_op: ClassVar[Callable[..., torch.Tensor] | str | None] = None
     requests_independent: ClassVar[bool] = False
     bonus_rows_in_place: ClassVar[bool] = False
-    #: device facts and choices the kernel launches are planned with (None: the tensors' device);
-    #: a tool that plans for a GPU it does not have sets it (:class:`~spec_samplers.kernels.backend.LaunchConfig`)
-    launch_config: LaunchConfig | None = None
 
     def __init__(
         self,
@@ -265,7 +262,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             raise NotImplementedError(f"{cls.__name__} declares no reference_op")
         options = self.op_options()
         kernel_op = cls.kernel_op
-        config = self.launch_config
+        config = launch_config()  # a tool planning for another device (kernels.backend.planned_for)
         forced = config is not None and config.kernels and self.backend != "torch"
         if kernel_op is not None and (forced or use_triton(self.backend, batch.target.device)):
             # a third-party sampler may still name its launcher as "module:function"
@@ -319,7 +316,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
         # value checks read the tensors: on meta tensors the pipeline below refuses them by name
         checks_values = self._strict_mode or self._check_values
-        if custom_ops.routed(target) and not (checks_values and target.device.type == "meta"):
+        planning = launch_config()
+        plans_kernels = planning is not None and planning.kernels  # a tool plans our launches on meta tensors
+        if custom_ops.routed(target) and not plans_kernels and not (checks_values and target.device.type == "meta"):
             # Dynamo traces, or meta tensors: one op with a fake implementation
             if sampling_params is not None or seeded_seqs:
                 name, instead = (

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,9 +61,10 @@ def use_triton(backend: str, device: torch.device) -> bool:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Device facts and choices a call's launches are planned with, passed as an argument (a
-    sampler's ``launch_config``, a launcher's ``config=``) rather than read from globals: what a
-    tool that plans launches for a GPU it does not have (the cost model, on meta tensors) needs.
+    """Device facts and choices a call's launches are planned with, passed to the launchers as
+    their ``config=`` argument rather than read from patched globals: what a tool that plans
+    launches for a GPU it does not have (the cost model, on meta tensors) needs. A tool sets it
+    with :func:`planned_for`.
 
     The default (every field None/False) is what a call on a real device does."""
 
@@ -70,6 +74,27 @@ class LaunchConfig:
     kernels: bool = False
     #: when a list, the planned launches are appended to it and not run (meta tensors carry no data)
     launches: list[Any] | None = None
+
+
+_CONFIG: contextvars.ContextVar[LaunchConfig | None] = contextvars.ContextVar("spec_samplers_launch_config", default=None)
+
+
+@contextlib.contextmanager
+def planned_for(config: LaunchConfig) -> Iterator[LaunchConfig]:
+    """Calls inside the block plan their launches with ``config``: a tool's way to hand a
+    :class:`LaunchConfig` to calls it does not make itself (a sampler inside a decoding loop). Read
+    once per call, at the edge (:func:`launch_config`), then passed down as the launchers'
+    ``config=`` argument."""
+    token = _CONFIG.set(config)
+    try:
+        yield config
+    finally:
+        _CONFIG.reset(token)
+
+
+def launch_config() -> LaunchConfig | None:
+    """The :class:`LaunchConfig` of the enclosing :func:`planned_for` block, or None."""
+    return _CONFIG.get()
 
 
 @dataclass(frozen=True)
