@@ -76,7 +76,7 @@ class LaunchConfig:
     launches: list[Any] | None = None
 
 
-_CONFIG: contextvars.ContextVar[LaunchConfig | None] = contextvars.ContextVar("spec_samplers_launch_config", default=None)
+_CONFIG: contextvars.ContextVar[LaunchConfig | None] = contextvars.ContextVar("launch_config", default=None)
 
 
 @contextlib.contextmanager
