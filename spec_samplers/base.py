@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -251,28 +251,55 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         return self._op_for(batch)(batch)
 
     def _op_for(self, batch: VerifyBatch) -> Callable[[VerifyBatch], torch.Tensor]:
-        """The function that runs the one op on ``batch``, its options bound: the one place that
-        picks kernels or reference. The pipeline calls what it returns, so a launch is three
-        calls from a public entry (entry, :meth:`_run`, launcher)."""
+        """The function that runs the one op on ``batch``, its options bound. The pipeline calls
+        what it returns, so a launch is three calls from a public entry (entry, :meth:`_run`,
+        launcher)."""
         cls = type(self)
         if cls.verify is not SpecDecodeBaseSampler.verify:
             return self.verify  # a sampler that brings its own op
-        reference_op = cls.reference_op
-        if reference_op is None:
+        if cls.reference_op is None:
             raise NotImplementedError(f"{cls.__name__} declares no reference_op")
-        options = self.op_options()
-        kernel_op = cls.kernel_op
-        config = launch_config()  # a tool planning for another device (kernels.backend.planned_for)
+        return self._choose_op(cls.kernel_op, cls.reference_op, run_chunked, batch.target.device, self.op_options())
+
+    def _choose_op(
+        self,
+        kernel: Callable[..., Any] | str | None,  # the launcher (a third party's may be "module:function")
+        reference: Callable[..., Any],
+        chunked: Callable[..., Any],  # runs ``reference`` a chunk of requests at a time
+        device: torch.device,
+        options: dict[str, Any],
+    ) -> Callable[..., Any]:
+        """Kernels or reference, options bound: the one backend decision of chain and tree ops.
+
+        The launcher gets ``config=`` when a tool plans for another device
+        (:func:`spec_samplers.kernels.backend.planned_for`); then ``config.kernels`` picks the
+        launcher even where the backend would run PyTorch (meta tensors), unless "torch"."""
+        config = launch_config()
         forced = config is not None and config.kernels and self.backend != "torch"
-        if kernel_op is not None and (forced or use_triton(self.backend, batch.target.device)):
-            # a third-party sampler may still name its launcher as "module:function"
-            launcher = _load(kernel_op) if isinstance(kernel_op, str) else kernel_op
-            if config is not None:
-                options["config"] = config
-            return functools.partial(launcher, **options)
-        if cls.requests_independent:
-            return functools.partial(run_chunked, reference_op, **options)
-        return functools.partial(reference_op, **options)
+        if kernel is not None and (forced or use_triton(self.backend, device)):
+            launcher = _load(kernel) if isinstance(kernel, str) else kernel
+            return (
+                functools.partial(launcher, **options)
+                if config is None
+                else functools.partial(launcher, config=config, **options)
+            )
+        if type(self).requests_independent:
+            return functools.partial(chunked, reference, **options)
+        return functools.partial(reference, **options)
+
+    def _seeds(
+        self,
+        batch_size: int,
+        device: torch.device,
+        randomness: Randomness,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(seeds [B] int64, offsets [B] int64 or None): the per-request keys of the counter RNG
+        from ``seeds=`` / ``offsets=`` or V0's ``seeded_seqs``, drawn from torch's default
+        generator for the other rows (chain and tree entries alike)."""
+        validation.check_seed_tensor("offsets", randomness.offsets, batch_size, device)
+        seeds = row_seeds(batch_size, device, randomness.seeded_seqs, randomness.seeds)
+        offsets = None if randomness.offsets is None else randomness.offsets.to(torch.int64)
+        return seeds, offsets
 
     def _require_op(self, entry: str) -> None:
         if not self.has_op():
@@ -289,118 +316,139 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         entry: str,
         target: torch.Tensor,  # [B, k+1, V] padded or [T, V] ragged: probabilities, or logits
         bonus_token_ids: torch.Tensor,  # [B, 1] padded, [B] or [B, 1] ragged
-        draft: torch.Tensor | None,  # [B, k, V] padded or [T, V] ragged, or None
+        draft: torch.Tensor | None,  # [B, k, V] padded or [T, V] ragged, or None: point-mass drafts
         draft_token_ids: torch.Tensor,  # [B, k] padded or [T] ragged
-        *,
-        cu_num_draft_tokens: torch.Tensor | None = None,  # [B] ragged only
-        max_spec_len: int | None = None,  # ragged only
-        temperature: torch.Tensor | None = None,  # [B]: the float inputs are logits
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,  # or this: logits too
-        seeded_seqs: dict[int, torch.Generator] | None = None,
-        seeds: torch.Tensor | None = None,  # [B] int64
-        offsets: torch.Tensor | None = None,  # [B] int64
-        is_greedy: torch.Tensor | None = None,  # [B] bool
-        stochastic: bool = False,
-        draft_rows: torch.Tensor | None = None,  # [T] int32/int64 (ragged logits only)
-        draft_temperature: torch.Tensor | None = None,  # [B] float (ragged logits only)
-        draft_is_probs: bool = False,  # ragged logits only: ``draft`` holds probabilities
+        ragged: Ragged | None = None,  # the ragged layout's metadata; None: padded
+        processing: Processing | None = None,  # logits entries: how the logits become laws; None: probabilities
+        randomness: Randomness | None = None,  # stochastic samplers; None: no randomness arguments
+        drafts: DraftRows | None = None,  # ragged logits entries: what the draft tensor holds
     ) -> torch.Tensor:
+        """The one pipeline of every chain entry: the entry's arguments arrive typed (which
+        layout, target law and draft law is explicit); validated, they become a
+        :class:`~spec_samplers.layout.VerifyBatch`, the op runs on it, the counters follow."""
         self._require_op(entry)
-        if entry.endswith("_from_logits"):
-            _check_one_of(temperature, sampling_params)
-        self._check_draft_options(draft_rows, draft_temperature, sampling_params)
-        if draft_is_probs and sampling_params is not None:
-            raise input_error("draft_probs", "None with sampling_params (pass temperature=)", "a tensor")
-        ragged = cu_num_draft_tokens is not None
-        if ragged and max_spec_len is None:
+        if ragged is not None and ragged.max_spec_len is None:
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
+        drafts = drafts if drafts is not None else DraftRows(None, None, "probs" if processing is None else "logits")
+        if processing is not None:
+            _check_one_of(processing.temperature, processing.sampling_params)
+        self._check_draft_options(drafts, processing)
         # value checks read the tensors: on meta tensors the pipeline below refuses them by name
         checks_values = self._strict_mode or self._check_values
         planning = launch_config()
         plans_kernels = planning is not None and planning.kernels  # a tool plans our launches on meta tensors
+        call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
         if custom_ops.routed(target) and not plans_kernels and not (checks_values and target.device.type == "meta"):
-            # Dynamo traces, or meta tensors: one op with a fake implementation
-            if sampling_params is not None or seeded_seqs:
-                name, instead = (
-                    ("sampling_params", "temperature=") if seeded_seqs is None else ("seeded_seqs", "seeds=")
-                )
-                raise input_error(name, f"None under torch.compile and on meta tensors (pass {instead})", "a value")
-            rows = (target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len)
-            randomness = (seeds, offsets, is_greedy, stochastic)
-            drafts = (draft_rows, draft_temperature, draft_is_probs)
-            return custom_ops.verify(self._op_handle, entry, *rows, temperature, *randomness, *drafts)
-        logits = temperature is not None or sampling_params is not None
-        if ragged:
-            assert max_spec_len is not None and cu_num_draft_tokens is not None  # for mypy: checked above
+            return self._run_as_op(entry, call)  # Dynamo traces, or meta tensors: one op with a fake implementation
+        batch = self._batch(call)
+        out = self._op_for(batch)(batch)
+        self._update_counters(out, num_draft_tokens=target.shape[0] if ragged is not None else None)
+        return out
+
+    def _run_as_op(self, entry: str, call: ChainCall) -> torch.Tensor:
+        """The call as the ``spec_samplers::verify`` custom op (what crosses it: tensors and scalars)."""
+        processing, randomness, drafts = call.processing, call.randomness, call.drafts
+        during = "None under torch.compile and on meta tensors"
+        if processing is not None and processing.sampling_params is not None:
+            raise input_error("sampling_params", f"{during} (pass temperature=)", "a value")
+        if randomness is not None and randomness.seeded_seqs:
+            raise input_error("seeded_seqs", f"{during} (pass seeds=)", "a value")
+        cu, K = (None, None) if call.ragged is None else call.ragged
+        temperature = None if processing is None else processing.temperature
+        seeds, offsets, is_greedy = (None, None, None) if randomness is None else randomness[1:]
+        return custom_ops.verify(
+            self._op_handle, entry, call.target, call.bonus_token_ids, call.draft, call.draft_token_ids, cu, K,
+            temperature, seeds, offsets, is_greedy, randomness is not None, drafts.rows, drafts.temperature,
+            drafts.kind == "probs",
+        )  # fmt: skip
+
+    def _run_from_op(
+        self,
+        entry: str,
+        rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],  # target, bonus, draft, ids
+        ragged: tuple[torch.Tensor, int] | None,  # (cu_num_draft_tokens, max_spec_len)
+        temperature: torch.Tensor | None,  # [B]: logits entries
+        randomness: tuple[None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] | None,
+        drafts: tuple[torch.Tensor | None, torch.Tensor | None, bool],  # draft_rows, draft_temperature, is_probs
+    ) -> torch.Tensor:
+        """:meth:`_run` on the arguments that crossed the ``spec_samplers::verify`` op, typed again."""
+        kind = "logits" if temperature is not None and not drafts[2] else "probs"
+        return self._run(
+            entry,
+            *rows,
+            None if ragged is None else Ragged(*ragged),
+            None if temperature is None else Processing(temperature, None),
+            None if randomness is None else Randomness(*randomness),
+            DraftRows(drafts[0], drafts[1], kind),
+        )
+
+    def _batch(self, call: ChainCall) -> VerifyBatch:
+        """The validated :class:`~spec_samplers.layout.VerifyBatch` of a chain entry's arguments:
+        metadata checks (always), value checks (strict mode, ``check_values``), seeds, the row
+        layout, and the target's processing (fused filters, or probabilities first)."""
+        target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts = call
+        logits = processing is not None
+        draft_is_probs = logits and drafts.kind == "probs"
+        if ragged is not None:
+            cu, max_spec_len = ragged
             draft_name = "draft_logits" if logits and not draft_is_probs else "draft_probs"
             names = ("target_logits" if logits else "target_probs", draft_name)
             shapes = validation.check_ragged_metadata(
-                target, bonus_token_ids, draft, draft_token_ids, cu_num_draft_tokens, max_spec_len, *names, draft_rows
+                target, bonus_token_ids, draft, draft_token_ids, cu, max_spec_len, *names, drafts.rows
             )
             if self._strict_mode:
-                validation.check_ragged_values(cu_num_draft_tokens, target.shape[0], max_spec_len)
+                validation.check_ragged_values(cu, target.shape[0], max_spec_len)
                 validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
-                if draft_rows is not None and draft is not None:
-                    validation.check_draft_rows_values(draft_rows, draft.shape[0])
+                if drafts.rows is not None and draft is not None:
+                    validation.check_draft_rows_values(drafts.rows, draft.shape[0])
             if self._check_values:
                 validation.check_float_values(target, None if draft_is_probs else draft, *names, logits)
                 if draft_is_probs and draft is not None:
                     validation.check_float_values(draft, None, names[1], names[1], logits=False)
+            layout = RowLayout.ragged_from(cu, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
         else:
             shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
+            layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
         device = target.device
+        B = shapes.batch_size
+        temperature = None if processing is None else processing.temperature
         if temperature is not None:
             self._validate_temperature(temperature, shapes, device)
-        if draft_temperature is not None:
-            validation.check_draft_temperature(draft_temperature, shapes.batch_size, device, self._strict_mode)
-        validation.check_row_mask("is_greedy", is_greedy, shapes.batch_size, device)
-        if stochastic:
-            validation.check_seed_tensor("offsets", offsets, shapes.batch_size, device)
-            seeds = row_seeds(shapes.batch_size, device, seeded_seqs, seeds)
-            offsets = None if offsets is None else offsets.to(torch.int64)
-        if ragged:
-            assert cu_num_draft_tokens is not None
-            layout = RowLayout.ragged_from(
-                cu_num_draft_tokens, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size
-            )
-        else:
-            layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
+        if drafts.temperature is not None:
+            validation.check_draft_temperature(drafts.temperature, B, device, self._strict_mode)
+        is_greedy = None if randomness is None else randomness.is_greedy
+        validation.check_row_mask("is_greedy", is_greedy, B, device)
+        seeds, offsets = (None, None) if randomness is None else self._seeds(B, device, randomness)
         filters: dict[str, torch.Tensor] = {}
+        sampling_params = None if processing is None else processing.sampling_params
         if sampling_params is not None and type(self).applies_filters:
             # fused: the op reads logits and applies each request's parameters (no probability tensor)
-            temperature, filters = _sampling_filters(sampling_params, shapes.batch_size, device)
+            temperature, filters = _sampling_filters(sampling_params, B, device)
         elif sampling_params is not None:
             target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
-        batch = VerifyBatch(
+        return VerifyBatch(
             layout,
             target,
             draft,
             draft_token_ids,
-            bonus_token_ids.reshape(shapes.batch_size),
+            bonus_token_ids.reshape(B),
             seeds=seeds,
             offsets=offsets,
             is_greedy=is_greedy,
             temperature=temperature,
             **filters,
-            draft_rows=draft_rows,
-            draft_temperature=draft_temperature,
+            draft_rows=drafts.rows,
+            draft_temperature=drafts.temperature,
             draft_is_probs=draft_is_probs,
         )
-        out = self._op_for(batch)(batch)
-        self._update_counters(out, num_draft_tokens=target.shape[0] if ragged else None)
-        return out
 
     # -- checks and counters (also V0-style subclasses call these) --------------------------------
 
-    def _check_draft_options(
-        self,
-        draft_rows: torch.Tensor | None,  # [T] int32/int64
-        draft_temperature: torch.Tensor | None,  # [B] float
-        sampling_params: object,
-    ) -> None:
-        """The ragged logits entry's indexed draft rows: only with ``temperature=`` and a sampler
-        whose ops read them (``takes_draft_rows``)."""
-        for name, value in (("draft_rows", draft_rows), ("draft_temperature", draft_temperature)):
+    def _check_draft_options(self, drafts: DraftRows, processing: Processing | None) -> None:
+        """The ragged logits entry's indexed draft rows and draft probabilities: only with
+        ``temperature=`` and, for the rows, a sampler whose ops read them (``takes_draft_rows``)."""
+        sampling_params = None if processing is None else processing.sampling_params
+        for name, value in (("draft_rows", drafts.rows), ("draft_temperature", drafts.temperature)):
             if value is None:
                 continue
             if not type(self).takes_draft_rows:
@@ -408,6 +456,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
                 raise input_error(name, expected, "a tensor")
             if sampling_params is not None:
                 raise input_error(name, "None with sampling_params (pass temperature=)", "a tensor")
+        if processing is not None and drafts.kind == "probs" and sampling_params is not None:
+            raise input_error("draft_probs", "None with sampling_params (pass temperature=)", "a tensor")
 
     def _validate(
         self,
@@ -517,27 +567,29 @@ def _forward_of(cls: type) -> Callable[..., Any]:
 # ``is_greedy``.
 
 
-class Ragged(TypedDict):
-    """The ragged entries' layout arguments, as :meth:`SpecDecodeBaseSampler._run` takes them."""
+class Ragged(NamedTuple):
+    """The ragged entries' layout: requests delimited by ``cu_num_draft_tokens``."""
 
-    cu_num_draft_tokens: torch.Tensor  # [B] int32/int64
-    max_spec_len: int
+    cu_num_draft_tokens: torch.Tensor  # [B] int32/int64, inclusive cumulative sum of k_b
+    max_spec_len: int  # K >= every k_b
 
 
-class Processing(TypedDict):
-    """The logits entries' processing arguments (one of the two is given)."""
+class Processing(NamedTuple):
+    """The logits entries' target law: softmax at ``temperature``, or ``sampling_params``
+    (exactly one of the two is given)."""
 
-    temperature: torch.Tensor | None  # [B] float
+    temperature: torch.Tensor | None  # [B] float, 0 = greedy request
     sampling_params: SamplingParams | Sequence[SamplingParams] | None
 
 
-class DraftRows(TypedDict):
-    """The ragged logits entries' draft options: indexed draft rows, their temperature, and
-    whether the drafts come as probabilities."""
+class DraftRows(NamedTuple):
+    """What the draft tensor of a chain entry holds: "logits" (logits entries) or "probs"
+    (probability entries, and the ragged logits entry's ``draft_probs=``), its indexed rows and
+    their temperature (ragged logits entry)."""
 
-    draft_rows: torch.Tensor | None  # [T] int32/int64
-    draft_temperature: torch.Tensor | None  # [B] float
-    draft_is_probs: bool
+    rows: torch.Tensor | None  # [T] int32/int64 rows of an [N, V] draft matrix
+    temperature: torch.Tensor | None  # [B] float, T of the draft rows
+    kind: str  # "logits" or "probs"
 
 
 def _draft_rows(
@@ -546,34 +598,38 @@ def _draft_rows(
     draft_rows: torch.Tensor | None,
     draft_temperature: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, DraftRows]:
-    """(the draft tensor, its options) of a ragged logits entry: ``draft_logits`` or, instead,
+    """(the draft tensor, what it holds) of a ragged logits entry: ``draft_logits`` or, instead,
     ``draft_probs`` (probabilities read as given: no temperature)."""
     if draft_probs is None:
-        return draft_logits, DraftRows(draft_rows=draft_rows, draft_temperature=draft_temperature, draft_is_probs=False)
+        return draft_logits, DraftRows(draft_rows, draft_temperature, "logits")
     if draft_logits is not None:
         raise input_error("draft_probs", "None when draft_logits is given (one draft law)", "a tensor")
     if draft_temperature is not None:
         raise input_error("draft_temperature", "None with draft_probs (probabilities are read as given)", "a tensor")
-    return draft_probs, DraftRows(draft_rows=draft_rows, draft_temperature=None, draft_is_probs=True)
+    return draft_probs, DraftRows(draft_rows, None, "probs")
 
 
-class Randomness(TypedDict):
+class Randomness(NamedTuple):
     """The stochastic entries' randomness arguments."""
 
     seeded_seqs: dict[int, torch.Generator] | None
     seeds: torch.Tensor | None  # [B] int64
     offsets: torch.Tensor | None  # [B] int64
-    is_greedy: torch.Tensor | None  # [B] bool
-    stochastic: bool
+    is_greedy: torch.Tensor | None = None  # [B] bool (probability entries)
 
 
-def _randomness(
-    seeded_seqs: dict[int, torch.Generator] | None,
-    seeds: torch.Tensor | None,  # [B] int64
-    offsets: torch.Tensor | None,  # [B] int64
-    is_greedy: torch.Tensor | None = None,  # [B] bool
-) -> Randomness:
-    return Randomness(seeded_seqs=seeded_seqs, seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=True)
+class ChainCall(NamedTuple):
+    """A chain entry's arguments, typed: the layout, the target law and the draft law are
+    explicit (never implied by which optional tensors are present)."""
+
+    target: torch.Tensor  # [B, k+1, V] padded or [T, V] ragged: probabilities, or logits
+    bonus_token_ids: torch.Tensor  # [B, 1] padded, [B] or [B, 1] ragged
+    draft: torch.Tensor | None  # [B, k, V] padded or [T, V] ragged (or [N, V] indexed), or None: point masses
+    draft_token_ids: torch.Tensor  # [B, k] padded or [T] ragged
+    ragged: Ragged | None  # None: padded
+    processing: Processing | None  # None: probabilities
+    randomness: Randomness | None  # None: a deterministic sampler
+    drafts: DraftRows
 
 
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
@@ -640,8 +696,8 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         >>> out = sampler.forward_ragged(target_probs, bonus_ids, None, draft_ids,
         ...                              torch.tensor([2, 2, 5]), max_spec_len=3)  # [3, 4]
         """
-        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
-        return self._run("forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids, **ragged)
+        ragged = Ragged(cu_num_draft_tokens, max_spec_len)
+        return self._run("forward_ragged", target_probs, bonus_token_ids, draft_probs, draft_token_ids, ragged)
 
     def forward_from_logits(
         self,
@@ -686,9 +742,9 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         >>> out = sampler.forward_from_logits(target_logits, bonus_ids, draft_logits, draft_ids,
         ...                                   temperature=torch.tensor([0.8, 0.0]))
         """
-        processing = Processing(temperature=temperature, sampling_params=sampling_params)
+        processing = Processing(temperature, sampling_params)
         inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
-        return self._run("forward_from_logits", *inputs, **processing)
+        return self._run("forward_from_logits", *inputs, processing=processing)
 
     def forward_ragged_from_logits(
         self,
@@ -728,11 +784,11 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         >>> out = sampler.forward_ragged_from_logits(target_logits, bonus_ids, None, draft_ids,
         ...     cu_num_draft_tokens, max_spec_len, sampling_params=SamplingParams(temperature=0.7))
         """
-        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
-        processing = Processing(temperature=temperature, sampling_params=sampling_params)
+        ragged = Ragged(cu_num_draft_tokens, max_spec_len)
+        processing = Processing(temperature, sampling_params)
         draft, drafts = _draft_rows(draft_logits, draft_probs, draft_rows, draft_temperature)
         inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
-        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **drafts)
+        return self._run("forward_ragged_from_logits", *inputs, ragged, processing, drafts=drafts)
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
@@ -787,9 +843,9 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         >>> seeds, offsets = torch.arange(B), torch.zeros(B, dtype=torch.int64)
         >>> out = sampler(target_probs, bonus_ids, draft_probs, draft_ids, seeds=seeds, offsets=offsets)
         """
-        randomness = _randomness(seeded_seqs, seeds, offsets, is_greedy)
+        randomness = Randomness(seeded_seqs, seeds, offsets, is_greedy)
         inputs = (target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        return self._run("forward", *inputs, **randomness)
+        return self._run("forward", *inputs, randomness=randomness)
 
     def forward_ragged(
         self,
@@ -833,10 +889,10 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         >>> out = sampler.forward_ragged(target_probs, bonus_ids, draft_probs, draft_ids,
         ...                              torch.tensor([2, 2, 5]), 3, seeds=torch.arange(3))
         """
-        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
-        randomness = _randomness(seeded_seqs, seeds, offsets, is_greedy)
+        ragged = Ragged(cu_num_draft_tokens, max_spec_len)
+        randomness = Randomness(seeded_seqs, seeds, offsets, is_greedy)
         inputs = (target_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        return self._run("forward_ragged", *inputs, **ragged, **randomness)
+        return self._run("forward_ragged", *inputs, ragged, randomness=randomness)
 
     def forward_from_logits(
         self,
@@ -888,10 +944,10 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         >>> out = sampler.forward_from_logits(target_logits, bonus_ids, draft_logits, draft_ids,
         ...     sampling_params=[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=0)])
         """
-        processing = Processing(temperature=temperature, sampling_params=sampling_params)
-        randomness = _randomness(seeded_seqs, seeds, offsets)
+        processing = Processing(temperature, sampling_params)
+        randomness = Randomness(seeded_seqs, seeds, offsets)
         inputs = (target_logits, bonus_token_ids, draft_logits, draft_token_ids)
-        return self._run("forward_from_logits", *inputs, **processing, **randomness)
+        return self._run("forward_from_logits", *inputs, processing=processing, randomness=randomness)
 
     def forward_ragged_from_logits(
         self,
@@ -960,9 +1016,9 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         ...     temperature=torch.where(req_temp == 0, 0.0, 1.0), seeds=seeds,
         ...     draft_rows=row_state * S + row_step, draft_temperature=req_temp)
         """
-        ragged = Ragged(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len)
-        processing = Processing(temperature=temperature, sampling_params=sampling_params)
-        randomness = _randomness(seeded_seqs, seeds, offsets)
+        ragged = Ragged(cu_num_draft_tokens, max_spec_len)
+        processing = Processing(temperature, sampling_params)
+        randomness = Randomness(seeded_seqs, seeds, offsets)
         draft, drafts = _draft_rows(draft_logits, draft_probs, draft_rows, draft_temperature)
         inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
-        return self._run("forward_ragged_from_logits", *inputs, **ragged, **processing, **randomness, **drafts)
+        return self._run("forward_ragged_from_logits", *inputs, ragged, processing, randomness, drafts)

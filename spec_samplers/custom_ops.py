@@ -189,10 +189,10 @@ def verify(
 ) -> torch.Tensor:
     """[B, K+1] int64, -1 padded: the sampler's entry on these arguments (counters updated)."""
     rows = (target, bonus_token_ids, draft, draft_token_ids)
-    options = dict(cu_num_draft_tokens=cu_num_draft_tokens, max_spec_len=max_spec_len, temperature=temperature)
-    randomness = dict(seeds=seeds, offsets=offsets, is_greedy=is_greedy, stochastic=stochastic)
-    drafts = dict(draft_rows=draft_rows, draft_temperature=draft_temperature, draft_is_probs=draft_is_probs)
-    out: torch.Tensor = _SAMPLERS[sampler]._run(entry, *rows, **options, **randomness, **drafts)
+    ragged = None if cu_num_draft_tokens is None else (cu_num_draft_tokens, max_spec_len)
+    randomness = (None, seeds, offsets, is_greedy) if stochastic else None
+    drafts = (draft_rows, draft_temperature, draft_is_probs)
+    out: torch.Tensor = _SAMPLERS[sampler]._run_from_op(entry, rows, ragged, temperature, randomness, drafts)
     return out
 
 

@@ -250,7 +250,8 @@ def typical_tree_kernel(
     pass_ptr,  # [B, N+1] int8 scratch: the node's whole path passes
     stop_ptr,  # [B] int64 out: the deepest passing node (lowest index on ties), -1: none
     final_ptr,  # [B] int64 out: argmax of its row (-1: no mass)
-    posterior,  # (threshold, alpha) fp32 values
+    posterior_threshold,  # fp32 value
+    posterior_alpha,  # fp32 value
     N,
     V,
     max_depth,
@@ -277,7 +278,7 @@ def typical_tree_kernel(
             ent += tl.sum(q64 * precise_log(q64 + _ENTROPY_EPS, PRECISE), axis=0)
             best, best_idx = kc.fold_argmax(tl.where(m, q, -1.0), s, best, best_idx)
         zero64 = tl.zeros([], tl.float64)
-        thr = tl.minimum((zero64 + posterior[1]) * precise_exp(ent, PRECISE), zero64 + posterior[0])
+        thr = tl.minimum((zero64 + posterior_alpha) * precise_exp(ent, PRECISE), zero64 + posterior_threshold)
         tl.store(thr_ptr + base + u, thr)
         tl.store(amax_ptr + base + u, best_idx.to(tl.int64))  # type: ignore[attr-defined]
         tl.store(rowok_ptr + base + u, (best > 0.0).to(tl.int8))  # type: ignore[attr-defined]  # a tensor after the loop

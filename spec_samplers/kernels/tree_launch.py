@@ -1,13 +1,17 @@
-"""Launcher of the tree kernel (:mod:`spec_samplers.kernels.tree_kernels`): shapes, strides,
-scratch, then the final draw and output through :func:`spec_samplers.tree.output.finish_walk`
-(the same code the reference finishes with)."""
+"""Launchers of the tree kernels (:mod:`spec_samplers.kernels.tree_kernels`): shapes, strides,
+scratch, one launch by keyword, then the final draw and output through
+:func:`spec_samplers.tree.output.finish_walk` (the same code the reference finishes with).
+
+This module does not import triton: each launcher imports its kernel, so a sampler can name the
+launcher (``tree_kernel = staticmethod(rejection_tree_triton)``) and ``import spec_samplers``
+needs only torch."""
 
 from __future__ import annotations
 
 import torch
 
 from spec_samplers.constants import fp32_value
-from spec_samplers.kernels import launch_common as lc
+from spec_samplers.kernels.backend import LaunchConfig, interpreting
 from spec_samplers.tree.layout import TreeBatch, as_probabilities
 from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
 
@@ -15,14 +19,25 @@ from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, seeds_of
 TREE_BLOCK_V = 256
 
 
+# PRECISE: libdevice exp/log when compiled; the interpreter has none
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """[R, V] with vocab stride 1 (a strided or expanded view is copied; the row stride is kept)."""
     return x if x.stride(-1) == 1 or x.shape[0] == 0 else x.contiguous()
 
 
-def rejection_tree_triton(tb: TreeBatch) -> TreeOutput:
+def _planned(kernel: object, grid: tuple[int, ...], args: dict[str, object], name: str) -> object:
+    """A launch as :class:`spec_samplers.kernels.launch_common.KernelLaunch` records it."""
+    from spec_samplers.kernels.launch_common import KernelLaunch
+
+    return KernelLaunch(kernel, grid, args, name=name)
+
+
+def rejection_tree_triton(tb: TreeBatch, *, config: LaunchConfig | None = None) -> TreeOutput:
     """:func:`spec_samplers.tree.reference.rejection_tree_reference` on the Triton kernel: same
-    tokens on the same inputs and seeds."""
+    tokens on the same inputs and seeds. With ``config.launches`` a list, the launch is recorded
+    there, not run (the output is then not meaningful)."""
     from spec_samplers.kernels.tree_kernels import INDEPENDENT, POINT_MASS, WITHOUT_REPLACEMENT, rejection_tree_kernel
 
     B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
@@ -41,24 +56,30 @@ def rejection_tree_triton(tb: TreeBatch) -> TreeOutput:
     stop = torch.empty(B, dtype=torch.int64, device=device)
     q_ok = torch.empty(B, dtype=torch.int8, device=device)
     q_argmax = torch.empty(B, dtype=torch.int64, device=device)
-    if B:
-        rejection_tree_kernel[(B,)](
-            target, target.stride(0),
-            draft, 0 if draft is None else draft.stride(0),
-            tb.target_rows.contiguous(), tb.draft_rows.contiguous(),
-            tb.tokens.contiguous(), tb.parents.contiguous(), tb.depth.contiguous(),
-            seeds.contiguous(), offsets.contiguous(),
-            None if tb.is_greedy is None else tb.is_greedy.contiguous(),
-            scratch, residual, stop, q_ok, q_argmax,
-            None if tb.temperature is None else tb.temperature.to(torch.float32).contiguous(),
-            N, V, tb.max_depth,
-            POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=lc.precise_math(),
-        )  # fmt: skip
+    args = dict(
+        target_ptr=target, stride_t=target.stride(0),
+        draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
+        rows_ptr=tb.target_rows.contiguous(), drows_ptr=tb.draft_rows.contiguous(),
+        tokens_ptr=tb.tokens.contiguous(), parents_ptr=tb.parents.contiguous(), depth_ptr=tb.depth.contiguous(),
+        seed_ptr=seeds.contiguous(), offset_ptr=offsets.contiguous(),
+        greedy_ptr=None if tb.is_greedy is None else tb.is_greedy.contiguous(),
+        scratch_ptr=scratch, resid_ptr=residual, stop_ptr=stop, qok_ptr=q_ok, amax_ptr=q_argmax,
+        temp_ptr=None if tb.temperature is None else tb.temperature.to(torch.float32).contiguous(),
+        N=N, V=V, max_depth=tb.max_depth,
+        POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
+    )  # fmt: skip
+    if config is not None and config.launches is not None:
+        config.launches.append(_planned(rejection_tree_kernel, (B,), args, "rejection_tree"))
+    elif B:
+        rejection_tree_kernel[(B,)](**args)
     return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
 
 
-def typical_tree_triton(tb: TreeBatch, posterior_threshold: float, posterior_alpha: float) -> TreeOutput:
-    """:func:`spec_samplers.tree.reference.typical_tree_reference` on the Triton kernel."""
+def typical_tree_triton(
+    tb: TreeBatch, posterior_threshold: float, posterior_alpha: float, *, config: LaunchConfig | None = None
+) -> TreeOutput:
+    """:func:`spec_samplers.tree.reference.typical_tree_reference` on the Triton kernel
+    (``config`` as :func:`rejection_tree_triton`)."""
     from spec_samplers.kernels.tree_kernels import typical_tree_kernel
 
     tb = as_probabilities(tb)  # (no fused softmax in the typical tree kernel)
@@ -73,11 +94,16 @@ def typical_tree_triton(tb: TreeBatch, posterior_threshold: float, posterior_alp
     passes = torch.empty(B, N + 1, dtype=torch.int8, device=device)
     stop = torch.full((B,), -1, dtype=torch.int64, device=device)
     final = torch.full((B,), -1, dtype=torch.int64, device=device)
-    if B:
-        typical_tree_kernel[(B,)](
-            target, target.stride(0), tb.target_rows.contiguous(), tb.tokens.contiguous(),
-            tb.parents.contiguous(), tb.depth.contiguous(), thr, amax, row_ok, passes, stop, final,
-            (fp32_value(posterior_threshold), fp32_value(posterior_alpha)), N, V, tb.max_depth,
-            BLOCK_V=TREE_BLOCK_V, PRECISE=lc.precise_math(),
-        )  # fmt: skip
+    args = dict(
+        target_ptr=target, stride_t=target.stride(0), rows_ptr=tb.target_rows.contiguous(),
+        tokens_ptr=tb.tokens.contiguous(), parents_ptr=tb.parents.contiguous(), depth_ptr=tb.depth.contiguous(),
+        thr_ptr=thr, amax_ptr=amax, rowok_ptr=row_ok, pass_ptr=passes, stop_ptr=stop, final_ptr=final,
+        # fp32 values: a Triton float argument is fp32, and the reference rounds alike
+        posterior_threshold=fp32_value(posterior_threshold), posterior_alpha=fp32_value(posterior_alpha),
+        N=N, V=V, max_depth=tb.max_depth, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
+    )  # fmt: skip
+    if config is not None and config.launches is not None:
+        config.launches.append(_planned(typical_tree_kernel, (B,), args, "typical_tree"))
+    elif B:
+        typical_tree_kernel[(B,)](**args)
     return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, stop >= 0)

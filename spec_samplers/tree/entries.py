@@ -10,20 +10,17 @@ update the counters (``num_accepted_per_position`` counts per depth). Layout:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 
-from spec_samplers.base import SpecDecodeBaseSampler, _sampling_filters
+from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _sampling_filters
 from spec_samplers.chunking import run_tree_chunked
 from spec_samplers.errors import input_error
-from spec_samplers.kernels.backend import use_triton
 from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.sampling_params import SamplingParams
-from spec_samplers.seeding import row_seeds
 from spec_samplers.torch_ops import probs_from_logits
 from spec_samplers.tree.layout import (
     TreeBatch,
@@ -37,7 +34,7 @@ from spec_samplers.tree.layout import (
     static_max_depth,
 )
 from spec_samplers.tree.output import TreeOutput
-from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_seed_tensor, check_temperature
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_temperature
 
 
 def _check(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: Any) -> None:
@@ -72,8 +69,9 @@ def _rows_to_probs(
 class TreeEntries(SpecDecodeBaseSampler):
     """Mixin: the tree entries. A sampler class lists it before its base family and declares
     ``tree_reference`` (``fn(TreeBatch, **tree_options()) -> TreeOutput``), optionally
-    ``tree_kernel`` (``"module:function"``, same signature) and ``tree_random`` (whether the rule
-    draws random numbers: then the entries take ``seeds`` / ``offsets`` / ``seeded_seqs``). A
+    ``tree_kernel`` (the launcher, same signature plus ``config=``) and ``tree_random``
+    (whether the rule draws random numbers: then the entries take ``seeds`` / ``offsets`` /
+    ``seeded_seqs``). A
     sampler without a tree rule sets ``tree_unsupported`` to the reason; its entries raise
     :class:`NotImplementedError` with it.
 
@@ -83,7 +81,7 @@ class TreeEntries(SpecDecodeBaseSampler):
     """
 
     tree_reference: ClassVar[Callable[..., TreeOutput] | None] = None
-    tree_kernel: ClassVar[str | None] = None
+    tree_kernel: ClassVar[Callable[..., TreeOutput] | str | None] = None
     tree_random: ClassVar[bool] = True
     tree_unsupported: ClassVar[str | None] = None
 
@@ -410,28 +408,17 @@ class TreeEntries(SpecDecodeBaseSampler):
         offsets: torch.Tensor | None,
         seeded_seqs: dict[int, torch.Generator] | None,
     ) -> TreeOutput:
-        B = tb.batch_size
+        """The tree pipeline's tail, shared with the chain entries: seeds (:meth:`_seeds`), the
+        backend decision (:meth:`_choose_op`), the counters."""
+        cls = type(self)
         device = tb.target.device
-        if type(self).tree_random:
-            check_seed_tensor("offsets", offsets, B, device)
-            seeds = row_seeds(B, device, seeded_seqs, seeds)
-            offsets = torch.zeros_like(seeds) if offsets is None else offsets.to(torch.int64)
-            tb = TreeBatch(**{**tb.__dict__, "seeds": seeds, "offsets": offsets})
+        if cls.tree_random:
+            seeds, offsets = self._seeds(tb.batch_size, device, Randomness(seeded_seqs, seeds, offsets))
+            tb = replace(tb, seeds=seeds, offsets=torch.zeros_like(seeds) if offsets is None else offsets)
         elif seeds is not None or offsets is not None or seeded_seqs:
-            raise input_error("seeds", f"None ({type(self).__name__} draws no random numbers)", "seeds")
-        kernel = type(self).tree_kernel
-        if kernel is not None and use_triton(self.backend, device):
-            module, _, name = kernel.partition(":")
-            out: TreeOutput = getattr(importlib.import_module(module), name)(tb, **self.tree_options())
-        else:
-            reference = type(self).tree_reference
-            assert reference is not None
-            # the built-ins' tree references key every draw by request (chunks change no token)
-            chunked = type(self).requests_independent
-            out = (
-                run_tree_chunked(reference, tb, **self.tree_options())
-                if chunked
-                else reference(tb, **self.tree_options())
-            )
+            raise input_error("seeds", f"None ({cls.__name__} draws no random numbers)", "seeds")
+        assert cls.tree_reference is not None  # _require_tree
+        op = self._choose_op(cls.tree_kernel, cls.tree_reference, run_tree_chunked, device, self.tree_options())
+        out: TreeOutput = op(tb)
         self._update_counters(out.token_ids, num_draft_tokens=num_nodes)
         return out
