@@ -30,6 +30,7 @@ import inspect
 import json
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import time
@@ -429,7 +430,8 @@ def levels_text(rows: list[dict[str, Any]]) -> str:
 
 
 def param_counts(package_dir: Path = PKG_DIR) -> list[dict[str, Any]]:
-    """Every function's parameter count (self / cls included; *args and **kwargs count 1 each)."""
+    """Every function's parameter count (self / cls included; *args and **kwargs count 1 each), and
+    the count without self / cls (``without_self``)."""
     rows = []
     for path in sorted(package_dir.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
@@ -441,7 +443,9 @@ def param_counts(package_dir: Path = PKG_DIR) -> list[dict[str, Any]]:
                     n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
                     n += (a.vararg is not None) + (a.kwarg is not None)
                     name = f"{prefix}{child.name}"
-                    rows.append(dict(name=name, file=rel, line=child.lineno, params=n))
+                    first = (a.posonlyargs + a.args)[:1]
+                    bound = bool(first) and first[0].arg in ("self", "cls")
+                    rows.append(dict(name=name, file=rel, line=child.lineno, params=n, without_self=n - bound))
                     visit(child, f"{name}.<locals>.")
                 elif isinstance(child, ast.ClassDef):
                     visit(child, f"{prefix}{child.name}.")
@@ -491,9 +495,10 @@ def _public_names(module: Any) -> list[str]:
 
 def _sig(obj: Any) -> str:
     try:
-        return str(inspect.signature(obj))
+        text = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "<no signature>"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)  # a default's repr names its address: not a difference
 
 
 def _members(cls: type, prefix: str, out: dict[str, str]) -> None:
@@ -639,7 +644,7 @@ def report(prefix: str, label: str) -> None:
         meta=meta,
         levels=levels,
         params_top15=params[:15],
-        params_note="self/cls included; *args and **kwargs count 1 each",
+        params_note="self/cls included (without_self: not); *args and **kwargs count 1 each",
         duplicates=dups,
         signatures=dict(count=len(sigs), file=f"{prefix}-signatures.json"),
         corpus=dict(entries=len(tokens), file=f"{prefix}-corpus.json", torch_vs_triton_differ=mismatched),
@@ -648,10 +653,12 @@ def report(prefix: str, label: str) -> None:
     md = [
         f"# Direct path, {label} ({meta['commit']})",
         "",
-        "Commands (from the checkout root; the lead runs the same for the after side, label `after`):",
+        "This file: `" + COMMANDS.format(label=label).splitlines()[0] + "`.",
+        "",
+        "The after side, from the checkout root (each diff prints nothing when identical):",
         "",
         "```",
-        COMMANDS.format(label=label),
+        COMMANDS.format(label="after"),
         "```",
         "",
         f"How: {meta['how']}. Python {meta['python']}, torch {meta['torch']}, triton {meta['triton']}.",
@@ -670,9 +677,9 @@ def report(prefix: str, label: str) -> None:
             f"| {r['call']} | {r['levels']} | {len(r['files'])} | {len(r['launches'])}: {kernels} | "
             f"{len(r['touched'])} | {' → '.join(r['path'])} |"
         )
-    md += ["", "## Largest parameter counts (" + data["params_note"] + ")", "", "| function | file | params |"]
-    md += ["| --- | --- | ---: |"]
-    md += [f"| {p['name']} | {p['file']}:{p['line']} | {p['params']} |" for p in params[:15]]
+    md += ["", "## Largest parameter counts (" + data["params_note"] + ")", ""]
+    md += ["| function | file | params | without self |", "| --- | --- | ---: | ---: |"]
+    md += [f"| {p['name']} | {p['file']}:{p['line']} | {p['params']} | {p['without_self']} |" for p in params[:15]]
     md += ["", f"## Duplicate pairs: {dups['count']} (`{dups['command']}`)", "", "```"]
     md += dups["header"] + dups["pairs"] + dups["other"] + ["```", ""]
     md += [
@@ -719,8 +726,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "params":
             rows = param_counts()
             for p in rows[:15]:
-                print(f"{p['params']:3d}  {p['name']}  ({p['file']}:{p['line']})")
-            print("(self/cls included; *args and **kwargs count 1 each)")
+                print(f"{p['params']:3d} ({p['without_self']:2d})  {p['name']}  ({p['file']}:{p['line']})")
+            print("(self/cls included, in parentheses without; *args and **kwargs count 1 each)")
         elif args.cmd == "dups":
             rows = duplicates()
             print("\n".join(rows["header"] + rows["pairs"] + rows["other"]))
