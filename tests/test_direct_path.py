@@ -1,0 +1,214 @@
+"""The direct path (issue 28): from each public entry to each of its kernel launches, at most three
+spec_samplers frames on the stack (the entry included).
+
+A structure check, not a timing: ``tools/direct_path.py`` runs the entries on small CPU tensors with
+``backend="triton"`` under the interpreter and records, with ``sys.setprofile``, the Python stack
+when Triton's launch entry is called (nothing is patched). The planted-fault test shows that the
+counter tells a three-level path from a deeper one, skipping torch frames and planning helpers that
+have returned. The corpus test shows that the token-corpus diff sees a one-token change.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.kernels  # runs the Triton kernels (interpreted)
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("direct_path", ROOT / "tools" / "direct_path.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["direct_path"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+dp = _load_tool()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _level_rows(tmp_path: Path) -> list[dict]:
+    """``measure_levels`` rows, in this process under the interpreter, else (a GPU run without it)
+    in a fresh one under the interpreter: the structure does not depend on the device."""
+    if _interpreting():
+        return dp.measure_levels()
+    out = tmp_path / "levels.json"
+    env = dict(
+        os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    cmd = [sys.executable, str(ROOT / "tools" / "direct_path.py"), "levels", "--json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+#: one call per family, for the quick tier (the full list takes about 35 s on an idle core, more under load)
+QUICK = ("rejection.forward", "typical.forward_from_logits[sampling_params]", "rejection.forward_tree")
+QUICK += ("sampling.top_p_sampling_from_probs", "sampling.chain_speculative_sampling")
+
+
+def test_one_entry_per_family_in_three_levels(tmp_path):
+    if _interpreting():
+        rows = dp.measure_levels([c for c in dp.level_calls() if c.name in QUICK])
+    else:
+        rows = [r for r in _level_rows(tmp_path) if r["call"] in QUICK]
+    assert sorted(r["call"] for r in rows) == sorted(QUICK)
+    found = dp.violations(rows)
+    assert not found, f"{len(found)} of {len(rows)} calls break the direct path:\n" + "\n".join(found)
+
+
+@pytest.mark.not_quick
+def test_entries_reach_their_launches_in_three_levels(tmp_path):
+    rows = _level_rows(tmp_path)
+    entries = {r["entry"] for r in rows}
+    # every listed entry was measured: the eight sampler entries, the tree entries, the operations
+    assert {"forward", "forward_ragged", "forward_from_logits", "forward_ragged_from_logits"} <= entries
+    assert {"forward_tree", "forward_tree_ragged", "forward_tree_from_logits"} <= entries
+    assert {"forward_tree_ragged_from_logits", "top_p_sampling_from_probs", "chain_speculative_sampling"} <= entries
+    found = dp.violations(rows)
+    assert not found, f"{len(found)} of {len(rows)} calls break the direct path:\n" + "\n".join(found)
+
+
+# -- planted fault: the counter on a tiny package with a 3-level and a 5-level path -------------------
+
+_FAKE = {
+    "__init__.py": "",
+    "kernels.py": """
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def add_one(x_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+        """,
+    "launch.py": """
+        from {pkg}.kernels import add_one
+
+
+        def plan(x):  # a planning helper: it returns before the launch
+            return (1,), dict(n=x.numel(), BLOCK=16)
+
+
+        def launcher(x):
+            grid, args = plan(x)
+            add_one[grid](x, **args)
+            return x
+
+
+        class KernelLaunch:
+            def __init__(self, grid, args, x):
+                self.grid, self.args, self.x = grid, args, x
+
+            def run(self):
+                add_one[self.grid](self.x, **self.args)
+
+
+        def run_all(launches):
+            for launch in launches:
+                launch.run()
+
+
+        def deep_launcher(x):
+            grid, args = plan(x)
+            run_all([KernelLaunch(grid, args, x)])
+            return x
+        """,
+    "entry.py": """
+        import torch
+
+        from {pkg} import launch
+
+
+        class Sampler(torch.nn.Module):
+            def __init__(self, deep):
+                super().__init__()
+                self.deep = deep
+
+            def forward(self, x):
+                return self._run(x)
+
+            def _run(self, x):
+                op = launch.deep_launcher if self.deep else launch.launcher
+                return op(x)
+        """,
+}
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    name = "fake_direct_path_pkg"
+    pkg = tmp_path / name
+    pkg.mkdir()
+    for file, text in _FAKE.items():
+        (pkg / file).write_text(textwrap.dedent(text).format(pkg=name))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = importlib.import_module(f"{name}.entry")
+    yield pkg, entry
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module]
+
+
+def test_counter_tells_three_levels_from_five(fake_package):
+    pkg, entry = fake_package
+    device = "cpu" if _interpreting() else "cuda"
+    rows = {}
+    for deep in (False, True):
+        x = torch.zeros(8, dtype=torch.int32, device=device)
+        call = dp.Call(f"fake.forward[deep={deep}]", "forward", entry.Sampler(deep), (x,), {})
+        (rows[deep],) = dp.measure_levels([call], package_dir=pkg)
+        assert x.tolist() == [1] * 8  # the kernel ran, once
+    direct, deep = rows[False], rows[True]
+    # nn.Module.__call__ (torch) is not counted; plan() had returned by the launch
+    assert direct["path"] == ["Sampler.forward", "Sampler._run", "launcher"]
+    assert direct["launches"] == ["add_one"] and direct["files"] == [
+        "fake_direct_path_pkg/entry.py",
+        "fake_direct_path_pkg/launch.py",
+    ]
+    assert dp.violations([direct]) == []
+    assert deep["levels"] == 5
+    assert deep["path"] == ["Sampler.forward", "Sampler._run", "deep_launcher", "run_all", "KernelLaunch.run"]
+    (message,) = dp.violations([deep])
+    assert "5 levels > 3" in message and "run_all" in message and "KernelLaunch.run" in message
+    # and a call that launches nothing is reported, not passed
+    assert dp.violations([dict(direct, launches=[], path=[], levels=0)]) == [
+        f"{direct['call']}: no kernel launch recorded"
+    ]
+
+
+# -- the corpus diff --------------------------------------------------------------------------------
+
+
+def test_corpus_diff_sees_one_token(tmp_path):
+    calls = dp._sampling_calls("torch", 3)[:2] + dp._sampler_calls("torch", 1)[:1]
+    before = {f"torch:{c.name}": dp._tokens(c.fn(*c.args, **c.kwargs)) for c in calls}
+    again = {f"torch:{c.name}": dp._tokens(c.fn(*c.args, **c.kwargs)) for c in calls}
+    assert dp.diff(before, again) == []  # seeded: the same tokens twice
+    after = copy.deepcopy(before)
+    key = "torch:rejection.forward"
+    after[key][1][0] += 1
+    (line,) = dp.diff(before, after)
+    assert line.startswith(f"~ {key}:")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(before))
+    b.write_text(json.dumps(after))
+    assert dp.main(["diff", str(a), str(a)]) == 0
+    assert dp.main(["diff", str(a), str(b)]) == 1

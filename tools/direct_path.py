@@ -1,0 +1,751 @@
+#!/usr/bin/env python
+"""Direct-path measurements (issue 28): a measurement script, not part of the package.
+
+Subcommands (run from the checkout root with ``PYTHONPATH=$PWD``):
+
+* ``levels [--json F]``: for a fixed list of calls on small CPU tensors, run with
+  ``backend="triton"`` under ``TRITON_INTERPRET=1``, the Python stack at every Triton kernel launch,
+  caught with ``sys.setprofile`` at the call of Triton's ``InterpretedFunction.run`` (what
+  ``kernel[grid](...)`` calls under the interpreter), without patching anything. Kept: the
+  spec_samplers frames (files under the package directory) from the public entry down to the
+  frame that made the launch. Per call: levels (those frames, the entry included; max over the
+  call's launches), their qualified names, the distinct files on the path, the launches (kernel
+  names in order) and the package files whose functions ran during the call ("touched").
+* ``params [--json F]``: the largest function parameter counts in spec_samplers (ast).
+* ``dups [--json F]``: the ``duplicates`` tool over spec_samplers/ (pair count and pairs).
+* ``signatures --out F``: ``inspect.signature`` of every public name, as sorted JSON.
+* ``corpus --out F``: tokens of seeded inputs through every entry, backend torch and triton.
+* ``diff A B``: the differences between two signature or corpus files (no output: identical).
+* ``report --out PREFIX``: all of the above into PREFIX.json, PREFIX.md, PREFIX-signatures.json
+  and PREFIX-corpus.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (not when imported: a test
+    # process on a GPU keeps its setting)
+
+import torch  # noqa: E402
+
+import spec_samplers  # noqa: E402
+
+PKG_DIR = Path(spec_samplers.__file__).resolve().parent
+ROOT = PKG_DIR.parent
+
+# -- the launch recorder ----------------------------------------------------------------------------
+
+
+@dataclass
+class Frame:
+    qualname: str
+    file: str  # relative to the checkout root
+    line: int
+
+
+@dataclass
+class Launch:
+    kernel: str
+    path: list[Frame]  # the package's frames, the entry first, the launching frame last
+
+
+@dataclass
+class Recording:
+    launches: list[Launch] = field(default_factory=list)
+    touched: set[str] = field(default_factory=set)  # package files whose functions ran
+
+    @property
+    def levels(self) -> int:
+        return max((len(launch.path) for launch in self.launches), default=0)
+
+    def deepest(self) -> Launch | None:
+        return max(self.launches, key=lambda launch: len(launch.path), default=None)
+
+    def path_files(self) -> list[str]:
+        """The distinct files on the deepest path, in path order."""
+        deepest = self.deepest()
+        return [] if deepest is None else list(dict.fromkeys(f.file for f in deepest.path))
+
+
+def _launch_codes() -> set[Any]:
+    """The code objects that ``kernel[grid](...)`` reaches: ``InterpretedFunction.run`` under the
+    interpreter, ``JITFunction.run`` when compiling (through an autotuner or heuristics too)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    return {InterpretedFunction.run.__code__, JITFunction.run.__code__}
+
+
+def in_package(filename: str, package_dir: Path = PKG_DIR) -> bool:
+    return filename.startswith(str(package_dir) + os.sep)
+
+
+def package_path(frame: Any, anchor: Any, package_dir: Path = PKG_DIR) -> list[Frame]:
+    """The frames of files under ``package_dir`` from ``frame`` up to (not including) ``anchor``,
+    outermost first. Frames of other code (torch, triton, functools) are skipped, not counted."""
+    path = []
+    f = frame
+    while f is not None and f is not anchor:
+        code = f.f_code
+        if in_package(code.co_filename, package_dir):
+            rel = os.path.relpath(code.co_filename, package_dir.parent)
+            path.append(Frame(getattr(code, "co_qualname", code.co_name), rel, f.f_lineno))
+        f = f.f_back
+    if f is None:
+        raise RuntimeError("launch outside the recorded call (the anchor frame is not on the stack)")
+    return path[::-1]
+
+
+def record(fn: Callable[..., Any], *args: Any, package_dir: Path = PKG_DIR, **kwargs: Any) -> tuple[Any, Recording]:
+    """Run ``fn(*args, **kwargs)``; return its result and the stack of each Triton launch."""
+    launch_codes = _launch_codes()
+    rec = Recording()
+    seen: set[Any] = set()
+    anchor = sys._getframe()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in launch_codes:
+            if frame.f_locals.get("warmup"):
+                return
+            kernel = frame.f_locals["self"]
+            name = getattr(getattr(kernel, "fn", None), "__name__", type(kernel).__name__)
+            rec.launches.append(Launch(name, package_path(frame.f_back, anchor, package_dir)))
+        elif code not in seen:
+            seen.add(code)
+            if in_package(code.co_filename, package_dir):
+                rec.touched.add(os.path.relpath(code.co_filename, package_dir.parent))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    return out, rec
+
+
+# -- the calls ----------------------------------------------------------------------------------------
+
+#: (B, K, V) of the level calls; the corpus adds a second shape (a request with no drafts, V not a power of 2)
+SHAPE = (2, 3, 64)
+SHAPE2 = (3, 2, 200)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _probs(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return torch.softmax(torch.randn(shape, generator=g) * 2.0, dim=-1)
+
+
+def _logits(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=g) * 2.0
+
+
+def _ids(shape: tuple[int, ...], g: torch.Generator, v: int) -> torch.Tensor:
+    return torch.randint(0, v, shape, generator=g)
+
+
+@dataclass
+class Call:
+    """One call of a public entry: ``fn(*args, **kwargs)``; ``entry`` is the public name."""
+
+    name: str
+    entry: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _seeds(n: int, base: int = 11) -> dict[str, torch.Tensor]:
+    return dict(seeds=torch.arange(base, base + n, dtype=torch.int64), offsets=torch.zeros(n, dtype=torch.int64))
+
+
+def _sampler_calls(
+    backend: str, seed: int, point_mass: bool = False, shape: tuple[int, int, int] = SHAPE
+) -> list[Call]:
+    """The four entries of a stochastic sampler (RejectionSampler) and a deterministic one
+    (TypicalAcceptanceSampler), the logits entries with temperature and with sampling_params, the
+    ragged logits entry with draft_rows and with draft_probs; BlockVerificationSampler.forward."""
+    from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingParams, TypicalAcceptanceSampler
+
+    g = _gen(seed)
+    B, K, V = shape
+    k_b = torch.tensor([K, 1, 0][:B])  # ragged: request 0 has K drafts, request 1 one, request 2 none
+    cu = torch.cumsum(k_b, 0)
+    T = int(cu[-1])
+    padded_probs = (_probs((B, K + 1, V), g), _ids((B, 1), g, V), _probs((B, K, V), g), _ids((B, K), g, V))
+    ragged_probs = (_probs((T, V), g), _ids((B,), g, V), _probs((T, V), g), _ids((T,), g, V), cu, K)
+    padded_logits = (_logits((B, K + 1, V), g), _ids((B, 1), g, V), _logits((B, K, V), g), _ids((B, K), g, V))
+    ragged_logits = (_logits((T, V), g), _ids((B,), g, V), _logits((T, V), g), _ids((T,), g, V), cu, K)
+    if point_mass:
+        padded_probs = padded_probs[:2] + (None,) + padded_probs[3:]
+        ragged_probs = ragged_probs[:2] + (None,) + ragged_probs[3:]
+        padded_logits = padded_logits[:2] + (None,) + padded_logits[3:]
+        ragged_logits = ragged_logits[:2] + (None,) + ragged_logits[3:]
+    temperature = torch.tensor([0.8, 0.0, 1.3][:B])  # request 1 greedy
+    params = [SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.1, min_p=0.05)]
+    params = (params + [SamplingParams(temperature=0.0)])[:B]
+    n_rows = T + 2
+    draft_rows = torch.randperm(n_rows, generator=g)[:T]
+    draft_matrix = _logits((n_rows, V), g)
+    draft_probs = _probs((T, V), g)
+    ragged_no_draft = ragged_logits[:2] + (None,) + ragged_logits[3:]
+    calls = []
+    suffix = "_point_mass" if point_mass else ""
+    for label, cls, stochastic in (
+        ("rejection", RejectionSampler, True),
+        ("typical", TypicalAcceptanceSampler, False),
+    ):
+        s = cls(backend=backend)
+        rnd = _seeds(B) if stochastic else {}
+        calls += [
+            Call(f"{label}.forward{suffix}", "forward", s, padded_probs, dict(rnd)),
+            Call(f"{label}.forward_ragged{suffix}", "forward_ragged", s.forward_ragged, ragged_probs, dict(rnd)),
+            Call(
+                f"{label}.forward_from_logits[temperature]{suffix}",
+                "forward_from_logits",
+                s.forward_from_logits,
+                padded_logits,
+                dict(rnd, temperature=temperature),
+            ),
+            Call(
+                f"{label}.forward_from_logits[sampling_params]{suffix}",
+                "forward_from_logits",
+                s.forward_from_logits,
+                padded_logits,
+                dict(rnd, sampling_params=params),
+            ),
+            Call(
+                f"{label}.forward_ragged_from_logits[temperature]{suffix}",
+                "forward_ragged_from_logits",
+                s.forward_ragged_from_logits,
+                ragged_logits,
+                dict(rnd, temperature=temperature),
+            ),
+        ]
+        if not point_mass:
+            calls += [
+                Call(
+                    f"{label}.forward_ragged_from_logits[draft_rows]",
+                    "forward_ragged_from_logits",
+                    s.forward_ragged_from_logits,
+                    ragged_logits[:2] + (draft_matrix,) + ragged_logits[3:],
+                    dict(rnd, temperature=temperature, draft_rows=draft_rows),
+                ),
+                Call(
+                    f"{label}.forward_ragged_from_logits[draft_probs]",
+                    "forward_ragged_from_logits",
+                    s.forward_ragged_from_logits,
+                    ragged_no_draft,
+                    dict(rnd, temperature=temperature, draft_probs=draft_probs),
+                ),
+            ]
+    block = BlockVerificationSampler(backend=backend)
+    calls.append(Call(f"block.forward{suffix}", "forward", block, padded_probs, _seeds(B)))
+    return calls
+
+
+def _tree_calls(backend: str, seed: int, shape: tuple[int, int, int] = SHAPE) -> list[Call]:
+    """forward_tree, forward_tree_from_logits and their ragged twins, on the two samplers with a tree
+    kernel (RejectionSampler, TypicalAcceptanceSampler)."""
+    from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
+
+    g = _gen(seed)
+    B, _, V = shape
+    parents = [0, 0, 1, 1, 3]  # N = 5 nodes, depth 3
+    N = len(parents)
+    sizes = [N, 3, 1][:B]  # ragged: request 1 has the first 3 nodes, request 2 one
+    cu = torch.cumsum(torch.tensor(sizes), 0)
+    T = int(cu[-1])
+    ragged_parents = torch.tensor([p for n in sizes for p in parents[:n]])
+    temperature = torch.tensor([0.7, 0.0, 1.2][:B])
+    padded_probs = (_probs((B, N + 1, V), g), _probs((B, N + 1, V), g), _ids((B, N), g, V), parents)
+    ragged_probs = (_probs((T + B, V), g), _probs((T + B, V), g), _ids((T,), g, V), ragged_parents, cu, N)
+    padded_logits = (_logits((B, N + 1, V), g), _logits((B, N + 1, V), g), _ids((B, N), g, V), parents)
+    ragged_logits = (_logits((T + B, V), g), _logits((T + B, V), g), _ids((T,), g, V), ragged_parents, cu, N)
+    calls = []
+    for label, cls, stochastic in (
+        ("rejection", RejectionSampler, True),
+        ("typical", TypicalAcceptanceSampler, False),
+    ):
+        s = cls(backend=backend)
+        rnd = _seeds(B) if stochastic else {}
+        calls += [
+            Call(f"{label}.forward_tree", "forward_tree", s.forward_tree, padded_probs, dict(rnd)),
+            Call(f"{label}.forward_tree_ragged", "forward_tree_ragged", s.forward_tree_ragged, ragged_probs, dict(rnd)),
+            Call(
+                f"{label}.forward_tree_from_logits",
+                "forward_tree_from_logits",
+                s.forward_tree_from_logits,
+                padded_logits,
+                dict(rnd, temperature=temperature),
+            ),
+            Call(
+                f"{label}.forward_tree_ragged_from_logits",
+                "forward_tree_ragged_from_logits",
+                s.forward_tree_ragged_from_logits,
+                ragged_logits,
+                dict(rnd, temperature=temperature),
+            ),
+        ]
+    return calls
+
+
+def _sampling_calls(backend: str, seed: int, shape: tuple[int, int, int] = SHAPE) -> list[Call]:
+    """The sampling operations, with explicit [B] seeds and offsets."""
+    import spec_samplers.sampling as sp
+
+    g = _gen(seed)
+    B, K, V = shape
+    probs, logits = _probs((B, V), g), _logits((B, V), g)
+    draft, target, ids = _probs((B, K, V), g), _probs((B, K + 1, V), g), _ids((B, K), g, V)
+    rnd = dict(seed=torch.tensor([5, 6, 7][:B]), offset=torch.tensor([0, 3, 1][:B]))
+    bk = dict(backend=backend)
+    top_k, top_p, min_p = (torch.tensor(x[:B]) for x in ([5, 20, 0], [0.7, 0.9, 1.0], [0.1, 0.02, 0.0]))
+    temperature = torch.tensor([0.7, 1.3, 0.0][:B])
+    ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("sampling_from_probs", (probs,), rnd),
+        ("sampling_from_logits", (logits,), rnd),
+        ("top_k_sampling_from_probs", (probs, top_k), rnd),
+        ("top_p_sampling_from_probs", (probs, top_p), rnd),
+        ("min_p_sampling_from_probs", (probs, min_p), rnd),
+        ("top_k_top_p_sampling_from_probs", (probs, top_k, top_p), rnd),
+        ("top_k_top_p_sampling_from_logits", (logits, top_k, top_p), rnd),
+        ("softmax", (logits,), dict(temperature=temperature)),
+        ("top_k_renorm_probs", (probs, top_k), {}),
+        ("top_p_renorm_probs", (probs, top_p), {}),
+        ("top_k_mask_logits", (logits, top_k), {}),
+        ("chain_speculative_sampling", (draft, ids, target), rnd),
+    ]
+    return [Call(f"sampling.{name}", name, getattr(sp, name), args, dict(kw, **bk)) for name, args, kw in ops]
+
+
+def level_calls(backend: str = "triton") -> list[Call]:
+    """The calls ``levels`` measures (and the structural test checks)."""
+    return _sampler_calls(backend, 1) + _tree_calls(backend, 2) + _sampling_calls(backend, 3)
+
+
+def corpus_calls(backend: str) -> list[Call]:
+    """The token corpus: the level calls, point-mass drafts, and the calls at a second seed and shape
+    (B=3 with a request that has no drafts, V=200)."""
+    calls = level_calls(backend) + _sampler_calls(backend, 4, point_mass=True)
+    second = _sampler_calls(backend, 5, shape=SHAPE2) + _sampler_calls(backend, 8, point_mass=True, shape=SHAPE2)
+    second += _tree_calls(backend, 6, shape=SHAPE2) + _sampling_calls(backend, 7, shape=SHAPE2)
+    for call in second:
+        call.name += "#2"
+    return calls + second
+
+
+def _tokens(out: Any) -> Any:
+    """JSON lists of a call's integer outputs (floats, e.g. softmax, rounded to 6 digits)."""
+    if isinstance(out, torch.Tensor):
+        if out.is_floating_point():
+            return [round(x, 6) for x in out.flatten().tolist()]
+        return out.tolist()
+    if isinstance(out, (tuple, list)):
+        return [_tokens(x) for x in out]
+    raise TypeError(f"unexpected output type {type(out).__name__}")
+
+
+# -- levels -------------------------------------------------------------------------------------------
+
+
+def measure_levels(calls: list[Call] | None = None, package_dir: Path = PKG_DIR) -> list[dict[str, Any]]:
+    rows = []
+    for call in level_calls() if calls is None else calls:
+        t0 = time.perf_counter()
+        _, rec = record(call.fn, *call.args, package_dir=package_dir, **call.kwargs)
+        deepest = rec.deepest()
+        rows.append(
+            dict(
+                call=call.name,
+                entry=call.entry,
+                levels=rec.levels,
+                path=[] if deepest is None else [f.qualname for f in deepest.path],
+                path_lines=[] if deepest is None else [f"{f.file}:{f.line}" for f in deepest.path],
+                files=rec.path_files(),
+                launches=[launch.kernel for launch in rec.launches],
+                levels_per_launch=[len(launch.path) for launch in rec.launches],
+                touched=sorted(rec.touched),
+                seconds=round(time.perf_counter() - t0, 2),
+            )
+        )
+    return rows
+
+
+#: the most package frames from a public entry (included) to a launch (issue 28)
+LIMIT = 3
+
+
+def violations(rows: list[dict[str, Any]], limit: int = LIMIT) -> list[str]:
+    """What breaks the direct-path rule in ``measure_levels`` rows: more than ``limit`` package
+    frames from the entry to a launch (with the path), no launch at all, or a path that does not
+    start at the public entry."""
+    found = []
+    for r in rows:
+        if not r["launches"]:
+            found.append(f"{r['call']}: no kernel launch recorded")
+        elif r["path"][0].rsplit(".", 1)[-1] != r["entry"]:
+            found.append(f"{r['call']}: the path starts at {r['path'][0]}, not at the entry {r['entry']}")
+        elif r["levels"] > limit:
+            steps = " -> ".join(f"{q} ({loc})" for q, loc in zip(r["path"], r["path_lines"]))
+            found.append(f"{r['call']}: {r['levels']} levels > {limit}: {steps}")
+    return found
+
+
+def levels_text(rows: list[dict[str, Any]]) -> str:
+    lines = ["call | levels | files on path | launches | files touched | path"]
+    for r in rows:
+        kernels = ", ".join(r["launches"]) or "(none)"
+        lines.append(
+            f"{r['call']} | {r['levels']} | {len(r['files'])} | {len(r['launches'])}: {kernels} | "
+            f"{len(r['touched'])} | {' -> '.join(r['path'])}"
+        )
+    return "\n".join(lines)
+
+
+# -- params -------------------------------------------------------------------------------------------
+
+
+def param_counts(package_dir: Path = PKG_DIR) -> list[dict[str, Any]]:
+    """Every function's parameter count (self / cls included; *args and **kwargs count 1 each), and
+    the count without self / cls (``without_self``)."""
+    rows = []
+    for path in sorted(package_dir.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+
+        def visit(node: ast.AST, prefix: str, rel: str = os.path.relpath(path, package_dir.parent)) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = child.args
+                    n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+                    n += (a.vararg is not None) + (a.kwarg is not None)
+                    name = f"{prefix}{child.name}"
+                    first = (a.posonlyargs + a.args)[:1]
+                    bound = bool(first) and first[0].arg in ("self", "cls")
+                    rows.append(dict(name=name, file=rel, line=child.lineno, params=n, without_self=n - bound))
+                    visit(child, f"{name}.<locals>.")
+                elif isinstance(child, ast.ClassDef):
+                    visit(child, f"{prefix}{child.name}.")
+                else:
+                    visit(child, prefix)
+
+        visit(tree, "")
+    rows.sort(key=lambda r: (-r["params"], r["file"], r["line"]))
+    return rows
+
+
+# -- duplicates ---------------------------------------------------------------------------------------
+
+
+def duplicates(package_dir: Path = PKG_DIR) -> dict[str, Any]:
+    """``duplicates --most 200`` over the package directory (git-tracked files there)."""
+    cmd = ["duplicates", "--repo", str(package_dir), "--most", "200", "--seconds", "120"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+    lines = [line for line in out.splitlines() if line.strip()]
+    pairs = [line.strip() for line in lines if line.strip().startswith("D") and "~" in line]
+    return dict(command=" ".join(cmd[:1] + cmd[3:]) + " (in spec_samplers/)", header=lines[:1], pairs=pairs,
+                count=len(pairs), other=[line for line in lines[1:] if line.strip() not in pairs])  # fmt: skip
+
+
+# -- signatures ---------------------------------------------------------------------------------------
+
+_MODULES = (
+    "spec_samplers.sampling",
+    "spec_samplers.logits_processor",
+    "spec_samplers.tree",
+    "spec_samplers.decoding",
+)
+
+
+def _public_names(module: Any) -> list[str]:
+    names = getattr(module, "__all__", None)
+    if names is not None:
+        return list(names)
+    return [
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and (inspect.isclass(v) or inspect.isfunction(v))
+        and getattr(v, "__module__", None) == module.__name__
+    ]
+
+
+def _sig(obj: Any) -> str:
+    try:
+        text = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "<no signature>"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)  # a default's repr names its address: not a difference
+
+
+def _members(cls: type, prefix: str, out: dict[str, str]) -> None:
+    for name, value in inspect.getmembers(cls):
+        if name.startswith("_") and name not in ("__init__", "__call__"):
+            continue
+        raw = inspect.getattr_static(cls, name, None)
+        if isinstance(raw, property):
+            out[f"{prefix}.{name}"] = "property" + ("" if raw.fget is None else " " + _sig(raw.fget))
+        elif isinstance(raw, (staticmethod, classmethod)) or inspect.isfunction(value) or inspect.ismethod(value):
+            if name in ("__init__", "__call__") and getattr(value, "__module__", "").startswith("torch"):
+                continue
+            if not getattr(value, "__module__", "").startswith("spec_samplers"):
+                continue  # inherited from torch.nn.Module, NamedTuple...: not ours
+            out[f"{prefix}.{name}"] = _sig(value)
+        elif not callable(value) and not inspect.isclass(value) and name in vars(cls).keys() | _declared(cls):
+            # declarations (lossless, kernel_op...): their values, so that a changed one shows
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            out[f"{prefix}.{name}"] = f"= {value!r}" if plain else f"<{type(value).__name__}>"
+
+
+def _declared(cls: type) -> set[str]:
+    """Names the package's classes in ``cls``'s MRO define (not torch.nn.Module's)."""
+    return {n for k in cls.__mro__ if k.__module__.startswith("spec_samplers") for n in vars(k)}
+
+
+def signatures() -> dict[str, str]:
+    """{qualified name: signature}: spec_samplers.__all__, the public names of the public
+    subpackages and of spec_samplers.integrations.* (where importable), and every public method or
+    property of their public classes."""
+    out: dict[str, str] = {}
+    modules = [("spec_samplers", spec_samplers, list(spec_samplers.__all__))]
+    for name in _MODULES:
+        module = importlib.import_module(name)
+        modules.append((name, module, _public_names(module)))
+    import spec_samplers.integrations as integrations
+
+    for info in pkgutil.walk_packages(integrations.__path__, "spec_samplers.integrations.", onerror=lambda _: None):
+        if info.name.rsplit(".", 1)[-1].startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except Exception as e:  # an engine that is not installed
+            out[info.name] = f"<not importable: {type(e).__name__}>"
+            continue
+        modules.append((info.name, module, _public_names(module)))
+    for module_name, module, names in modules:
+        for name in names:
+            value = getattr(module, name)
+            key = f"{module_name}.{name}"
+            if inspect.isclass(value):
+                out[key] = "class" + _sig(value)
+                _members(value, key, out)
+            elif callable(value):
+                out[key] = _sig(value)
+            else:
+                out[key] = f"<{type(value).__name__}>"
+    return dict(sorted(out.items()))
+
+
+# -- corpus -------------------------------------------------------------------------------------------
+
+
+def corpus() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for backend in ("torch", "triton"):
+        for call in corpus_calls(backend):
+            try:
+                out[f"{backend}:{call.name}"] = _tokens(call.fn(*call.args, **call.kwargs))
+            except Exception as e:  # recorded, so that a diff shows it
+                out[f"{backend}:{call.name}"] = f"<error {type(e).__name__}: {e}>"
+    return dict(sorted(out.items()))
+
+
+def kernel_vs_reference(data: dict[str, Any]) -> list[str]:
+    """The corpus entries whose torch and triton tokens differ."""
+    names = {key.split(":", 1)[1] for key in data}
+    return sorted(n for n in names if data.get(f"torch:{n}") != data.get(f"triton:{n}"))
+
+
+# -- diff ---------------------------------------------------------------------------------------------
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key not in b:
+            lines.append(f"- {key}: {json.dumps(a[key])}")
+        elif key not in a:
+            lines.append(f"+ {key}: {json.dumps(b[key])}")
+        elif a[key] != b[key]:
+            lines.append(f"~ {key}: {json.dumps(a[key])} -> {json.dumps(b[key])}")
+    return lines
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+
+def _commit() -> str:
+    try:
+        cmd = ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+_R = "benchmarks/results/2026-11-28-direct-path"
+COMMANDS = "\n".join(
+    [
+        f"PYTHONPATH=$PWD python tools/direct_path.py report --out {_R}-{{label}} --label {{label}}",
+        f"python tools/direct_path.py diff {_R}-before-signatures.json {_R}-{{label}}-signatures.json",
+        f"python tools/direct_path.py diff {_R}-before-corpus.json {_R}-{{label}}-corpus.json",
+    ]
+)
+
+
+def report(prefix: str, label: str) -> None:
+    t0 = time.perf_counter()
+    levels = measure_levels()
+    t_levels = time.perf_counter() - t0
+    params = param_counts()
+    dups = duplicates()
+    sigs = signatures()
+    t1 = time.perf_counter()
+    tokens = corpus()
+    t_corpus = time.perf_counter() - t1
+    mismatched = kernel_vs_reference(tokens)
+    Path(f"{prefix}-signatures.json").write_text(json.dumps(sigs, indent=1, sort_keys=True) + "\n")
+    Path(f"{prefix}-corpus.json").write_text(json.dumps(tokens, sort_keys=True) + "\n")
+    meta = dict(
+        label=label,
+        commit=_commit(),
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        triton=importlib.import_module("triton").__version__,
+        how=(
+            "measured: CPU, TRITON_INTERPRET=1, backend='triton', B=2 k=3 V=64; stacks caught with "
+            "sys.setprofile at triton's InterpretedFunction.run (structure, not timing)"
+        ),
+        seconds=dict(levels=round(t_levels, 1), corpus=round(t_corpus, 1)),
+    )
+    data = dict(
+        meta=meta,
+        levels=levels,
+        params_top15=params[:15],
+        params_note="self/cls included (without_self: not); *args and **kwargs count 1 each",
+        duplicates=dups,
+        signatures=dict(count=len(sigs), file=f"{prefix}-signatures.json"),
+        corpus=dict(entries=len(tokens), file=f"{prefix}-corpus.json", torch_vs_triton_differ=mismatched),
+    )
+    Path(f"{prefix}.json").write_text(json.dumps(data, indent=1) + "\n")
+    md = [
+        f"# Direct path, {label} ({meta['commit']})",
+        "",
+        "This file: `" + COMMANDS.format(label=label).splitlines()[0] + "`.",
+        "",
+        "The after side, from the checkout root (each diff prints nothing when identical):",
+        "",
+        "```",
+        COMMANDS.format(label="after"),
+        "```",
+        "",
+        f"How: {meta['how']}. Python {meta['python']}, torch {meta['torch']}, triton {meta['triton']}.",
+        "Levels: spec_samplers frames on the stack at the launch, from the public entry (included) to the "
+        "frame that calls `kernel[grid](...)`; the max over the call's launches. Files: the distinct files "
+        "on that path. Touched: the package files whose functions ran during the call.",
+        "",
+        "## Levels per entry",
+        "",
+        "| call | levels | files on path | launches | files touched | path (deepest launch) |",
+        "| --- | ---: | ---: | --- | ---: | --- |",
+    ]
+    for r in levels:
+        kernels = ", ".join(r["launches"]) or "(none)"
+        md.append(
+            f"| {r['call']} | {r['levels']} | {len(r['files'])} | {len(r['launches'])}: {kernels} | "
+            f"{len(r['touched'])} | {' → '.join(r['path'])} |"
+        )
+    md += ["", "## Largest parameter counts (" + data["params_note"] + ")", ""]
+    md += ["| function | file | params | without self |", "| --- | --- | ---: | ---: |"]
+    md += [f"| {p['name']} | {p['file']}:{p['line']} | {p['params']} | {p['without_self']} |" for p in params[:15]]
+    md += ["", f"## Duplicate pairs: {dups['count']} (`{dups['command']}`)", "", "```"]
+    md += dups["header"] + dups["pairs"] + dups["other"] + ["```", ""]
+    md += [
+        f"## Signatures: {len(sigs)} public names and members (`{Path(prefix).name}-signatures.json`)",
+        "",
+        f"## Token corpus: {len(tokens)} entries (`{Path(prefix).name}-corpus.json`)",
+        "",
+        "torch vs triton (interpreted) differ on: " + (", ".join(mismatched) or "none"),
+        "",
+    ]
+    Path(f"{prefix}.md").write_text("\n".join(md))
+
+
+# -- command line -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_warnings() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's masked lanes (pyproject.toml)
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("levels", "params", "dups"):
+        sub.add_parser(name).add_argument("--json", help="also write the rows to this file")
+    sub.add_parser("signatures").add_argument("--out", required=True)
+    sub.add_parser("corpus").add_argument("--out", required=True)
+    d = sub.add_parser("diff")
+    d.add_argument("a")
+    d.add_argument("b")
+    r = sub.add_parser("report")
+    r.add_argument("--out", required=True, help="prefix of the .json, .md, -signatures.json, -corpus.json files")
+    r.add_argument("--label", default="after")
+    args = parser.parse_args(argv)
+    with _quiet_warnings():
+        if args.cmd == "levels":
+            rows: Any = measure_levels()
+            print(levels_text(rows))
+        elif args.cmd == "params":
+            rows = param_counts()
+            for p in rows[:15]:
+                print(f"{p['params']:3d} ({p['without_self']:2d})  {p['name']}  ({p['file']}:{p['line']})")
+            print("(self/cls included, in parentheses without; *args and **kwargs count 1 each)")
+        elif args.cmd == "dups":
+            rows = duplicates()
+            print("\n".join(rows["header"] + rows["pairs"] + rows["other"]))
+        elif args.cmd == "signatures":
+            Path(args.out).write_text(json.dumps(signatures(), indent=1, sort_keys=True) + "\n")
+        elif args.cmd == "corpus":
+            Path(args.out).write_text(json.dumps(corpus(), sort_keys=True) + "\n")
+        elif args.cmd == "diff":
+            a, b = (json.loads(Path(p).read_text()) for p in (args.a, args.b))
+            lines = diff(a, b)
+            print("\n".join(lines)) if lines else None
+            return 1 if lines else 0
+        elif args.cmd == "report":
+            report(args.out, args.label)
+        if args.cmd in ("levels", "params", "dups") and args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
