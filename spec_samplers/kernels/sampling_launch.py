@@ -29,7 +29,6 @@ import torch
 
 from spec_samplers import rng
 from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, plan_vocab_split, vocab_split
-from spec_samplers.torch_ops import scaled_exp
 
 if TYPE_CHECKING:
     from spec_samplers.kernels.launch_common import KernelLaunch
@@ -100,16 +99,16 @@ def row_seeds_triton(
     return out
 
 
-def _row_stats_steps(
+def _stats_launch(
     x: torch.Tensor,  # [R, V], vocab stride 1
     rows: torch.Tensor,  # [B] int64
     logits: bool,
     split: VocabSplit,
     temperature: torch.Tensor | None = None,  # [B] fp32: softmax statistics of x / T
-) -> Steps:
-    """Steps of (row max [B], row min [B]) of the cleaned values; for softmax (``temperature``
-    given) (row max [B] of the logits, sum of exp((x - max) / T) [B], argmax [B] int64) instead. A
-    missing row has max -inf and min +inf."""
+) -> tuple[KernelLaunch, dict[str, torch.Tensor | None]]:
+    """``stats_kernel`` and its [B, NB] block partials: max and min of the cleaned values; for
+    softmax (``temperature`` given) max of the logits, sum of exp((x - max) / T), argmax instead
+    (no min). A missing row has max -inf and min +inf."""
     from spec_samplers.kernels import sampling_kernels as sk
     from spec_samplers.kernels.launch_common import KernelLaunch, precise_math
 
@@ -119,22 +118,10 @@ def _row_stats_steps(
     def part(dtype: torch.dtype, wanted: bool = True) -> torch.Tensor | None:
         return torch.empty((B, NB), dtype=dtype, device=x.device) if wanted else None
 
-    pmax, pmin = part(torch.float32), part(torch.float32, not softmax)
-    psum, pidx = part(torch.float32, softmax), part(torch.int32, softmax)
-    parts = dict(max_ptr=pmax, min_ptr=pmin, sum_ptr=psum, amax_ptr=pidx)
+    parts = dict(max_ptr=part(torch.float32), min_ptr=part(torch.float32, not softmax))
+    parts.update(sum_ptr=part(torch.float32, softmax), amax_ptr=part(torch.int32, softmax))
     args = dict(_rows(x, rows), **_blocks(split), LOGITS=logits, PRECISE=precise_math(), temp_ptr=temperature)
-    yield KernelLaunch(sk.stats_kernel, (B, NB), dict(args, SOFTMAX=softmax, **parts), name="stats")
-    assert pmax is not None
-    row_max = pmax.amax(dim=1)
-    if temperature is None:
-        assert pmin is not None
-        return row_max, pmin.amin(dim=1)
-    assert psum is not None and pidx is not None
-    t = torch.where(temperature > 0, temperature, 1.0)[:, None]
-    row_sum = (psum * scaled_exp(pmax, row_max[:, None], t)).sum(dim=1)  # block sums rescaled to the row max
-    first_max = torch.argmax(pmax, dim=1, keepdim=True)  # lowest block holding the max
-    argmax = pidx.gather(1, first_max)[:, 0].to(torch.int64)
-    return row_max, row_sum, argmax
+    return KernelLaunch(sk.stats_kernel, (B, NB), dict(args, SOFTMAX=softmax, **parts), name="stats"), parts
 
 
 def _search_launch(
@@ -190,7 +177,11 @@ def _thresholds_steps(
     the kept mass is exact when top-p is the last filter or top-k the only one)."""
     from spec_samplers.kernels import sampling_kernels as sk
 
-    row_max, row_min = yield from _row_stats_steps(x, rows, logits, split)
+    stats, parts = _stats_launch(x, rows, logits, split)
+    yield stats
+    pmax, pmin = parts["max_ptr"], parts["min_ptr"]
+    assert pmax is not None and pmin is not None
+    row_max, row_min = pmax.amax(dim=1), pmin.amin(dim=1)
     tau = row_min  # (read only: every value is kept)
     kept_mass = None
     B = rows.shape[0]
@@ -243,31 +234,35 @@ def _sample_steps(
     min_p: torch.Tensor | None,
     joint: bool,
     split: VocabSplit | None,
+    out_dtype: torch.dtype,
     config: LaunchConfig | None,
 ) -> Steps:
     """Steps of :func:`sample_triton`: the thresholds, the race's group sums, the race."""
     from spec_samplers.kernels import sampling_kernels as sk
     from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
 
-    R, V = x.shape
+    V = x.shape[1]
     B = rows.shape[0]
     device = x.device
     x = vocab_contiguous(x)
     rows = rows.to(torch.int64).contiguous()
     split = _split(V, B, device, split, config)
-    tau, row_max, _ = yield from _thresholds_steps(x, rows, logits, top_k, top_p, min_p, joint, split)
+    tau = row_max = None  # unfiltered probabilities: every token is kept, no row statistics
+    if logits or top_k is not None or top_p is not None or min_p is not None:
+        tau, row_max, _ = yield from _thresholds_steps(x, rows, logits, top_k, top_p, min_p, joint, split)
     sums = torch.empty((B, rng.race_num_groups(V)), dtype=torch.float64, device=device)
     seeds, offsets = seeds.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
     flags = dict(LOGITS=logits, PRECISE=precise_math())
     race_args = dict(_rows(x, rows), **_blocks(split), **flags, max_ptr=row_max, tau_ptr=tau, sums_ptr=sums)
     yield KernelLaunch(sk.race_kernel, (B, split.num_blocks), race_args, name="race")
-    tokens = torch.empty((B,), dtype=torch.int64, device=device)
+    tokens = torch.empty((B,), dtype=out_dtype, device=device)
+    valid = torch.empty((B,), dtype=torch.bool, device=device)
     finalize_args = dict(
         _rows(x, rows), **flags, max_ptr=row_max, tau_ptr=tau, seed_ptr=seeds, offset_ptr=offsets, sums_ptr=sums
     )
-    yield KernelLaunch(sk.race_finalize_kernel, (B,), dict(finalize_args, out_ptr=tokens), name="race_finalize")
-    valid = (rows >= 0) & (rows < R) & (row_max > (float("-inf") if logits else 0.0))
-    return torch.where(valid, tokens, -1), valid
+    finalize_args.update(out_ptr=tokens, valid_ptr=valid)
+    yield KernelLaunch(sk.race_finalize_kernel, (B,), finalize_args, name="race_finalize")
+    return tokens, valid
 
 
 def sample_triton(
@@ -282,14 +277,16 @@ def sample_triton(
     min_p: torch.Tensor | None = None,  # [B] fp32
     joint: bool = False,
     split: VocabSplit | None = None,
+    out_dtype: torch.dtype = torch.int64,  # of the tokens: int32 or int64
     config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel twin of :func:`spec_samplers.sampling.reference.sample_reference`. Returns (tokens
-    [B] int64, -1 where invalid; valid [B] bool)."""
+    [B] ``out_dtype``, -1 where invalid; valid [B] bool)."""
     R, B, device = x.shape[0], rows.shape[0], x.device
     if R == 0 or B == 0:
-        return torch.full((B,), -1, dtype=torch.int64, device=device), torch.zeros(B, dtype=torch.bool, device=device)
-    plan = _Planned(_sample_steps(x, rows, seeds, offsets, logits, top_k, top_p, min_p, joint, split, config), config)
+        return torch.full((B,), -1, dtype=out_dtype, device=device), torch.zeros(B, dtype=torch.bool, device=device)
+    filters = (top_k, top_p, min_p, joint)
+    plan = _Planned(_sample_steps(x, rows, seeds, offsets, logits, *filters, split, out_dtype, config), config)
     for launch in plan:
         launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps, **launch.options)
     tokens, valid = plan.value
@@ -322,9 +319,12 @@ def _rowwise_steps(
     args: dict[str, Any] = dict(x_ptr=x, stride_r=x.stride(0), out_ptr=out, V=V, chunk=split.chunk)
     args.update(BLOCK_V=split.block_v)
     if temperature is not None:
+        # the statistics' block partials, combined by the softmax kernel itself
         temperature = temperature.to(torch.float32).contiguous()
-        row_max, row_sum, argmax = yield from _row_stats_steps(x, rows, True, split, temperature)
-        args.update(temp_ptr=temperature, max_ptr=row_max, sum_ptr=row_sum, argmax_ptr=argmax, PRECISE=precise_math())
+        stats, parts = _stats_launch(x, rows, True, split, temperature)
+        yield stats
+        args.update(temp_ptr=temperature, NB=split.num_blocks, PRECISE=precise_math())
+        args.update(max_ptr=parts["max_ptr"], sum_ptr=parts["sum_ptr"], amax_ptr=parts["amax_ptr"])
     else:
         assert thresholds is not None
         tau, _, kept_mass = yield from _thresholds_steps(x, rows, split=split, **thresholds)

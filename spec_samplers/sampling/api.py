@@ -92,10 +92,10 @@ def _sample(
     if kernels is None:
         tokens, valid = custom_ops.sample(**draw, backend=backend)
     elif kernels:
-        tokens, valid = sampling_launch.sample_triton(**draw, config=config)
+        tokens, valid = sampling_launch.sample_triton(**draw, out_dtype=out_dtype, config=config)
     else:
         tokens, valid = reference.sample_reference(**draw)
-    tokens = tokens.to(out_dtype)
+    tokens = tokens.to(out_dtype)  # (the kernels' tokens have it already)
     return (tokens, valid) if return_valid else tokens
 
 
