@@ -92,12 +92,12 @@ def sample(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [B] int64, -1 where the row has no mass; valid [B] bool)."""
-    draw = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint)
-    filters = dict(top_k=top_k, top_p=top_p, min_p=min_p)
+    draw: dict[str, Any] = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint)
+    draw.update(top_k=top_k, top_p=top_p, min_p=min_p)
     if use_triton(check_backend(backend), x.device):
-        tokens, valid = sampling_launch.sample_triton(**draw, **filters)
+        tokens, valid = sampling_launch.sample_triton(**draw)
     else:
-        tokens, valid = sampling_reference.sample_reference(**draw, **filters)
+        tokens, valid = sampling_reference.sample_reference(**draw)
     return tokens.to(torch.int64), valid.to(torch.bool)
 
 

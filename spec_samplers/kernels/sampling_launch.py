@@ -43,7 +43,8 @@ class _Planned:
     the loop ends."""
 
     def __init__(self, steps: Steps, config: LaunchConfig | None) -> None:
-        self.steps, self.config, self.value = steps, config, None
+        self.steps, self.config = steps, config
+        self.value: Any = None
 
     def __iter__(self) -> Iterator[KernelLaunch]:
         sink = None if self.config is None else self.config.launches

@@ -46,7 +46,7 @@ def _path(backend: str, x: torch.Tensor, config: LaunchConfig | None) -> bool | 
 
 def _filters(
     B: int, V: int, device: torch.device, check_values: bool, top_k: object, top_p: object, min_p: object
-) -> dict[str, torch.Tensor | None]:
+) -> dict[str, Any]:
     """[B] canonical top_k / top_p / min_p (None stays None: no filter)."""
     return dict(
         top_k=None if top_k is None else checks.canonical_top_k(top_k, B, V, device),
@@ -88,7 +88,7 @@ def _sample(
             seeds = sampling_launch.row_seeds_triton(seeds, shared_offset, B, config=config)
         else:
             seeds = derive_row_seeds(seeds, shared_offset, B)
-    draw = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
+    draw: dict[str, Any] = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
     if kernels is None:
         tokens, valid = custom_ops.sample(**draw, backend=backend)
     elif kernels:
