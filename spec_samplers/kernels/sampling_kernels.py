@@ -166,10 +166,15 @@ def round_to_output(x, out_ptr):
 
 @triton.jit
 def output_row(rows_ptr, b, R):
-    """(input row of output b, clamped into [0, R), whether it exists)."""
-    r = tl.load(rows_ptr + b).to(tl.int64)
-    ok = (r >= 0) & (r < R)
-    return tl.where(ok, r, 0), ok
+    """(input row of output b, clamped into [0, R), whether it exists); without ``rows_ptr``
+    (None: the outputs are the input rows) row b itself."""
+    r = b.to(tl.int64)
+    ok = r < R
+    if rows_ptr is not None:
+        r = tl.load(rows_ptr + b).to(tl.int64)
+        ok = (r >= 0) & (r < R)
+        r = tl.where(ok, r, 0)
+    return r, ok
 
 
 @triton.jit
@@ -206,7 +211,7 @@ def row_max_ref(max_ptr, b):
 def stats_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
-    rows_ptr,  # [B] int64 input row of each output
+    rows_ptr,  # [B] int64 input row of each output (None: row b)
     temp_ptr,  # [B] fp32 softmax temperature (SOFTMAX only; <= 0 acts as 1)
     max_ptr,
     min_ptr,
@@ -457,7 +462,7 @@ def search_kernel(
     PRECISE: tl.constexpr,
 ):
     """:func:`pivot_search` for output row b. The launcher starts lo at the row min (or at tau_k,
-    top-p after top-k) and hi at the row max (hi = lo when the filter is off)."""
+    top-p after top-k) and hi at the row max (hi = lo here when top_k is 0: the filter is off)."""
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
     m_ref = 0.0
@@ -465,15 +470,18 @@ def search_kernel(
         m_ref = row_max_ref(max_ptr, b)
     k = tl.zeros([], tl.int64)
     top_p = 1.0
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
     if MODE == 0:
         k = tl.load(k_ptr + b)
+        hi = tl.where(k > 0, hi, lo)  # top_k = 0: the filter is off
     else:
         top_p = tl.load(p_ptr + b)
     lo, hi, m_lo = pivot_search(
         x_ptr + r * stride_r,
         V,
-        tl.load(lo_ptr + b),
-        tl.load(hi_ptr + b),
+        lo,
+        hi,
         k,
         top_p,
         m_ref,

@@ -70,9 +70,15 @@ def _split(V: int, B: int, device: torch.device, split: VocabSplit | None, confi
     return vocab_split(V, B, device)
 
 
-def _rows(x: torch.Tensor, rows: torch.Tensor) -> dict[str, object]:
-    """Kernel arguments addressing output row b's input row ``rows[b]`` of ``x`` [R, V]."""
+def _rows(x: torch.Tensor, rows: torch.Tensor | None) -> dict[str, object]:
+    """Kernel arguments addressing output row b's input row ``rows[b]`` of ``x`` [R, V] (row b
+    without ``rows``)."""
     return dict(x_ptr=x, stride_r=x.stride(0), rows_ptr=rows, R=x.shape[0], V=x.shape[1])
+
+
+def _outputs(x: torch.Tensor, rows: torch.Tensor | None) -> int:
+    """B, the number of output rows."""
+    return x.shape[0] if rows is None else rows.shape[0]
 
 
 def _blocks(split: VocabSplit) -> dict[str, object]:
@@ -102,7 +108,7 @@ def row_seeds_triton(
 
 def _stats_launch(
     x: torch.Tensor,  # [R, V], vocab stride 1
-    rows: torch.Tensor,  # [B] int64
+    rows: torch.Tensor | None,  # [B] int64 (None: the rows of x)
     logits: bool,
     split: VocabSplit,
     temperature: torch.Tensor | None = None,  # [B] fp32: softmax statistics of x / T
@@ -113,7 +119,7 @@ def _stats_launch(
     from spec_samplers.kernels import sampling_kernels as sk
     from spec_samplers.kernels.launch_common import KernelLaunch, precise_math
 
-    B, NB = rows.shape[0], split.num_blocks
+    B, NB = _outputs(x, rows), split.num_blocks
     softmax = temperature is not None
 
     def part(dtype: torch.dtype, wanted: bool = True) -> torch.Tensor | None:
@@ -127,7 +133,7 @@ def _stats_launch(
 
 def _search_launch(
     x: torch.Tensor,
-    rows: torch.Tensor,
+    rows: torch.Tensor | None,
     row_max: torch.Tensor,
     lo: torch.Tensor,  # [B] fp32, searched in place (tau when the launch ends)
     hi: torch.Tensor,
@@ -141,7 +147,7 @@ def _search_launch(
     from spec_samplers.kernels import sampling_kernels as sk
     from spec_samplers.kernels.launch_common import KernelLaunch, precise_math
 
-    B = rows.shape[0]
+    B = _outputs(x, rows)
     cap = sk.search_scratch(B, x.shape[1])
     scratch = torch.empty((B, cap), dtype=torch.float32, device=x.device)
     args = dict(
@@ -165,7 +171,7 @@ def _search_launch(
 
 def _thresholds_steps(
     x: torch.Tensor,  # [R, V], vocab stride 1
-    rows: torch.Tensor,  # [B] int64
+    rows: torch.Tensor | None,  # [B] int64 (None: the rows of x)
     logits: bool,
     top_k: torch.Tensor | None,  # [B] int64, 0 = off
     top_p: torch.Tensor | None,  # [B] fp32
@@ -185,13 +191,12 @@ def _thresholds_steps(
     row_max, row_min = pmax.amax(dim=1), pmin.amin(dim=1)
     tau = row_min  # (read only: every value is kept)
     kept_mass = None
-    B = rows.shape[0]
+    B = _outputs(x, rows)
     if top_k is not None:
         tau = row_min.clone()  # searched in place
         track = need_kept_mass and top_p is None
         kept_mass = torch.empty(B, dtype=torch.int64, device=x.device) if track else None
-        hi = torch.where(top_k > 0, row_max, row_min)
-        yield _search_launch(x, rows, row_max, tau, hi, sk.MODE_COUNT, logits, kept_mass, top_k=top_k)
+        yield _search_launch(x, rows, row_max, tau, row_max.clone(), sk.MODE_COUNT, logits, kept_mass, top_k=top_k)
     if top_p is not None:
         tau_p = (row_min if joint or top_k is None else tau).clone()
         kept_mass = torch.empty(B, dtype=torch.int64, device=x.device)
@@ -315,7 +320,7 @@ def _rowwise_steps(
     if B == 0:
         return out
     x = vocab_contiguous(x)
-    rows = torch.arange(B, dtype=torch.int64, device=x.device)
+    rows = None  # output row b is input row b
     split = _split(V, B, x.device, split, config)
     args: dict[str, Any] = dict(x_ptr=x, stride_r=x.stride(0), out_ptr=out, V=V, chunk=split.chunk)
     args.update(BLOCK_V=split.block_v)

@@ -121,11 +121,11 @@ def canonical_top_k(top_k: object, batch_size: int, vocab_size: int, device: tor
         if t.is_floating_point():  # truncate as .int() does, with NaN / inf defined (never a huge int)
             t = torch.nan_to_num(t.double(), nan=0.0, posinf=vocab_size, neginf=0.0).clamp(-1, vocab_size).trunc()
         t = t.to(torch.int64)
-    else:
-        if isinstance(top_k, bool) or not isinstance(top_k, int):
-            raise input_error("top_k", "an int or a tensor", type(top_k).__name__)
-        t = torch.full((batch_size,), top_k, dtype=torch.int64, device=device)
-    return torch.where((t <= 0) | (t >= vocab_size), 0, t)
+        return torch.where((t <= 0) | (t >= vocab_size), 0, t)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise input_error("top_k", "an int or a tensor", type(top_k).__name__)
+    # (a Python int: the same rule on the host, one fill on the device)
+    return torch.full((batch_size,), top_k if 0 < top_k < vocab_size else 0, dtype=torch.int64, device=device)
 
 
 def canonical_top_p(top_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor:
