@@ -13,9 +13,11 @@ k_r in the sampler's kernels; no row is copied and no bonus is drawn eagerly.
   temperature, the model's raw logits are verified, divided by T in the kernels.
   V1: :func:`plain_step` / :func:`verify_plain_step` (called by ``v1_runner.forward``, the
   plugin's wrapper of ``RejectionSampler.forward``; the bonus token is drawn in our kernels
-  instead of by vLLM's Sampler). Model Runner V2: :func:`plain_chunk` / :func:`verify_plain_chunk`
+  instead of by vLLM's Sampler). Model Runner V2: :func:`plain_chunk`
   (called by ``v2_runner.verify_chunk``, the wrapper of ``RejectionSampler._verify``, from the
-  per-request flag ``v2_runner.add_request`` records: :func:`needs_more_than_temperature`).
+  per-request flag ``v2_runner.add_request`` records: :func:`needs_more_than_temperature`; a
+  plain chunk is ``v2_runner.verify_plain_chunk``: the seam on the raw logits, which takes
+  :func:`verify_chunk_with_bonus_rows`).
 
 No vocabulary-sized eager tensor per step, with point-mass drafts or draft probabilities / the
 drafter's logits (read in place by index). The runner modules install the seams and call these;
@@ -212,7 +214,7 @@ def verify_chunk_with_bonus_rows(
     logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
 ) -> torch.Tensor:
     """The chunk's logits verified in place, bonus rows included
-    (:func:`~spec_samplers.integrations.vllm.ragged.verify_with_bonus_rows`: request r's rows
+    (:func:`verify_with_bonus_rows`: request r's rows
     [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
     tokens follow the same law and the same random stream as ``v2_runner.sample_rows``. The drafter's
     cached logits are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the
@@ -338,28 +340,21 @@ def plain_chunk(
     idx_mapping_np: np.ndarray,  # [R] request slots of the chunk (host)
 ) -> bool:
     """Whether the chunk needs nothing but each request's temperature, so that
-    :func:`verify_plain_chunk` gives what vLLM's glue and our seam give: every request's
+    ``v2_runner.verify_plain_chunk`` gives what vLLM's glue and our seam give: every request's
     :data:`NEEDS_MORE_ATTRIBUTE` flag down (no min-p, top-k, top-p, logit bias, allowed tokens,
     min tokens, penalties, bad words, thinking budget, other logits processor); no sampling mask;
     no processed logprobs for a request of the chunk; none of vLLM's own schemes (synthetic,
     block verification, FLy, watermarking); vLLM's own ``apply_sampling_params`` (a subclass's
     may do more); a sampler that verifies bonus rows in place. Host state only: no device work."""
-    from spec_samplers.integrations.vllm import v2_runner  # the seam's rules (v2_runner imports this module)
-
     sampler: Any = getattr(rejection_sampler, "sampler", None)
     flags = getattr(sampler, NEEDS_MORE_ATTRIBUTE, None)
     vllm_sampler = getattr(sys.modules.get(_SAMPLER_MODULE), "Sampler", None)
     if flags is None or vllm_sampler is None or logits.dim() != 2:
         return False
-    rs = rejection_sampler
-    scheme = dict(  # an attribute missing in this vLLM version: the feature is absent
-        synthetic_conditional_rates=getattr(rs, "synthetic_conditional_rates", None),
-        use_block_verification=getattr(rs, "use_block_verification", False),
-        fly_window_size=getattr(rs, "fly_window_size", 0),
-        contexts=getattr(rs, "watermark_key", None),  # a watermark key: vLLM passes contexts
-    )
+    if vllm_scheme(rejection_sampler):
+        return False
     glue_is_vllms = getattr(type(sampler), "apply_sampling_params", None) is vllm_sampler.apply_sampling_params
-    if v2_runner.vllm_only(scheme) or not glue_is_vllms or getattr(sampler, "return_sampling_mask", False):
+    if not glue_is_vllms or getattr(sampler, "return_sampling_mask", False):
         return False
     if bool(flags[idx_mapping_np].any()):
         return False
@@ -368,65 +363,21 @@ def plain_chunk(
     return verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler)
 
 
+def vllm_scheme(rejection_sampler: Any) -> bool:
+    """Whether Model Runner V2's RejectionSampler uses one of vLLM's own verification schemes
+    (synthetic mode, block verification, FLy, watermarking): the attributes from which vLLM
+    passes the seam the arguments that ``v2_runner._vllm_only`` hands back to vLLM (an attribute
+    missing in this vLLM version: the scheme is absent)."""
+    rs = rejection_sampler
+    return (
+        getattr(rs, "synthetic_conditional_rates", None) is not None
+        or bool(getattr(rs, "use_block_verification", False))
+        or getattr(rs, "fly_window_size", 0) > 0
+        or getattr(rs, "watermark_key", None) is not None  # a watermark key: vLLM passes contexts
+    )
+
+
 def _processed_logprobs(sampler: Any) -> bool:
     from vllm.config.model import PROCESSED_LOGPROBS_MODES
 
     return sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES
-
-
-#: the tensors of ``_verify``'s arguments after ``logits`` that :func:`verify_plain_chunk` reads
-CHUNK_ARGUMENTS = (
-    "draft_logits",
-    "draft_sampled",
-    "pos",
-    "cu_num_logits",
-    "idx_mapping",
-    "expanded_idx_mapping",
-    "expanded_local_pos",
-)
-
-
-def verify_plain_chunk(
-    rejection_sampler: Any,  # Model Runner V2's RejectionSampler
-    verifier: RaggedVerifier,
-    logits: torch.Tensor,  # [L, V] the chunk's raw logits (the model's dtype)
-    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
-    draft_sampled: torch.Tensor,  # [L]
-    pos: torch.Tensor,  # [L]
-    cu_num_logits: torch.Tensor,  # [R+1] chunk-relative
-    idx_mapping: torch.Tensor,  # [R]
-    expanded_idx_mapping: torch.Tensor,  # [L]
-    expanded_local_pos: torch.Tensor,  # [L]
-    verify_draft_sampled: torch.Tensor | None = None,  # [L] (vLLM 0.33: invalid drafts -1)
-    **unused: Any,  # idx_mapping_np, seq_lens_upper_bound_np: read by vLLM's glue only
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``_verify``'s triple (processed_logits, sampled [R, S+1] int64, num_sampled [R] int32) for a
-    plain chunk (:func:`plain_chunk`): the raw logits verified in place, bonus rows included, each
-    request at its own temperature in the kernels (0: greedy, the argmax); the drafter's cached
-    logits read in place too. No vocabulary-sized tensor is created.
-
-    The raw logits are returned as ``processed_logits``, which is what vLLM's own
-    ``apply_sampling_params`` returns for a chunk that needs no processing. ``_verify_in_chunks``
-    reads it for two things only: logprobs, from it when ``logprobs_mode`` is a processed mode
-    (otherwise from the raw logits anyway), and the sampling mask (``return_sampling_mask``);
-    :func:`plain_chunk` sends both cases to vLLM (processed logprobs: when a request of the chunk
-    asks for logprobs; rows of requests that do not ask are never returned to them)."""
-    from spec_samplers.integrations.vllm import v2_runner  # the seam (v2_runner imports this module)
-
-    states = rejection_sampler.sampler.sampling_states
-    sampled, num_sampled = v2_runner.verify(
-        verifier,
-        logits,
-        draft_logits,
-        draft_sampled if verify_draft_sampled is None else verify_draft_sampled,
-        cu_num_logits,
-        pos,
-        idx_mapping,
-        expanded_idx_mapping,
-        expanded_local_pos,
-        states.temperature.gpu,
-        states.seeds.gpu,
-        rejection_sampler.num_speculative_steps,
-        logits_divided=False,
-    )
-    return logits, sampled, num_sampled

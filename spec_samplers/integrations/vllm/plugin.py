@@ -10,7 +10,7 @@ current ``VllmConfig`` (vLLM builds its model runner inside ``set_current_vllm_c
 it holds our section is the module's ``rejection_sample`` replaced (logged once per attribute);
 otherwise vLLM's own function stays, or is put back. Bad sections raise there: at engine start.
 
-``WRAPS`` lists the few other vLLM functions wrapped on import (spec_decode_params.py: min_p and
+``WRAPS`` lists the few other vLLM functions wrapped on import (min_p_logit_bias.py: min_p and
 logit_bias with speculative decoding; V1's ``expand_batch_to_tokens``, broken on vLLM's CPU build
 (vLLM issue #55005); V1's ``RejectionSampler.forward`` and Model Runner V2's
 ``RejectionSampler._verify``, whose plain steps skip vLLM's glue when our sampler is installed at

@@ -59,14 +59,12 @@ from spec_samplers import rng
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.fast_path import (
-    CHUNK_ARGUMENTS,
     NEEDS_MORE_ATTRIBUTE,
     answers_of,
     bonus_row_verifiable,
     needs_more_than_temperature,
     plain_chunk,
     verify_chunk_with_bonus_rows,
-    verify_plain_chunk,
 )
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
@@ -92,12 +90,12 @@ def make_rejection_sample(
     from code that bypasses it).
     """
     verifier = RaggedVerifier(sampler)
-    replacement = replace_engine_function(sampler, verifier, verify, vllm_rejection_sample, vllm_only)
+    replacement = replace_engine_function(sampler, verifier, verify, vllm_rejection_sample, _vllm_only)
     setattr(replacement, VERIFIER_ATTRIBUTE, verifier)  # what verify_chunk reads
     return replacement
 
 
-def vllm_only(arguments: Mapping[str, Any]) -> bool:
+def _vllm_only(arguments: Mapping[str, Any]) -> bool:
     """vLLM's own schemes (synthetic mode, block verification, contexts, FLy): calls that stay vLLM's."""
     a = arguments
     vllm_scheme = a.get("synthetic_conditional_rates") is not None or a.get("use_block_verification")
@@ -339,11 +337,23 @@ def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
     return _add_request
 
 
+#: the tensors of ``_verify``'s arguments after ``logits`` that :func:`verify_plain_chunk` reads
+CHUNK_ARGUMENTS = (
+    "draft_logits",
+    "draft_sampled",
+    "pos",
+    "cu_num_logits",
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+)
+
+
 def verify_chunk(vllm_verify: Callable[..., Any]) -> Callable[..., Any]:
     """Wraps Model Runner V2's ``RejectionSampler._verify`` (one chunk of whole requests, called by
     ``_verify_in_chunks``). With our sampler installed at the seam and a plain chunk
     (:func:`~spec_samplers.integrations.vllm.fast_path.plain_chunk`), the chunk is
-    :func:`~spec_samplers.integrations.vllm.fast_path.verify_plain_chunk`: vLLM's glue
+    :func:`verify_plain_chunk`: vLLM's glue
     (``Sampler.apply_sampling_params``: the chunk's logits copied to fp32, divided by the
     temperatures) is skipped and the raw logits are verified in place. Anything else is vLLM's
     ``_verify``, which calls our ``rejection_sample`` (or vLLM's, without our section)."""
@@ -361,3 +371,47 @@ def verify_chunk(vllm_verify: Callable[..., Any]) -> Callable[..., Any]:
         return vllm_verify(self, *args, **kwargs)
 
     return _verify
+
+
+def verify_plain_chunk(
+    rejection_sampler: Any,  # Model Runner V2's RejectionSampler
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V] the chunk's raw logits (the model's dtype)
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
+    draft_sampled: torch.Tensor,  # [L]
+    pos: torch.Tensor,  # [L]
+    cu_num_logits: torch.Tensor,  # [R+1] chunk-relative
+    idx_mapping: torch.Tensor,  # [R]
+    expanded_idx_mapping: torch.Tensor,  # [L]
+    expanded_local_pos: torch.Tensor,  # [L]
+    verify_draft_sampled: torch.Tensor | None = None,  # [L] (vLLM 0.33: invalid drafts -1)
+    **unused: Any,  # idx_mapping_np, seq_lens_upper_bound_np: read by vLLM's glue only
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_verify``'s triple (processed_logits, sampled [R, S+1] int64, num_sampled [R] int32) for a
+    plain chunk (``fast_path.plain_chunk``): the raw logits verified in place, bonus rows included, each
+    request at its own temperature in the kernels (0: greedy, the argmax); the drafter's cached
+    logits read in place too. No vocabulary-sized tensor is created.
+
+    The raw logits are returned as ``processed_logits``, which is what vLLM's own
+    ``apply_sampling_params`` returns for a chunk that needs no processing. ``_verify_in_chunks``
+    reads it for two things only: logprobs, from it when ``logprobs_mode`` is a processed mode
+    (otherwise from the raw logits anyway), and the sampling mask (``return_sampling_mask``);
+    ``fast_path.plain_chunk`` sends both cases to vLLM (processed logprobs: when a request of the chunk
+    asks for logprobs; rows of requests that do not ask are never returned to them)."""
+    states = rejection_sampler.sampler.sampling_states
+    sampled, num_sampled = verify(
+        verifier,
+        logits,
+        draft_logits,
+        draft_sampled if verify_draft_sampled is None else verify_draft_sampled,
+        cu_num_logits,
+        pos,
+        idx_mapping,
+        expanded_idx_mapping,
+        expanded_local_pos,
+        states.temperature.gpu,
+        states.seeds.gpu,
+        rejection_sampler.num_speculative_steps,
+        logits_divided=False,
+    )
+    return logits, sampled, num_sampled
