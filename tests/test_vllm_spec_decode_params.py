@@ -46,7 +46,7 @@ from vllm_support import (
     verify_in_chunks,
 )
 
-from spec_samplers.integrations.vllm import v1_runner
+from spec_samplers.integrations.vllm import min_p_logit_bias
 
 SECTION = {"spec_samplers": {"acceptance_method": "rejection_sampler"}}
 V = 12  # vocabulary of the statistical tests
@@ -267,12 +267,12 @@ def test_v1_draft_rows_get_vllms_bias_and_min_p_ragged(model_dir):
     rows = [p for p, n in zip(params, num_drafts, strict=True) for _ in range(n)]
     raw = torch.randn(len(rows), 16, generator=torch.Generator().manual_seed(3)) * 2
     batch = builtin_logitsprocs(params)
-    ours = v1_runner.add_logit_bias_to_draft_rows(raw.clone(), batch.non_argmax_invariant, cu, max(num_drafts))
+    ours = min_p_logit_bias.add_logit_bias_to_draft_rows(raw.clone(), batch.non_argmax_invariant, cu, max(num_drafts))
     per_row = builtin_logitsprocs(rows)
     bias = next(p for p in per_row.non_argmax_invariant if type(p).__name__ == "LogitBiasLogitsProcessor")
     assert torch.equal(ours, bias.apply(raw.clone()))
     temps = torch.tensor([p.temperature for p in params])
-    ours = v1_runner.apply_min_p_to_draft_rows(ours, batch.argmax_invariant, cu, temps)
+    ours = min_p_logit_bias.apply_min_p_to_draft_rows(ours, batch.argmax_invariant, cu, temps)
     row_temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in rows])
     expected = per_row.argmax_invariant[0].apply(bias.apply(raw.clone()) / row_temps[:, None])  # min-p after T
     assert torch.equal(torch.isinf(ours), torch.isinf(expected))

@@ -26,7 +26,7 @@ from vllm_support import (
     vllm_greedy_v1,
 )
 
-from spec_samplers.integrations.vllm import v1_runner
+from spec_samplers.integrations.vllm import fast_path, v1_runner
 from spec_samplers.integrations.vllm.ragged import RaggedVerifier
 from spec_samplers.registry import get_sampler
 
@@ -102,7 +102,7 @@ def test_greedy_rows_are_vllms_exactly(with_draft_probs, dtype):
     target, bonus = logits[md.target_logits_indices.long()].float(), argmax[md.bonus_logits_indices.long()]
     expected = vllm_greedy_v1(drafts, target, bonus.tolist())
     for temps in ([0.0] * 5, [0.0, 0.9, 0.0, 0.0, 1.3]):  # all greedy; mixed
-        out = v1_runner.verify_plain_step(verifier(), md, q, logits, sampling_metadata(temps))
+        out = fast_path.verify_plain_step(verifier(), md, q, logits, sampling_metadata(temps))
         assert out.dtype == torch.int32 and out.shape == (5, 5)
         check_layout(out, drafts, 16)
         for r, t in enumerate(temps):
@@ -124,7 +124,7 @@ def test_random_rows_match_the_slow_path_token_for_token(name, with_draft_probs)
     drafts = [d.tolist() for d in md.draft_token_ids.split(md.num_draft_tokens)]
     temps = [0.8, 1.0, 0.0, 1.5, 0.6, 1.0] * 6
     ver = verifier(name)
-    fast = v1_runner.verify_plain_step(ver, md, q, logits, sampling_metadata(temps, generators(36, 5)))
+    fast = fast_path.verify_plain_step(ver, md, q, logits, sampling_metadata(temps, generators(36, 5)))
     slow = slow_path(ver, md, q, logits, sampling_metadata(temps, generators(36, 5)))
     check_layout(fast, drafts, V)
     full = 0
@@ -155,7 +155,7 @@ def test_bonus_and_first_token_laws(with_draft_probs):
         md.draft_token_ids.copy_(torch.randint(0, V, (B,), generator=gen, dtype=torch.int32))
         q = None
     torch.manual_seed(11)
-    out = v1_runner.verify_plain_step(verifier(), md, q, logits, sampling_metadata([T] * B))
+    out = fast_path.verify_plain_step(verifier(), md, q, logits, sampling_metadata([T] * B))
     assert chi2_pvalue(out[:, 0].long(), torch.softmax(row0 / T, -1)) > CHI2_ALPHA
     bonus = out[out[:, 1] != -1, 1].long()
     assert bonus.numel() > 300
@@ -172,12 +172,12 @@ def test_seeded_requests_reproduce(with_draft_probs):
     for default_seed in (0, 1):
         torch.manual_seed(default_seed)
         sm = sampling_metadata([1.0, 0.9, 1.2, 0.7], generators(4, 100))
-        outs.append(v1_runner.verify_plain_step(verifier(), md, q, logits, sm))
+        outs.append(fast_path.verify_plain_step(verifier(), md, q, logits, sm))
     assert torch.equal(outs[0], outs[1])
     seen = set()
     for seed in range(20):  # the request without drafts is a sample, not a constant
         sm = sampling_metadata([1.0, 0.9, 1.2, 0.7], {1: torch.Generator().manual_seed(seed)})
-        seen.add(int(v1_runner.verify_plain_step(verifier(), md, q, logits, sm)[1, 0]))
+        seen.add(int(fast_path.verify_plain_step(verifier(), md, q, logits, sm)[1, 0]))
     assert len(seen) > 1
 
 

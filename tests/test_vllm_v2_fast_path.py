@@ -33,7 +33,7 @@ from vllm_support import (  # noqa: F401
     v2_inputs,
 )
 
-from spec_samplers.integrations.vllm import v2_runner
+from spec_samplers.integrations.vllm import fast_path, v2_runner
 
 REJECTION = {"acceptance_method": "rejection_sampler"}
 V, K = 24, 3  # the engine config's n-gram drafter proposes K = 3 tokens
@@ -458,10 +458,10 @@ def test_flags_follow_the_slot(model_dir, restore_seams, monkeypatch):
     sampler = vllm_sampler(monkeypatch, engine_config(model_dir, None), 4)
     install(V2_MODULE, None)
     sampler.add_request(1, SamplingParams(temperature=0.5))
-    assert getattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE, None) is None  # not installed: no flags
+    assert getattr(sampler, fast_path.NEEDS_MORE_ATTRIBUTE, None) is None  # not installed: no flags
     install(V2_MODULE, REJECTION)
     sampler.add_request(1, SamplingParams(temperature=0.5, presence_penalty=1.0))
-    flags = getattr(sampler, v2_runner.NEEDS_MORE_ATTRIBUTE)
+    flags = getattr(sampler, fast_path.NEEDS_MORE_ATTRIBUTE)
     assert flags.tolist() == [True, True, True, True]
     assert bool(sampler.needs_logits_processing[1])
     sampler.add_request(1, SamplingParams(temperature=0.5))

@@ -17,11 +17,7 @@ Strategy for calling a sampler:
   ids and valid distributions, so strict-mode samplers accept it.
 
 Both runners' lean paths verify the engine's logits where the engine wrote them, bonus rows
-included (:func:`verify_with_bonus_rows`): request r's
-k_r + 1 rows are one ragged request whose last draft is the -1 placeholder, always rejected, so
-the token there is a sample of the bonus row (its argmax for a greedy request) drawn by the
-recovery race of position k_r in the sampler's kernels; no row is copied and no bonus is drawn
-eagerly.
+included: :mod:`spec_samplers.integrations.vllm.fast_path`.
 
 Everything is vectorised over the batch: no host synchronisation, no loop over rows.
 """
@@ -255,54 +251,3 @@ def well_formed_requests(
 ) -> torch.Tensor:
     """[B] bool: the requests whose metadata :func:`ragged_positions` accepts (no host read)."""
     return ragged_layout(cu_num_draft_tokens, max_spec_len, num_tokens)[2] >= 0
-
-
-# --- bonus rows verified in place (both vLLM runners' lean paths) -------------------------------
-
-
-def bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
-    """Whether the sampler's token at an out-of-range draft is a sample of the target row at that
-    position, by the recovery race of that position, which is how :func:`verify_with_bonus_rows`
-    draws a bonus token (rejection sampling and block verification; not typical acceptance, which
-    recovers the argmax, nor strict mode, which refuses out-of-range ids)."""
-    from spec_samplers.block import BlockVerificationSampler
-    from spec_samplers.rejection import RejectionSampler
-
-    return isinstance(sampler, (RejectionSampler, BlockVerificationSampler)) and not sampler.strict_mode
-
-
-def verify_with_bonus_rows(
-    verifier: RaggedVerifier,
-    logits: torch.Tensor,  # [L, V]: every row of the batch, bonus rows included
-    draft_logits: torch.Tensor | None,  # [L, V], [N, V] with draft_rows, or None (point-mass drafts)
-    draft_token_ids: torch.Tensor,  # [L] int32/int64: -1 at every bonus row
-    cu_num_rows: torch.Tensor,  # [R] int32/int64 inclusive cumulative sum of k_r + 1
-    max_spec_len: int,  # K >= every k_r
-    *,
-    temperature: torch.Tensor,  # [R] float: what the logits are divided by, 0 = greedy request
-    seeds: torch.Tensor,  # [R] int64
-    offsets: torch.Tensor | None = None,  # [R] int64
-    bonus_token_ids: torch.Tensor | None = None,  # [R] int, never emitted (default: -1s, one op)
-    **draft_rows: torch.Tensor,  # draft_rows [L] (-1 at bonus rows), draft_temperature [R]
-) -> torch.Tensor:
-    """[R, K+1] int64, -1 padded: the engine's logits verified in place by the sampler's logits
-    entry (requires :attr:`RaggedVerifier.has_logits_entry` and :func:`bonus_row_verifiable`).
-    Request r's rows [cu[r-1], cu[r]) are one ragged request of k_r + 1 rows whose last draft is
-    the -1 placeholder: always rejected, its token is a sample of the bonus row (the argmax for a
-    greedy request) by the recovery race of position k_r. So the kernels read the logits where
-    the engine wrote them and no vocabulary-sized tensor is created."""
-    if bonus_token_ids is None:
-        bonus_token_ids = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
-    out = verifier.from_logits(
-        logits,
-        bonus_token_ids,  # never emitted: every last draft is rejected
-        draft_logits,
-        draft_token_ids,
-        cu_num_rows,
-        max_spec_len + 1,
-        temperature=temperature,
-        seeds=seeds,
-        offsets=offsets,
-        **draft_rows,
-    )  # [R, K+2]: at most k_r + 1 <= K + 1 tokens per request
-    return out[:, : max_spec_len + 1]

@@ -15,8 +15,9 @@ probability mass, all NaN logits, gives token 0, as vLLM's own verification does
 Plain steps skip vLLM's glue (:func:`forward`, a wrapper of ``RejectionSampler.forward`` that
 the plugin installs): when the batch needs nothing but temperature, the model's [T + B, V]
 logits are verified in place, bonus rows included, and the bonus token is drawn in our kernels
-instead of by vLLM's Sampler: no vocabulary-sized eager tensor per step, with point-mass drafts
-or draft probabilities (read in place by index).
+instead of by vLLM's Sampler (fast_path.py: :func:`~spec_samplers.integrations.vllm.fast_path.plain_step`,
+:func:`~spec_samplers.integrations.vllm.fast_path.verify_plain_step`). min_p and logit_bias on the
+draft rows: min_p_logit_bias.py. vLLM issue #55005 on its CPU build: :func:`expand_batch_to_tokens`.
 """
 
 from __future__ import annotations
@@ -29,17 +30,15 @@ import torch
 
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.errors import input_error
+from spec_samplers.integrations.vllm.fast_path import plain_step, verify_plain_step
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
     at_least_one_token,
-    bonus_row_verifiable,
     greedy_verify_ragged,
     seam_verifier,
-    verify_with_bonus_rows,
     well_formed_requests,
 )
-from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.seeding import row_seeds
 
 
@@ -141,14 +140,15 @@ def verify(
     return at_least_one_token(out, well_formed).to(torch.int32)
 
 
-# --- plain steps: RejectionSampler.forward without vLLM's glue (issue 19) ------------------------
+# --- the fast path's wrap: plain steps (fast_path.py) ------------------------------------------
 
 
 def forward(vllm_forward: Callable[..., Any]) -> Callable[..., Any]:
     """Wraps V1's ``RejectionSampler.forward(metadata, draft_probs, logits, sampling_metadata)``.
 
     With our sampler installed at the seam (its ``rejection_sample`` carries the verifier) and a
-    plain step (:func:`plain_step`), the step is :func:`verify_plain_step`: vLLM's glue (the
+    plain step (:func:`~spec_samplers.integrations.vllm.fast_path.plain_step`), the step is
+    :func:`~spec_samplers.integrations.vllm.fast_path.verify_plain_step`: vLLM's glue (the
     gather of the target rows, their fp32 copy and clone, the division by temperature) and its
     bonus draw by its Sampler are skipped. Anything else is vLLM's forward, which calls our
     ``rejection_sample`` as before; without our section it is vLLM's forward, unchanged."""
@@ -165,185 +165,6 @@ def forward(vllm_forward: Callable[..., Any]) -> Callable[..., Any]:
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
 
     return _forward
-
-
-def _builtin_and_inactive(processor: Any) -> bool:
-    """Whether a V1 logits processor is one of vLLM's built-ins (exactly: not a subclass) with no
-    request using it in this batch; any other processor may change the logits."""
-    idle = {
-        "MinPLogitsProcessor": lambda p: not p.min_p_count,
-        "LogitBiasLogitsProcessor": lambda p: not p.biases,
-        "MinTokensLogitsProcessor": lambda p: not p.min_toks,
-    }.get(type(processor).__name__)
-    builtin = type(processor).__module__ == "vllm.v1.sample.logits_processor.builtin"
-    return builtin and idle is not None and bool(idle(processor))
-
-
-def plain_step(
-    rejection_sampler: Any,  # vLLM's RejectionSampler (its synthetic / FLy settings)
-    verifier: RaggedVerifier,
-    metadata: Any,  # SpecDecodeMetadata
-    draft_probs: torch.Tensor | None,  # [T, V] or None
-    logits: torch.Tensor,  # [T + B, V]
-    sampling_metadata: Any,  # SamplingMetadata
-) -> bool:
-    """Whether the step needs nothing but each request's temperature, so that
-    :func:`verify_plain_step` gives vLLM's law: no top-k / top-p, penalties, allowed-token mask,
-    bad words, thinking budget, active logits processor (every one a built-in and idle), no
-    logprobs, not vLLM's synthetic mode or FLy, shapes as vLLM lays them out, and a sampler that
-    draws a bonus row in place. Host-side attributes only: no device work."""
-    sm = sampling_metadata
-    holder = getattr(sm, "thinking_budget_state_holder", None)
-    processors = sm.logitsprocs
-    step_is_plain = (
-        not getattr(rejection_sampler, "synthetic_mode", True)
-        and getattr(rejection_sampler, "fly_window_size", None) is None
-        and sm.max_num_logprobs is None
-        and not getattr(sm, "logprob_token_ids", None)
-        and sm.top_k is None
-        and sm.top_p is None
-        and sm.no_penalties
-        and sm.allowed_token_ids_mask is None
-        and not sm.bad_words_token_ids
-        and (holder is None or not holder.has_tracked_requests())
-        and all(map(_builtin_and_inactive, [*processors.argmax_invariant, *processors.non_argmax_invariant]))
-        and (sm.all_greedy or sm.temperature is not None)
-    )
-    if not step_is_plain or not bonus_row_verifiable(verifier.sampler):
-        return False
-    num_drafts = metadata.draft_token_ids.shape[0]
-    if logits.dim() != 2 or logits.shape[0] != num_drafts + len(metadata.num_draft_tokens):
-        return False
-    if draft_probs is None or sm.all_greedy or num_drafts == 0:  # no draft's law to read
-        return verifier.has_logits_entry
-    same_shape = tuple(draft_probs.shape) == (num_drafts, logits.shape[1])
-    # q goes to the logits entry too (draft_probs with draft_rows)
-    return verifier.has_logits_entry and same_shape and draft_probs.is_floating_point()
-
-
-def verify_plain_step(
-    verifier: RaggedVerifier,
-    metadata: Any,  # SpecDecodeMetadata
-    draft_probs: torch.Tensor | None,  # [T, V] fp32 (the drafter's law) or None
-    logits: torch.Tensor,  # [T + B, V]: request r's k_r draft rows, then its bonus row
-    sampling_metadata: Any,  # SamplingMetadata of a plain step (plain_step)
-) -> torch.Tensor:
-    """[B, K+1] int32, -1 padded: a plain step (:func:`plain_step`) verified from the model's
-    logits, bonus rows included, as Model Runner V2's seam does (request r's rows
-    [cu[r-1] + r, cu[r] + r] are one ragged request of k_r + 1 rows whose last draft is the -1
-    placeholder; the token there is the bonus sample, drawn in our kernels).
-
-    The sampler's logits entry reads the logits in place, divided by each request's temperature
-    in the kernels (0: greedy, the argmax), and draft probabilities, when the drafter hands them
-    over, in place too (``draft_probs`` with ``draft_rows``: row i of request r reads q's row
-    i - r): p is verified against exactly the given q, and no vocabulary-sized eager tensor is
-    created with either drafting. A seeded request draws its seed from its generator every step:
-    its bonus is ours now, and vLLM's Sampler draws a seeded bonus every step too."""
-    sm = sampling_metadata
-    num_reqs = len(metadata.num_draft_tokens)
-    K = metadata.max_spec_len
-    cu_rows = metadata.cu_num_sampled_tokens  # [B] inclusive cumulative sum of k_r + 1
-    draft_ids = metadata.draft_token_ids  # [T]
-    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
-    ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
-    if sm.all_greedy:
-        placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
-        out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
-        out = out[:, : K + 1]
-        return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
-    temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
-    seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
-    drafts: dict[str, torch.Tensor] = {}
-    if draft_probs is not None and draft_probs.shape[0] > 0:
-        # q read in place: the logits row of draft t reads q's row t (laid out as the ids above);
-        # a bonus row's placeholder draft reads no draft row (-1, skipped by the kernels)
-        index = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)  # [T + B]
-        index[metadata.target_logits_indices] = torch.arange(draft_ids.shape[0], device=logits.device)
-        drafts = dict(draft_probs=draft_probs, draft_rows=index)
-    out = verify_with_bonus_rows(
-        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
-    )
-    return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
-
-
-# --- logit bias and min-p on the draft rows (issue 21: min_p / logit_bias with speculative decoding) ---
-
-
-def apply_logits_processors(vllm_apply_logits_processors: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """Wraps V1's ``RejectionSampler.apply_logits_processors`` so that the draft rows get the logit
-    bias and min-p processors that vLLM's Sampler applies to the bonus rows, in the Sampler's order:
-    the bias before the penalties, min-p after them and before temperature, top-k and top-p.
-
-    vLLM's method applies penalties, allowed-token and bad-words masks and min-tokens to the draft
-    rows, but not the batch's ``LogitBiasLogitsProcessor`` / ``MinPLogitsProcessor``; vLLM builds
-    those with speculative decoding only when our section is set
-    (:func:`spec_samplers.integrations.vllm.spec_decode_params.build_logitsprocs`), so without it
-    this wrapper finds neither and changes nothing. The masks commute with the bias (-inf stays
-    -inf), so adding it first is the Sampler's order. Min-p is applied before temperature as
-    ``x < max(x) + T log(min_p)``, which is vLLM's ``p < min_p max(p)`` on ``softmax(x / T)``."""
-
-    @functools.wraps(vllm_apply_logits_processors)
-    def _apply_logits_processors(
-        self: Any, logits: torch.Tensor, sampling_metadata: Any, metadata: Any
-    ) -> torch.Tensor:
-        logitsprocs = sampling_metadata.logitsprocs
-        logits = add_logit_bias_to_draft_rows(
-            logits, logitsprocs.non_argmax_invariant, metadata.cu_num_draft_tokens, metadata.max_spec_len
-        )
-        logits = vllm_apply_logits_processors(self, logits, sampling_metadata, metadata)
-        return apply_min_p_to_draft_rows(
-            logits, logitsprocs.argmax_invariant, metadata.cu_num_draft_tokens, sampling_metadata.temperature
-        )
-
-    return _apply_logits_processors
-
-
-def _first_of(processors: list[Any], class_name: str) -> Any:
-    return next((p for p in processors if type(p).__name__ == class_name), None)
-
-
-def add_logit_bias_to_draft_rows(
-    logits: torch.Tensor,  # [T, V] fp32, updated in place
-    processors: list[Any],  # the batch's non-argmax-invariant V1 logits processors
-    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive
-    max_spec_len: int,  # K: no request has more drafts (a host int in vLLM's metadata)
-) -> torch.Tensor:
-    """Adds each request's ``logit_bias`` to every one of its draft rows, from the batch's
-    ``LogitBiasLogitsProcessor`` (its ``(request, token)`` pairs and biases, already on the device).
-    [T, V]: the same tensor."""
-    bias = _first_of(processors, "LogitBiasLogitsProcessor")
-    if bias is None or not bias.biases or logits.shape[0] == 0:  # biases: a host dict
-        return logits
-    reqs, tokens = (t.to(torch.int64) for t in bias.logits_slice)  # [P], [P]
-    cu = cu_num_draft_tokens.to(torch.int64)  # [B]
-    num_draft = torch.diff(cu, prepend=cu.new_zeros(1))  # [B]
-    step = torch.arange(max_spec_len, device=logits.device)  # [K]
-    valid = step[None, :] < num_draft[reqs][:, None]  # [P, K]
-    rows = torch.where(valid, (cu - num_draft)[reqs][:, None] + step[None, :], 0)  # [P, K]
-    values = torch.where(valid, bias.bias_tensor.to(logits.dtype)[:, None], 0.0)  # [P, K]: 0 added off the rows
-    columns = tokens[:, None].expand_as(rows)  # [P, K]
-    logits.index_put_((rows.reshape(-1), columns.reshape(-1)), values.reshape(-1), accumulate=True)
-    return logits
-
-
-def apply_min_p_to_draft_rows(
-    logits: torch.Tensor,  # [T, V] fp32 before temperature, updated in place
-    processors: list[Any],  # the batch's argmax-invariant V1 logits processors
-    cu_num_draft_tokens: torch.Tensor,  # [B] inclusive
-    temperature: torch.Tensor | None,  # [B] fp32, 0 for greedy requests; None when all are greedy
-) -> torch.Tensor:
-    """Masks to -inf the tokens that min-p drops from each draft row, from the batch's
-    ``MinPLogitsProcessor`` (``min_p`` [B, 1] on the device). [T, V]: the same tensor."""
-    min_p = _first_of(processors, "MinPLogitsProcessor")
-    if min_p is None or not min_p.min_p_count or temperature is None or logits.shape[0] == 0:
-        return logits
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    req_of_row = torch.searchsorted(cu_num_draft_tokens.to(torch.int64), rows, right=True)  # [T]
-    row_min_p = min_p.min_p.reshape(-1)[req_of_row]  # [T]; 0 where unset (greedy requests have 0)
-    row_temp = temperature.to(torch.float32)[req_of_row]  # [T]
-    row_temp = torch.where(row_temp > 0, row_temp, 1.0)  # vLLM divides greedy rows by 1
-    threshold = logits.amax(dim=-1) + row_temp * torch.log(row_min_p)  # [T]; -inf where min_p = 0
-    return logits.masked_fill_(logits < threshold[:, None], float("-inf"))
 
 
 # --- vLLM issue #55005: expand_batch_to_tokens on CPU ------------------------------------------

@@ -47,30 +47,35 @@ reproduces; vocabularies of different size are cut to the smaller one, as vLLM d
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from spec_samplers import rng
-from spec_samplers.bonus_rows import bonus_row_inputs
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.errors import input_error
+from spec_samplers.integrations.vllm.fast_path import (
+    NEEDS_MORE_ATTRIBUTE,
+    answers_of,
+    bonus_row_verifiable,
+    needs_more_than_temperature,
+    plain_chunk,
+    verify_chunk_with_bonus_rows,
+)
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
     at_least_one_token,
-    bonus_row_verifiable,
     greedy_verify_ragged,
     seam_verifier,
-    verify_with_bonus_rows,
 )
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
+
+_SEAM_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 
 
 def make_rejection_sample(
@@ -169,7 +174,7 @@ def verify(
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
     if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
-        out = _verify_with_bonus_rows(
+        out = verify_chunk_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
             expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided,
         )  # fmt: skip
@@ -293,99 +298,12 @@ def _with_counts(out: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, tor
     return out, num_sampled
 
 
-def _verify_with_bonus_rows(
-    verifier: RaggedVerifier,
-    logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
-    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
-    draft_sampled: torch.Tensor,  # [L]
-    cu_num_logits: torch.Tensor,  # [R+1]
-    pos: torch.Tensor,  # [L]
-    idx_mapping: torch.Tensor,  # [R]: request state of each request
-    expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
-    expanded_local_pos: torch.Tensor,  # [L]: step of each row within its request
-    temperature: torch.Tensor,  # [max_num_reqs]: T per request state (0 = greedy)
-    seed: torch.Tensor,  # [max_num_reqs] int64
-    num_speculative_steps: int,
-    logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
-) -> torch.Tensor:
-    """The chunk's logits verified in place, bonus rows included
-    (:func:`~spec_samplers.integrations.vllm.ragged.verify_with_bonus_rows`: request r's rows
-    [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
-    tokens follow the same law and the same random stream as :func:`sample_rows`. The drafter's
-    cached logits are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the
-    requests' T): no vocabulary-sized tensor is created. The per-request and per-row inputs (T,
-    seed and counter offset by request state, the ids each row scores, the drafter rows) are
-    gathered by :func:`spec_samplers.bonus_rows.bonus_row_inputs`: one kernel launch on CUDA."""
-    num_logits, vocab = logits.shape
-    S = num_speculative_steps
-    cache = None
-    num_steps = 0
-    if draft_logits is not None:
-        # The drafter's cache read in place: [max_num_reqs * S', vocab] rows (a view, no copy),
-        # row (state, step) at state * S' + step, divided by the request's temperature in the
-        # kernels (the target rows arrive divided by vLLM; the drafter's do not). A bonus row's
-        # placeholder never reads a drafter row (its step k_r may be past the cached ones): -1
-        # there, out of range, so the kernels skip that row.
-        num_steps = draft_logits.shape[1]
-        cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
-    inputs = bonus_row_inputs(
-        cu_num_logits,
-        idx_mapping,
-        temperature,
-        seed,
-        pos,
-        draft_sampled,  # the draft scored by row i is draft_sampled[i + 1] (vLLM's int32 or int64)
-        expanded_idx_mapping if cache is not None else None,
-        expanded_local_pos if cache is not None else None,
-        num_logits,
-        num_steps,
-        S + 1,
-    )
-    drafts: dict[str, torch.Tensor] = {}
-    if cache is not None and inputs.draft_rows is not None:
-        # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
-        drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
-    out = verify_with_bonus_rows(
-        verifier,
-        logits,
-        cache,
-        inputs.ids,
-        cu_num_logits[1:],
-        S,
-        # Logits divided by vLLM: T is 1, or 0 for greedy requests. sign() gives both in one op (a
-        # negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before). Raw logits
-        # (the plain-chunk fast path): each request's own T, divided in the kernels
-        temperature=inputs.temperature.sign() if logits_divided else inputs.temperature,
-        seeds=inputs.seeds,
-        offsets=inputs.offsets,
-        bonus_token_ids=inputs.bonus,
-        **drafts,
-    )
-    return out
-
-
-# --- plain chunks: RejectionSampler._verify without vLLM's glue (issue 19) -----------------------
-
-#: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs
-#: more than its temperature ([max_num_reqs] bool, numpy; True for a slot :func:`add_request` has
-#: not seen), written by the plugin's wrapper of ``Sampler.add_request``
-NEEDS_MORE_ATTRIBUTE = "_spec_samplers_needs_more_than_temperature"
-#: vLLM's built-in logits processors of Model Runner V2 (module, class): their ``add_request``
-#: answers whether they change the request's logits; any other processor may change any row
-BUILTIN_PROCESSORS = frozenset(
-    {
-        ("vllm.v1.worker.gpu.sample.logit_bias", "LogitBiasState"),  # logit bias, allowed tokens, min tokens
-        ("vllm.v1.worker.gpu.sample.penalties", "PenaltiesState"),
-        ("vllm.v1.worker.gpu.sample.bad_words", "BadWordsState"),
-    }
-)
-_SAMPLER_MODULE = "vllm.v1.worker.gpu.sample.sampler"
-_SEAM_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+# --- the fast path's wraps: plain chunks (fast_path.py) -----------------------------------------
 
 
 def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
     """Wraps Model Runner V2's ``Sampler.add_request(req_idx, sampling_params)``: vLLM's method,
-    then our flag for the slot (:data:`NEEDS_MORE_ATTRIBUTE`): whether the request needs anything
+    then our flag for the slot (``fast_path.NEEDS_MORE_ATTRIBUTE``): whether the request needs anything
     but its temperature. vLLM's own flag (``needs_logits_processing``) counts a temperature other
     than 0 and 1 too, so ours is read from the same sources: the answers of the thinking budget's
     and each logits processor's ``add_request`` during vLLM's call (recorded, not asked again:
@@ -402,7 +320,7 @@ def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
         if seam_verifier(_SEAM_MODULE) is None:  # our sampler is not installed: vLLM's method only
             return vllm_add_request(self, req_idx, sampling_params)
         components = [getattr(self, "thinking_budget_state", None), *getattr(self, "logits_processors", ())]
-        with _answers_of([c for c in components if c is not None]) as answers:
+        with answers_of([c for c in components if c is not None]) as answers:
             result = vllm_add_request(self, req_idx, sampling_params)
         if flags is None:
             num_slots = getattr(getattr(self, "sampling_states", None), "max_num_reqs", None)
@@ -411,7 +329,7 @@ def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
             flags = np.ones(num_slots, dtype=bool)
             setattr(self, NEEDS_MORE_ATTRIBUTE, flags)
         try:
-            flags[req_idx] = _needs_more(self, req_idx, components, answers)
+            flags[req_idx] = needs_more_than_temperature(self, req_idx, components, answers)
         except AttributeError:  # sampling states laid out otherwise: the request stays vLLM's
             flags[req_idx] = True
         return result
@@ -419,56 +337,23 @@ def add_request(vllm_add_request: Callable[..., Any]) -> Callable[..., Any]:
     return _add_request
 
 
-@contextlib.contextmanager
-def _answers_of(components: Sequence[Any]) -> Iterator[dict[int, Any]]:
-    """Records what each component's ``add_request`` returns while the block runs ({id: answer});
-    a component whose method cannot be shadowed (no instance dict) gives no answer."""
-    answers: dict[int, Any] = {}
-    shadowed = []
-    for component in components:
-        method = component.add_request
-
-        def recorded(req_idx: int, sampling_params: Any, _method: Any = method, _key: int = id(component)) -> Any:
-            answers[_key] = answer = _method(req_idx, sampling_params)
-            return answer
-
-        own = vars(component).get("add_request") if hasattr(component, "__dict__") else None
-        try:
-            component.add_request = recorded
-        except (AttributeError, TypeError):
-            continue
-        shadowed.append((component, own))
-    try:
-        yield answers
-    finally:
-        for component, own in shadowed:
-            if own is None:
-                del component.add_request
-            else:
-                component.add_request = own
-
-
-def _needs_more(sampler: Any, req_idx: int, components: Sequence[Any], answers: Mapping[int, Any]) -> bool:
-    """Whether the request in slot ``req_idx`` needs more than its temperature (conservative:
-    anything unknown counts)."""
-    thinking, *processors = components
-    if thinking is None or answers.get(id(thinking), True):
-        return True
-    for processor in processors:
-        builtin = (type(processor).__module__, type(processor).__name__) in BUILTIN_PROCESSORS
-        if not builtin or answers.get(id(processor), True):
-            return True
-    states = sampler.sampling_states  # vLLM's rule (SamplingStates.add_request) without temperature
-    if states.temperature.np[req_idx] == 0.0:
-        return False
-    filters = (states.min_p.np[req_idx] != 0.0, states.top_k.np[req_idx] != states.vocab_size)
-    return bool(any(filters) or states.top_p.np[req_idx] != 1.0)
+#: the tensors of ``_verify``'s arguments after ``logits`` that :func:`verify_plain_chunk` reads
+CHUNK_ARGUMENTS = (
+    "draft_logits",
+    "draft_sampled",
+    "pos",
+    "cu_num_logits",
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+)
 
 
 def verify_chunk(vllm_verify: Callable[..., Any]) -> Callable[..., Any]:
     """Wraps Model Runner V2's ``RejectionSampler._verify`` (one chunk of whole requests, called by
     ``_verify_in_chunks``). With our sampler installed at the seam and a plain chunk
-    (:func:`plain_chunk`), the chunk is :func:`verify_plain_chunk`: vLLM's glue
+    (:func:`~spec_samplers.integrations.vllm.fast_path.plain_chunk`), the chunk is
+    :func:`verify_plain_chunk`: vLLM's glue
     (``Sampler.apply_sampling_params``: the chunk's logits copied to fp32, divided by the
     temperatures) is skipped and the raw logits are verified in place. Anything else is vLLM's
     ``_verify``, which calls our ``rejection_sample`` (or vLLM's, without our section)."""
@@ -488,59 +373,6 @@ def verify_chunk(vllm_verify: Callable[..., Any]) -> Callable[..., Any]:
     return _verify
 
 
-def plain_chunk(
-    rejection_sampler: Any,  # Model Runner V2's RejectionSampler
-    verifier: RaggedVerifier,
-    logits: torch.Tensor,  # [L, V] the chunk's logits, raw
-    idx_mapping_np: np.ndarray,  # [R] request slots of the chunk (host)
-) -> bool:
-    """Whether the chunk needs nothing but each request's temperature, so that
-    :func:`verify_plain_chunk` gives what vLLM's glue and our seam give: every request's
-    :data:`NEEDS_MORE_ATTRIBUTE` flag down (no min-p, top-k, top-p, logit bias, allowed tokens,
-    min tokens, penalties, bad words, thinking budget, other logits processor); no sampling mask;
-    no processed logprobs for a request of the chunk; none of vLLM's own schemes (synthetic,
-    block verification, FLy, watermarking); vLLM's own ``apply_sampling_params`` (a subclass's
-    may do more); a sampler that verifies bonus rows in place. Host state only: no device work."""
-    sampler: Any = getattr(rejection_sampler, "sampler", None)
-    flags = getattr(sampler, NEEDS_MORE_ATTRIBUTE, None)
-    vllm_sampler = getattr(sys.modules.get(_SAMPLER_MODULE), "Sampler", None)
-    if flags is None or vllm_sampler is None or logits.dim() != 2:
-        return False
-    rs = rejection_sampler
-    scheme = dict(  # an attribute missing in this vLLM version: the feature is absent
-        synthetic_conditional_rates=getattr(rs, "synthetic_conditional_rates", None),
-        use_block_verification=getattr(rs, "use_block_verification", False),
-        fly_window_size=getattr(rs, "fly_window_size", 0),
-        contexts=getattr(rs, "watermark_key", None),  # a watermark key: vLLM passes contexts
-    )
-    glue_is_vllms = getattr(type(sampler), "apply_sampling_params", None) is vllm_sampler.apply_sampling_params
-    if _vllm_only(scheme) or not glue_is_vllms or getattr(sampler, "return_sampling_mask", False):
-        return False
-    if bool(flags[idx_mapping_np].any()):
-        return False
-    if _processed_logprobs(sampler) and sampler.sampling_states.max_num_logprobs(idx_mapping_np) >= 0:
-        return False  # vLLM computes logprobs from the processed logits (NO_LOGPROBS is -1)
-    return verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler)
-
-
-def _processed_logprobs(sampler: Any) -> bool:
-    from vllm.config.model import PROCESSED_LOGPROBS_MODES
-
-    return sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES
-
-
-#: the tensors of ``_verify``'s arguments after ``logits`` that :func:`verify_plain_chunk` reads
-CHUNK_ARGUMENTS = (
-    "draft_logits",
-    "draft_sampled",
-    "pos",
-    "cu_num_logits",
-    "idx_mapping",
-    "expanded_idx_mapping",
-    "expanded_local_pos",
-)
-
-
 def verify_plain_chunk(
     rejection_sampler: Any,  # Model Runner V2's RejectionSampler
     verifier: RaggedVerifier,
@@ -556,7 +388,7 @@ def verify_plain_chunk(
     **unused: Any,  # idx_mapping_np, seq_lens_upper_bound_np: read by vLLM's glue only
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_verify``'s triple (processed_logits, sampled [R, S+1] int64, num_sampled [R] int32) for a
-    plain chunk (:func:`plain_chunk`): the raw logits verified in place, bonus rows included, each
+    plain chunk (``fast_path.plain_chunk``): the raw logits verified in place, bonus rows included, each
     request at its own temperature in the kernels (0: greedy, the argmax); the drafter's cached
     logits read in place too. No vocabulary-sized tensor is created.
 
@@ -564,7 +396,7 @@ def verify_plain_chunk(
     ``apply_sampling_params`` returns for a chunk that needs no processing. ``_verify_in_chunks``
     reads it for two things only: logprobs, from it when ``logprobs_mode`` is a processed mode
     (otherwise from the raw logits anyway), and the sampling mask (``return_sampling_mask``);
-    :func:`plain_chunk` sends both cases to vLLM (processed logprobs: when a request of the chunk
+    ``fast_path.plain_chunk`` sends both cases to vLLM (processed logprobs: when a request of the chunk
     asks for logprobs; rows of requests that do not ask are never returned to them)."""
     states = rejection_sampler.sampler.sampling_states
     sampled, num_sampled = verify(

@@ -1,0 +1,383 @@
+"""The fast paths of both vLLM runners: the engine's logits verified in place, bonus rows included.
+
+vLLM lays a step's logits out as each request's k_r draft rows followed by its bonus row. A
+sampler that declares ``bonus_rows_in_place`` (:func:`bonus_row_verifiable`) verifies them
+where the engine wrote them (:func:`verify_with_bonus_rows`): request r's k_r + 1 rows are one
+ragged request whose last draft is the -1 placeholder, always rejected, so the token there is a
+sample of the bonus row (its argmax for a greedy request) drawn by the recovery race of position
+k_r in the sampler's kernels; no row is copied and no bonus is drawn eagerly.
+
+- Model Runner V2's seam (``v2_runner.verify``) verifies every chunk so
+  (:func:`verify_chunk_with_bonus_rows`, the drafter's cached logits read in place too).
+- Plain steps skip vLLM's glue as well: when a batch needs nothing but each request's
+  temperature, the model's raw logits are verified, divided by T in the kernels.
+  V1: :func:`plain_step` / :func:`verify_plain_step` (called by ``v1_runner.forward``, the
+  plugin's wrapper of ``RejectionSampler.forward``; the bonus token is drawn in our kernels
+  instead of by vLLM's Sampler). Model Runner V2: :func:`plain_chunk`
+  (called by ``v2_runner.verify_chunk``, the wrapper of ``RejectionSampler._verify``, from the
+  per-request flag ``v2_runner.add_request`` records: :func:`needs_more_than_temperature`; a
+  plain chunk is ``v2_runner.verify_plain_chunk``: the seam on the raw logits, which takes
+  :func:`verify_chunk_with_bonus_rows`).
+
+No vocabulary-sized eager tensor per step, with point-mass drafts or draft probabilities / the
+drafter's logits (read in place by index). The runner modules install the seams and call these;
+what a step's law is stays theirs: these paths give the same tokens as the runners' seams on
+the same inputs (tests/test_vllm_v1_fast_path.py, tests/test_vllm_v2_fast_path.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from spec_samplers.bonus_rows import bonus_row_inputs
+from spec_samplers.integrations.vllm.ragged import (
+    RaggedVerifier,
+    at_least_one_token,
+    greedy_verify_ragged,
+    well_formed_requests,
+)
+from spec_samplers.output import PLACEHOLDER_TOKEN_ID
+from spec_samplers.seeding import row_seeds
+
+
+def bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
+    """Whether the sampler's token at an out-of-range draft is a sample of the target row at that
+    position, by the recovery race of that position, which is how :func:`verify_with_bonus_rows`
+    draws a bonus token: the sampler class declares it (``bonus_rows_in_place = True``, a
+    capability of :class:`~spec_samplers.base.SpecDecodeBaseSampler`: rejection sampling and block
+    verification, or a third-party sampler that declares it; not typical acceptance, which
+    recovers the argmax) and is not in strict mode (which refuses out-of-range ids)."""
+    return bool(getattr(type(sampler), "bonus_rows_in_place", False)) and not getattr(sampler, "strict_mode", False)
+
+
+def verify_with_bonus_rows(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]: every row of the batch, bonus rows included
+    draft_logits: torch.Tensor | None,  # [L, V], [N, V] with draft_rows, or None (point-mass drafts)
+    draft_token_ids: torch.Tensor,  # [L] int32/int64: -1 at every bonus row
+    cu_num_rows: torch.Tensor,  # [R] int32/int64 inclusive cumulative sum of k_r + 1
+    max_spec_len: int,  # K >= every k_r
+    *,
+    temperature: torch.Tensor,  # [R] float: what the logits are divided by, 0 = greedy request
+    seeds: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor | None = None,  # [R] int64
+    bonus_token_ids: torch.Tensor | None = None,  # [R] int, never emitted (default: -1s, one op)
+    **draft_rows: torch.Tensor,  # draft_rows [L] (-1 at bonus rows), draft_temperature [R]
+) -> torch.Tensor:
+    """[R, K+1] int64, -1 padded: the engine's logits verified in place by the sampler's logits
+    entry (requires :attr:`RaggedVerifier.has_logits_entry` and :func:`bonus_row_verifiable`).
+    Request r's rows [cu[r-1], cu[r]) are one ragged request of k_r + 1 rows whose last draft is
+    the -1 placeholder: always rejected, its token is a sample of the bonus row (the argmax for a
+    greedy request) by the recovery race of position k_r. So the kernels read the logits where
+    the engine wrote them and no vocabulary-sized tensor is created."""
+    if bonus_token_ids is None:
+        bonus_token_ids = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
+    out = verifier.from_logits(
+        logits,
+        bonus_token_ids,  # never emitted: every last draft is rejected
+        draft_logits,
+        draft_token_ids,
+        cu_num_rows,
+        max_spec_len + 1,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        **draft_rows,
+    )  # [R, K+2]: at most k_r + 1 <= K + 1 tokens per request
+    return out[:, : max_spec_len + 1]
+
+
+# --- V1: plain steps (RejectionSampler.forward without vLLM's glue) -------------------------------
+
+
+def _builtin_and_inactive(processor: Any) -> bool:
+    """Whether a V1 logits processor is one of vLLM's built-ins (exactly: not a subclass) with no
+    request using it in this batch; any other processor may change the logits."""
+    idle = {
+        "MinPLogitsProcessor": lambda p: not p.min_p_count,
+        "LogitBiasLogitsProcessor": lambda p: not p.biases,
+        "MinTokensLogitsProcessor": lambda p: not p.min_toks,
+    }.get(type(processor).__name__)
+    builtin = type(processor).__module__ == "vllm.v1.sample.logits_processor.builtin"
+    return builtin and idle is not None and bool(idle(processor))
+
+
+def plain_step(
+    rejection_sampler: Any,  # vLLM's RejectionSampler (its synthetic / FLy settings)
+    verifier: RaggedVerifier,
+    metadata: Any,  # SpecDecodeMetadata
+    draft_probs: torch.Tensor | None,  # [T, V] or None
+    logits: torch.Tensor,  # [T + B, V]
+    sampling_metadata: Any,  # SamplingMetadata
+) -> bool:
+    """Whether the step needs nothing but each request's temperature, so that
+    :func:`verify_plain_step` gives vLLM's law: no top-k / top-p, penalties, allowed-token mask,
+    bad words, thinking budget, active logits processor (every one a built-in and idle), no
+    logprobs, not vLLM's synthetic mode or FLy, shapes as vLLM lays them out, and a sampler that
+    draws a bonus row in place. Host-side attributes only: no device work."""
+    sm = sampling_metadata
+    holder = getattr(sm, "thinking_budget_state_holder", None)
+    processors = sm.logitsprocs
+    step_is_plain = (
+        not getattr(rejection_sampler, "synthetic_mode", True)
+        and getattr(rejection_sampler, "fly_window_size", None) is None
+        and sm.max_num_logprobs is None
+        and not getattr(sm, "logprob_token_ids", None)
+        and sm.top_k is None
+        and sm.top_p is None
+        and sm.no_penalties
+        and sm.allowed_token_ids_mask is None
+        and not sm.bad_words_token_ids
+        and (holder is None or not holder.has_tracked_requests())
+        and all(map(_builtin_and_inactive, [*processors.argmax_invariant, *processors.non_argmax_invariant]))
+        and (sm.all_greedy or sm.temperature is not None)
+    )
+    if not step_is_plain or not bonus_row_verifiable(verifier.sampler):
+        return False
+    num_drafts = metadata.draft_token_ids.shape[0]
+    if logits.dim() != 2 or logits.shape[0] != num_drafts + len(metadata.num_draft_tokens):
+        return False
+    if draft_probs is None or sm.all_greedy or num_drafts == 0:  # no draft's law to read
+        return verifier.has_logits_entry
+    same_shape = tuple(draft_probs.shape) == (num_drafts, logits.shape[1])
+    # q goes to the logits entry too (draft_probs with draft_rows)
+    return verifier.has_logits_entry and same_shape and draft_probs.is_floating_point()
+
+
+def verify_plain_step(
+    verifier: RaggedVerifier,
+    metadata: Any,  # SpecDecodeMetadata
+    draft_probs: torch.Tensor | None,  # [T, V] fp32 (the drafter's law) or None
+    logits: torch.Tensor,  # [T + B, V]: request r's k_r draft rows, then its bonus row
+    sampling_metadata: Any,  # SamplingMetadata of a plain step (plain_step)
+) -> torch.Tensor:
+    """[B, K+1] int32, -1 padded: a plain step (:func:`plain_step`) verified from the model's
+    logits, bonus rows included, as Model Runner V2's seam does (request r's rows
+    [cu[r-1] + r, cu[r] + r] are one ragged request of k_r + 1 rows whose last draft is the -1
+    placeholder; the token there is the bonus sample, drawn in our kernels).
+
+    The sampler's logits entry reads the logits in place, divided by each request's temperature
+    in the kernels (0: greedy, the argmax), and draft probabilities, when the drafter hands them
+    over, in place too (``draft_probs`` with ``draft_rows``: row i of request r reads q's row
+    i - r): p is verified against exactly the given q, and no vocabulary-sized eager tensor is
+    created with either drafting. A seeded request draws its seed from its generator every step:
+    its bonus is ours now, and vLLM's Sampler draws a seeded bonus every step too."""
+    sm = sampling_metadata
+    num_reqs = len(metadata.num_draft_tokens)
+    K = metadata.max_spec_len
+    cu_rows = metadata.cu_num_sampled_tokens  # [B] inclusive cumulative sum of k_r + 1
+    draft_ids = metadata.draft_token_ids  # [T]
+    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
+    ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
+    if sm.all_greedy:
+        placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
+        out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
+        out = out[:, : K + 1]
+        return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+    temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
+    seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
+    drafts: dict[str, torch.Tensor] = {}
+    if draft_probs is not None and draft_probs.shape[0] > 0:
+        # q read in place: the logits row of draft t reads q's row t (laid out as the ids above);
+        # a bonus row's placeholder draft reads no draft row (-1, skipped by the kernels)
+        index = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)  # [T + B]
+        index[metadata.target_logits_indices] = torch.arange(draft_ids.shape[0], device=logits.device)
+        drafts = dict(draft_probs=draft_probs, draft_rows=index)
+    out = verify_with_bonus_rows(
+        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
+    )
+    return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+
+
+# --- Model Runner V2: chunks verified in place, plain chunks (RejectionSampler._verify without vLLM's glue)
+
+
+def verify_chunk_with_bonus_rows(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
+    draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
+    draft_sampled: torch.Tensor,  # [L]
+    cu_num_logits: torch.Tensor,  # [R+1]
+    pos: torch.Tensor,  # [L]
+    idx_mapping: torch.Tensor,  # [R]: request state of each request
+    expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
+    expanded_local_pos: torch.Tensor,  # [L]: step of each row within its request
+    temperature: torch.Tensor,  # [max_num_reqs]: T per request state (0 = greedy)
+    seed: torch.Tensor,  # [max_num_reqs] int64
+    num_speculative_steps: int,
+    logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
+) -> torch.Tensor:
+    """The chunk's logits verified in place, bonus rows included
+    (:func:`verify_with_bonus_rows`: request r's rows
+    [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
+    tokens follow the same law and the same random stream as ``v2_runner.sample_rows``. The drafter's
+    cached logits are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the
+    requests' T): no vocabulary-sized tensor is created. The per-request and per-row inputs (T,
+    seed and counter offset by request state, the ids each row scores, the drafter rows) are
+    gathered by :func:`spec_samplers.bonus_rows.bonus_row_inputs`: one kernel launch on CUDA."""
+    num_logits, vocab = logits.shape
+    S = num_speculative_steps
+    cache = None
+    num_steps = 0
+    if draft_logits is not None:
+        # The drafter's cache read in place: [max_num_reqs * S', vocab] rows (a view, no copy),
+        # row (state, step) at state * S' + step, divided by the request's temperature in the
+        # kernels (the target rows arrive divided by vLLM; the drafter's do not). A bonus row's
+        # placeholder never reads a drafter row (its step k_r may be past the cached ones): -1
+        # there, out of range, so the kernels skip that row.
+        num_steps = draft_logits.shape[1]
+        cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
+    inputs = bonus_row_inputs(
+        cu_num_logits,
+        idx_mapping,
+        temperature,
+        seed,
+        pos,
+        draft_sampled,  # the draft scored by row i is draft_sampled[i + 1] (vLLM's int32 or int64)
+        expanded_idx_mapping if cache is not None else None,
+        expanded_local_pos if cache is not None else None,
+        num_logits,
+        num_steps,
+        S + 1,
+    )
+    drafts: dict[str, torch.Tensor] = {}
+    if cache is not None and inputs.draft_rows is not None:
+        # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
+        drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
+    out = verify_with_bonus_rows(
+        verifier,
+        logits,
+        cache,
+        inputs.ids,
+        cu_num_logits[1:],
+        S,
+        # Logits divided by vLLM: T is 1, or 0 for greedy requests. sign() gives both in one op (a
+        # negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before). Raw logits
+        # (the plain-chunk fast path): each request's own T, divided in the kernels
+        temperature=inputs.temperature.sign() if logits_divided else inputs.temperature,
+        seeds=inputs.seeds,
+        offsets=inputs.offsets,
+        bonus_token_ids=inputs.bonus,
+        **drafts,
+    )
+    return out
+
+
+#: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs
+#: more than its temperature ([max_num_reqs] bool, numpy; True for a slot ``add_request`` has
+#: not seen), written by the plugin's wrapper of ``Sampler.add_request`` (``v2_runner.add_request``)
+NEEDS_MORE_ATTRIBUTE = "_spec_samplers_needs_more_than_temperature"
+#: vLLM's built-in logits processors of Model Runner V2 (module, class): their ``add_request``
+#: answers whether they change the request's logits; any other processor may change any row
+BUILTIN_PROCESSORS = frozenset(
+    {
+        ("vllm.v1.worker.gpu.sample.logit_bias", "LogitBiasState"),  # logit bias, allowed tokens, min tokens
+        ("vllm.v1.worker.gpu.sample.penalties", "PenaltiesState"),
+        ("vllm.v1.worker.gpu.sample.bad_words", "BadWordsState"),
+    }
+)
+_SAMPLER_MODULE = "vllm.v1.worker.gpu.sample.sampler"
+
+
+@contextlib.contextmanager
+def answers_of(components: Sequence[Any]) -> Iterator[dict[int, Any]]:
+    """Records what each component's ``add_request`` returns while the block runs ({id: answer});
+    a component whose method cannot be shadowed (no instance dict) gives no answer."""
+    answers: dict[int, Any] = {}
+    shadowed = []
+    for component in components:
+        method = component.add_request
+
+        def recorded(req_idx: int, sampling_params: Any, _method: Any = method, _key: int = id(component)) -> Any:
+            answers[_key] = answer = _method(req_idx, sampling_params)
+            return answer
+
+        own = vars(component).get("add_request") if hasattr(component, "__dict__") else None
+        try:
+            component.add_request = recorded
+        except (AttributeError, TypeError):
+            continue
+        shadowed.append((component, own))
+    try:
+        yield answers
+    finally:
+        for component, own in shadowed:
+            if own is None:
+                del component.add_request
+            else:
+                component.add_request = own
+
+
+def needs_more_than_temperature(
+    sampler: Any, req_idx: int, components: Sequence[Any], answers: Mapping[int, Any]
+) -> bool:
+    """Whether the request in slot ``req_idx`` needs more than its temperature (conservative:
+    anything unknown counts)."""
+    thinking, *processors = components
+    if thinking is None or answers.get(id(thinking), True):
+        return True
+    for processor in processors:
+        builtin = (type(processor).__module__, type(processor).__name__) in BUILTIN_PROCESSORS
+        if not builtin or answers.get(id(processor), True):
+            return True
+    states = sampler.sampling_states  # vLLM's rule (SamplingStates.add_request) without temperature
+    if states.temperature.np[req_idx] == 0.0:
+        return False
+    filters = (states.min_p.np[req_idx] != 0.0, states.top_k.np[req_idx] != states.vocab_size)
+    return bool(any(filters) or states.top_p.np[req_idx] != 1.0)
+
+
+def plain_chunk(
+    rejection_sampler: Any,  # Model Runner V2's RejectionSampler
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V] the chunk's logits, raw
+    idx_mapping_np: np.ndarray,  # [R] request slots of the chunk (host)
+) -> bool:
+    """Whether the chunk needs nothing but each request's temperature, so that
+    ``v2_runner.verify_plain_chunk`` gives what vLLM's glue and our seam give: every request's
+    :data:`NEEDS_MORE_ATTRIBUTE` flag down (no min-p, top-k, top-p, logit bias, allowed tokens,
+    min tokens, penalties, bad words, thinking budget, other logits processor); no sampling mask;
+    no processed logprobs for a request of the chunk; none of vLLM's own schemes (synthetic,
+    block verification, FLy, watermarking); vLLM's own ``apply_sampling_params`` (a subclass's
+    may do more); a sampler that verifies bonus rows in place. Host state only: no device work."""
+    sampler: Any = getattr(rejection_sampler, "sampler", None)
+    flags = getattr(sampler, NEEDS_MORE_ATTRIBUTE, None)
+    vllm_sampler = getattr(sys.modules.get(_SAMPLER_MODULE), "Sampler", None)
+    if flags is None or vllm_sampler is None or logits.dim() != 2:
+        return False
+    if vllm_scheme(rejection_sampler):
+        return False
+    glue_is_vllms = getattr(type(sampler), "apply_sampling_params", None) is vllm_sampler.apply_sampling_params
+    if not glue_is_vllms or getattr(sampler, "return_sampling_mask", False):
+        return False
+    if bool(flags[idx_mapping_np].any()):
+        return False
+    if _processed_logprobs(sampler) and sampler.sampling_states.max_num_logprobs(idx_mapping_np) >= 0:
+        return False  # vLLM computes logprobs from the processed logits (NO_LOGPROBS is -1)
+    return verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler)
+
+
+def vllm_scheme(rejection_sampler: Any) -> bool:
+    """Whether Model Runner V2's RejectionSampler uses one of vLLM's own verification schemes
+    (synthetic mode, block verification, FLy, watermarking): the attributes from which vLLM
+    passes the seam the arguments that ``v2_runner._vllm_only`` hands back to vLLM (an attribute
+    missing in this vLLM version: the scheme is absent)."""
+    rs = rejection_sampler
+    return (
+        getattr(rs, "synthetic_conditional_rates", None) is not None
+        or bool(getattr(rs, "use_block_verification", False))
+        or getattr(rs, "fly_window_size", 0) > 0
+        or getattr(rs, "watermark_key", None) is not None  # a watermark key: vLLM passes contexts
+    )
+
+
+def _processed_logprobs(sampler: Any) -> bool:
+    from vllm.config.model import PROCESSED_LOGPROBS_MODES
+
+    return sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES
