@@ -140,7 +140,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     * ``bonus_rows_in_place``: True when the sampler's token at an out-of-range draft id is a
       sample of that position's target row, drawn by the position's recovery race (rejection
       sampling, block verification): what an engine's bonus rows verified in place need
-      (:func:`spec_samplers.integrations.vllm.ragged.bonus_row_verifiable`). A capability a
+      (:func:`spec_samplers.integrations.vllm.fast_path.bonus_row_verifiable`). A capability a
       third-party sampler declares, not a list of classes;
     * ``requests_independent``: True when ``reference_op``'s tokens for a request depend on that
       request's rows, ids and randomness alone (randomness a function of seed, offset, position,

@@ -1,5 +1,5 @@
 """Inputs of the bonus-row verification for an engine batch whose rows include each request's
-bonus row (vLLM Model Runner V2's layout; ``integrations.vllm.ragged.verify_with_bonus_rows``).
+bonus row (vLLM Model Runner V2's layout; ``integrations.vllm.fast_path.verify_with_bonus_rows``).
 
 Request r's rows are [cu[r], cu[r+1]), the last one its bonus row. Its temperature and seed live
 at its request state ``state[r]``; its counter offset is the position of its first row; row i
