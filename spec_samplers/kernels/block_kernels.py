@@ -100,8 +100,7 @@ def block_partials_kernel(
     PRECISE: tl.constexpr,
 ):
     """Program (b, m, blk): position m's partials over vocab block blk, then, in the last of
-    request b's (K+1) * NB programs, :func:`block_finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX).
-    Without ``arrivals`` (the cost model's partials-only variant) no request is finished."""
+    request b's (K+1) * NB programs, :func:`block_finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX)."""
     cu_ptr, _, _, _, _, _, _ = req
     target, draft, _ = seqs
     stride_b, stride_k = target[1], target[2]
@@ -127,9 +126,8 @@ def block_partials_kernel(
         vk.residual_pass(
             rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), (RAGGED, True, PRECISE), BLOCK_V
         )
-    if arrivals is not None:
-        if last_to_arrive(arrivals + b, (K + 1) * NB):
-            block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+    if last_to_arrive(arrivals + b, (K + 1) * NB):
+        block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit

@@ -100,8 +100,7 @@ def residual_partials_kernel(
     PRECISE: tl.constexpr,
 ):
     """Program (b, blk): the residual partials of vocab block blk, then, in the last of request
-    b's NB programs, :func:`finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX: its tile). Without
-    ``arrivals`` (the cost model's partials-only variant) no request is finished."""
+    b's NB programs, :func:`finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX: its tile)."""
     cu_ptr, _, _, _, _, _, _ = req
     RAGGED: tl.constexpr = cu_ptr is not None
     target, _, _ = seqs
@@ -116,9 +115,8 @@ def residual_partials_kernel(
         blk = tl.program_id(1)
         drafts = (pos, x, valid, 1.0)  # no rho: the residual is not scaled
         vk.residual_pass(rq, j, drafts, seqs, parts, b * NB + blk, b, (blk, chunk), (RAGGED, False, PRECISE), BLOCK_V)
-    if arrivals is not None:
-        if last_to_arrive(arrivals + b, NB):
-            finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+    if last_to_arrive(arrivals + b, NB):
+        finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit

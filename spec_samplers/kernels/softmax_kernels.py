@@ -136,8 +136,7 @@ def softmax_partials_kernel(
     [B] T of the draft rows (None: T); ``parts`` = (target max, target sum, draft max, draft sum,
     logit max, logit argmax), [B, K+1, NB] fp32 (int32 argmax); ``stats`` = (target, draft)
     [B, K+1, 3], written by the last of the NB programs of each (request, position)
-    (:func:`combine_position`, rows of TAIL_NB >= NB partials); without ``arrivals`` (the cost model's partials-only
-    variant) nothing combines them."""
+    (:func:`combine_position`, rows of TAIL_NB >= NB partials)."""
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
@@ -165,9 +164,8 @@ def softmax_partials_kernel(
             m, s, _, _ = row_partials(draft[0], d_off, lo, hi, d_temp, BLOCK_V)
             tl.store(parts[2] + slot, m)
             tl.store(parts[3] + slot, s)
-    if arrivals is not None:
-        if last_to_arrive(arrivals + b * (K + 1) + i, NB):
-            combine_position(req, parts, stats, K, num_rows, NB, TAIL_NB, PRECISE)
+    if last_to_arrive(arrivals + b * (K + 1) + i, NB):
+        combine_position(req, parts, stats, K, num_rows, NB, TAIL_NB, PRECISE)
 
 
 @triton.jit
