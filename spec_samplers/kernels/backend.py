@@ -97,6 +97,15 @@ def launch_config() -> LaunchConfig | None:
     return _CONFIG.get()
 
 
+def launches_to_run(config: LaunchConfig | None, launches: list[Any]) -> list[Any]:
+    """The planned ``launches`` a launcher runs: all of them, or none when ``config.launches`` is
+    a list, which they are appended to instead (a tool planning for a device it does not have)."""
+    if config is None or config.launches is None:
+        return launches
+    config.launches.extend(launches)
+    return []
+
+
 @dataclass(frozen=True)
 class VocabSplit:
     block_v: int  # elements per vector step (power of two)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers.kernels.backend import LaunchConfig, VocabSplit
+from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, launches_to_run
 from spec_samplers.layout import VerifyBatch
 
 
@@ -28,9 +28,6 @@ def typical_triton(
     from spec_samplers.kernels.verify_plan import plan_typical
 
     launches, out = plan_typical(batch, posterior_threshold, posterior_alpha, split, config)
-    if config is not None and config.launches is not None:
-        config.launches.extend(launches)
-        return out
-    for launch in launches:
+    for launch in launches_to_run(config, launches):
         launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps, **launch.options)
     return out

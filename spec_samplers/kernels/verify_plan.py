@@ -121,6 +121,26 @@ def draft_ids(layout: RowLayout, ids: torch.Tensor) -> Ids:
     return Ids(ptr=ids, stride_b=stride_b, stride_k=stride_k)
 
 
+def request(
+    batch: VerifyBatch,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    is_greedy: torch.Tensor | None = None,
+) -> Request:
+    """The kernels' :class:`~spec_samplers.kernels.abi.Request` of ``batch`` with the random and
+    greedy inputs a plan reads (None: the kernels' variant without them)."""
+    bonus = batch.bonus_token_ids
+    return Request(
+        cu=batch.layout.cu_num_draft_tokens,
+        seeds=seeds,
+        offsets=offsets,
+        temperature=batch.temperature,
+        is_greedy=is_greedy,
+        bonus=bonus,
+        stride_bonus=bonus.stride(0),
+    )
+
+
 def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
     """One uninitialised partials tensor of ``shape`` per dtype (the kernels write what they read)."""
     return tuple(torch.empty(shape, dtype=dtype, device=device) for dtype in dtypes)
@@ -330,16 +350,7 @@ def plan_verify(
         draft=rows(layout, start.draft, start.stats.draft, start.draft_index, draft_temperature),
         ids=draft_ids(layout, batch.draft_token_ids),
     )
-    bonus = batch.bonus_token_ids
-    req = Request(
-        cu=layout.cu_num_draft_tokens,
-        seeds=batch.seeds,
-        offsets=batch.offsets,
-        temperature=batch.temperature,
-        is_greedy=greedy_mask,
-        bonus=bonus,
-        stride_bonus=bonus.stride(0),
-    )
+    req = request(batch, batch.seeds, batch.offsets, greedy_mask)
     # the residual-mass partials (the partials kernel's grid is their shape), the fp64 race-group
     # sums of the residual and of q per (request[, position]), then the greedy argmax partials
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
@@ -395,16 +406,7 @@ def plan_typical(
     NB = split.num_blocks
     target = rows(layout, start.target, start.stats.target)
     seqs = Seqs(target=target, draft=rows(layout, None), ids=draft_ids(layout, batch.draft_token_ids))
-    bonus = batch.bonus_token_ids
-    req = Request(
-        cu=layout.cu_num_draft_tokens,
-        seeds=None,
-        offsets=None,
-        temperature=batch.temperature,
-        is_greedy=None,
-        bonus=bonus,
-        stride_bonus=bonus.stride(0),
-    )
+    req = request(batch)  # typical acceptance draws no random numbers and reads no greedy mask
     # (entropy, max, argmax) partials of q, then the logits (max, argmax) partials (greedy requests)
     entropy, q_max, q_argmax = partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32)
     logit_max, logit_argmax = start.amax
