@@ -2,7 +2,7 @@
 :mod:`~spec_samplers.kernels.block_launch`, :mod:`~spec_samplers.kernels.typical_launch`).
 
 Rejection sampling and block verification share one plan (:func:`plan_verify`): the same
-inputs, the same tuple arguments (:mod:`spec_samplers.kernels.verify_kernels`), one partials
+inputs, the same NamedTuple arguments (:mod:`spec_samplers.kernels.abi`), one partials
 kernel over the vocabulary whose last program per request finishes that request (an arrival
 counter: no separate finalize launch); they differ in their kernels (:data:`REJECTION`,
 :data:`BLOCK`) and in whether the vocabulary partials are per request or per (request,
