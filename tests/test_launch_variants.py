@@ -167,3 +167,30 @@ def test_kernels_read_only_declared_fields():
         for name, field in reads:
             fields = {f for cls in _NAMES[name] for f in getattr(abi, cls)._fields}
             assert field in fields, f"{module}: {name}.{field} is not a field of {_NAMES[name]}"
+
+
+def test_a_launch_config_records_the_launches_for_its_device_without_running_them():
+    """``backend.planned_for(LaunchConfig(...))``: the samplers' launchers append their planned
+    launches to ``config.launches`` (meta tensors: nothing could run) with the split of a GPU of
+    ``config.num_sms`` multiprocessors."""
+    from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
+    from spec_samplers.kernels import backend
+
+    B, k, V = 2, 3, 128256
+    target, draft = torch.empty(B, k + 1, V, device=META), torch.empty(B, k, V, device=META)
+    ids = torch.empty(B, k, dtype=torch.int64, device=META)
+    args = (target, torch.empty(B, 1, dtype=torch.int64, device=META), draft, ids)
+    seeds = torch.empty(B, dtype=torch.int64, device=META)
+    expected = plan_vocab_split(V, B, 4 * SMS, 1024, wide_steps=True)
+    for sampler, name, kw in (
+        (RejectionSampler(), "residual_partials", {"seeds": seeds}),
+        (BlockVerificationSampler(), "block_partials", {"seeds": seeds}),
+        (TypicalAcceptanceSampler(), "typical_partials", {}),
+    ):
+        config = backend.LaunchConfig(num_sms=SMS, kernels=True, launches=[])
+        with backend.planned_for(config):
+            out = sampler(*args, **kw)
+        assert out.device == META and out.shape == (B, k + 1)
+        launch = next(launch for launch in config.launches if launch.name == name)
+        split = expected if name != "typical_partials" else plan_vocab_split(V, B, 4 * SMS, 1024)
+        assert launch.args["chunk"] == split.chunk and launch.args["BLOCK_V"] == split.block_v, name
