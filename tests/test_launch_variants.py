@@ -149,6 +149,7 @@ _NAMES = {
     "posterior": ("Posterior",),
     "drafts": ("Drafts",),
     "rrow": ("ResidualRow",),
+    "FLAGS": ("PassFlags",),
 }
 
 

@@ -164,3 +164,11 @@ class ResidualRow(NamedTuple):
     x_removed: Any  # x_j where valid, else -1
     valid: Any  # x_j valid
     rho: Any  # rho_j
+
+
+class PassFlags(NamedTuple):
+    """Inside a verification kernel: the constexpr flags of the residual pass and the race."""
+
+    RAGGED: bool  # the ragged layout
+    SCALED: bool  # block verification: the residual is (rho q - p)+
+    PRECISE: bool  # libdevice exp / log (compiled; the interpreter has none)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import verify_kernels as vk
-from spec_samplers.kernels.abi import Drafts
+from spec_samplers.kernels.abi import Drafts, PassFlags
 from spec_samplers.kernels.common import last_to_arrive, row_offset
 from spec_samplers.kernels.rng import random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
@@ -119,9 +119,19 @@ def block_partials_kernel(
         blk = tl.program_id(2)
         row_slot = b * (K + 1) + m
         drafts = Drafts(pos, x, valid, rho_vec)
-        # the flags tuple inline: Triton 3.6 loses the constexprs of a tuple variable bound in an if
+        # the flags built inline: Triton 3.6 loses the constexprs of a tuple variable bound in an if
         vk.residual_pass(
-            rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, blk, chunk, (RAGGED, True, PRECISE), BLOCK_V
+            rq,
+            m,
+            drafts,
+            seqs,
+            parts,
+            row_slot * NB + blk,
+            row_slot,
+            blk,
+            chunk,
+            PassFlags(RAGGED, True, PRECISE),
+            BLOCK_V,
         )
     if last_to_arrive(arrivals + b, (K + 1) * NB):
         block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
@@ -171,5 +181,7 @@ def block_finish(
     if MAY_BE_GREEDY:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
     drafts = Drafts(pos, x, valid, rho_vec)
-    # the flags tuple inline (see block_partials_kernel)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, (RAGGED, True, PRECISE))
+    # the flags built inline (see block_partials_kernel)
+    vk.finish_request(
+        rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, PassFlags(RAGGED, True, PRECISE)
+    )

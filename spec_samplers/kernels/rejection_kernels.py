@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import verify_kernels as vk
-from spec_samplers.kernels.abi import Drafts
+from spec_samplers.kernels.abi import Drafts, PassFlags
 from spec_samplers.kernels.common import clean, fold_argmax, last_to_arrive, request_span, row_offset
 from spec_samplers.kernels.rng import random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
@@ -109,7 +109,9 @@ def residual_partials_kernel(
     if vk.needs_pass(rq, req, j, has_row):
         blk = tl.program_id(1)
         drafts = Drafts(pos, x, valid, 1.0)  # no rho: the residual is not scaled
-        vk.residual_pass(rq, j, drafts, seqs, parts, b * NB + blk, b, blk, chunk, (RAGGED, False, PRECISE), BLOCK_V)
+        vk.residual_pass(
+            rq, j, drafts, seqs, parts, b * NB + blk, b, blk, chunk, PassFlags(RAGGED, False, PRECISE), BLOCK_V
+        )
     if last_to_arrive(arrivals + b, NB):
         finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
@@ -148,4 +150,4 @@ def finish(
     if MAY_BE_GREEDY:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
     drafts = Drafts(pos, x, valid, 1.0)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b, (RAGGED, False, PRECISE))
+    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b, PassFlags(RAGGED, False, PRECISE))

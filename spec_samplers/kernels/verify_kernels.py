@@ -198,10 +198,10 @@ def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, blk, chunk, FLAGS:
     ``parts.mass`` the block's residual mass (fp32) and, for each race group of the block, the
     fp64 sums of the residual and of q_j (the zero-mass fallback) at ``row_slot * G1 + group``
     of ``parts.r_sums`` / ``parts.q_sums``. No random numbers: the race runs in the finalize
-    (:func:`race_recovered`). FLAGS = (RAGGED, SCALED, PRECISE)."""
-    RAGGED: tl.constexpr = FLAGS[0]
-    SCALED: tl.constexpr = FLAGS[1]
-    PRECISE: tl.constexpr = FLAGS[2]
+    (:func:`race_recovered`). FLAGS: :class:`~spec_samplers.kernels.abi.PassFlags`."""
+    RAGGED: tl.constexpr = FLAGS.RAGGED
+    SCALED: tl.constexpr = FLAGS.SCALED
+    PRECISE: tl.constexpr = FLAGS.PRECISE
     V = rq.V
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     rrow = residual_row(rq, j, drafts, seqs, RAGGED)
@@ -244,9 +244,9 @@ def race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS: tl.constex
     two-level race over the residual's group sums (those of q_j when the residual's fp64 mass is
     <= RESIDUAL_MASS_EPS), then over the chosen group, re-read; -1 when q_j has no mass or no
     pass ran (``need`` false: nothing is read)."""
-    RAGGED: tl.constexpr = FLAGS[0]
-    SCALED: tl.constexpr = FLAGS[1]
-    PRECISE: tl.constexpr = FLAGS[2]
+    RAGGED: tl.constexpr = FLAGS.RAGGED
+    SCALED: tl.constexpr = FLAGS.SCALED
+    PRECISE: tl.constexpr = FLAGS.PRECISE
     V = rq.V
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     base = j.to(tl.int64) << 32
