@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.kernels.rejection_launch import rejection_triton
 from spec_samplers.kernels.tree_launch import rejection_tree_triton
 from spec_samplers.reference import rejection_reference
 from spec_samplers.tree.entries import TreeEntries
@@ -47,6 +48,6 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     reference_op = staticmethod(rejection_reference)
     requests_independent = True
     bonus_rows_in_place = True
-    kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
+    kernel_op = staticmethod(rejection_triton)
     tree_reference = staticmethod(rejection_tree_reference)
     tree_kernel = staticmethod(rejection_tree_triton)

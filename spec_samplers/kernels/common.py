@@ -172,7 +172,7 @@ def row_stats(stats_ptr, stat, mask, scale):
 
     ``stats_ptr`` is a [B, K+1, 3] fp32 tensor holding per row (max, sum, cut) of the fused
     softmax of a logits row (written by :mod:`spec_samplers.kernels.softmax_kernels`,
-    allocated by :func:`spec_samplers.kernels.launch_common.plan_softmax_stats`):
+    allocated by :func:`spec_samplers.kernels.verify_plan.plan_softmax_stats`):
 
     * max: the largest logit x (max of x itself, so x / T never overflows);
     * sum: the sum of the kept weights e = exp((x - max) / T) (:func:`weights`);

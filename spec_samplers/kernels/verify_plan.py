@@ -1,0 +1,423 @@
+"""The launch plans of the verification launchers (:mod:`~spec_samplers.kernels.rejection_launch`,
+:mod:`~spec_samplers.kernels.block_launch`, :mod:`~spec_samplers.kernels.typical_launch`).
+
+Rejection sampling and block verification share one plan (:func:`plan_verify`): the same
+inputs, the same NamedTuple arguments (:mod:`spec_samplers.kernels.abi`), one partials
+kernel over the vocabulary whose last program per request finishes that request (an arrival
+counter: no separate finalize launch); they differ in their kernels (:data:`REJECTION`,
+:data:`BLOCK`) and in whether the vocabulary partials are per request or per (request,
+position). Typical acceptance has its own (:func:`plan_typical`).
+
+A plan is a pure function of the inputs' shapes, dtypes and which optional tensors are present:
+``tests/kernel_compile_check.py`` compiles exactly the variants it can produce. It imports the
+kernels (hence triton); the launchers import it when they run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spec_samplers import rng
+from spec_samplers.constants import fp32_value
+from spec_samplers.errors import input_error
+from spec_samplers.kernels import block_kernels as bk
+from spec_samplers.kernels import launch_common as lc
+from spec_samplers.kernels import rejection_kernels as rk
+from spec_samplers.kernels import sampling_kernels
+from spec_samplers.kernels import softmax_kernels as sk
+from spec_samplers.kernels import typical_kernels as tk
+from spec_samplers.kernels.abi import (
+    Ids,
+    Posterior,
+    Request,
+    Rows,
+    Seqs,
+    SoftmaxParts,
+    Stats,
+    StatsRequest,
+    TypicalParts,
+    VerifyParts,
+)
+from spec_samplers.kernels.backend import (
+    LaunchConfig,
+    VocabSplit,
+    combine_blocks,
+    triton_next_pow2,
+    vocab_splits,
+)
+from spec_samplers.layout import RowLayout, VerifyBatch
+
+
+@dataclass(frozen=True)
+class VerifyKernels:
+    """What one verification method launches."""
+
+    method: str  # for messages
+    #: triton JITFunction: (seqs, req, parts, out_ptr, arrivals, K, V, num_rows, chunk, NB, BLOCK_K,
+    #: BLOCK_V, TAIL_K, TAIL_NB, PRECISE); its last program per request writes the output row
+    partials: Any
+    name: str  # launch name
+    #: partials per (request, position), grid (B, K+1, NB), each program seeing positions 0..K;
+    #: else per request, grid (B, NB), each program seeing the K draft positions
+    per_position: bool
+    options: dict[str, Any] = field(default_factory=dict)  # compile options of the launch
+
+
+#: one residual pass per request (at its first rejection), partials [B, NB]
+REJECTION = VerifyKernels("rejection sampling", rk.residual_partials_kernel, "residual_partials", False)
+
+#: one pass per (request, position), partials [B, K+1, NB]; rho * q - p must round as in the
+#: reference's separate multiply and subtract: no FMA contraction
+BLOCK = VerifyKernels(
+    "block verification",
+    bk.block_partials_kernel,
+    "block_partials",
+    True,
+    {"enable_fp_fusion": False},
+)
+
+
+def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
+    """(stride_b, stride_k) addressing row (b, i) of a padded [B, K(+1), ...] or ragged [T, ...]
+    tensor (ragged rows are flat: stride_k unused); (0, 0) for an absent tensor."""
+    if t is None:
+        return 0, 0
+    return t.stride(0), 0 if layout.ragged else t.stride(1)
+
+
+def rows(
+    layout: RowLayout,
+    t: torch.Tensor | None,
+    stats: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+) -> Rows:
+    """The kernels' :class:`~spec_samplers.kernels.abi.Rows` of a padded [B, K(+1), ...] or ragged
+    [T, ...] tensor with its [B, K+1, 3] row statistics (:func:`plan_softmax_stats`; None for
+    probabilities), every field None / 0 for an absent tensor. With ``index`` ([T] int32/int64,
+    ``VerifyBatch.draft_rows``) ``t`` is a ragged layout's [N, ...] matrix whose rows are indexed
+    (:func:`spec_samplers.kernels.common.indexed_row_offset`: an index outside [0, N) is tested
+    there, so no eager op runs here); ``temperature`` [B]: the rows' own T."""
+    if t is None:
+        return Rows(ptr=None, stride_b=0, stride_k=0, stats=None, row_index=None, num_index_rows=None, temperature=None)
+    stride_b, stride_k = row_strides(layout, t)
+    return Rows(
+        ptr=t,
+        stride_b=stride_b,
+        stride_k=stride_k,
+        stats=stats,
+        row_index=index,
+        # N only with an index (None otherwise: a constexpr, so the other variants keep their signature)
+        num_index_rows=t.shape[0] if index is not None else None,
+        temperature=temperature,
+    )
+
+
+def draft_ids(layout: RowLayout, ids: torch.Tensor) -> Ids:
+    stride_b, stride_k = row_strides(layout, ids)
+    return Ids(ptr=ids, stride_b=stride_b, stride_k=stride_k)
+
+
+def request(
+    batch: VerifyBatch,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    is_greedy: torch.Tensor | None = None,
+) -> Request:
+    """The kernels' :class:`~spec_samplers.kernels.abi.Request` of ``batch`` with the random and
+    greedy inputs a plan reads (None: the kernels' variant without them)."""
+    bonus = batch.bonus_token_ids
+    return Request(
+        cu=batch.layout.cu_num_draft_tokens,
+        seeds=seeds,
+        offsets=offsets,
+        temperature=batch.temperature,
+        is_greedy=is_greedy,
+        bonus=bonus,
+        stride_bonus=bonus.stride(0),
+    )
+
+
+def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """One uninitialised partials tensor of ``shape`` per dtype (the kernels write what they read)."""
+    return tuple(torch.empty(shape, dtype=dtype, device=device) for dtype in dtypes)
+
+
+def plan_softmax_stats(
+    layout: RowLayout,
+    target: torch.Tensor,  # logits, [B, K+1, V] padded or [T, V] ragged
+    draft: torch.Tensor | None,  # logits, [B, K, V] padded or [T, V] ragged
+    temperature: torch.Tensor,  # [B] float
+    split: VocabSplit,
+    filters: VerifyBatch | None = None,
+    draft_index: torch.Tensor | None = None,  # [T] int32/int64: indexed draft rows (VerifyBatch.draft_rows)
+    draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
+) -> tuple[list[lc.KernelLaunch], torch.Tensor, torch.Tensor, Stats]:
+    """Fused-softmax row statistics (one launch). Returns (launches, argmax partials [B, K+1, NB] fp32 and
+    int32, :class:`~spec_samplers.kernels.abi.Stats`). With ``draft_index`` the draft is an [N, V] matrix
+    whose rows the index picks; ``draft_temperature`` is the draft rows' T.
+
+    Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
+    logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
+    softmax keeps every entry); see :func:`spec_samplers.kernels.common.row_stats`.
+    ``Stats.draft`` is None without a draft. With ``filters`` (a batch with per-request top-k /
+    top-p / min-p) the launches end with :func:`plan_filter_cuts`, which sets (sum, cut)."""
+    B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
+    device = target.device
+    has_draft = draft is not None
+    grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
+    t_max, t_sum = partials(device, grid, torch.float32, torch.float32)
+    d_max, d_sum = partials(device, grid, torch.float32, torch.float32) if has_draft else (None, None)
+    logit_max, logit_argmax = partials(device, grid, torch.float32, torch.int32)
+    parts = SoftmaxParts(
+        t_max=t_max, t_sum=t_sum, d_max=d_max, d_sum=d_sum, logit_max=logit_max, logit_argmax=logit_argmax
+    )
+    stats = Stats(
+        target=torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
+        draft=torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
+    )
+    req = StatsRequest(cu=layout.cu_num_draft_tokens, temperature=temperature, draft_temperature=draft_temperature)
+    _, block_nb, _ = combine_blocks(K + 1, NB)
+    args = dict(
+        target=rows(layout, target),
+        draft=rows(layout, draft, None, draft_index),
+        req=req,
+        parts=parts,
+        stats=stats,
+        arrivals=lc.arrival_counters(device, B * (K + 1)),  # one per (request, position)
+        K=K,
+        V=layout.vocab_size,
+        num_rows=layout.num_rows,
+        chunk=split.chunk,
+        NB=NB,
+        BLOCK_V=split.block_v,
+        TAIL_NB=block_nb,
+        PRECISE=lc.precise_math(),
+    )
+    # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
+    # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program of each
+    # (request, position) combines its rows' blocks (no second launch)
+    warps = max(1, split.block_v // 256)
+    launches = [lc.KernelLaunch(sk.softmax_partials_kernel, grid, args, warps, "softmax_partials")]
+    if filters is not None and filters.filtered:
+        launches += plan_filter_cuts(filters, target, draft, stats.target, stats.draft)
+    return launches, logit_max, logit_argmax, stats
+
+
+@dataclass
+class PlanStart:
+    """What every verification launcher starts from (:func:`plan_start`)."""
+
+    out: torch.Tensor  # [B, K+1] int64, what the launches fill
+    #: the split of the passes that store partials (statistics, argmax, typical); None for an
+    #: empty batch: nothing to launch
+    split: VocabSplit | None
+    #: the split of a pass whose last program per request finishes it (backend.vocab_splits)
+    finish_split: VocabSplit | None
+    target: torch.Tensor  # vocab-contiguous
+    draft: torch.Tensor | None  # vocab-contiguous
+    draft_index: torch.Tensor | None  # [T] int32/int64 rows of indexed draft rows (batch.draft_rows), or None
+    launches: list[lc.KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
+    stats: Stats  # of the target and draft rows (None for probabilities)
+    amax: tuple[torch.Tensor | None, torch.Tensor | None]  # (max, argmax) partials of the logits [B, K+1, NB]
+
+
+def plan_start(
+    batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor | None, num_sms: int | None = None
+) -> PlanStart:
+    """The output, the vocabulary splits (once per call; ``split``, from tests, overrides both)
+    and, for logits inputs, the fused-softmax statistics of the target and ``draft`` rows (a
+    launcher passes None for a draft it does not read)."""
+    layout = batch.layout
+    B, V, device = layout.batch_size, layout.vocab_size, batch.target.device
+    out = torch.empty((B, layout.max_drafts + 1), dtype=torch.int64, device=device)
+    target = lc.vocab_contiguous(batch.target)
+    draft = None if draft is None else lc.vocab_contiguous(draft)
+    index = None
+    if draft is not None and batch.draft_rows is not None:
+        # indexed draft rows (ragged logits): the launches below read them in place
+        if not (layout.ragged and batch.target_kind == "logits" and not batch.filtered):
+            raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
+        index = batch.draft_rows
+    start = PlanStart(out, None, None, target, draft, index, [], Stats(target=None, draft=None), (None, None))
+    if B == 0:
+        return start
+    start.split, start.finish_split = (split, split) if split is not None else vocab_splits(V, B, device, num_sms)
+    if batch.temperature is not None:
+        # draft probabilities (draft_kind "probs") need no statistics: the kernels read them as given
+        logit_draft = draft if batch.draft_kind == "logits" else None
+        start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
+            layout,
+            target,
+            logit_draft,
+            batch.temperature,
+            start.split,
+            filters=batch,
+            draft_index=index if logit_draft is not None else None,
+            draft_temperature=batch.draft_temperature if logit_draft is not None else None,
+        )
+        start.amax = (amax_val, amax_idx)
+    return start
+
+
+def plan_filter_cuts(
+    batch: VerifyBatch,
+    target: torch.Tensor,  # logits [B, K+1, V] padded or [T, V] ragged, vocab stride 1
+    draft: torch.Tensor | None,  # logits [B, K, V] padded or [T, V] ragged, vocab stride 1
+    t_stats: torch.Tensor | None,  # [B, K+1, 3] fp32 (max, sum, cut): max filled by the softmax statistics
+    d_stats: torch.Tensor | None,  # [B, K+1, 3] fp32, or None without a draft
+) -> list[lc.KernelLaunch]:
+    """Launches that overwrite (sum, cut) of every row with its request's top-k / top-p / min-p
+    (``batch.top_k`` ...; :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so
+    the verification kernels read filtered probabilities straight from the logits. Run after the
+    softmax statistics (they read the row max)."""
+    assert batch.filtered and batch.temperature is not None
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    launches = []
+    cap = sampling_kernels.search_scratch(B * (K + 1), layout.vocab_size)
+    # one scratch row per (request, position) for its searches' candidates (pivot_search), shared
+    # by the target and draft launches (one after the other on the stream)
+    scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=target.device)
+    for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
+        if x is None or stats is None or B == 0 or x.numel() == 0:
+            continue
+        stride_b, stride_k = row_strides(layout, x)
+        launches.append(
+            lc.KernelLaunch(
+                sampling_kernels.filter_cut_kernel,
+                (B, K + 1),
+                dict(
+                    x_ptr=x,
+                    stride_b=stride_b,
+                    stride_k=stride_k,
+                    cu_ptr=layout.cu_num_draft_tokens,
+                    temp_ptr=batch.temperature,
+                    top_k_ptr=batch.top_k,
+                    top_p_ptr=batch.top_p,
+                    min_p_ptr=batch.min_p,
+                    stats_ptr=stats,
+                    scratch_ptr=scratch,
+                    K=K,
+                    num_rows=layout.num_rows,
+                    V=layout.vocab_size,
+                    cap=cap,
+                    RAGGED=layout.ragged,
+                    BONUS_ROW=bonus_row,
+                    BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
+                    PRECISE=lc.precise_math(),
+                ),
+                num_warps=sampling_kernels.SEARCH_WARPS,
+                name="filter_cut",
+            )
+        )
+    return launches
+
+
+def plan_verify(
+    batch: VerifyBatch, kernels: VerifyKernels, split: VocabSplit | None, config: LaunchConfig | None = None
+) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
+    """The launches of one call and the [B, K+1] int64 output they fill. ``split`` (tests)
+    overrides the vocabulary split of every pass; ``config.num_sms`` the device's SM count."""
+    layout = batch.layout
+    B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
+    num_sms = None if config is None else config.num_sms
+    start = plan_start(batch, split, batch.draft, num_sms)
+    out, launches = start.out, start.launches
+    if start.split is None or start.finish_split is None:
+        return [], out
+    if batch.seeds is None:
+        raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
+    device = out.device
+    # The statistics pass (logits) keeps its split. This pass takes the widest vector step at
+    # every B: its last program per request finishes that request, on the program's warps (4).
+    pass_split = start.finish_split
+    NB, amax_nb = pass_split.num_blocks, start.split.num_blocks
+    amax_val, amax_idx = start.amax
+    # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
+    # (verify_kernels.request_greedy), so no eager comparison op runs per call
+    greedy_mask = batch.is_greedy if batch.target_kind == "probs" else None
+    if greedy_mask is not None:
+        amax_val, amax_idx = partials(device, (B, K + 1, NB), torch.float32, torch.int32)
+        amax_nb = NB  # the argmax partials below take the pass's split
+    # draft probabilities (draft_kind "probs") have no statistics and no temperature: read as given
+    draft_temperature = batch.draft_temperature if batch.draft_kind == "logits" else None
+    seqs = Seqs(
+        target=rows(layout, start.target, start.stats.target),
+        draft=rows(layout, start.draft, start.stats.draft, start.draft_index, draft_temperature),
+        ids=draft_ids(layout, batch.draft_token_ids),
+    )
+    req = request(batch, batch.seeds, batch.offsets, greedy_mask)
+    # the residual-mass partials (the partials kernel's grid is their shape), the fp64 race-group
+    # sums of the residual and of q per (request[, position]), then the greedy argmax partials
+    shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
+    groups = (*shape[:-1], rng.race_num_groups(V))
+    (mass,) = partials(device, shape, torch.float32)
+    r_sums, q_sums = partials(device, groups, torch.float64, torch.float64)
+    parts = VerifyParts(mass=mass, r_sums=r_sums, q_sums=q_sums, amax_val=amax_val, amax_idx=amax_idx)
+    dims = dict(K=K, V=V, num_rows=layout.num_rows)
+    if greedy_mask is not None:
+        args = dict(target=seqs.target, req=req, parts=parts, **dims, chunk=pass_split.chunk, NB=NB)
+        args["BLOCK_V"] = pass_split.block_v
+        launches.append(lc.KernelLaunch(rk.argmax_partials_kernel, (B, K + 1, NB), args, name="argmax_partials"))
+    positions = K + 1 if kernels.per_position else max(K, 1)
+    tail_k, tail_nb, _ = combine_blocks(K + 1, max(NB, amax_nb))
+    args = dict(
+        seqs=seqs,
+        req=req,
+        parts=parts,
+        out_ptr=out,
+        arrivals=lc.arrival_counters(device, B),
+        **dims,
+        chunk=pass_split.chunk,
+        NB=NB,
+        NB_AMAX=amax_nb,
+        BLOCK_K=triton_next_pow2(positions),
+        BLOCK_V=pass_split.block_v,
+        TAIL_K=tail_k,
+        TAIL_NB=tail_nb,
+        PRECISE=lc.precise_math(),
+    )
+    # one warp per 256 entries of a vector step (as the statistics pass): each thread then loads
+    # 8 consecutive entries, 128 bits of bf16, also at the narrow steps of small batches
+    warps = max(1, pass_split.block_v // 256)
+    launches.append(lc.KernelLaunch(kernels.partials, shape, args, warps, kernels.name, dict(kernels.options)))
+    return launches, out
+
+
+def plan_typical(
+    batch: VerifyBatch,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    split: VocabSplit | None = None,
+    config: LaunchConfig | None = None,
+) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
+    """The launches of one typical-acceptance call and the [B, K+1] int64 output they fill."""
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    num_sms = None if config is None else config.num_sms
+    start = plan_start(batch, split, None, num_sms)  # drafts are point masses here: no draft rows
+    out, split, launches = start.out, start.split, start.launches
+    if split is None:
+        return [], out
+    NB = split.num_blocks
+    target = rows(layout, start.target, start.stats.target)
+    seqs = Seqs(target=target, draft=rows(layout, None), ids=draft_ids(layout, batch.draft_token_ids))
+    req = request(batch)  # typical acceptance draws no random numbers and reads no greedy mask
+    # (entropy, max, argmax) partials of q, then the logits (max, argmax) partials (greedy requests)
+    entropy, q_max, q_argmax = partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32)
+    logit_max, logit_argmax = start.amax
+    parts = TypicalParts(entropy=entropy, max=q_max, argmax=q_argmax, logit_max=logit_max, logit_argmax=logit_argmax)
+    dims = dict(req=req, parts=parts, K=K, V=layout.vocab_size, num_rows=layout.num_rows)
+    args = dict(dims, target=target, chunk=split.chunk, NB=NB, BLOCK_V=split.block_v, PRECISE=lc.precise_math())
+    launches.append(lc.KernelLaunch(tk.typical_partials_kernel, (B, K + 1, NB), args, name="typical_partials"))
+    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    # fp32 values: a Triton float argument is fp32, and the reference rounds alike
+    posterior = Posterior(threshold=fp32_value(posterior_threshold), alpha=fp32_value(posterior_alpha))
+    args = dict(dims, seqs=seqs, out_ptr=out, posterior=posterior, NB=NB, BLOCK_K=block_k, BLOCK_NB=block_nb)
+    args["PRECISE"] = lc.precise_math()
+    launches.append(lc.KernelLaunch(tk.typical_finalize_kernel, (B,), args, warps, "typical_finalize"))
+    return launches, out
