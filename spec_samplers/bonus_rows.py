@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from spec_samplers.kernels.backend import use_triton
+from spec_samplers.kernels.backend import launch_config, use_triton
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 
 
@@ -75,8 +75,9 @@ def bonus_row_inputs(
     """:func:`bonus_row_inputs_reference`'s values: one kernel launch on CUDA, the eager ops
     elsewhere."""
     args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps)
-    if not use_triton("auto", cu.device):
+    config = launch_config()  # a tool planning our launches (kernels.backend.planned_for)
+    if not (config is not None and config.kernels) and not use_triton("auto", cu.device):
         return bonus_row_inputs_reference(*args)
     from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
 
-    return BonusRowInputs(*bonus_row_inputs_triton(*args, max_rows_per_request))
+    return BonusRowInputs(*bonus_row_inputs_triton(*args, max_rows_per_request, config=config))

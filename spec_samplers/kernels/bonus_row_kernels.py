@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spec_samplers.kernels.backend import LaunchConfig, launches_to_run
 from spec_samplers.kernels.launch_common import KernelLaunch
 
 #: (temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] or None)
@@ -106,9 +107,10 @@ def plan_bonus_row_inputs(
     return launches, outputs
 
 
-def bonus_row_inputs_triton(*args: Any) -> Outputs:
-    """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments)."""
+def bonus_row_inputs_triton(*args: Any, config: LaunchConfig | None = None) -> Outputs:
+    """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments); with
+    ``config.launches`` a list, the launch is appended to it and not run."""
     launches, outputs = plan_bonus_row_inputs(*args)
-    for launch in launches:
+    for launch in launches_to_run(config, launches):
         launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     return outputs

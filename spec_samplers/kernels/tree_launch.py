@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.constants import fp32_value
-from spec_samplers.kernels.backend import LaunchConfig, interpreting
+from spec_samplers.kernels.backend import LaunchConfig, interpreting, launches_to_run
+from spec_samplers.kernels.launch_common import KernelLaunch
 from spec_samplers.tree.layout import TreeBatch, as_probabilities
 from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
 
@@ -25,13 +26,6 @@ TREE_BLOCK_V = 256
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """[R, V] with vocab stride 1 (a strided or expanded view is copied; the row stride is kept)."""
     return x if x.stride(-1) == 1 or x.shape[0] == 0 else x.contiguous()
-
-
-def _planned(kernel: object, grid: tuple[int, ...], args: dict[str, object], name: str) -> object:
-    """A launch as :class:`spec_samplers.kernels.launch_common.KernelLaunch` records it."""
-    from spec_samplers.kernels.launch_common import KernelLaunch
-
-    return KernelLaunch(kernel, grid, args, name=name)
 
 
 def rejection_tree_triton(tb: TreeBatch, *, config: LaunchConfig | None = None) -> TreeOutput:
@@ -68,10 +62,8 @@ def rejection_tree_triton(tb: TreeBatch, *, config: LaunchConfig | None = None) 
         N=N, V=V, max_depth=tb.max_depth,
         POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
     )  # fmt: skip
-    if config is not None and config.launches is not None:
-        config.launches.append(_planned(rejection_tree_kernel, (B,), args, "rejection_tree"))
-    elif B:
-        rejection_tree_kernel[(B,)](**args)
+    for launch in launches_to_run(config, [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")] if B else []):
+        launch.kernel[launch.grid](**launch.args)
     return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
 
 
@@ -102,8 +94,6 @@ def typical_tree_triton(
         posterior_threshold=fp32_value(posterior_threshold), posterior_alpha=fp32_value(posterior_alpha),
         N=N, V=V, max_depth=tb.max_depth, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
     )  # fmt: skip
-    if config is not None and config.launches is not None:
-        config.launches.append(_planned(typical_tree_kernel, (B,), args, "typical_tree"))
-    elif B:
-        typical_tree_kernel[(B,)](**args)
+    for launch in launches_to_run(config, [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")] if B else []):
+        launch.kernel[launch.grid](**launch.args)
     return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, stop >= 0)
