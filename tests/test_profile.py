@@ -183,7 +183,7 @@ def test_eager_op_counter_reads_an_out_argument_as_written():
 
 def _seam_vocab_tensors(call) -> int:
     ops = trace.EagerOps(VOCAB)
-    with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:
+    with trace.tracing(132, ops=ops, peers=True), ops:  # our launches planned; vLLM's, if any, caught
         call()
     return sum(op.creates_vocab_tensor for op in ops.records)
 
@@ -275,7 +275,7 @@ def _allocated_vocab_tensors(call) -> int:
     """Vocabulary-sized tensors an eager call creates or allocates (``new_empty`` and the like
     move no data, so ``creates_vocab_tensor`` leaves them out)."""
     ops = trace.EagerOps(VOCAB)
-    with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:
+    with trace.tracing(132, ops=ops, peers=True), ops:  # our launches planned; vLLM's, if any, caught
         call()
     allocations = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided")
     allocated = [op.name in allocations and op.largest >= ops.vocab_bar for op in ops.records]

@@ -54,8 +54,9 @@ def variant(launch: Any) -> tuple[Any, dict[str, Any], dict[Any, Any], dict[Any,
     kernel = launch.kernel
     backend = make_backend(GPUTarget("cuda", 90, 32))
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*launch.args, **launch.kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.kwargs, bound, specialization, options)
+    kwargs = {**launch.args, "num_warps": launch.num_warps, **launch.options}
+    bound, specialization, options = binder(**kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     return kernel, signature, constexprs, attrs, options
 
 
