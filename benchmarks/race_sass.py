@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kernel_compile_check import TARGET, signature  # noqa: E402
 
 from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
-from spec_samplers.kernels.rejection_launch import plan_rejection  # noqa: E402
+from spec_samplers.kernels.verify_plan import REJECTION, plan_verify  # noqa: E402
 from spec_samplers.layout import VerifyBatch  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -110,7 +110,7 @@ def measure(dtype: torch.dtype, logits: bool = False) -> list[dict]:
     batch = _batch(dtype, logits)
     split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 4 * 132, 1024)
     rows = []
-    for launch in plan_rejection(batch, split)[0]:
+    for launch in plan_verify(batch, REJECTION, split)[0]:
         sig, consts = signature(launch.kernel, launch.args)
         opts = dict(launch.options or {}, num_warps=launch.num_warps)
         src = ASTSource(

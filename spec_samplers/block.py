@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.kernels.block_launch import block_triton
 from spec_samplers.reference import block_reference
 from spec_samplers.tree.entries import TreeEntries
 from spec_samplers.tree.traversal import traversal_tree_reference
@@ -51,7 +52,7 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     reference_op = staticmethod(block_reference)
     requests_independent = True
     bonus_rows_in_place = True
-    kernel_op = "spec_samplers.kernels.block_launch:block_triton"
+    kernel_op = staticmethod(block_triton)
     #: Traversal Verification (Weng et al. 2025), the tree form of block verification; a PyTorch
     #: reference on every device (no tree kernel)
     tree_reference = staticmethod(traversal_tree_reference)

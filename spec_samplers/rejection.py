@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.kernels.rejection_launch import rejection_triton
 from spec_samplers.reference import rejection_reference
 from spec_samplers.tree.entries import TreeEntries
 from spec_samplers.tree.reference import rejection_tree_reference
@@ -46,6 +47,6 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     reference_op = staticmethod(rejection_reference)
     requests_independent = True
     bonus_rows_in_place = True
-    kernel_op = "spec_samplers.kernels.rejection_launch:rejection_triton"
+    kernel_op = staticmethod(rejection_triton)
     tree_reference = staticmethod(rejection_tree_reference)
     tree_kernel = "spec_samplers.kernels.tree_launch:rejection_tree_triton"

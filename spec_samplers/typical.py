@@ -9,6 +9,7 @@ import torch
 
 from spec_samplers.base import SpecDecodeDeterministicBaseSampler
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.kernels.typical_launch import typical_triton
 from spec_samplers.reference import typical_accepts, typical_reference
 from spec_samplers.torch_ops import clean_probs, valid_ids
 from spec_samplers.tree.entries import TreeEntries
@@ -57,7 +58,7 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
     takes_draft_rows: ClassVar[bool] = True
     reference_op = staticmethod(typical_reference)
     requests_independent = True
-    kernel_op = "spec_samplers.kernels.typical_launch:typical_triton"
+    kernel_op = staticmethod(typical_triton)
     tree_reference = staticmethod(typical_tree_reference)
     tree_kernel = "spec_samplers.kernels.tree_launch:typical_tree_triton"
     tree_random = False

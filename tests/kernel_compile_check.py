@@ -22,9 +22,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
-from spec_samplers.kernels.block_launch import plan_block  # noqa: E402
-from spec_samplers.kernels.rejection_launch import plan_rejection  # noqa: E402
-from spec_samplers.kernels.typical_launch import plan_typical  # noqa: E402
+from spec_samplers.kernels.verify_plan import BLOCK, REJECTION, plan_typical, plan_verify  # noqa: E402
 from spec_samplers.layout import VerifyBatch  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -152,7 +150,7 @@ def main():
     seen = set()
     for batch in batches():
         split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 8, 1024)
-        launches = plan_rejection(batch, split)[0] + plan_block(batch, split)[0]
+        launches = plan_verify(batch, REJECTION, split)[0] + plan_verify(batch, BLOCK, split)[0]
         if batch.draft is None and batch.is_greedy is None:  # typical ignores drafts, seeds, greedy masks
             launches += plan_typical(batch, 0.09, 0.3, split)[0]
         for launch in launches:

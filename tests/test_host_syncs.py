@@ -1,8 +1,9 @@
 """Hot paths neither synchronise with the host nor copy from it while blocking, and their eager
 glue stays a handful of ops: counted, not timed, on fake CUDA tensors (no GPU needed).
 
-A dispatch mode sees every PyTorch op a call runs; the Triton launches are recorded at
-``KernelLaunch.run`` and not run. What is counted, per call:
+A dispatch mode sees every PyTorch op a call runs; the Triton launches are recorded, not run
+(``LaunchConfig.launches``, and ``KernelLaunch.run`` for the launchers that still call it). What
+is counted, per call:
 
 * syncs: ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``) and blocking
   host-to-device copies (``torch.tensor(list, device=cuda)`` is one: a pageable copy waits for
@@ -62,18 +63,18 @@ class _Counter(TorchDispatchMode):
 def _count(make: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[_Counter, list[str]]:
     """Build the inputs with ``make()`` and count the second call of the function it returns
     (the first moves a sampler's counters to the device, once)."""
-    launches: list[str] = []
-    monkeypatch.setattr(launch_common.KernelLaunch, "run", lambda self: launches.append(self.name))
+    recorded: list[Any] = []
+    monkeypatch.setattr(launch_common.KernelLaunch, "run", lambda self: recorded.append(self))
     monkeypatch.setattr(backend, "_num_sms", lambda index: 132)  # an H100/H200's, without a device
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # fake tensors cannot pin
     counter = _Counter()
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), backend.planned_for(backend.LaunchConfig(launches=recorded)):
         call = make()
         call()
-        launches.clear()
+        recorded.clear()
         with counter:
             call()
-    return counter, launches
+    return counter, [launch.name for launch in recorded]
 
 
 def _probs() -> torch.Tensor:

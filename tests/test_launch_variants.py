@@ -15,9 +15,7 @@ from collections import defaultdict
 import torch
 
 from spec_samplers.kernels.backend import BLOCK_V_CHOICES, MAX_VOCAB_BLOCKS, plan_vocab_split
-from spec_samplers.kernels.block_launch import plan_block
-from spec_samplers.kernels.rejection_launch import plan_rejection
-from spec_samplers.kernels.typical_launch import plan_typical
+from spec_samplers.kernels.verify_plan import BLOCK, REJECTION, plan_typical, plan_verify
 from spec_samplers.layout import VerifyBatch
 
 META = torch.device("meta")
@@ -54,9 +52,8 @@ def _variants(batch_sizes, ks, V, logits):
         for B in batch_sizes:
             batch = _batch(B, k, V, logits)
             split = plan_vocab_split(V, B, 4 * SMS, 1024)
-            launches = (
-                plan_rejection(batch, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0] + plan_block(batch, split)[0]
-            )
+            launches = plan_verify(batch, REJECTION, split)[0] + plan_typical(batch, 0.09, 0.3, split)[0]
+            launches += plan_verify(batch, BLOCK, split)[0]
             for launch in launches:
                 constexpr_names = _constexpr_names(launch.kernel)
                 flags = tuple(
@@ -85,7 +82,7 @@ def test_compiled_variants_stay_bounded_as_the_batch_size_changes():
 def test_launch_arguments_are_keywords_and_absent_tensors_are_none():
     batch = _batch(3, 2, 100, logits=False)
     batch = VerifyBatch.padded(batch.target, batch.bonus_token_ids, None, batch.draft_token_ids, seeds=batch.seeds)
-    launches, _ = plan_rejection(batch, plan_vocab_split(100, 3, 8, 1024))
+    launches, _ = plan_verify(batch, REJECTION, plan_vocab_split(100, 3, 8, 1024))
     by_name = {launch.name: launch for launch in launches}
     # no greedy rows: no argmax pass; the last program per request finishes it (no finalize launch)
     assert set(by_name) == {"residual_partials"}

@@ -120,15 +120,19 @@ def vocab_split(
     block_v: int | None = None,
     num_blocks: int | None = None,
     wide_steps: bool = False,
+    num_sms: int | None = None,
 ) -> VocabSplit:
     """Split V across NB program instances per request so that B * NB fills the GPU (about
     four programs per SM) even at B = 1. A pure function of shapes: fixed grids for fixed shapes.
 
     ``block_v`` / ``num_blocks`` override the choice (tests use them to cross block boundaries);
-    ``wide_steps``: see :func:`plan_vocab_split`."""
-    if device.type == "cuda":
+    ``wide_steps``: see :func:`plan_vocab_split`; ``num_sms`` (``LaunchConfig.num_sms``): plan
+    for a CUDA device with that many multiprocessors, whatever ``device`` is (meta tensors)."""
+    if num_sms is None and device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return plan_vocab_split(vocab_size, num_requests, 4 * _num_sms(index), 1024, block_v, num_blocks, wide_steps)
+        num_sms = _num_sms(index)
+    if num_sms is not None:
+        return plan_vocab_split(vocab_size, num_requests, 4 * num_sms, 1024, block_v, num_blocks, wide_steps)
     # The interpreter runs programs one by one: few blocks there, but more than one.
     return plan_vocab_split(vocab_size, num_requests, 2, 512, block_v, num_blocks, wide_steps)
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels.launch_common import KernelLaunch, run_all
+from spec_samplers.kernels.launch_common import KernelLaunch
 
 #: (temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] or None)
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -109,5 +109,6 @@ def plan_bonus_row_inputs(
 def bonus_row_inputs_triton(*args: Any) -> Outputs:
     """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments)."""
     launches, outputs = plan_bonus_row_inputs(*args)
-    run_all(launches)
+    for launch in launches:
+        launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     return outputs

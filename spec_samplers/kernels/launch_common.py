@@ -34,19 +34,9 @@ class KernelLaunch:
     options: dict[str, Any] = field(default_factory=dict)
 
     def run(self) -> None:
+        """(the sampling operations' launchers still call this; the verification launchers launch
+        in their own body)"""
         self.kernel[self.grid](**self.args, num_warps=self.num_warps, **self.options)
-
-
-def run_all(launches: list[KernelLaunch]) -> None:
-    for launch in launches:
-        launch.run()
-
-
-def run_planned(plan: tuple[list[KernelLaunch], torch.Tensor]) -> torch.Tensor:
-    """Run a launcher's planned launches; returns the output they fill."""
-    launches, out = plan
-    run_all(launches)
-    return out
 
 
 def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -208,7 +198,9 @@ class PlanStart:
     amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
 
 
-def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor | None) -> PlanStart:
+def plan_start(
+    batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor | None, num_sms: int | None = None
+) -> PlanStart:
     """The output, the vocabulary split and, for logits inputs, the fused-softmax statistics of
     the target and ``draft`` rows (a launcher passes None for a draft it does not read)."""
     layout = batch.layout
@@ -226,7 +218,7 @@ def plan_start(batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor
     start = PlanStart(out, None, target, draft, index, [], stats, (None, None))
     if B == 0:
         return start
-    start.split = split if split is not None else vocab_split(V, B, device)
+    start.split = split if split is not None else vocab_split(V, B, device, num_sms=num_sms)
     if batch.temperature is not None:
         # draft probabilities (draft_is_probs) need no statistics: the kernels read them as given
         logit_draft = None if batch.draft_is_probs else draft

@@ -1,8 +1,16 @@
-"""The launch plan shared by rejection sampling and block verification: the same inputs, the
-same tuple arguments (:mod:`spec_samplers.kernels.verify_kernels`), one partials kernel over the
-vocabulary whose last program per request finishes that request (an arrival counter: no
-separate finalize launch); they differ in their kernels and in whether the vocabulary partials
-are per request or per (request, position).
+"""The launch plans of the verification launchers (:mod:`~spec_samplers.kernels.rejection_launch`,
+:mod:`~spec_samplers.kernels.block_launch`, :mod:`~spec_samplers.kernels.typical_launch`).
+
+Rejection sampling and block verification share one plan (:func:`plan_verify`): the same
+inputs, the same tuple arguments (:mod:`spec_samplers.kernels.verify_kernels`), one partials
+kernel over the vocabulary whose last program per request finishes that request (an arrival
+counter: no separate finalize launch); they differ in their kernels (:data:`REJECTION`,
+:data:`BLOCK`) and in whether the vocabulary partials are per request or per (request,
+position). Typical acceptance has its own (:func:`plan_typical`).
+
+A plan is a pure function of the inputs' shapes, dtypes and which optional tensors are present:
+``tests/kernel_compile_check.py`` compiles exactly the variants it can produce. It imports the
+kernels (hence triton); the launchers import it when they run.
 """
 
 from __future__ import annotations
@@ -13,10 +21,13 @@ from typing import Any
 import torch
 
 from spec_samplers import rng
+from spec_samplers.constants import fp32_value
 from spec_samplers.errors import input_error
+from spec_samplers.kernels import block_kernels as bk
 from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
-from spec_samplers.kernels.backend import VocabSplit, combine_blocks, triton_next_pow2, vocab_split
+from spec_samplers.kernels import typical_kernels as tk
+from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, combine_blocks, triton_next_pow2, vocab_split
 from spec_samplers.layout import VerifyBatch
 
 
@@ -35,14 +46,29 @@ class VerifyKernels:
     options: dict[str, Any] = field(default_factory=dict)  # compile options of the launch
 
 
+#: one residual pass per request (at its first rejection), partials [B, NB]
+REJECTION = VerifyKernels("rejection sampling", rk.residual_partials_kernel, "residual_partials", False)
+
+#: one pass per (request, position), partials [B, K+1, NB]; rho * q - p must round as in the
+#: reference's separate multiply and subtract: no FMA contraction
+BLOCK = VerifyKernels(
+    "block verification",
+    bk.block_partials_kernel,
+    "block_partials",
+    True,
+    {"enable_fp_fusion": False},
+)
+
+
 def plan_verify(
-    batch: VerifyBatch, split: VocabSplit | None, kernels: VerifyKernels
+    batch: VerifyBatch, kernels: VerifyKernels, split: VocabSplit | None, config: LaunchConfig | None = None
 ) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
     """The launches of one call and the [B, K+1] int64 output they fill. ``split`` (tests)
-    overrides the vocabulary split of every pass."""
+    overrides the vocabulary split of every pass; ``config.num_sms`` the device's SM count."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-    start = lc.plan_start(batch, split, batch.draft)
+    num_sms = None if config is None else config.num_sms
+    start = lc.plan_start(batch, split, batch.draft, num_sms)
     out, launches, stats, amax = start.out, start.launches, start.stats, start.amax
     if start.split is None:
         return [], out
@@ -51,7 +77,7 @@ def plan_verify(
     device = out.device
     # The statistics pass (logits) keeps its split. This pass takes the widest vector step at
     # every B: its last program per request finishes that request, on the program's warps (4).
-    pass_split = split if split is not None else vocab_split(V, B, device, wide_steps=True)
+    pass_split = split if split is not None else vocab_split(V, B, device, wide_steps=True, num_sms=num_sms)
     NB, amax_nb = pass_split.num_blocks, start.split.num_blocks
     # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
     # (verify_kernels.request_greedy), so no eager comparison op runs per call
@@ -103,4 +129,38 @@ def plan_verify(
     # 8 consecutive entries, 128 bits of bf16, also at the narrow steps of small batches
     warps = max(1, pass_split.block_v // 256)
     launches.append(lc.KernelLaunch(kernels.partials, shape, args, warps, kernels.name, dict(kernels.options)))
+    return launches, out
+
+
+def plan_typical(
+    batch: VerifyBatch,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    split: VocabSplit | None = None,
+    config: LaunchConfig | None = None,
+) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
+    """The launches of one typical-acceptance call and the [B, K+1] int64 output they fill."""
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    num_sms = None if config is None else config.num_sms
+    start = lc.plan_start(batch, split, None, num_sms)  # drafts are point masses here: no draft rows
+    out, split, launches = start.out, start.split, start.launches
+    if split is None:
+        return [], out
+    NB = split.num_blocks
+    target = lc.rows(layout, start.target, start.stats["t_stats_ptr"])
+    seqs = (target, lc.rows(layout, None), lc.rows(layout, batch.draft_token_ids)[:3])
+    bonus = batch.bonus_token_ids
+    req = (layout.cu_num_draft_tokens, None, None, batch.temperature, None, bonus, bonus.stride(0))
+    # (entropy, max, argmax) partials of q, then the logits (max, argmax) partials (greedy requests)
+    parts = lc.partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32) + start.amax
+    dims = dict(req=req, parts=parts, K=K, V=layout.vocab_size, num_rows=layout.num_rows, NB=NB)
+    args = dict(dims, target=target, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=lc.precise_math())
+    launches.append(lc.KernelLaunch(tk.typical_partials_kernel, (B, K + 1, NB), args, name="typical_partials"))
+    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    # fp32 values: a Triton float argument is fp32, and the reference rounds alike
+    posterior = (fp32_value(posterior_threshold), fp32_value(posterior_alpha))
+    args = dict(dims, seqs=seqs, out_ptr=out, posterior=posterior, BLOCK_K=block_k, BLOCK_NB=block_nb)
+    args["PRECISE"] = lc.precise_math()
+    launches.append(lc.KernelLaunch(tk.typical_finalize_kernel, (B,), args, warps, "typical_finalize"))
     return launches, out
