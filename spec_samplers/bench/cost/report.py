@@ -9,7 +9,6 @@ from typing import Any
 
 from spec_samplers.bench.cost import model
 from spec_samplers.bench.cost.counting import scale
-from spec_samplers.bench.cost.sass import issue_cycles
 from spec_samplers.bench.cost.totals import summarize
 from spec_samplers.bench.cost.worker import run_stage
 from spec_samplers.bench.cost.workloads import Shape
@@ -89,18 +88,6 @@ def _loop_cycles(variant: dict[str, Any], sites: list[dict[str, Any]], programs:
     return {"warp_cycles": cycles, "vocab_elements": elements, "per_element": per_element}
 
 
-def without_tail(variant: dict[str, Any], tail: dict[str, Any] | None) -> dict[str, Any]:
-    """A shipped kernel's compiled variant with the straight-line code of its tail (the tail
-    function compiled alone, :mod:`.tails`) taken out: that code runs in one program per tail,
-    which the tail's own row counts, not in every warp of every program."""
-    straight = variant.get("straight")
-    if not tail or not straight or not tail.get("straight"):
-        return variant
-    removed = tail["straight"]["classes"]
-    classes = {k: max(0, n - removed.get(k, 0)) for k, n in straight["classes"].items()}
-    return {**variant, "straight": {"classes": classes, "issue_cycles": issue_cycles(classes)}}
-
-
 def latency_inputs(variant: dict[str, Any], sites: list[dict[str, Any]], tail: bool) -> dict[str, Any]:
     """What :func:`model.launch_time` needs beyond bytes and cycles, from the compiled variant:
     CTAs resident per SM (occupancy), the bytes a warp keeps in flight (one iteration's loads of
@@ -147,8 +134,6 @@ def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, An
             continue
         traffic = scale((a, b), (*SMALL_VOCAB, shape.vocab_size), (SMALL_BATCH, shape.batch_size), launch["tensors"])
         variant = full["variants"].get(launch["variant"], {})
-        if "tail_variant" in launch:
-            variant = without_tail(variant, full["variants"].get(launch["tail_variant"]))
         sites = traffic.pop("sites")
         loops = _loop_cycles(variant, sites, launch["programs"], launch["num_warps"])
         row.update(traffic)

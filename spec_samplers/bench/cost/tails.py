@@ -10,11 +10,12 @@ included: no variant of our kernel is built) and the tail apart from it:
 * bytes: the interpreter counts the shipped launch and files every load and store made under
   the tail function (its frames on the stack) as the tail's (:func:`counted`,
   :func:`spec_samplers.bench.cost.counting.counting`);
-* instructions: the tail function alone, wrapped in a kernel below on a grid of one program per
-  tail (per request, or per (request, position)), with the launch's arguments and warps, is
-  compiled and read; its straight-line code is taken out of the shipped kernel's, whose
-  straight-line code is counted once per warp of every program
-  (:func:`spec_samplers.bench.cost.report.without_tail`).
+* instructions: the shipped kernel's SASS is read up to the exit of every program but the last
+  (the first ``EXIT`` after the arrival atomic, :func:`arrival`;
+  :func:`spec_samplers.bench.cost.sass.read_cubin`), and the tail function alone, wrapped in a
+  kernel below on a grid of one program per tail (per request, or per (request, position)),
+  with the launch's arguments and warps, is compiled and read for the tail's row. Registers and
+  occupancy are the shipped kernel's (the tail's included).
 
 The tail pays no launch latency of its own (:mod:`.totals`). The kernels below only wrap the
 production tail functions.
@@ -22,6 +23,7 @@ production tail functions.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ import triton.language as tl
 from spec_samplers.bench.cost.counting import TailSplit
 from spec_samplers.bench.cost.trace import Launch
 from spec_samplers.kernels import block_kernels as bk
+from spec_samplers.kernels import common
 from spec_samplers.kernels import rejection_kernels as rk
 from spec_samplers.kernels import softmax_kernels as sk
 
@@ -106,6 +109,15 @@ def measured(launch: Launch) -> list[Launch]:
     args = {name: value for name, value in launch.args.items() if name in params}
     grid = launch.grid[: tail.axes]
     return [launch, Launch(tail.kernel, grid, args, launch.num_warps, dict(launch.options), launch.after_op, True)]
+
+
+@functools.cache
+def arrival() -> tuple[str, int]:
+    """(file name, line) of the arrival atomic of :func:`spec_samplers.kernels.common.last_to_arrive`:
+    where the SASS of a kernel with a tail leaves the code every program runs."""
+    lines, first = inspect.getsourcelines(common.last_to_arrive.fn)
+    line = next(first + n for n, text in enumerate(lines) if "tl.atomic_add(" in text)
+    return os.path.basename(inspect.getsourcefile(common.last_to_arrive.fn) or ""), line
 
 
 def counted() -> dict[str, TailSplit]:

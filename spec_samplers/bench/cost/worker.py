@@ -53,9 +53,8 @@ def compiled(config: dict[str, Any]) -> dict[str, Any]:
     for launch in launches:
         key = sass.variant_key(launch)
         if key not in variants and config.get("sass", True):
-            variants[key] = sass.compile_variant(launch)
-        if launch.tail:  # the shipped kernel before it holds this tail's code too
-            rows[-1]["tail_variant"] = key
+            # a kernel with a tail: its every-program code is read, the tail from its own row
+            variants[key] = sass.compile_variant(launch, tails.arrival() if launch.name in tails.TAILS else None)
         rows.append(
             {
                 "name": launch.name,
