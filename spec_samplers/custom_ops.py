@@ -13,8 +13,9 @@ op                                         what it runs
 Each op has a fake (meta) implementation that gives the output's shape and dtype without
 running anything, so Dynamo traces a sampler call or a sampling operation into one graph node
 (``torch.compile(fullgraph=True)`` works) and a call on meta tensors gives the output's shape.
-Eager calls on real tensors do not go through the dispatcher: they run the code directly
-(:func:`routed` decides), so the ops cost nothing outside tracing.
+Eager calls on real tensors do not go through the dispatcher: the operations call their
+launchers or references directly (:func:`routed` decides), so the ops cost nothing outside
+tracing. An op's body calls the same launcher or reference, by name.
 
 What crosses an op is what ``torch.library`` can carry: tensors, ints, floats, bools, strings.
 So the arguments are canonical first, outside the op: the sampling parameters as [B] tensors,
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 
 from spec_samplers import validation
+from spec_samplers.kernels import sampling_launch
 from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.sampling import reference as sampling_reference
 
@@ -57,16 +59,6 @@ def register_sampler(sampler: Any) -> int:
 # -- the sampling operations --------------------------------------------------------------------
 
 
-def run_sampling(kind: str, backend: str, device: torch.device, **kwargs: Any) -> Any:
-    """``{kind}_triton`` (the kernels) or ``{kind}_reference`` (PyTorch) on canonical arguments,
-    by keyword (both take the same names), on the backend that ``backend`` resolves to."""
-    if use_triton(check_backend(backend), device):
-        from spec_samplers.kernels import sampling_launch  # imports triton: only when the kernels run
-
-        return getattr(sampling_launch, f"{kind}_triton")(**kwargs)
-    return getattr(sampling_reference, f"{kind}_reference")(**kwargs)
-
-
 @torch.library.custom_op("spec_samplers::sample", mutates_args=())
 def sample(
     x: torch.Tensor,  # [R, V] probabilities or logits, fp32/fp16/bf16
@@ -81,10 +73,12 @@ def sample(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [B] int64, -1 where the row has no mass; valid [B] bool)."""
-    filters = dict(top_k=top_k, top_p=top_p, min_p=min_p)
-    tokens, valid = run_sampling(
-        "sample", backend, x.device, x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters
-    )
+    draw: dict[str, Any] = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint)
+    draw.update(top_k=top_k, top_p=top_p, min_p=min_p)
+    if use_triton(check_backend(backend), x.device):
+        tokens, valid = sampling_launch.sample_triton(**draw)
+    else:
+        tokens, valid = sampling_reference.sample_reference(**draw)
     return tokens.to(torch.int64), valid.to(torch.bool)
 
 
@@ -101,8 +95,9 @@ def softmax(
     backend: str,
 ) -> torch.Tensor:
     """[B, V] fp32 softmax(logits / temperature)."""
-    out: torch.Tensor = run_sampling("softmax", backend, logits.device, logits=logits, temperature=temperature)
-    return out
+    if use_triton(check_backend(backend), logits.device):
+        return sampling_launch.softmax_triton(logits=logits, temperature=temperature)
+    return sampling_reference.softmax_reference(logits, temperature)
 
 
 @softmax.register_fake
@@ -119,9 +114,9 @@ def renorm(
     backend: str,
 ) -> torch.Tensor:
     """[B, V] ``out_dtype``: the filter's survivors renormalised, 0 elsewhere."""
-    kwargs = dict(probs=probs, top_k=top_k, top_p=top_p, out_dtype=out_dtype)
-    out: torch.Tensor = run_sampling("renorm", backend, probs.device, **kwargs)
-    return out
+    if use_triton(check_backend(backend), probs.device):
+        return sampling_launch.renorm_triton(probs=probs, top_k=top_k, top_p=top_p, out_dtype=out_dtype)
+    return sampling_reference.renorm_reference(probs, top_k=top_k, top_p=top_p, out_dtype=out_dtype)
 
 
 @renorm.register_fake
@@ -137,8 +132,9 @@ def mask_logits(
 ) -> torch.Tensor:
     """[B, V] (dtype of ``logits``): logits below the k-th largest set to -inf, the others
     as they are."""
-    out: torch.Tensor = run_sampling("mask_logits", backend, logits.device, logits=logits, top_k=top_k)
-    return out
+    if use_triton(check_backend(backend), logits.device):
+        return sampling_launch.mask_logits_triton(logits=logits, top_k=top_k)
+    return sampling_reference.mask_logits_reference(logits, top_k)
 
 
 @mask_logits.register_fake

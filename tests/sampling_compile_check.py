@@ -2,7 +2,8 @@
 tests/kernel_compile_check.py does for the verification kernels).
 
 The launchers of spec_samplers.kernels.sampling_launch run on meta tensors with
-``KernelLaunch.run`` recording instead of launching (their torch glue runs on meta tensors too),
+``config=LaunchConfig(launches=[...])``: they record their launches instead of running them (their
+torch glue runs on meta tensors too),
 for every input kind a caller can reach (probabilities or logits, each filter combination, the
 renorm / mask / softmax outputs, fp32 and bf16); each distinct (kernel, argument types,
 constexpr values) is compiled once.
@@ -19,16 +20,15 @@ import triton  # noqa: E402
 from kernel_compile_check import TARGET, signature  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from spec_samplers.kernels import launch_common  # noqa: E402
 from spec_samplers.kernels import sampling_launch as sl  # noqa: E402
-from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
+from spec_samplers.kernels.backend import LaunchConfig, plan_vocab_split  # noqa: E402
 
 META = torch.device("meta")
 
 
 def record_launches() -> list:
-    recorded = []
-    launch_common.KernelLaunch.run = lambda self: recorded.append(self)  # record, do not launch
+    recorded: list = []
+    config = LaunchConfig(launches=recorded)  # record, do not launch
     B, V = 4, 5000
     split = plan_vocab_split(V, B, 8, 1024)
     i64 = dict(dtype=torch.int64, device=META)
@@ -36,7 +36,7 @@ def record_launches() -> list:
         x = torch.empty(B, V, dtype=dtype, device=META)
         rows, seeds = torch.empty(B, **i64), torch.empty(B, **i64)
         k, p = torch.empty(B, **i64), torch.empty(B, device=META)
-        for logits, use_k, use_p, use_m, joint in itertools.product((False, True), repeat=5):
+        for logits, use_k, use_p, use_m, joint, long in itertools.product((False, True), repeat=6):
             if joint and not (use_k and use_p):
                 continue
             sl.sample_triton(
@@ -50,13 +50,15 @@ def record_launches() -> list:
                 min_p=p if use_m else None,
                 joint=joint,
                 split=split,
+                out_dtype=torch.int64 if long else torch.int32,  # the tokens' dtype
+                config=config,
             )
         for out_dtype in (torch.float32, dtype):
-            sl.renorm_triton(probs=x, top_k=k, out_dtype=out_dtype, split=split)
-            sl.renorm_triton(probs=x, top_p=p, out_dtype=out_dtype, split=split)
-        sl.mask_logits_triton(logits=x, top_k=k, split=split)
-        sl.softmax_triton(logits=x, temperature=p, split=split)
-    sl.row_seeds_triton(torch.empty(1, **i64), torch.empty(1, **i64), B)
+            sl.renorm_triton(probs=x, top_k=k, out_dtype=out_dtype, split=split, config=config)
+            sl.renorm_triton(probs=x, top_p=p, out_dtype=out_dtype, split=split, config=config)
+        sl.mask_logits_triton(logits=x, top_k=k, split=split, config=config)
+        sl.softmax_triton(logits=x, temperature=p, split=split, config=config)
+    sl.row_seeds_triton(torch.empty(1, **i64), torch.empty(1, **i64), B, config=config)
     return recorded
 
 

@@ -85,13 +85,18 @@ CASES = {
     # name: (make the call, eager ops at most, the Triton launches)
     "sampling_from_probs": (
         lambda: (lambda p: lambda: sampling.sampling_from_probs(p, seed=1, backend="triton"))(_probs()),
-        16,
-        ["row_seeds", "stats", "race", "race_finalize"],
+        4,
+        ["row_seeds", "race", "race_finalize"],  # (unfiltered probabilities need no row statistics)
     ),
     "top_k_sampling_from_probs": (
         lambda: (lambda p: lambda: sampling.top_k_sampling_from_probs(p, 50, seed=1, backend="triton"))(_probs()),
-        25,
+        15,
         ["row_seeds", "stats", "search", "race", "race_finalize"],
+    ),
+    "softmax": (
+        lambda: (lambda x: lambda: sampling.softmax(x, 0.8, backend="triton"))(torch.randn(2, 4096, device="cuda")),
+        2,
+        ["stats", "softmax"],  # (the softmax kernel combines the statistics' block partials itself)
     ),
     "sampling_tensors": (
         lambda: lambda: sampling_tensors(SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05), 3, "cuda"),

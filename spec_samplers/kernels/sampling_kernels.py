@@ -27,9 +27,10 @@ the Philox sampling stream, with the helpers the verification kernels use
 softmax the online sum of exp). ``search_kernel`` grid (B,): the pivot search of one filter
 (top-k by count, or top-p by mass) for one output row, looping over its row. ``race_kernel``
 grid (B, NB): per block, the fp64 race-group sums of the kept weights; ``race_finalize_kernel``
-grid (B,): the race over those sums, then within the chosen group. ``renorm_kernel``,
-``mask_kernel``, ``softmax_kernel`` grid (B, NB): the elementwise outputs. NB > 1 splits the
-vocabulary at small B; the block partials are combined in block order by the launcher.
+grid (B,): the race over those sums, then within the chosen group, and the row's validity.
+``renorm_kernel``, ``mask_kernel``, ``softmax_kernel`` grid (B, NB): the elementwise outputs
+(``softmax_kernel`` combines the row's statistics partials itself). NB > 1 splits the vocabulary
+at small B; the block partials of the filters' row statistics are combined by the launcher.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import triton.language as tl
 
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
+from spec_samplers.kernels.backend import MAX_VOCAB_BLOCKS
 from spec_samplers.kernels.common import (
     clean,
     load_q,
@@ -58,6 +60,8 @@ _FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
 _STREAM_SAMPLE = tl.constexpr(STREAM_SAMPLE)
 _STREAM_ROW_SEED = tl.constexpr(STREAM_ROW_SEED)
 _RACE_GROUP = tl.constexpr(rng.RACE_GROUP)
+#: the widest [NB] tile of block partials (one compiled width, whatever NB the batch size gives)
+_MAX_NB = tl.constexpr(MAX_VOCAB_BLOCKS)
 #: pivots evaluated per pass of the search (a power of two: one tile axis)
 PIVOTS = 16
 #: passes that always suffice: each divides the key width (< 2**32) by PIVOTS + 1
@@ -162,10 +166,15 @@ def round_to_output(x, out_ptr):
 
 @triton.jit
 def output_row(rows_ptr, b, R):
-    """(input row of output b, clamped into [0, R), whether it exists)."""
-    r = tl.load(rows_ptr + b).to(tl.int64)
-    ok = (r >= 0) & (r < R)
-    return tl.where(ok, r, 0), ok
+    """(input row of output b, clamped into [0, R), whether it exists); without ``rows_ptr``
+    (None: the outputs are the input rows) row b itself."""
+    r = b.to(tl.int64)
+    ok = r < R
+    if rows_ptr is not None:
+        r = tl.load(rows_ptr + b).to(tl.int64)
+        ok = (r >= 0) & (r < R)
+        r = tl.where(ok, r, 0)
+    return r, ok
 
 
 @triton.jit
@@ -202,7 +211,7 @@ def row_max_ref(max_ptr, b):
 def stats_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
-    rows_ptr,  # [B] int64 input row of each output
+    rows_ptr,  # [B] int64 input row of each output (None: row b)
     temp_ptr,  # [B] fp32 softmax temperature (SOFTMAX only; <= 0 acts as 1)
     max_ptr,
     min_ptr,
@@ -453,7 +462,7 @@ def search_kernel(
     PRECISE: tl.constexpr,
 ):
     """:func:`pivot_search` for output row b. The launcher starts lo at the row min (or at tau_k,
-    top-p after top-k) and hi at the row max (hi = lo when the filter is off)."""
+    top-p after top-k) and hi at the row max (hi = lo here when top_k is 0: the filter is off)."""
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
     m_ref = 0.0
@@ -461,15 +470,18 @@ def search_kernel(
         m_ref = row_max_ref(max_ptr, b)
     k = tl.zeros([], tl.int64)
     top_p = 1.0
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
     if MODE == 0:
         k = tl.load(k_ptr + b)
+        hi = tl.where(k > 0, hi, lo)  # top_k = 0: the filter is off
     else:
         top_p = tl.load(p_ptr + b)
     lo, hi, m_lo = pivot_search(
         x_ptr + r * stride_r,
         V,
-        tl.load(lo_ptr + b),
-        tl.load(hi_ptr + b),
+        lo,
+        hi,
         k,
         top_p,
         m_ref,
@@ -593,9 +605,12 @@ def kept_weights(base, offs, hi, tau, m_ref, LOGITS: tl.constexpr, PRECISE: tl.c
 
 @triton.jit
 def race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS: tl.constexpr):
-    """Output row b's temperature, reference max (logits; 0 for probabilities), number of race
-    groups and its row of fp64 group sums: what race_kernel and race_finalize_kernel both read."""
-    tau = tl.load(tau_ptr + b)
+    """Output row b's threshold (-inf without ``tau_ptr``: unfiltered probabilities keep every
+    token), reference max (logits; 0 for probabilities), number of race groups and its row of
+    fp64 group sums: what race_kernel and race_finalize_kernel both read."""
+    tau = float("-inf")
+    if tau_ptr is not None:
+        tau = tl.load(tau_ptr + b)
     m_ref = 0.0
     if LOGITS:
         m_ref = row_max_ref(max_ptr, b)
@@ -609,7 +624,7 @@ def race_kernel(
     stride_r,  # [R, V] fp32/fp16/bf16
     rows_ptr,  # [B] int64
     max_ptr,  # [B] fp32 row max (LOGITS)
-    tau_ptr,  # [B] fp32: the kept tokens are the values >= tau
+    tau_ptr,  # [B] fp32: the kept tokens are the values >= tau (None: every token, probabilities)
     sums_ptr,  # [B, G1] fp64 race-group sums of the kept weights
     R,
     V,
@@ -652,7 +667,8 @@ def race_finalize_kernel(
     seed_ptr,
     offset_ptr,  # [B] int64 per output row
     sums_ptr,  # [B, G1] fp64 from race_kernel
-    out_ptr,  # [B] int64 token (the caller marks invalid rows)
+    out_ptr,  # [B] int32/int64 token, -1 where not valid
+    valid_ptr,  # [B] bool: the input row exists and its kept weights have mass
     R,
     V,
     LOGITS: tl.constexpr,
@@ -660,7 +676,9 @@ def race_finalize_kernel(
 ):
     """Program b: the two-level race (:func:`spec_samplers.rng.two_level_race`, stream
     STREAM_SAMPLE, counter base 0): level 1 over the group sums, level 2 over the chosen group,
-    re-read, with the same helpers as the verification finalize."""
+    re-read, with the same helpers as the verification finalize. A row is valid when its kept
+    mass is > 0: the row max is always kept, so this is the reference's test (a probability > 0,
+    or a logit > -inf, whose weight is 1)."""
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
     base = x_ptr + r * stride_r
@@ -668,11 +686,13 @@ def race_finalize_kernel(
     offset = tl.load(offset_ptr + b)
     tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS)
     counter_base = seed * 0
-    group, _, _, _ = pick_group(row, row, num_groups, ok, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE, 256)
+    group, _, mass, _ = pick_group(row, row, num_groups, ok, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE, 256)
     offs = group * _RACE_GROUP + tl.arange(0, _RACE_GROUP)
     w = kept_weights(base, offs, tl.where(ok, V, 0), tau, m_ref, LOGITS, PRECISE)
     idx = race_in_group(w, offs < V, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE)
-    tl.store(out_ptr + b, group * _RACE_GROUP + idx)
+    valid = ok & (mass > 0.0)
+    tl.store(out_ptr + b, tl.where(valid, group * _RACE_GROUP + idx, -1))
+    tl.store(valid_ptr + b, valid)
 
 
 @triton.jit(do_not_specialize=["chunk"])
@@ -724,25 +744,37 @@ def mask_kernel(
         tl.store(out_ptr + b * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["chunk"])
+@triton.jit(do_not_specialize=["chunk", "NB"])
 def softmax_kernel(
     x_ptr,
     stride_r,  # [B, V] fp32/fp16/bf16 logits
     temp_ptr,  # [B] fp32 (0: one-hot of the argmax; < 0 acts as 1)
     max_ptr,
-    sum_ptr,  # [B] fp32 row max of x and sum of exp((x - max) / T)
-    argmax_ptr,  # [B] int64 argmax of the logits (used where T == 0)
+    sum_ptr,  # [B, NB] fp32 stats_kernel's block partials: max of x and sum of exp((x - max) / T)
+    amax_ptr,  # [B, NB] int32 the blocks' argmax of the logits (used where T == 0)
     out_ptr,  # [B, V] fp32, contiguous
     V,
     chunk,
+    NB,
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
+    """Combines row b's NB block partials (each program of the row does, in block order: no
+    launch between), then writes its block of softmax(x / T)."""
     b, lo, hi = output_block(chunk, V)
     t_raw = tl.load(temp_ptr + b)
-    s = tl.load(sum_ptr + b)
-    rule = logits_rule(tl.load(max_ptr + b), tl.where(t_raw > 0.0, t_raw, 1.0), s, 0.0)
-    amax = tl.load(argmax_ptr + b)
+    t = tl.where(t_raw > 0.0, t_raw, 1.0)
+    blocks = tl.arange(0, _MAX_NB)
+    inside = blocks < NB
+    m = tl.load(max_ptr + b * NB + blocks, mask=inside, other=float("-inf"))
+    row_max = tl.max(m, axis=0)
+    # each block's sum weighs the rule's weight of its max (empty blocks and rows all -inf give 0)
+    s = tl.load(sum_ptr + b * NB + blocks, mask=inside, other=0.0)
+    s = tl.sum(tl.where(inside, s * weights(m, rule_max(row_max), logits_scale(t), PRECISE), 0.0), axis=0)
+    # the argmax of the lowest block holding the max (torch.argmax's tie rule)
+    first = tl.min(tl.where(inside & (m == row_max), blocks, _MAX_NB), axis=0)
+    amax = tl.sum(tl.where(blocks == first, tl.load(amax_ptr + b * NB + blocks, mask=inside, other=0), 0), axis=0)
+    rule = logits_rule(row_max, t, s, 0.0)
     for start in range(lo, hi, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = offs < hi

@@ -18,24 +18,35 @@ from typing import Any
 import torch
 
 from spec_samplers import custom_ops
-from spec_samplers.sampling import checks
+from spec_samplers.kernels import sampling_launch
+from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
+from spec_samplers.rng_sampling import derive_row_seeds
+from spec_samplers.sampling import checks, reference
 
 SampleResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 # -- shared work ----------------------------------------------------------------------------------
+#
+# An operation checks its arguments and makes them canonical (helpers that return), then calls
+# its launcher (spec_samplers.kernels.sampling_launch, which launches the kernels in its own
+# body), its PyTorch reference, or, while Dynamo traces or on meta tensors, its custom op
+# (spec_samplers.custom_ops): three calls from the operation to a kernel launch at most.
 
 
-def _run(kind: str, backend: str, like: torch.Tensor, /, **kwargs: Any) -> Any:
-    """The operation's body on canonical arguments: through the ``spec_samplers::{kind}`` custom
-    op while Dynamo traces or on meta tensors, else directly (no dispatcher hop)."""
-    if custom_ops.routed(like):
-        return getattr(custom_ops, kind)(**kwargs, backend=backend)
-    return custom_ops.run_sampling(kind, backend, like.device, **kwargs)
+def _path(backend: str, x: torch.Tensor, config: LaunchConfig | None) -> bool | None:
+    """Which code runs a call on ``x``: True the kernels, False the PyTorch reference, None the
+    custom op (Dynamo traces, or meta tensors without a tool planning kernels on them:
+    ``config.kernels``, :func:`spec_samplers.kernels.backend.planned_for`)."""
+    backend = check_backend(backend)
+    planned = config is not None and config.kernels and backend != "torch"
+    if torch.compiler.is_compiling() or (custom_ops.routed(x) and not planned):
+        return None
+    return planned or use_triton(backend, x.device)
 
 
 def _filters(
     B: int, V: int, device: torch.device, check_values: bool, top_k: object, top_p: object, min_p: object
-) -> dict[str, torch.Tensor | None]:
+) -> dict[str, Any]:
     """[B] canonical top_k / top_p / min_p (None stays None: no filter)."""
     return dict(
         top_k=None if top_k is None else checks.canonical_top_k(top_k, B, V, device),
@@ -68,12 +79,23 @@ def _sample(
     if check_nan:
         checks.check_no_nan(input_name, x)
     filters = _filters(B, x.shape[1], x.device, check_nan, top_k, top_p, min_p)
-    seeds, offsets = checks.resolve_seeds(seed, offset, generator, B, x.device)
+    seeds, offsets, shared_offset = checks.resolve_seeds(seed, offset, generator, B, x.device)
+    config = launch_config()
+    kernels = _path(backend, x, config)
     logits = input_name == "logits"
-    tokens, valid = _run(
-        "sample", backend, x, x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters
-    )
-    tokens = tokens.to(out_dtype)
+    if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
+        if kernels and x.device.type != "cpu":  # (one launch where PyTorch runs ~90 small ops)
+            seeds = sampling_launch.row_seeds_triton(seeds, shared_offset, B, config=config)
+        else:
+            seeds = derive_row_seeds(seeds, shared_offset, B)
+    draw: dict[str, Any] = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
+    if kernels is None:
+        tokens, valid = custom_ops.sample(**draw, backend=backend)
+    elif kernels:
+        tokens, valid = sampling_launch.sample_triton(**draw, out_dtype=out_dtype, config=config)
+    else:
+        tokens, valid = reference.sample_reference(**draw)
+    tokens = tokens.to(out_dtype)  # (the kernels' tokens have it already)
     return (tokens, valid) if return_valid else tokens
 
 
@@ -81,8 +103,14 @@ def _renorm(probs: object, top_k: object, top_p: object, out_dtype: torch.dtype 
     probs = checks.check_matrix("probs", probs)
     filters = _filters(probs.shape[0], probs.shape[1], probs.device, False, top_k, top_p, None)
     del filters["min_p"]
-    out: torch.Tensor = _run("renorm", backend, probs, probs=probs, out_dtype=out_dtype or probs.dtype, **filters)
-    return out
+    out_dtype = out_dtype or probs.dtype
+    config = launch_config()
+    kernels = _path(backend, probs, config)
+    if kernels is None:
+        return custom_ops.renorm(probs, **filters, out_dtype=out_dtype, backend=backend)
+    if kernels:
+        return sampling_launch.renorm_triton(probs=probs, **filters, out_dtype=out_dtype, config=config)
+    return reference.renorm_reference(probs, **filters, out_dtype=out_dtype)
 
 
 # -- the operations -------------------------------------------------------------------------------
@@ -124,8 +152,13 @@ def softmax(
     """
     logits = checks.check_matrix("logits", logits)
     temp = checks.canonical_temperature(temperature, logits.shape[0], logits.device, check_values=False)
-    out: torch.Tensor = _run("softmax", backend, logits, logits=logits, temperature=temp)
-    return out
+    config = launch_config()
+    kernels = _path(backend, logits, config)
+    if kernels is None:
+        return custom_ops.softmax(logits, temp, backend)
+    if kernels:
+        return sampling_launch.softmax_triton(logits=logits, temperature=temp, config=config)
+    return reference.softmax_reference(logits, temp)
 
 
 def sampling_from_probs(
@@ -473,8 +506,13 @@ def top_k_mask_logits(
     """
     logits = checks.check_matrix("logits", logits)
     k = checks.canonical_top_k(top_k, logits.shape[0], logits.shape[1], logits.device)
-    out: torch.Tensor = _run("mask_logits", backend, logits, logits=logits, top_k=k)
-    return out
+    config = launch_config()
+    kernels = _path(backend, logits, config)
+    if kernels is None:
+        return custom_ops.mask_logits(logits, k, backend)
+    if kernels:
+        return sampling_launch.mask_logits_triton(logits=logits, top_k=k, config=config)
+    return reference.mask_logits_reference(logits, k)
 
 
 # fmt: on

@@ -15,9 +15,7 @@ import torch
 
 from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from spec_samplers.errors import input_error
-from spec_samplers.kernels.backend import triton_importable
 from spec_samplers.rng import SEED_HIGH  # seeds drawn for seed=None lie in [0, SEED_HIGH)
-from spec_samplers.rng_sampling import derive_row_seeds
 from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES
 
 #: the input dtypes (the verification samplers' probability dtypes) and the index dtypes, defined
@@ -123,11 +121,11 @@ def canonical_top_k(top_k: object, batch_size: int, vocab_size: int, device: tor
         if t.is_floating_point():  # truncate as .int() does, with NaN / inf defined (never a huge int)
             t = torch.nan_to_num(t.double(), nan=0.0, posinf=vocab_size, neginf=0.0).clamp(-1, vocab_size).trunc()
         t = t.to(torch.int64)
-    else:
-        if isinstance(top_k, bool) or not isinstance(top_k, int):
-            raise input_error("top_k", "an int or a tensor", type(top_k).__name__)
-        t = torch.full((batch_size,), top_k, dtype=torch.int64, device=device)
-    return torch.where((t <= 0) | (t >= vocab_size), 0, t)
+        return torch.where((t <= 0) | (t >= vocab_size), 0, t)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise input_error("top_k", "an int or a tensor", type(top_k).__name__)
+    # (a Python int: the same rule on the host, one fill on the device)
+    return torch.full((batch_size,), top_k if 0 < top_k < vocab_size else 0, dtype=torch.int64, device=device)
 
 
 def canonical_top_p(top_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor:
@@ -209,15 +207,20 @@ def _seed_tensor(name: str, t: torch.Tensor, batch_size: int, device: torch.devi
 
 def resolve_seeds(
     seed: object, offset: object, generator: object, batch_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-row (seeds [B] int64, offsets [B] int64) on ``device``, without host
-    synchronisation.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(seeds, offsets [B] int64, shared offset) on ``device``, without host synchronisation.
+    When the shared offset is None, row b uses (seeds[b], offsets[b]); otherwise ``seeds`` is one
+    [1] seed for the batch, and row b's seed is derived from (seeds, shared offset [1], b)
+    (:func:`spec_samplers.rng_sampling.derive_row_seeds`, or its kernel twin
+    ``sampling_launch.row_seeds_triton``: the caller runs one or the other).
 
     * seed and offset as [B] tensors: row b uses (seed[b], offset[b]), so its token depends on
       nothing else (FlashInfer reads element 0 only);
     * a scalar seed (a Python int, or a length-1 tensor when B > 1) with a scalar offset: one
       stream for the batch, as FlashInfer; the rows get distinct seeds derived from (seed, offset,
-      row) (:func:`spec_samplers.rng_sampling.derive_row_seeds`);
+      row);
+    * a scalar seed with [B] offsets: each row keeps its own offset, the seeds are derived with
+      offset 0;
     * seed None: one seed per row drawn from ``generator`` (torch's default generator of the
       device when None), which advances it; offset (default 0) is used as given.
     A missing offset is 0 (FlashInfer draws both from the generator when either is None).
@@ -233,23 +236,14 @@ def resolve_seeds(
     if seed is None:
         gen_device = generator.device if generator is not None else device
         seeds = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, generator=generator, device=gen_device)
-        return seeds.to(device), offsets.expand(batch_size).contiguous()
+        return seeds.to(device), offsets.expand(batch_size).contiguous(), None
     if isinstance(seed, torch.Tensor):
         seeds = _seed_tensor("seed", seed, batch_size, device)
     else:
         seeds = torch.full((1,), _int64_scalar("seed", seed), dtype=torch.int64, device=device)
     if seeds.shape[0] == batch_size and (isinstance(seed, torch.Tensor) or batch_size == 0):
-        return seeds, offsets.expand(batch_size).contiguous()
+        return seeds, offsets.expand(batch_size).contiguous(), None
     if offsets.shape[0] != 1:
         # per-row offsets with one shared seed: each row keeps its own offset, seeds still decorrelated
-        return _row_seeds(seeds, torch.zeros((), dtype=torch.int64, device=device), batch_size), offsets
-    return _row_seeds(seeds, offsets, batch_size), offsets.expand(batch_size).contiguous()
-
-
-def _row_seeds(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """:func:`derive_row_seeds`, in one launch on CUDA (its eager form is ~90 small ops)."""
-    if seed.device.type == "cuda" and triton_importable():
-        from spec_samplers.kernels.sampling_launch import row_seeds_triton  # (imports triton)
-
-        return row_seeds_triton(seed.reshape(1).to(torch.int64), offset.reshape(1).to(torch.int64), num_rows)
-    return derive_row_seeds(seed, offset, num_rows)
+        return seeds, offsets, torch.zeros((1,), dtype=torch.int64, device=device)
+    return seeds, offsets.expand(batch_size).contiguous(), offsets

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.errors import input_error
-from spec_samplers.kernels.backend import check_backend
+from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
+from spec_samplers.kernels.sampling_launch import row_seeds_triton
+from spec_samplers.rng_sampling import derive_row_seeds
 from spec_samplers.sampling import checks
 
 
@@ -68,7 +70,12 @@ def chain_speculative_sampling(
                 name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__)
             )
         counters.append(t)
-    seeds, offsets = checks.resolve_seeds(seed, offset, generator, B, device)
+    seeds, offsets, shared_offset = checks.resolve_seeds(seed, offset, generator, B, device)
+    if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
+        if device.type == "cuda" and use_triton(check_backend(backend), device):
+            seeds = row_seeds_triton(seeds, shared_offset, B, config=launch_config())
+        else:
+            seeds = derive_row_seeds(seeds, shared_offset, B)
     batch = VerifyBatch.padded(target_probs, bonus, draft_probs, draft_token_ids, seeds=seeds, offsets=offsets)
     out = _rejection_sampler(backend).verify(batch)
     accepted = rejection_accepts_reference(batch).sum(dim=1)
