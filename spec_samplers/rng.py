@@ -384,6 +384,19 @@ RACE_GROUP = 256
 LEVEL1_COUNTER = 2**31
 
 
+def chunk_alignment(block_v: int) -> int:
+    """What the vocabulary chunk of one program of a kernel's vocabulary pass is a multiple of,
+    for vector steps of ``block_v`` entries (a power of two): whole race groups, so that each
+    group's fp64 sum (level 1's input, :func:`race_group_sums`) is taken by one program, over one
+    group's contiguous entries, and whole vector steps. RACE_GROUP is a power of two too, so one
+    divides the other and the larger is the alignment; a vector step wider than a group covers
+    whole groups (``kernels.rng.group_tile``), a narrower one tiles a group. The planner
+    (``kernels.backend.plan_vocab_split``) sizes every chunk with it."""
+    if block_v <= 0 or block_v & (block_v - 1):
+        raise ValueError(f"block_v: expected a power of two, got {block_v}")
+    return max(block_v, RACE_GROUP)
+
+
 def race_num_groups(vocab_size: int) -> int:
     """Number of race groups of a vocabulary, ceil(V / RACE_GROUP)."""
     return -(-vocab_size // RACE_GROUP)

@@ -20,12 +20,11 @@ import torch
 from conftest import DEVICE, small_split
 
 from spec_samplers import SamplingParams
-from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import sampling_kernels
 from spec_samplers.kernels.block_launch import block_triton
 from spec_samplers.kernels.rejection_launch import rejection_triton
 from spec_samplers.kernels.typical_launch import typical_triton
-from spec_samplers.kernels.verify_plan import REJECTION, plan_verify
+from spec_samplers.kernels.verify_plan import REJECTION, plan_filter_cuts, plan_verify
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 from spec_samplers.sampling.reference import MASS_SCALE, filter_threshold, filtered_softmax_reference
@@ -98,7 +97,7 @@ def test_filter_kernel_finds_the_reference_cut_and_sum(gen, scratch, monkeypatch
     row_max = x.amax(-1)
     stats = torch.zeros(B, K + 1, 3, device=DEVICE)
     stats[..., 0] = row_max.view(B, K + 1)
-    for launch in lc.plan_filter_cuts(batch, batch.target, None, stats, None):
+    for launch in plan_filter_cuts(batch, batch.target, None, stats, None):
         launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps, **launch.options)
     rows = torch.arange(B * (K + 1), device=DEVICE) // (K + 1)
     t = batch.temperature.clamp_min(0)[rows]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from spec_samplers.rng import RACE_GROUP
+from spec_samplers.rng import chunk_alignment
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -100,7 +100,7 @@ def launch_config() -> LaunchConfig | None:
 @dataclass(frozen=True)
 class VocabSplit:
     block_v: int  # elements per vector step (power of two)
-    chunk: int  # vocab entries per program instance (multiple of block_v and of rng.RACE_GROUP)
+    chunk: int  # vocab entries per program instance (a multiple of rng.chunk_alignment(block_v))
     num_blocks: int  # NB = ceil(V / chunk), every block non-empty
 
 
@@ -128,13 +128,33 @@ def vocab_split(
     ``block_v`` / ``num_blocks`` override the choice (tests use them to cross block boundaries);
     ``wide_steps``: see :func:`plan_vocab_split`; ``num_sms`` (``LaunchConfig.num_sms``): plan
     for a CUDA device with that many multiprocessors, whatever ``device`` is (meta tensors)."""
+    programs, widest = device_programs(device, num_sms)
+    return plan_vocab_split(vocab_size, num_requests, programs, widest, block_v, num_blocks, wide_steps)
+
+
+def vocab_splits(
+    vocab_size: int, num_requests: int, device: torch.device, num_sms: int | None = None
+) -> tuple[VocabSplit, VocabSplit]:
+    """The two splits of a verification call, from one reading of the device: (the split of the
+    passes that only store partials, narrow vector steps at small B; the split of a pass whose
+    last program per request finishes the request, ``wide_steps``: see :func:`plan_vocab_split`)."""
+    programs, widest = device_programs(device, num_sms)
+    return (
+        plan_vocab_split(vocab_size, num_requests, programs, widest),
+        plan_vocab_split(vocab_size, num_requests, programs, widest, wide_steps=True),
+    )
+
+
+def device_programs(device: torch.device, num_sms: int | None = None) -> tuple[int, int]:
+    """(programs the device should run at once, widest vector step) of :func:`plan_vocab_split`:
+    four per SM and 1024 on CUDA (``num_sms``: that many SMs, whatever ``device`` is)."""
     if num_sms is None and device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         num_sms = _num_sms(index)
     if num_sms is not None:
-        return plan_vocab_split(vocab_size, num_requests, 4 * num_sms, 1024, block_v, num_blocks, wide_steps)
+        return 4 * num_sms, 1024
     # The interpreter runs programs one by one: few blocks there, but more than one.
-    return plan_vocab_split(vocab_size, num_requests, 2, 512, block_v, num_blocks, wide_steps)
+    return 2, 512
 
 
 #: the vector widths a launch can use: a changing batch size reaches at most these three
@@ -170,9 +190,7 @@ def plan_vocab_split(
     block_v = max(16, min(block_v, triton_next_pow2(vocab_size)))
     max_blocks = min(-(-vocab_size // block_v), MAX_VOCAB_BLOCKS)
     num_blocks = max(1, min(num_blocks, max_blocks))
-    # a chunk holds whole race groups (spec_samplers.rng.RACE_GROUP), so each group's sum is taken
-    # by one program: block_v and RACE_GROUP are powers of two, one divides the other
-    align = max(block_v, RACE_GROUP)
+    align = chunk_alignment(block_v)
     chunk = _ceil_div(_ceil_div(vocab_size, num_blocks), align) * align
     return VocabSplit(block_v, chunk, _ceil_div(vocab_size, chunk))
 

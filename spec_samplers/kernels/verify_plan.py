@@ -26,9 +26,17 @@ from spec_samplers.errors import input_error
 from spec_samplers.kernels import block_kernels as bk
 from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk
+from spec_samplers.kernels import sampling_kernels
+from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels import typical_kernels as tk
-from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, combine_blocks, triton_next_pow2, vocab_split
-from spec_samplers.layout import VerifyBatch
+from spec_samplers.kernels.backend import (
+    LaunchConfig,
+    VocabSplit,
+    combine_blocks,
+    triton_next_pow2,
+    vocab_splits,
+)
+from spec_samplers.layout import RowLayout, VerifyBatch
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,226 @@ BLOCK = VerifyKernels(
 )
 
 
+def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
+    """(stride_b, stride_k) addressing row (b, i) of a padded [B, K(+1), ...] or ragged [T, ...]
+    tensor (ragged rows are flat: stride_k unused); (0, 0) for an absent tensor."""
+    if t is None:
+        return 0, 0
+    return t.stride(0), 0 if layout.ragged else t.stride(1)
+
+
+RowTuple = tuple[
+    torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, int | None, torch.Tensor | None
+]
+
+
+def rows(
+    layout: RowLayout,
+    t: torch.Tensor | None,
+    stats: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+) -> RowTuple:
+    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr) of a
+    padded [B, K(+1), ...] or ragged [T, ...] tensor with its [B, K+1, 3] row statistics
+    (:func:`plan_softmax_stats`; None for probabilities), all None for an absent tensor. With
+    ``index`` ([T] int32/int64, ``VerifyBatch.draft_rows``) ``t`` is a ragged layout's [N, ...]
+    matrix whose rows are indexed (:func:`spec_samplers.kernels.common.indexed_row_offset`:
+    an index outside [0, N) is tested there, so no eager op runs here);
+    ``temperature`` [B]: the rows' own T."""
+    if t is None:
+        return None, 0, 0, None, None, None, None
+    # N only with an index (None otherwise: a constexpr, so the other variants keep their signature)
+    return (t, *row_strides(layout, t), stats, index, t.shape[0] if index is not None else None, temperature)
+
+
+def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """One uninitialised partials tensor of ``shape`` per dtype (the kernels write what they read)."""
+    return tuple(torch.empty(shape, dtype=dtype, device=device) for dtype in dtypes)
+
+
+def plan_softmax_stats(
+    layout: RowLayout,
+    target: torch.Tensor,  # logits, [B, K+1, V] padded or [T, V] ragged
+    draft: torch.Tensor | None,  # logits, [B, K, V] padded or [T, V] ragged
+    temperature: torch.Tensor,  # [B] float
+    split: VocabSplit,
+    filters: VerifyBatch | None = None,
+    draft_index: torch.Tensor | None = None,  # [T] int32/int64: indexed draft rows (VerifyBatch.draft_rows)
+    draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
+) -> tuple[list[lc.KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
+    """Fused-softmax row statistics (one launch). Returns (launches, argmax partials [B, K+1, NB] fp32 and
+    int32, {t_stats_ptr, d_stats_ptr}). With ``draft_index`` the draft is an [N, V] matrix
+    whose rows the index picks; ``draft_temperature`` is the draft rows' T.
+
+    Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
+    logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
+    softmax keeps every entry); see :func:`spec_samplers.kernels.common.row_stats`.
+    ``d_stats_ptr`` is None without a draft. With ``filters`` (a batch with per-request top-k /
+    top-p / min-p) the launches end with :func:`plan_filter_cuts`, which sets (sum, cut)."""
+    B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
+    device = target.device
+    has_draft = draft is not None
+    grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
+    t_part, amax = (
+        partials(device, grid, torch.float32, torch.float32),
+        partials(device, grid, torch.float32, torch.int32),
+    )
+    d_part = partials(device, grid, torch.float32, torch.float32) if has_draft else (None, None)
+    # (max, sum) partials of target and draft rows, then the (max, argmax) of the target logits
+    parts = t_part + d_part + amax
+    stats = (
+        torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
+        torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
+    )
+    req = (layout.cu_num_draft_tokens, temperature, draft_temperature)
+    dims = dict(K=K, num_rows=layout.num_rows, NB=NB)
+    d_rows = rows(layout, draft, None, draft_index)
+    args = dict(
+        target=rows(layout, target)[:3],
+        draft=(*d_rows[:3], *d_rows[4:6]),
+        req=req,
+        parts=parts,
+        V=layout.vocab_size,
+    )
+    _, block_nb, _ = combine_blocks(K + 1, NB)
+    launches = [
+        lc.KernelLaunch(
+            sk.softmax_partials_kernel,
+            grid,
+            dict(
+                args,
+                stats=stats,
+                arrivals=lc.arrival_counters(device, B * (K + 1)),  # one per (request, position)
+                **dims,
+                chunk=split.chunk,
+                BLOCK_V=split.block_v,
+                TAIL_NB=block_nb,
+                PRECISE=lc.precise_math(),
+            ),
+            # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
+            # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program
+            # of each (request, position) combines its rows' blocks (no second launch)
+            num_warps=max(1, split.block_v // 256),
+            name="softmax_partials",
+        ),
+    ]
+    if filters is not None and filters.filtered:
+        launches += plan_filter_cuts(filters, target, draft, stats[0], stats[1])
+    return launches, amax[0], amax[1], dict(t_stats_ptr=stats[0], d_stats_ptr=stats[1])
+
+
+@dataclass
+class PlanStart:
+    """What every verification launcher starts from (:func:`plan_start`)."""
+
+    out: torch.Tensor  # [B, K+1] int64, what the launches fill
+    #: the split of the passes that store partials (statistics, argmax, typical); None for an
+    #: empty batch: nothing to launch
+    split: VocabSplit | None
+    #: the split of a pass whose last program per request finishes it (backend.vocab_splits)
+    finish_split: VocabSplit | None
+    target: torch.Tensor  # vocab-contiguous
+    draft: torch.Tensor | None  # vocab-contiguous
+    draft_index: torch.Tensor | None  # [T] int32/int64 rows of indexed draft rows (batch.draft_rows), or None
+    launches: list[lc.KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
+    stats: dict[str, torch.Tensor | None]  # t_stats_ptr, d_stats_ptr (None for probabilities)
+    amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
+
+
+def plan_start(
+    batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor | None, num_sms: int | None = None
+) -> PlanStart:
+    """The output, the vocabulary splits (once per call; ``split``, from tests, overrides both)
+    and, for logits inputs, the fused-softmax statistics of the target and ``draft`` rows (a
+    launcher passes None for a draft it does not read)."""
+    layout = batch.layout
+    B, V, device = layout.batch_size, layout.vocab_size, batch.target.device
+    out = torch.empty((B, layout.max_drafts + 1), dtype=torch.int64, device=device)
+    target = lc.vocab_contiguous(batch.target)
+    draft = None if draft is None else lc.vocab_contiguous(draft)
+    index = None
+    if draft is not None and batch.draft_rows is not None:
+        # indexed draft rows (ragged logits): the launches below read them in place
+        if not (layout.ragged and batch.temperature is not None and not batch.filtered):
+            raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
+        index = batch.draft_rows
+    stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
+    start = PlanStart(out, None, None, target, draft, index, [], stats, (None, None))
+    if B == 0:
+        return start
+    start.split, start.finish_split = (split, split) if split is not None else vocab_splits(V, B, device, num_sms)
+    if batch.temperature is not None:
+        # draft probabilities (draft_is_probs) need no statistics: the kernels read them as given
+        logit_draft = None if batch.draft_is_probs else draft
+        start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
+            layout,
+            target,
+            logit_draft,
+            batch.temperature,
+            start.split,
+            filters=batch,
+            draft_index=index if logit_draft is not None else None,
+            draft_temperature=batch.draft_temperature if logit_draft is not None else None,
+        )
+        start.amax = (amax_val, amax_idx)
+    return start
+
+
+def plan_filter_cuts(
+    batch: VerifyBatch,
+    target: torch.Tensor,  # logits [B, K+1, V] padded or [T, V] ragged, vocab stride 1
+    draft: torch.Tensor | None,  # logits [B, K, V] padded or [T, V] ragged, vocab stride 1
+    t_stats: torch.Tensor | None,  # [B, K+1, 3] fp32 (max, sum, cut): max filled by the softmax statistics
+    d_stats: torch.Tensor | None,  # [B, K+1, 3] fp32, or None without a draft
+) -> list[lc.KernelLaunch]:
+    """Launches that overwrite (sum, cut) of every row with its request's top-k / top-p / min-p
+    (``batch.top_k`` ...; :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so
+    the verification kernels read filtered probabilities straight from the logits. Run after the
+    softmax statistics (they read the row max)."""
+    assert batch.filtered and batch.temperature is not None
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    launches = []
+    cap = sampling_kernels.search_scratch(B * (K + 1), layout.vocab_size)
+    # one scratch row per (request, position) for its searches' candidates (pivot_search), shared
+    # by the target and draft launches (one after the other on the stream)
+    scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=target.device)
+    for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
+        if x is None or stats is None or B == 0 or x.numel() == 0:
+            continue
+        stride_b, stride_k = row_strides(layout, x)
+        launches.append(
+            lc.KernelLaunch(
+                sampling_kernels.filter_cut_kernel,
+                (B, K + 1),
+                dict(
+                    x_ptr=x,
+                    stride_b=stride_b,
+                    stride_k=stride_k,
+                    cu_ptr=layout.cu_num_draft_tokens,
+                    temp_ptr=batch.temperature,
+                    top_k_ptr=batch.top_k,
+                    top_p_ptr=batch.top_p,
+                    min_p_ptr=batch.min_p,
+                    stats_ptr=stats,
+                    scratch_ptr=scratch,
+                    K=K,
+                    num_rows=layout.num_rows,
+                    V=layout.vocab_size,
+                    cap=cap,
+                    RAGGED=layout.ragged,
+                    BONUS_ROW=bonus_row,
+                    BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
+                    PRECISE=lc.precise_math(),
+                ),
+                num_warps=sampling_kernels.SEARCH_WARPS,
+                name="filter_cut",
+            )
+        )
+    return launches
+
+
 def plan_verify(
     batch: VerifyBatch, kernels: VerifyKernels, split: VocabSplit | None, config: LaunchConfig | None = None
 ) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
@@ -68,7 +296,7 @@ def plan_verify(
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
     num_sms = None if config is None else config.num_sms
-    start = lc.plan_start(batch, split, batch.draft, num_sms)
+    start = plan_start(batch, split, batch.draft, num_sms)
     out, launches, stats, amax = start.out, start.launches, start.stats, start.amax
     if start.split is None:
         return [], out
@@ -77,25 +305,26 @@ def plan_verify(
     device = out.device
     # The statistics pass (logits) keeps its split. This pass takes the widest vector step at
     # every B: its last program per request finishes that request, on the program's warps (4).
-    pass_split = split if split is not None else vocab_split(V, B, device, wide_steps=True, num_sms=num_sms)
+    pass_split = start.finish_split
+    assert pass_split is not None
     NB, amax_nb = pass_split.num_blocks, start.split.num_blocks
     # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
     # (verify_kernels.request_greedy), so no eager comparison op runs per call
     is_greedy = batch.temperature if batch.temperature is not None else batch.is_greedy
     if batch.temperature is None and is_greedy is not None:
-        amax = lc.partials(device, (B, K + 1, NB), torch.float32, torch.int32)
+        amax = partials(device, (B, K + 1, NB), torch.float32, torch.int32)
         amax_nb = NB  # the argmax partials below take the pass's split
     seqs = (
-        lc.rows(layout, start.target, stats["t_stats_ptr"]),
+        rows(layout, start.target, stats["t_stats_ptr"]),
         # draft probabilities (draft_is_probs) have no statistics and no temperature: read as given
-        lc.rows(
+        rows(
             layout,
             start.draft,
             stats["d_stats_ptr"],
             start.draft_index,
             None if batch.draft_is_probs else batch.draft_temperature,
         ),
-        lc.rows(layout, batch.draft_token_ids)[:3],
+        rows(layout, batch.draft_token_ids)[:3],
     )
     bonus = batch.bonus_token_ids
     req = (layout.cu_num_draft_tokens, batch.seeds, batch.offsets, batch.temperature, is_greedy, bonus, bonus.stride(0))
@@ -103,7 +332,7 @@ def plan_verify(
     # sums of the residual and of q per (request[, position]), then the greedy argmax partials
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
     groups = (*shape[:-1], rng.race_num_groups(V))
-    parts = lc.partials(device, shape, torch.float32) + lc.partials(device, groups, torch.float64, torch.float64) + amax
+    parts = partials(device, shape, torch.float32) + partials(device, groups, torch.float64, torch.float64) + amax
     dims = dict(K=K, V=V, num_rows=layout.num_rows, NB=NB)
     if batch.temperature is None and is_greedy is not None:
         args = dict(target=seqs[0], req=req, parts=parts, **dims, chunk=pass_split.chunk, BLOCK_V=pass_split.block_v)
@@ -143,17 +372,17 @@ def plan_typical(
     layout = batch.layout
     B, K = layout.batch_size, layout.max_drafts
     num_sms = None if config is None else config.num_sms
-    start = lc.plan_start(batch, split, None, num_sms)  # drafts are point masses here: no draft rows
+    start = plan_start(batch, split, None, num_sms)  # drafts are point masses here: no draft rows
     out, split, launches = start.out, start.split, start.launches
     if split is None:
         return [], out
     NB = split.num_blocks
-    target = lc.rows(layout, start.target, start.stats["t_stats_ptr"])
-    seqs = (target, lc.rows(layout, None), lc.rows(layout, batch.draft_token_ids)[:3])
+    target = rows(layout, start.target, start.stats["t_stats_ptr"])
+    seqs = (target, rows(layout, None), rows(layout, batch.draft_token_ids)[:3])
     bonus = batch.bonus_token_ids
     req = (layout.cu_num_draft_tokens, None, None, batch.temperature, None, bonus, bonus.stride(0))
     # (entropy, max, argmax) partials of q, then the logits (max, argmax) partials (greedy requests)
-    parts = lc.partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32) + start.amax
+    parts = partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32) + start.amax
     dims = dict(req=req, parts=parts, K=K, V=layout.vocab_size, num_rows=layout.num_rows, NB=NB)
     args = dict(dims, target=target, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=lc.precise_math())
     launches.append(lc.KernelLaunch(tk.typical_partials_kernel, (B, K + 1, NB), args, name="typical_partials"))
