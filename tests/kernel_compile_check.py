@@ -114,9 +114,13 @@ def batches():
 
 
 def arg_type(value, path, consts):
-    """Signature type of one argument at ``path`` (tuples nest; None entries become constexprs)."""
+    """Signature type of one argument at ``path`` (tuples nest; None entries become constexprs).
+    A NamedTuple argument (spec_samplers.kernels.abi) keeps its class, ``Rows("*fp32", "i32",
+    ...)``: the kernels read its fields by name, which compiles only when the signature carries
+    the names, so a field a kernel reads and the plan does not pack fails to compile here."""
     if isinstance(value, tuple):
-        return tuple(arg_type(v, path + (k,), consts) for k, v in enumerate(value))
+        types = [arg_type(v, path + (k,), consts) for k, v in enumerate(value)]
+        return type(value)(*types) if hasattr(value, "_fields") else tuple(types)
     if value is None:
         consts[path] = None
         return "constexpr"

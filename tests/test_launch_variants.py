@@ -14,6 +14,8 @@ from collections import defaultdict
 
 import torch
 
+from spec_samplers.kernels import abi
+from spec_samplers.kernels.abi import Rows
 from spec_samplers.kernels.backend import BLOCK_V_CHOICES, MAX_VOCAB_BLOCKS, plan_vocab_split
 from spec_samplers.kernels.verify_plan import BLOCK, REJECTION, plan_typical, plan_verify
 from spec_samplers.layout import VerifyBatch
@@ -88,9 +90,80 @@ def test_launch_arguments_are_keywords_and_absent_tensors_are_none():
     assert set(by_name) == {"residual_partials"}
     args = by_name["residual_partials"].args
     assert args["arrivals"] is not None and args["out_ptr"] is not None
-    # tuple arguments (spec_samplers.kernels.verify_kernels): the kernels' flags (HAS_DRAFT,
-    # HAS_OFFSETS, HAS_GREEDY, LOGITS, RAGGED) are these None entries, specialised as constexprs
-    (target, draft, _), req, parts = args["seqs"], args["req"], args["parts"]
-    cu_ptr, _, offset_ptr, temp_ptr, greedy_ptr, _, _ = req
-    assert draft == (None, 0, 0, None, None, None, None) and offset_ptr is None and greedy_ptr is None
-    assert temp_ptr is None and parts[3:] == (None, None) and cu_ptr is None and target[3:] == (None,) * 4
+    # NamedTuple arguments (spec_samplers.kernels.abi): the kernels' flags (HAS_DRAFT,
+    # HAS_OFFSETS, a greedy mask, LOGITS, RAGGED) are these None fields, specialised as constexprs
+    seqs, req, parts = args["seqs"], args["req"], args["parts"]
+    assert seqs.draft == Rows(None, 0, 0, None, None, None, None) and req.offsets is None and req.is_greedy is None
+    assert req.temperature is None and parts.amax_val is None and parts.amax_idx is None and req.cu is None
+    assert (seqs.target.stats, seqs.target.row_index, seqs.target.num_index_rows, seqs.target.temperature) == (
+        None,
+    ) * 4
+
+
+def test_a_logits_request_carries_its_temperatures_and_no_greedy_mask():
+    """Greedy requests of logits inputs are T == 0 (read from ``req.temperature``): ``is_greedy``
+    never holds temperatures."""
+    batch = _batch(3, 2, 100, logits=True)
+    for plan in (plan_verify(batch, REJECTION, None)[0], plan_verify(batch, BLOCK, None)[0]):
+        req = plan[-1].args["req"]
+        assert req.temperature is batch.temperature and req.is_greedy is None
+
+
+def _grouped(value):
+    """The tuple arguments inside ``value``, nested ones included."""
+    if isinstance(value, tuple):
+        yield value
+        for v in value:
+            yield from _grouped(v)
+
+
+def test_grouped_kernel_arguments_are_the_declared_named_tuples():
+    """Every tuple a plan passes to a kernel is one of spec_samplers.kernels.abi's NamedTuples
+    (its fields are what the kernels read by name: tests/kernel_compile_check.py compiles every
+    variant with these classes in the signature, so a field read and not packed fails there)."""
+    declared = {c for c in vars(abi).values() if isinstance(c, type) and issubclass(c, tuple)}
+    for logits in (False, True, "filtered"):
+        batch = _batch(3, 2, 100, logits)
+        split = plan_vocab_split(100, 3, 8, 1024)
+        launches = plan_verify(batch, REJECTION, split)[0] + plan_verify(batch, BLOCK, split)[0]
+        launches += plan_typical(batch, 0.09, 0.3, split)[0]
+        for launch in launches:
+            if launch.name == "filter_cut":  # (the sampling kernels' own arguments: scalars and tensors)
+                continue
+            for name, value in launch.args.items():
+                for t in _grouped(value):
+                    assert type(t) in declared, (launch.name, name, type(t))
+
+
+#: what a kernel calls its grouped arguments -> the abi classes such a name may hold
+_NAMES = {
+    "req": ("Request", "StatsRequest"),
+    "rq": ("ProgramRequest",),
+    "seqs": ("Seqs",),
+    "parts": ("VerifyParts", "TypicalParts", "SoftmaxParts"),
+    "target": ("Rows",),
+    "draft": ("Rows",),
+    "rows": ("Rows",),
+    "ids": ("Ids",),
+    "stats": ("Stats",),
+    "posterior": ("Posterior",),
+    "drafts": ("Drafts",),
+    "rrow": ("ResidualRow",),
+}
+
+
+def test_kernels_read_only_declared_fields():
+    """A static check of the kernels' sources (no compilation): each ``name.field`` they read of
+    a grouped argument names a field of an abi class that argument can hold."""
+    import re
+    from pathlib import Path
+
+    kernels = Path(abi.__file__).parent
+    pattern = re.compile(r"\b(" + "|".join(_NAMES) + r")\.(\w+)")
+    for module in ("verify_kernels", "rejection_kernels", "block_kernels", "typical_kernels", "softmax_kernels"):
+        source = (kernels / f"{module}.py").read_text()
+        reads = pattern.findall(source)
+        assert reads, module
+        for name, field in reads:
+            fields = {f for cls in _NAMES[name] for f in getattr(abi, cls)._fields}
+            assert field in fields, f"{module}: {name}.{field} is not a field of {_NAMES[name]}"

@@ -61,7 +61,7 @@ def test_statistics_follow_the_logits_rule(dtype, block_v, num_blocks):
     for launch in launches:
         launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps, **launch.options)
     m, s, arg = _reference(t.cpu(), temp.cpu())
-    got = stats["t_stats_ptr"].cpu()
+    got = stats.target.cpu()
     assert torch.equal(got[..., 0], m)
     assert torch.allclose(got[..., 1], s, rtol=2e-6, atol=0)
     assert torch.equal(got[..., 2], torch.zeros_like(m))
@@ -69,7 +69,7 @@ def test_statistics_follow_the_logits_rule(dtype, block_v, num_blocks):
     best = amax_val.cpu().argmax(-1, keepdim=True)
     assert torch.equal(amax_idx.cpu().gather(-1, best)[..., 0].long(), arg)
     dm, ds, _ = _reference(d.cpu(), temp.cpu())
-    d_got = stats["d_stats_ptr"].cpu()[:, :K]
+    d_got = stats.draft.cpu()[:, :K]
     assert torch.equal(d_got[..., 0], dm)
     assert torch.allclose(d_got[..., 1], ds, rtol=2e-6, atol=0)
     assert torch.equal(d_got[0], got[0, :K])  # equal rows, equal statistics (bit for bit)

@@ -25,9 +25,9 @@ of every random request (k_b times the traffic of a rejected request, plus the k
 races), because the threshold at every position needs that position's residual mass. With
 point-mass drafts both read one q row.
 
-The tuple arguments (seqs, req, parts) and the flags that follow from absent tensors are
-described in :mod:`spec_samplers.kernels.verify_kernels`; here ``parts`` holds one partial per
-(request, position, vocab block), [B, K+1, NB] each.
+The NamedTuple arguments (seqs, req, parts: :mod:`spec_samplers.kernels.abi`) and the flags
+that follow from absent tensors are described in :mod:`spec_samplers.kernels.verify_kernels`;
+here ``parts.mass`` holds one partial per (request, position, vocab block), [B, K+1, NB].
 
 ``enable_fp_fusion=False`` at launch (``KernelLaunch.options``): rho * q - p must round like the reference's separate
 multiply and subtract (an FMA would change the last bit and, rarely, a token).
@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import verify_kernels as vk
+from spec_samplers.kernels.abi import Drafts
 from spec_samplers.kernels.common import last_to_arrive, row_offset
 from spec_samplers.kernels.rng import random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
@@ -92,7 +93,7 @@ def block_partials_kernel(
     num_rows,
     chunk,
     NB,
-    NB_AMAX,  # vocab blocks of the greedy argmax partials (parts[3:5]): the statistics pass's, for logits
+    NB_AMAX,  # vocab blocks of parts.amax_val / amax_idx (greedy): the statistics pass's, for logits
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     TAIL_K: tl.constexpr,
@@ -100,36 +101,30 @@ def block_partials_kernel(
     PRECISE: tl.constexpr,
 ):
     """Program (b, m, blk): position m's partials over vocab block blk, then, in the last of
-    request b's (K+1) * NB programs, :func:`block_finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX).
-    Without ``arrivals`` (the cost model's partials-only variant) no request is finished."""
-    cu_ptr, _, _, _, _, _, _ = req
-    target, draft, _ = seqs
-    stride_b, stride_k = target[1], target[2]
-    draft_ptr = draft[0]
+    request b's (K+1) * NB programs, :func:`block_finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX)."""
     m = tl.program_id(1).to(tl.int64)
-    RAGGED: tl.constexpr = cu_ptr is not None
+    RAGGED: tl.constexpr = req.cu is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, start, n, seed, offset, _, _, _, _ = rq
+    b = rq.b
     pos = tl.arange(0, BLOCK_K)
     x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, RAGGED, PRECISE, BLOCK_K)
-    _, has_row = row_offset(b, m, start, n, num_rows, stride_b, stride_k, RAGGED)
+    _, has_row = row_offset(b, m, rq.start, rq.n, num_rows, seqs.target.stride_b, seqs.target.stride_k, RAGGED)
     need = vk.needs_pass(rq, req, m, has_row)
-    if draft_ptr is None:
+    if seqs.draft.ptr is None:
         # Point-mass drafts: Z_m = rho_m (1 - q_m(x_m)) from scalars, so tau is known here and
         # only its position needs the vocabulary.
         mass = tl.maximum(rho_vec * (1.0 - q_x), 0.0)
-        need = need & (m == block_tau(pos, n, valid, rho_vec, mass, seed, offset))
+        need = need & (m == block_tau(pos, rq.n, valid, rho_vec, mass, rq.seed, rq.offset))
     if need:
         blk = tl.program_id(2)
         row_slot = b * (K + 1) + m
-        drafts = (pos, x, valid, rho_vec)
+        drafts = Drafts(pos, x, valid, rho_vec)
         # the flags tuple inline: Triton 3.6 loses the constexprs of a tuple variable bound in an if
         vk.residual_pass(
-            rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, (blk, chunk), (RAGGED, True, PRECISE), BLOCK_V
+            rq, m, drafts, seqs, parts, row_slot * NB + blk, row_slot, blk, chunk, (RAGGED, True, PRECISE), BLOCK_V
         )
-    if arrivals is not None:
-        if last_to_arrive(arrivals + b, (K + 1) * NB):
-            block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+    if last_to_arrive(arrivals + b, (K + 1) * NB):
+        block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit
@@ -148,34 +143,33 @@ def block_finish(
     PRECISE: tl.constexpr,
 ):
     """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64."""
-    cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
-    mass_ptr, _, _, _, _ = parts
-    _, draft, _ = seqs
-    draft_ptr = draft[0]
-    RAGGED: tl.constexpr = cu_ptr is not None
+    RAGGED: tl.constexpr = req.cu is not None
+    # greedy requests are possible: T == 0 (logits) or a greedy mask (probabilities)
+    MAY_BE_GREEDY: tl.constexpr = (req.temperature is not None) | (req.is_greedy is not None)
+    LOGITS: tl.constexpr = req.temperature is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, _, n, seed, offset, _, _, _, _ = rq
+    b, n = rq.b, rq.n
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     x, valid, q_x, rho_vec = block_scalars(rq, pos, seqs, RAGGED, PRECISE, BLOCK_K)
     blocks = tl.arange(0, BLOCK_NB)
     greedy = vk.request_greedy(req, b)
-    if draft_ptr is not None:
+    if seqs.draft.ptr is not None:
         # Partials exist where a pass ran: positions with a valid draft of a random request.
         passed = valid & (pos <= tl.where(greedy, -1, K))
         tile = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
         tmask = passed[:, None] & (blocks[None, :] < NB)
-        mass = tl.sum(tl.load(mass_ptr + tile, mask=tmask, other=0.0), axis=1)
+        mass = tl.sum(tl.load(parts.mass + tile, mask=tmask, other=0.0), axis=1)
     else:
         mass = tl.maximum(rho_vec * (1.0 - q_x), 0.0)
-    j = block_tau(pos, n, valid, rho_vec, mass, seed, offset)
+    j = block_tau(pos, n, valid, rho_vec, mass, rq.seed, rq.offset)
     greedy_token = -1
-    if greedy_ptr is not None:
-        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB_AMAX, temp_ptr is not None)
+    if MAY_BE_GREEDY:
+        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB_AMAX, LOGITS)
         greedy_ok = valid & (x == target_argmax) & row_ok
         j = tl.where(greedy, vk.first_rejection(greedy_ok, pos, n, BLOCK_K), j)
     j = tl.minimum(j, n)  # a malformed ragged request (k_b = -1) emits no token
-    if greedy_ptr is not None:
+    if MAY_BE_GREEDY:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
-    drafts = (pos, x, valid, rho_vec)
+    drafts = Drafts(pos, x, valid, rho_vec)
     # the flags tuple inline (see block_partials_kernel)
     vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, (RAGGED, True, PRECISE))

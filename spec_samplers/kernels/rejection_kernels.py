@@ -17,9 +17,9 @@ Fixed grids (CUDA-graph friendly, no host synchronisation):
 NB vocab blocks per request keep the GPU busy at B = 1. The request is finished in the same
 launch (one CUDA-graph node fewer than a separate finalize kernel); whichever program finishes
 it reads the partials in the same fixed order, so results do not depend on scheduling. The
-tuple arguments (seqs, req, parts) and the flags that follow from absent tensors are described
-in :mod:`spec_samplers.kernels.verify_kernels`; here ``parts`` holds one partial per (request,
-vocab block), [B, NB] each.
+NamedTuple arguments (seqs, req, parts: :mod:`spec_samplers.kernels.abi`) and the flags that
+follow from absent tensors are described in :mod:`spec_samplers.kernels.verify_kernels`; here
+``parts.mass`` holds one partial per (request, vocab block), [B, NB].
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import verify_kernels as vk
+from spec_samplers.kernels.abi import Drafts
 from spec_samplers.kernels.common import clean, fold_argmax, last_to_arrive, request_span, row_offset
 from spec_samplers.kernels.rng import random_words, uniform_from_words
 from spec_samplers.rng import STREAM_ACCEPT
@@ -41,8 +42,7 @@ def random_accepts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
 
     Returns (accepted, draft ids as given (int64), id in [0, V) and inside the request)."""
     x, valid, q_x, p_x = vk.gather_at_drafts(rq, pos, seqs, RAGGED, PRECISE)
-    _, _, _, seed, offset, _, _, _, _ = rq
-    w0, w1, _, _ = random_words(seed, offset, pos, _STREAM_ACCEPT)
+    w0, w1, _, _ = random_words(rq.seed, rq.offset, pos, _STREAM_ACCEPT)
     # u < q/p (as the reference): q >= p always accepts, subnormal p included
     ratio = tl.math.div_rn(q_x, tl.where(p_x > 0.0, p_x, 1.0))
     accepted = valid & (p_x > 0.0) & (uniform_from_words(w0, w1) < ratio)
@@ -54,16 +54,14 @@ def random_accepts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr):
     """Program (b, i, blk): (max, argmax) of q_i over vocab block blk of a greedy request into
-    ``parts[3:5]`` ([B, K+1, NB] fp32 / int32); ``target`` = (ptr, stride_b, stride_k, None, ...)."""
-    target_ptr, stride_b, stride_k = target[0], target[1], target[2]
-    cu_ptr, _, _, _, _, _, _ = req
-    _, _, _, amax_val_ptr, amax_idx_ptr = parts
-    RAGGED: tl.constexpr = cu_ptr is not None
+    ``parts.amax_val`` / ``parts.amax_idx`` ([B, K+1, NB] fp32 / int32); ``target``: probability
+    rows (:class:`~spec_samplers.kernels.abi.Rows`, no statistics)."""
+    RAGGED: tl.constexpr = req.cu is not None
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
-    off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
+    start, n = request_span(req.cu, b, K, num_rows, RAGGED)
+    off, ok = row_offset(b, i, start, n, num_rows, target.stride_b, target.stride_k, RAGGED)
     if vk.request_greedy(req, b) & ok:
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
@@ -72,11 +70,11 @@ def argmax_partials_kernel(target, req, parts, K, V, num_rows, chunk, NB, BLOCK_
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            vals = tl.where(m, clean(tl.load(target_ptr + off + offs, mask=m, other=0.0)), -1.0)
+            vals = tl.where(m, clean(tl.load(target.ptr + off + offs, mask=m, other=0.0)), -1.0)
             best, best_idx = fold_argmax(vals, s, best, best_idx)
         slot = (b * (K + 1) + i) * NB + blk
-        tl.store(amax_val_ptr + slot, best)
-        tl.store(amax_idx_ptr + slot, best_idx.to(tl.int32))
+        tl.store(parts.amax_val + slot, best)
+        tl.store(parts.amax_idx + slot, best_idx.to(tl.int32))
 
 
 # num_rows (T), chunk and NB follow the batch size: left unspecialised (as above).
@@ -92,7 +90,7 @@ def residual_partials_kernel(
     num_rows,
     chunk,
     NB,
-    NB_AMAX,  # vocab blocks of the greedy argmax partials (parts[3:5]): the statistics pass's, for logits
+    NB_AMAX,  # vocab blocks of parts.amax_val / amax_idx (greedy): the statistics pass's, for logits
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     TAIL_K: tl.constexpr,
@@ -100,25 +98,20 @@ def residual_partials_kernel(
     PRECISE: tl.constexpr,
 ):
     """Program (b, blk): the residual partials of vocab block blk, then, in the last of request
-    b's NB programs, :func:`finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX: its tile). Without
-    ``arrivals`` (the cost model's partials-only variant) no request is finished."""
-    cu_ptr, _, _, _, _, _, _ = req
-    RAGGED: tl.constexpr = cu_ptr is not None
-    target, _, _ = seqs
-    stride_b, stride_k = target[1], target[2]
+    b's NB programs, :func:`finish` (TAIL_K >= K + 1, TAIL_NB >= NB and NB_AMAX: its tile)."""
+    RAGGED: tl.constexpr = req.cu is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, start, n, _, _, _, _, _, _ = rq
+    b = rq.b
     pos = tl.arange(0, BLOCK_K)
     accepted, x, valid = random_accepts(rq, pos, seqs, RAGGED, PRECISE)
-    j = vk.first_rejection(accepted, pos, n, BLOCK_K)
-    _, has_row = row_offset(b, j, start, n, num_rows, stride_b, stride_k, RAGGED)
+    j = vk.first_rejection(accepted, pos, rq.n, BLOCK_K)
+    _, has_row = row_offset(b, j, rq.start, rq.n, num_rows, seqs.target.stride_b, seqs.target.stride_k, RAGGED)
     if vk.needs_pass(rq, req, j, has_row):
         blk = tl.program_id(1)
-        drafts = (pos, x, valid, 1.0)  # no rho: the residual is not scaled
-        vk.residual_pass(rq, j, drafts, seqs, parts, b * NB + blk, b, (blk, chunk), (RAGGED, False, PRECISE), BLOCK_V)
-    if arrivals is not None:
-        if last_to_arrive(arrivals + b, NB):
-            finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+        drafts = Drafts(pos, x, valid, 1.0)  # no rho: the residual is not scaled
+        vk.residual_pass(rq, j, drafts, seqs, parts, b * NB + blk, b, blk, chunk, (RAGGED, False, PRECISE), BLOCK_V)
+    if last_to_arrive(arrivals + b, NB):
+        finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit
@@ -137,20 +130,22 @@ def finish(
     PRECISE: tl.constexpr,
 ):
     """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64."""
-    cu_ptr, _, _, temp_ptr, greedy_ptr, _, _ = req
-    RAGGED: tl.constexpr = cu_ptr is not None
+    RAGGED: tl.constexpr = req.cu is not None
+    # greedy requests are possible: T == 0 (logits) or a greedy mask (probabilities)
+    MAY_BE_GREEDY: tl.constexpr = (req.temperature is not None) | (req.is_greedy is not None)
+    LOGITS: tl.constexpr = req.temperature is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, _, n, _, _, _, _, _, _ = rq
+    b = rq.b
     pos = tl.arange(0, BLOCK_K)  # positions 0..K (BLOCK_K >= K + 1)
     accepted, x, valid = random_accepts(rq, pos, seqs, RAGGED, PRECISE)
     greedy_token = -1
-    if greedy_ptr is not None:
+    if MAY_BE_GREEDY:
         greedy = vk.request_greedy(req, b)
         blocks = tl.arange(0, BLOCK_NB)
-        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB_AMAX, temp_ptr is not None)
+        target_argmax, row_ok = vk.greedy_targets(parts, b, pos, blocks, greedy, K, NB_AMAX, LOGITS)
         accepted = tl.where(greedy, valid & (x == target_argmax) & row_ok, accepted)
-    j = vk.first_rejection(accepted, pos, n, BLOCK_K)
-    if greedy_ptr is not None:
+    j = vk.first_rejection(accepted, pos, rq.n, BLOCK_K)
+    if MAY_BE_GREEDY:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
-    drafts = (pos, x, valid, 1.0)
+    drafts = Drafts(pos, x, valid, 1.0)
     vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b, (RAGGED, False, PRECISE))

@@ -128,46 +128,45 @@ def softmax_partials_kernel(
     TAIL_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """``target``: (ptr, stride_b, stride_k) of the logits rows; ``draft``: (ptr, stride_b,
-    stride_k, index_ptr, num_index_rows), index_ptr the [T] rows of an [N, V] matrix
-    (N = num_index_rows) that indexed draft rows read
-    (:func:`spec_samplers.kernels.common.indexed_row_offset`, else None; all None without a
-    draft); ``req`` = (cu_ptr, temp_ptr, draft_temp_ptr): [B] ragged counts (None padded), [B] T,
-    [B] T of the draft rows (None: T); ``parts`` = (target max, target sum, draft max, draft sum,
-    logit max, logit argmax), [B, K+1, NB] fp32 (int32 argmax); ``stats`` = (target, draft)
-    [B, K+1, 3], written by the last of the NB programs of each (request, position)
-    (:func:`combine_position`, rows of TAIL_NB >= NB partials); without ``arrivals`` (the cost model's partials-only
-    variant) nothing combines them."""
+    """``target``, ``draft``: the logits rows (:class:`~spec_samplers.kernels.abi.Rows`; the
+    draft's ``row_index`` the [T] rows of an [N, V] matrix that indexed draft rows read,
+    :func:`spec_samplers.kernels.common.indexed_row_offset`; all None without a draft); ``req``
+    (:class:`~spec_samplers.kernels.abi.StatsRequest`): ragged counts, T, the draft rows' T;
+    ``parts`` (:class:`~spec_samplers.kernels.abi.SoftmaxParts`), [B, K+1, NB] each; ``stats``
+    (:class:`~spec_samplers.kernels.abi.Stats`) [B, K+1, 3], written by the last of the NB
+    programs of each (request, position) (:func:`combine_position`, rows of TAIL_NB >= NB
+    partials)."""
     b = tl.program_id(0)
     i = tl.program_id(1)
     blk = tl.program_id(2)
-    RAGGED: tl.constexpr = req[0] is not None
-    start, n = request_span(req[0], b, K, num_rows, RAGGED)
-    temp = effective_temperature(req[1], b)
+    RAGGED: tl.constexpr = req.cu is not None
+    start, n = request_span(req.cu, b, K, num_rows, RAGGED)
+    temp = effective_temperature(req.temperature, b)
     # chunk is a multiple of BLOCK_V (spec_samplers.kernels.backend.plan_vocab_split): telling the
     # compiler keeps the loads vector-wide
     lo = tl.multiple_of(blk * chunk, BLOCK_V)
     hi = tl.minimum(tl.multiple_of(lo + chunk, BLOCK_V), V)
     slot = (b * (K + 1) + i) * NB + blk
-    t_off, t_ok = row_offset(b, i, start, n, num_rows, target[1], target[2], RAGGED)
+    t_off, t_ok = row_offset(b, i, start, n, num_rows, target.stride_b, target.stride_k, RAGGED)
     if t_ok:
-        m, s, best, best_idx = row_partials(target[0], t_off, lo, hi, temp, BLOCK_V)
-        tl.store(parts[0] + slot, m)
-        tl.store(parts[1] + slot, s)
-        tl.store(parts[4] + slot, best)
-        tl.store(parts[5] + slot, best_idx.to(tl.int32))
-    if draft[0] is not None:
+        m, s, best, best_idx = row_partials(target.ptr, t_off, lo, hi, temp, BLOCK_V)
+        tl.store(parts.t_max + slot, m)
+        tl.store(parts.t_sum + slot, s)
+        tl.store(parts.logit_max + slot, best)
+        tl.store(parts.logit_argmax + slot, best_idx.to(tl.int32))
+    if draft.ptr is not None:
         d_temp = temp
-        if req[2] is not None:
-            d_temp = effective_temperature(req[2], b)
-        d_off, d_ok = indexed_row_offset(b, i, start, n, num_rows, draft[1], draft[2], draft[3], draft[4], RAGGED)
+        if req.draft_temperature is not None:
+            d_temp = effective_temperature(req.draft_temperature, b)
+        d_off, d_ok = indexed_row_offset(
+            b, i, start, n, num_rows, draft.stride_b, draft.stride_k, draft.row_index, draft.num_index_rows, RAGGED
+        )
         if d_ok & (i < n):
-            m, s, _, _ = row_partials(draft[0], d_off, lo, hi, d_temp, BLOCK_V)
-            tl.store(parts[2] + slot, m)
-            tl.store(parts[3] + slot, s)
-    if arrivals is not None:
-        if last_to_arrive(arrivals + b * (K + 1) + i, NB):
-            combine_position(req, parts, stats, K, num_rows, NB, TAIL_NB, PRECISE)
+            m, s, _, _ = row_partials(draft.ptr, d_off, lo, hi, d_temp, BLOCK_V)
+            tl.store(parts.d_max + slot, m)
+            tl.store(parts.d_sum + slot, s)
+    if last_to_arrive(arrivals + b * (K + 1) + i, NB):
+        combine_position(req, parts, stats, K, num_rows, NB, TAIL_NB, PRECISE)
 
 
 @triton.jit
@@ -191,20 +190,21 @@ def _combine_row(m_ptr, s_ptr, stats_ptr, row, NB, ok, temp, BLOCK_NB: tl.conste
 @triton.jit
 def combine_position(req, parts, stats, K, num_rows, NB, BLOCK_NB: tl.constexpr, PRECISE: tl.constexpr):
     """``req``, ``parts`` as softmax_partials_kernel's: writes the statistics of the target and
-    draft rows of request b = program_id(0) at position i = program_id(1) into ``stats`` =
-    (target, draft) [B, K+1, 3] per-row (max, sum, cut) (draft None without a draft)."""
+    draft rows of request b = program_id(0) at position i = program_id(1) into ``stats``
+    (:class:`~spec_samplers.kernels.abi.Stats`: [B, K+1, 3] per-row (max, sum, cut); draft None
+    without a draft)."""
     b = tl.program_id(0)
     i = tl.program_id(1).to(tl.int64)
-    RAGGED: tl.constexpr = req[0] is not None
-    start, n = request_span(req[0], b, K, num_rows, RAGGED)
-    temp = effective_temperature(req[1], b)
+    RAGGED: tl.constexpr = req.cu is not None
+    start, n = request_span(req.cu, b, K, num_rows, RAGGED)
+    temp = effective_temperature(req.temperature, b)
     row = b * (K + 1) + i
     _, t_ok = row_offset(b, i, start, n, num_rows, 0, 0, RAGGED)
-    _combine_row(parts[0], parts[1], stats[0], row, NB, t_ok, temp, BLOCK_NB, PRECISE)
-    if stats[1] is not None:
+    _combine_row(parts.t_max, parts.t_sum, stats.target, row, NB, t_ok, temp, BLOCK_NB, PRECISE)
+    if stats.draft is not None:
         d_temp = temp
-        if req[2] is not None:
-            d_temp = effective_temperature(req[2], b)
+        if req.draft_temperature is not None:
+            d_temp = effective_temperature(req.draft_temperature, b)
         # draft rows whose index is out of range wrote no partials: what combines here for them
         # is never read (locate_row masks such a row out, and its draft is rejected)
-        _combine_row(parts[2], parts[3], stats[1], row, NB, t_ok & (i < n), d_temp, BLOCK_NB, PRECISE)
+        _combine_row(parts.d_max, parts.d_sum, stats.draft, row, NB, t_ok & (i < n), d_temp, BLOCK_NB, PRECISE)

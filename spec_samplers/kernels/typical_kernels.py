@@ -32,17 +32,15 @@ _ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
 def typical_partials_kernel(
     target, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
 ):
-    """Program (b, i, blk): vocab block blk of target row (b, i) into ``parts[0:3]`` (entropy
-    fp64, max fp32, argmax int32; [B, K+1, NB] each)."""
-    cu_ptr, _, _, temp_ptr, _, _, _ = req
-    ent_ptr, max_ptr, argmax_ptr, _, _ = parts
+    """Program (b, i, blk): vocab block blk of target row (b, i) into ``parts`` (entropy fp64,
+    max fp32, argmax int32; [B, K+1, NB] each: :class:`~spec_samplers.kernels.abi.TypicalParts`)."""
     i = tl.program_id(1)
     blk = tl.program_id(2)
     rq = vk.open_request(req, K, V, num_rows)
-    b, _, _, _, _, _, _, _, _ = rq
-    off, ok, st = vk.locate_row(target, rq, i, cu_ptr is not None)
-    if temp_ptr is not None:
-        ok = ok & (tl.load(temp_ptr + b) != 0)  # greedy requests: one-hot q, done in finalize
+    b = rq.b
+    off, ok, rule = vk.locate_row(target, rq, i, req.cu is not None)
+    if req.temperature is not None:
+        ok = ok & (tl.load(req.temperature + b) != 0)  # greedy requests: one-hot q, done in finalize
     if ok:
         lo = blk * chunk
         hi = tl.minimum(lo + chunk, V)
@@ -52,7 +50,7 @@ def typical_partials_kernel(
         for s in range(lo, hi, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            q = vk.q_at(target, off + offs, m, st, PRECISE)
+            q = vk.q_at(target, off + offs, m, rule, PRECISE)
             # float64 terms and sum (as reference.typical_accepts): the blocked order then moves
             # the entropy by ~1e-16 relative instead of fp32's ~1e-7, so decisions match torch's
             q64 = q.to(tl.float64)
@@ -60,9 +58,9 @@ def typical_partials_kernel(
             vals = tl.where(m, q, -1.0)
             best, best_idx = fold_argmax(vals, s, best, best_idx)
         slot = (b * (K + 1) + i) * NB + blk
-        tl.store(ent_ptr + slot, ent)
-        tl.store(max_ptr + slot, best)
-        tl.store(argmax_ptr + slot, best_idx.to(tl.int32))
+        tl.store(parts.entropy + slot, ent)
+        tl.store(parts.max + slot, best)
+        tl.store(parts.argmax + slot, best_idx.to(tl.int32))
 
 
 @triton.jit
@@ -89,34 +87,32 @@ def typical_finalize_kernel(
     BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """``parts``: typical_partials_kernel's, then the logits argmax partials (greedy requests;
-    LOGITS only); ``posterior`` = (threshold, alpha), fp32 values (the launcher rounds them);
-    writes out_ptr [B, K+1] int64."""
-    cu_ptr, _, _, temp_ptr, _, _, _ = req
-    ent_ptr, max_ptr, argmax_ptr, logit_max_ptr, logit_argmax_ptr = parts
-    target, _, _ = seqs
-    RAGGED: tl.constexpr = cu_ptr is not None
+    """``parts``: typical_partials_kernel's, and the logits argmax partials (greedy requests;
+    LOGITS only); ``posterior``: (threshold, alpha), fp32 values (the plan rounds them); writes
+    out_ptr [B, K+1] int64."""
+    temp_ptr = req.temperature
+    RAGGED: tl.constexpr = req.cu is not None
     rq = vk.open_request(req, K, V, num_rows)
-    b, _, n, _, _, _, _, _, _ = rq
+    b, n = rq.b, rq.n
     pos = tl.arange(0, BLOCK_K)  # positions 0..K
     blocks = tl.arange(0, BLOCK_NB)
     ids, valid, candidate, _ = vk.gather_at_drafts(rq, pos, seqs, RAGGED, PRECISE)
-    _, t_ok, _ = vk.locate_row(target, rq, pos, RAGGED)
+    _, t_ok, _ = vk.locate_row(seqs.target, rq, pos, RAGGED)
     t_ok = t_ok & (pos <= K)
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
     greedy = b < 0
     if temp_ptr is not None:
         greedy = tl.load(temp_ptr + b) == 0
     pmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, 0, NB))
-    ent = tl.load(ent_ptr + slots, mask=pmask, other=0.0)
+    ent = tl.load(parts.entropy + slots, mask=pmask, other=0.0)
     entropy = -tl.sum(ent, axis=1)  # [BLOCK_K] fp64
-    target_argmax, row_max = _combined(max_ptr, argmax_ptr, slots, pmask, blocks, -2.0)
+    target_argmax, row_max = _combined(parts.max, parts.argmax, slots, pmask, blocks, -2.0)
     row_ok = row_max > 0.0  # q has mass (else the argmax 0 has probability 0)
     if temp_ptr is not None:
         # Greedy requests: q is the one-hot of the logits' argmax (reference.probs_from_logits),
         # the zero row when every logit is -inf.
         gmask = t_ok[:, None] & (blocks[None, :] < tl.where(greedy, NB, 0))
-        logit_argmax, logit_max = _combined(logit_max_ptr, logit_argmax_ptr, slots, gmask, blocks, float("-inf"))
+        logit_argmax, logit_max = _combined(parts.logit_max, parts.logit_argmax, slots, gmask, blocks, float("-inf"))
         logit_ok = logit_max > float("-inf")
         one = tl.full(entropy.shape, 1.0, tl.float64)
         one_hot_entropy = tl.where(logit_ok, -(one * precise_log(one + _ENTROPY_EPS, PRECISE)), 0.0)
@@ -128,8 +124,7 @@ def typical_finalize_kernel(
     # (adding to a float64 zero: the options are fp32 tensors when compiled, Python floats when
     # interpreted; their values are fp32 either way, so the conversion is exact)
     zero64 = tl.zeros(entropy.shape, tl.float64)
-    posterior_threshold, posterior_alpha = posterior
-    threshold = tl.minimum((zero64 + posterior_alpha) * precise_exp(-entropy, PRECISE), zero64 + posterior_threshold)
+    threshold = tl.minimum((zero64 + posterior.alpha) * precise_exp(-entropy, PRECISE), zero64 + posterior.threshold)
     accepted = valid & (candidate.to(tl.float64) > threshold)
     j = vk.first_rejection(accepted, pos, n, BLOCK_K)
     recovered = vk.token_at(pos, j, target_argmax, row_ok)

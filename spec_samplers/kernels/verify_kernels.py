@@ -2,31 +2,20 @@
 draft-position gather, the vocabulary pass (residual mass and the race-group sums of the
 two-level race), the race itself in the finalize and the output row.
 
-Kernel arguments travel in tuples (Triton passes tuples to kernels and jit functions alike);
-absent tensors are None, which Triton specialises on, so the flags follow from them. Every helper
-unpacks its tuples into named locals on its first lines:
+Kernel arguments travel in NamedTuples declared in :mod:`spec_samplers.kernels.abi` (Triton
+passes them to kernels and jit functions alike) and are read by attribute: ``seqs``
+(:class:`~spec_samplers.kernels.abi.Seqs`: target and draft
+:class:`~spec_samplers.kernels.abi.Rows`, the draft ids), ``req``
+(:class:`~spec_samplers.kernels.abi.Request`), ``parts``
+(:class:`~spec_samplers.kernels.abi.VerifyParts`). Absent tensors are None, which Triton
+specialises on, so the flags follow from them: RAGGED (``req.cu``), HAS_OFFSETS
+(``req.offsets``), LOGITS (``req.temperature``; a row's statistics ``rows.stats``), a greedy mask
+(``req.is_greedy``, probabilities only: with temperatures T == 0 marks a greedy request), HAS_DRAFT
+(``seqs.draft.ptr``), indexed draft rows (``seqs.draft.row_index``).
 
-* ``seqs = (target, draft, ids)``: ``target`` and ``draft`` are ``(ptr, stride_b, stride_k,
-  stats_ptr, index_ptr, num_index_rows, temp_ptr)`` over q / p rows (vocab stride 1) of a padded [B, K(+1), V]
-  or ragged [T, V] tensor (:func:`spec_samplers.kernels.common.row_offset`), with their
-  [B, K+1, 3] fused-softmax statistics (:func:`spec_samplers.kernels.common.row_stats`; None for
-  probabilities, and LOGITS follows from it), the [T] rows that indexed rows read and the
-  number N of rows they index (:func:`spec_samplers.kernels.common.indexed_row_offset`: the ragged draft rows of
-  ``VerifyBatch.draft_rows``; else None) and the rows' own [B] temperature (the draft's
-  ``VerifyBatch.draft_temperature``; None: the request's T); ``draft`` is all None for
-  point-mass drafts (HAS_DRAFT); ``ids`` is ``(ptr, stride_b, stride_k)`` of the draft ids;
-* ``req = (cu_ptr, seed_ptr, offset_ptr, temp_ptr, greedy_ptr, bonus_ptr, stride_bonus)``: [B]
-  inclusive cumsum of k_b (ragged only: RAGGED), [B] seeds, [B] counter offsets (HAS_OFFSETS),
-  [B] T (logits only), [B] greedy mask (HAS_GREEDY; with T given, the logits entries pass T
-  itself here and T == 0 marks a greedy request: no eager comparison), [B, 1] bonus ids;
-* ``parts = (mass, r_sums, q_sums, amax_val, amax_idx)``: ``mass`` fp32, one partial residual
-  mass per (request[, position], vocab block); ``r_sums`` / ``q_sums`` fp64, the race-group sums
-  (:data:`spec_samplers.rng.RACE_GROUP` entries each) of the residual and of q, [.., G1] per
-  (request[, position]); then the [B, K+1, NB] argmax partials of greedy requests (None
-  without greedy requests).
-
-Inside a kernel, ``rq = (b, start, k_b, seed, offset, T, K, V, num_rows)`` (:func:`open_request`)
-describes the program's request and the batch's sizes.
+Inside a kernel, ``rq`` (:class:`~spec_samplers.kernels.abi.ProgramRequest`, :func:`open_request`)
+describes the program's request and the batch's sizes; its ``scale`` is c = log2(e) / T, the
+logits rule's scale (1 for probabilities).
 """
 
 from __future__ import annotations
@@ -36,6 +25,7 @@ import triton.language as tl
 
 from spec_samplers.constants import RESIDUAL_MASS_EPS
 from spec_samplers.kernels import common as kc
+from spec_samplers.kernels.abi import ProgramRequest, ResidualRow
 from spec_samplers.kernels.rng import group_tile, pick_group, race_in_group
 from spec_samplers.kernels.softmax_kernels import effective_temperature
 from spec_samplers.rng import RACE_GROUP, STREAM_RECOVER
@@ -49,69 +39,66 @@ _LEVEL1_BLOCK = tl.constexpr(256)
 
 @triton.jit
 def open_request(req, K, V, num_rows):
-    """``rq`` of request b = program_id(0): (b, first flat row, k_b, seed, counter offset, c,
-    K, V, num_rows), c = log2(e) / T the logits rule's scale (:func:`spec_samplers.kernels.common.logits_scale`,
-    one division per program); seed and offset 0 and c = 1 when not given."""
-    cu_ptr, seed_ptr, offset_ptr, temp_ptr, _, _, _ = req
+    """``rq`` (:class:`~spec_samplers.kernels.abi.ProgramRequest`) of request b = program_id(0):
+    its first flat row, k_b, seed, counter offset and c = log2(e) / T, the logits rule's scale
+    (:func:`spec_samplers.kernels.common.logits_scale`, one division per program); seed and
+    offset 0 and c = 1 when not given."""
     b = tl.program_id(0)
-    start, n = kc.request_span(cu_ptr, b, K, num_rows, cu_ptr is not None)
+    start, n = kc.request_span(req.cu, b, K, num_rows, req.cu is not None)
     seed = b.to(tl.int64) * 0
-    if seed_ptr is not None:
-        seed = tl.load(seed_ptr + b).to(tl.int64)
+    if req.seeds is not None:
+        seed = tl.load(req.seeds + b).to(tl.int64)
     offset = seed * 0
-    if offset_ptr is not None:
-        offset = tl.load(offset_ptr + b).to(tl.int64)
+    if req.offsets is not None:
+        offset = tl.load(req.offsets + b).to(tl.int64)
     scale = 1.0
-    if temp_ptr is not None:
-        scale = kc.logits_scale(effective_temperature(temp_ptr, b))
-    return b, start, n, seed, offset, scale, K, V, num_rows
+    if req.temperature is not None:
+        scale = kc.logits_scale(effective_temperature(req.temperature, b))
+    return ProgramRequest(b, start, n, seed, offset, scale, K, V, num_rows)
 
 
 @triton.jit
 def request_greedy(req, b):
-    """Whether request b is greedy (a false scalar tensor without a greedy mask); with
-    temperatures, greedy_ptr holds them and T == 0 is greedy."""
-    _, _, _, temp_ptr, greedy_ptr, _, _ = req
+    """Whether request b is greedy: T == 0 with temperatures (logits), the greedy mask with
+    probabilities, else a false scalar tensor."""
     greedy = b < 0
-    if greedy_ptr is not None:
-        if temp_ptr is not None:
-            greedy = tl.load(greedy_ptr + b) == 0
-        else:
-            greedy = tl.load(greedy_ptr + b) != 0
+    if req.temperature is not None:
+        greedy = tl.load(req.temperature + b) == 0
+    elif req.is_greedy is not None:
+        greedy = tl.load(req.is_greedy + b) != 0
     return greedy
 
 
 @triton.jit
 def bonus_info(req, rq):
     """(bonus id of the request as given (int64), id in [0, V))."""
-    _, _, _, _, _, bonus_ptr, stride_bonus = req
-    b, _, _, _, _, _, _, V, _ = rq
-    bonus = tl.load(bonus_ptr + b * stride_bonus).to(tl.int64)
-    return bonus, (bonus >= 0) & (bonus < V)
+    bonus = tl.load(req.bonus + rq.b * req.stride_bonus).to(tl.int64)
+    return bonus, (bonus >= 0) & (bonus < rq.V)
 
 
 @triton.jit
 def locate_row(rows, rq, i, RAGGED: tl.constexpr):
-    """(element offset of row (b, i) of ``rows`` = (ptr, stride_b, stride_k, stats_ptr,
-    index_ptr, num_index_rows, temp_ptr), row exists, its logits-rule constants (m, c, r, cut) from its
-    statistics and c of the request's T, or of the rows' own T when they have one:
-    :func:`spec_samplers.kernels.common.row_stats`, once per row, never per element). ``i`` a
-    scalar or a vector; statistics outside the row or past K are the defaults; indexed rows
-    take their offset from ``index_ptr`` (:func:`spec_samplers.kernels.common.indexed_row_offset`)."""
-    _, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr = rows
-    b, start, n, _, _, scale, K, _, num_rows = rq
-    off, ok = kc.indexed_row_offset(b, i, start, n, num_rows, stride_b, stride_k, index_ptr, num_index_rows, RAGGED)
-    if temp_ptr is not None:
-        scale = kc.logits_scale(effective_temperature(temp_ptr, b))
-    st = kc.row_stats(stats_ptr, b * (K + 1) + i, ok & (i <= K), scale)
-    return off, ok, st
+    """(element offset of row (b, i) of ``rows`` (:class:`~spec_samplers.kernels.abi.Rows`), row
+    exists, its logits-rule constants (m, c, r, cut) from its statistics and c of the request's
+    T, or of the rows' own T when they have one: :func:`spec_samplers.kernels.common.row_stats`,
+    once per row, never per element). ``i`` a scalar or a vector; statistics outside the row or
+    past K are the defaults; indexed rows take their offset from ``rows.row_index``
+    (:func:`spec_samplers.kernels.common.indexed_row_offset`)."""
+    off, ok = kc.indexed_row_offset(
+        rq.b, i, rq.start, rq.n, rq.num_rows, rows.stride_b, rows.stride_k, rows.row_index, rows.num_index_rows, RAGGED
+    )
+    scale = rq.scale
+    if rows.temperature is not None:
+        scale = kc.logits_scale(effective_temperature(rows.temperature, rq.b))
+    rule = kc.row_stats(rows.stats, rq.b * (rq.K + 1) + i, ok & (i <= rq.K), scale)
+    return off, ok, rule
 
 
 @triton.jit
-def q_at(rows, off, mask, st, PRECISE: tl.constexpr):
+def q_at(rows, off, mask, rule, PRECISE: tl.constexpr):
     """Cleaned fp32 q at ``off`` of ``rows`` (:func:`spec_samplers.kernels.common.load_q`;
-    logits when the rows have statistics, ``st`` their rule constants from :func:`locate_row`)."""
-    return kc.load_q(rows[0], off, mask, st, rows[3] is not None, PRECISE)
+    logits when the rows have statistics, ``rule`` their constants from :func:`locate_row`)."""
+    return kc.load_q(rows.ptr, off, mask, rule, rows.stats is not None, PRECISE)
 
 
 @triton.jit
@@ -119,21 +106,20 @@ def gather_at_drafts(rq, pos, seqs, RAGGED: tl.constexpr, PRECISE: tl.constexpr)
     """(draft ids as given (int64), id in [0, V) and inside the request, and for indexed draft
     rows the row's index in range, q_i(x_i), p_i(x_i)) at positions ``pos``; p = 1 for
     point-mass drafts."""
-    target, draft, ids = seqs
-    draft_ptr = draft[0]
-    ids_ptr, stride_ib, stride_ik = ids
-    b, start, n, _, _, _, _, V, num_rows = rq
-    x, valid = kc.draft_ids_at(b, pos, start, n, V, num_rows, ids_ptr, stride_ib, stride_ik, RAGGED)
+    ids = seqs.ids
+    x, valid = kc.draft_ids_at(
+        rq.b, pos, rq.start, rq.n, rq.V, rq.num_rows, ids.ptr, ids.stride_b, ids.stride_k, RAGGED
+    )
     safe = tl.where(valid, x, 0)
-    t_off, t_ok, t_st = locate_row(target, rq, pos, RAGGED)
-    q_x = q_at(target, t_off + safe, valid & t_ok, t_st, PRECISE)
-    if draft_ptr is not None:
-        d_off, d_ok, d_st = locate_row(draft, rq, pos, RAGGED)
-        if draft[4] is not None:
+    t_off, t_ok, t_rule = locate_row(seqs.target, rq, pos, RAGGED)
+    q_x = q_at(seqs.target, t_off + safe, valid & t_ok, t_rule, PRECISE)
+    if seqs.draft.ptr is not None:
+        d_off, d_ok, d_rule = locate_row(seqs.draft, rq, pos, RAGGED)
+        if seqs.draft.row_index is not None:
             # a draft whose row index is out of range was never a sample of p: rejected, as an
             # out-of-range id (its residual is q)
             valid = valid & d_ok
-        p_x = q_at(draft, d_off + safe, valid & d_ok, d_st, PRECISE)
+        p_x = q_at(seqs.draft, d_off + safe, valid & d_ok, d_rule, PRECISE)
     else:
         p_x = tl.full(q_x.shape, 1.0, tl.float32)
     return x, valid, q_x, p_x
@@ -157,29 +143,27 @@ def needs_pass(rq, req, j, has_row):
     """Whether position j needs a recovered token from the vocabulary: a random request whose
     row j exists and whose prefix stops at a draft (j < k_b) or at a bonus row without a valid
     bonus id."""
-    b, _, n, _, _, _, _, _, _ = rq
     _, bonus_valid = bonus_info(req, rq)
-    return has_row & ((j < n) | (~bonus_valid)) & (~request_greedy(req, b))
+    return has_row & ((j < rq.n) | (~bonus_valid)) & (~request_greedy(req, rq.b))
 
 
 @triton.jit
 def residual_row(rq, j, drafts, seqs, RAGGED: tl.constexpr):
-    """What the residual of position j needs besides the vocabulary: ``rrow = (q_off, q_st,
-    p_off, p_st, p_keep, x_removed, valid_j, rho_j)``. ``drafts = (pos, draft ids, id valid,
-    rho)`` per position. The draft row is read only where p_keep (it exists and x_j is valid:
-    an out-of-range draft was never a sample of p, so the residual is q there)."""
-    pos, ids, ids_valid, rho = drafts
-    target, draft, _ = seqs
-    draft_ptr = draft[0]
-    x_j = at(pos, j, ids)
-    valid_j = at(pos, j, ids_valid.to(tl.int32)) != 0
-    rho_j = at(pos, j, rho)
-    q_off, _, q_st = locate_row(target, rq, j, RAGGED)
-    p_off, p_keep, p_st = q_off, valid_j, q_st
-    if draft_ptr is not None:
-        p_off, p_ok, p_st = locate_row(draft, rq, j, RAGGED)
+    """What the residual of position j needs besides the vocabulary
+    (:class:`~spec_samplers.kernels.abi.ResidualRow`), from ``drafts``
+    (:class:`~spec_samplers.kernels.abi.Drafts`). The draft row is read only where p_keep (it
+    exists and x_j is valid: an out-of-range draft was never a sample of p, so the residual is q
+    there)."""
+    pos = drafts.pos
+    x_j = at(pos, j, drafts.ids)
+    valid_j = at(pos, j, drafts.valid.to(tl.int32)) != 0
+    rho_j = at(pos, j, drafts.rho)
+    q_off, _, q_rule = locate_row(seqs.target, rq, j, RAGGED)
+    p_off, p_keep, p_rule = q_off, valid_j, q_rule
+    if seqs.draft.ptr is not None:
+        p_off, p_ok, p_rule = locate_row(seqs.draft, rq, j, RAGGED)
         p_keep = p_ok & valid_j
-    return q_off, q_st, p_off, p_st, p_keep, tl.where(valid_j, x_j, -1), valid_j, rho_j
+    return ResidualRow(q_off, q_rule, p_off, p_rule, p_keep, tl.where(valid_j, x_j, -1), valid_j, rho_j)
 
 
 @triton.jit
@@ -190,39 +174,35 @@ def residual_values(rq, rrow, seqs, offs, hi, SCALED: tl.constexpr, PRECISE: tl.
     valid draft it is (q_j - p_j)+, or with point-mass drafts q_j without x_j; SCALED (block
     verification) scales q_j by rho_j first: (rho_j q_j - p_j)+, and (rho_j q_j(x_j) - 1)+ at
     x_j."""
-    q_off, q_st, p_off, p_st, p_keep, x_removed, valid_j, rho_j = rrow
-    target, draft, _ = seqs
-    draft_ptr = draft[0]
     m = offs < hi
-    q = q_at(target, q_off + offs, m, q_st, PRECISE)
-    if draft_ptr is not None:
+    q = q_at(seqs.target, rrow.q_off + offs, m, rrow.q_rule, PRECISE)
+    if seqs.draft.ptr is not None:
         # (scalar & vector masks trip the interpreter: fold the row test into the bound)
-        p = q_at(draft, p_off + offs, offs < tl.where(p_keep, hi, 0), p_st, PRECISE)
+        p = q_at(seqs.draft, rrow.p_off + offs, offs < tl.where(rrow.p_keep, hi, 0), rrow.p_rule, PRECISE)
         if SCALED:
-            r = tl.where(valid_j, tl.maximum(rho_j * q - p, 0.0), q)
+            r = tl.where(rrow.valid, tl.maximum(rrow.rho * q - p, 0.0), q)
         else:
             r = tl.maximum(q - p, 0.0)  # p = 0 without a valid draft
     elif SCALED:
-        scaled = tl.where(valid_j, rho_j, 1.0) * q
-        r = tl.where(offs == x_removed, tl.maximum(scaled - 1.0, 0.0), tl.where(valid_j, scaled, q))
+        scaled = tl.where(rrow.valid, rrow.rho, 1.0) * q
+        r = tl.where(offs == rrow.x_removed, tl.maximum(scaled - 1.0, 0.0), tl.where(rrow.valid, scaled, q))
     else:
-        r = tl.where(offs == x_removed, 0.0, q)
+        r = tl.where(offs == rrow.x_removed, 0.0, q)
     return r, q
 
 
 @triton.jit
-def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, vocab, FLAGS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One pass over vocab block ``vocab = (blk, chunk)`` (chunk a multiple of RACE_GROUP) of
-    position j: stores at ``slot`` of ``mass`` the block's residual mass (fp32) and, for each
-    race group of the block, the fp64 sums of the residual and of q_j (the zero-mass fallback)
-    at ``row_slot * G1 + group`` of ``r_sums`` / ``q_sums``. No random numbers: the race runs
-    in the finalize (:func:`race_recovered`). FLAGS = (RAGGED, SCALED, PRECISE)."""
+def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, blk, chunk, FLAGS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One pass over vocab block ``blk`` of ``chunk`` entries (a multiple of RACE_GROUP:
+    :func:`spec_samplers.rng.chunk_alignment`) of position j: stores at ``slot`` of
+    ``parts.mass`` the block's residual mass (fp32) and, for each race group of the block, the
+    fp64 sums of the residual and of q_j (the zero-mass fallback) at ``row_slot * G1 + group``
+    of ``parts.r_sums`` / ``parts.q_sums``. No random numbers: the race runs in the finalize
+    (:func:`race_recovered`). FLAGS = (RAGGED, SCALED, PRECISE)."""
     RAGGED: tl.constexpr = FLAGS[0]
     SCALED: tl.constexpr = FLAGS[1]
     PRECISE: tl.constexpr = FLAGS[2]
-    mass_ptr, r_sums_ptr, q_sums_ptr, _, _ = parts
-    blk, chunk = vocab
-    _, _, _, _, _, _, _, V, _ = rq
+    V = rq.V
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     rrow = residual_row(rq, j, drafts, seqs, RAGGED)
     # chunk holds whole race groups: telling the compiler so keeps the bound (hence the masks)
@@ -239,8 +219,8 @@ def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, vocab, FLAGS: tl.c
             r, q = residual_values(rq, rrow, seqs, s + tile, hi, SCALED, PRECISE)
             mass_acc += r
             g = s // _RACE_GROUP + tl.arange(0, BLOCK_V // _RACE_GROUP)
-            tl.store(r_sums_ptr + sums_base + g, tl.sum(r.to(tl.float64), axis=1), mask=g < num_groups)
-            tl.store(q_sums_ptr + sums_base + g, tl.sum(q.to(tl.float64), axis=1), mask=g < num_groups)
+            tl.store(parts.r_sums + sums_base + g, tl.sum(r.to(tl.float64), axis=1), mask=g < num_groups)
+            tl.store(parts.q_sums + sums_base + g, tl.sum(q.to(tl.float64), axis=1), mask=g < num_groups)
         mass = tl.sum(tl.sum(mass_acc, axis=1), axis=0)
     else:
         mass_vec = tl.zeros([BLOCK_V], tl.float32)
@@ -252,10 +232,10 @@ def residual_pass(rq, j, drafts, seqs, parts, slot, row_slot, vocab, FLAGS: tl.c
                 mass_vec += r
                 r_acc += r.to(tl.float64)
                 q_acc += q.to(tl.float64)
-            tl.store(r_sums_ptr + sums_base + g0 // _RACE_GROUP, tl.sum(r_acc, axis=0))
-            tl.store(q_sums_ptr + sums_base + g0 // _RACE_GROUP, tl.sum(q_acc, axis=0))
+            tl.store(parts.r_sums + sums_base + g0 // _RACE_GROUP, tl.sum(r_acc, axis=0))
+            tl.store(parts.q_sums + sums_base + g0 // _RACE_GROUP, tl.sum(q_acc, axis=0))
         mass = tl.sum(mass_vec, axis=0)
-    tl.store(mass_ptr + slot, mass)
+    tl.store(parts.mass + slot, mass)
 
 
 @triton.jit
@@ -267,18 +247,17 @@ def race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS: tl.constex
     RAGGED: tl.constexpr = FLAGS[0]
     SCALED: tl.constexpr = FLAGS[1]
     PRECISE: tl.constexpr = FLAGS[2]
-    _, r_sums_ptr, q_sums_ptr, _, _ = parts
-    _, _, _, seed, offset, _, _, V, _ = rq
+    V = rq.V
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     base = j.to(tl.int64) << 32
     row = row_slot * num_groups
     g_r, g_q, mass_r, mass_q = pick_group(
-        r_sums_ptr + row,
-        q_sums_ptr + row,
+        parts.r_sums + row,
+        parts.q_sums + row,
         num_groups,
         need,
-        seed,
-        offset,
+        rq.seed,
+        rq.offset,
         base,
         _STREAM_RECOVER,
         PRECISE,
@@ -290,23 +269,22 @@ def race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS: tl.constex
     offs = group * _RACE_GROUP + tl.arange(0, _RACE_GROUP)
     r, q = residual_values(rq, rrow, seqs, offs, tl.where(need, V, 0), SCALED, PRECISE)
     w = tl.where(no_mass, q, r)
-    token = group * _RACE_GROUP + race_in_group(w, offs < V, seed, offset, base, _STREAM_RECOVER, PRECISE)
+    token = group * _RACE_GROUP + race_in_group(w, offs < V, rq.seed, rq.offset, base, _STREAM_RECOVER, PRECISE)
     return tl.where(need & (mass_q > 0.0), token, -1)
 
 
 @triton.jit
 def greedy_targets(parts, b, pos, blocks, greedy, K, NB, LOGITS: tl.constexpr):
-    """(argmax of q_i, q_i has mass) per position from the argmax partials (``parts[3:5]``) of a
-    greedy request.
+    """(argmax of q_i, q_i has mass) per position from the argmax partials (``parts.amax_val``,
+    ``parts.amax_idx``) of a greedy request.
 
     A row without mass (all-zero q; logits all -inf) has no greedy token: its argmax 0 is never
     accepted, and recovering there emits -1."""
-    _, _, _, amax_val_ptr, amax_idx_ptr = parts
     slots = (b * (K + 1) + pos[:, None]) * NB + blocks[None, :]
     pmask = (pos[:, None] <= tl.where(greedy, K, -1)) & (blocks[None, :] < NB)
-    vals = tl.load(amax_val_ptr + slots, mask=pmask, other=float("-inf"))
+    vals = tl.load(parts.amax_val + slots, mask=pmask, other=float("-inf"))
     vals = tl.where(vals == vals, vals, float("-inf"))  # stale slots of absent rows (never used)
-    idxs = tl.load(amax_idx_ptr + slots, mask=pmask, other=0).to(tl.int64)
+    idxs = tl.load(parts.amax_idx + slots, mask=pmask, other=0).to(tl.int64)
     target_argmax = kc.combine_argmax(vals, idxs, blocks, 1)  # [BLOCK_K]
     if LOGITS:
         row_ok = tl.max(vals, axis=1) > float("-inf")  # partials of the raw logits
@@ -334,16 +312,14 @@ def write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_va
 @triton.jit
 def finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, row_slot, FLAGS: tl.constexpr):
     """Race position j's group sums (at ``row_slot``) into the recovered token (``greedy_token``
-    for greedy requests) and write the output row. ``drafts = (pos, ids, id valid, rho)``."""
-    cu_ptr, _, _, _, _, _, _ = req
-    b, start, n, _, _, _, K, _, num_rows = rq
-    target, _, _ = seqs
-    stride_b, stride_k = target[1], target[2]
-    pos, x, _, _ = drafts
+    for greedy requests) and write the output row (``drafts``: :class:`~spec_samplers.kernels.abi.Drafts`)."""
+    target = seqs.target
     bonus, bonus_valid = bonus_info(req, rq)
-    _, has_row = kc.row_offset(b, j, start, n, num_rows, stride_b, stride_k, cu_ptr is not None)
+    _, has_row = kc.row_offset(
+        rq.b, j, rq.start, rq.n, rq.num_rows, target.stride_b, target.stride_k, req.cu is not None
+    )
     # Position j's sums were written iff a pass was needed; read nothing otherwise.
     need = needs_pass(rq, req, j, has_row)
     recovered = race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS)
-    recovered = tl.where(request_greedy(req, b), greedy_token, recovered)
-    write_row(out_ptr, b, K, pos, j, n, x, recovered, has_row, bonus, bonus_valid)
+    recovered = tl.where(request_greedy(req, rq.b), greedy_token, recovered)
+    write_row(out_ptr, rq.b, rq.K, drafts.pos, j, rq.n, drafts.ids, recovered, has_row, bonus, bonus_valid)

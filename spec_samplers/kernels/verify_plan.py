@@ -29,6 +29,18 @@ from spec_samplers.kernels import rejection_kernels as rk
 from spec_samplers.kernels import sampling_kernels
 from spec_samplers.kernels import softmax_kernels as sk
 from spec_samplers.kernels import typical_kernels as tk
+from spec_samplers.kernels.abi import (
+    Ids,
+    Posterior,
+    Request,
+    Rows,
+    Seqs,
+    SoftmaxParts,
+    Stats,
+    StatsRequest,
+    TypicalParts,
+    VerifyParts,
+)
 from spec_samplers.kernels.backend import (
     LaunchConfig,
     VocabSplit,
@@ -76,29 +88,37 @@ def row_strides(layout: RowLayout, t: torch.Tensor | None) -> tuple[int, int]:
     return t.stride(0), 0 if layout.ragged else t.stride(1)
 
 
-RowTuple = tuple[
-    torch.Tensor | None, int, int, torch.Tensor | None, torch.Tensor | None, int | None, torch.Tensor | None
-]
-
-
 def rows(
     layout: RowLayout,
     t: torch.Tensor | None,
     stats: torch.Tensor | None = None,
     index: torch.Tensor | None = None,
     temperature: torch.Tensor | None = None,
-) -> RowTuple:
-    """The kernels' row tuple (ptr, stride_b, stride_k, stats_ptr, index_ptr, num_index_rows, temp_ptr) of a
-    padded [B, K(+1), ...] or ragged [T, ...] tensor with its [B, K+1, 3] row statistics
-    (:func:`plan_softmax_stats`; None for probabilities), all None for an absent tensor. With
-    ``index`` ([T] int32/int64, ``VerifyBatch.draft_rows``) ``t`` is a ragged layout's [N, ...]
-    matrix whose rows are indexed (:func:`spec_samplers.kernels.common.indexed_row_offset`:
-    an index outside [0, N) is tested there, so no eager op runs here);
-    ``temperature`` [B]: the rows' own T."""
+) -> Rows:
+    """The kernels' :class:`~spec_samplers.kernels.abi.Rows` of a padded [B, K(+1), ...] or ragged
+    [T, ...] tensor with its [B, K+1, 3] row statistics (:func:`plan_softmax_stats`; None for
+    probabilities), every field None / 0 for an absent tensor. With ``index`` ([T] int32/int64,
+    ``VerifyBatch.draft_rows``) ``t`` is a ragged layout's [N, ...] matrix whose rows are indexed
+    (:func:`spec_samplers.kernels.common.indexed_row_offset`: an index outside [0, N) is tested
+    there, so no eager op runs here); ``temperature`` [B]: the rows' own T."""
     if t is None:
-        return None, 0, 0, None, None, None, None
-    # N only with an index (None otherwise: a constexpr, so the other variants keep their signature)
-    return (t, *row_strides(layout, t), stats, index, t.shape[0] if index is not None else None, temperature)
+        return Rows(ptr=None, stride_b=0, stride_k=0, stats=None, row_index=None, num_index_rows=None, temperature=None)
+    stride_b, stride_k = row_strides(layout, t)
+    return Rows(
+        ptr=t,
+        stride_b=stride_b,
+        stride_k=stride_k,
+        stats=stats,
+        row_index=index,
+        # N only with an index (None otherwise: a constexpr, so the other variants keep their signature)
+        num_index_rows=t.shape[0] if index is not None else None,
+        temperature=temperature,
+    )
+
+
+def draft_ids(layout: RowLayout, ids: torch.Tensor) -> Ids:
+    stride_b, stride_k = row_strides(layout, ids)
+    return Ids(ptr=ids, stride_b=stride_b, stride_k=stride_k)
 
 
 def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -115,66 +135,56 @@ def plan_softmax_stats(
     filters: VerifyBatch | None = None,
     draft_index: torch.Tensor | None = None,  # [T] int32/int64: indexed draft rows (VerifyBatch.draft_rows)
     draft_temperature: torch.Tensor | None = None,  # [B] float: T of the draft rows (None: temperature)
-) -> tuple[list[lc.KernelLaunch], torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None]]:
+) -> tuple[list[lc.KernelLaunch], torch.Tensor, torch.Tensor, Stats]:
     """Fused-softmax row statistics (one launch). Returns (launches, argmax partials [B, K+1, NB] fp32 and
-    int32, {t_stats_ptr, d_stats_ptr}). With ``draft_index`` the draft is an [N, V] matrix
+    int32, :class:`~spec_samplers.kernels.abi.Stats`). With ``draft_index`` the draft is an [N, V] matrix
     whose rows the index picks; ``draft_temperature`` is the draft rows' T.
 
     Each statistics tensor is [B, K+1, 3] fp32 holding per row (max, sum, cut): the largest
     logit, the sum of exp((x - max) / T), and the smallest weight kept, 0 here (the plain
     softmax keeps every entry); see :func:`spec_samplers.kernels.common.row_stats`.
-    ``d_stats_ptr`` is None without a draft. With ``filters`` (a batch with per-request top-k /
+    ``Stats.draft`` is None without a draft. With ``filters`` (a batch with per-request top-k /
     top-p / min-p) the launches end with :func:`plan_filter_cuts`, which sets (sum, cut)."""
     B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
     device = target.device
     has_draft = draft is not None
     grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
-    t_part, amax = (
-        partials(device, grid, torch.float32, torch.float32),
-        partials(device, grid, torch.float32, torch.int32),
+    t_max, t_sum = partials(device, grid, torch.float32, torch.float32)
+    d_max, d_sum = partials(device, grid, torch.float32, torch.float32) if has_draft else (None, None)
+    logit_max, logit_argmax = partials(device, grid, torch.float32, torch.int32)
+    parts = SoftmaxParts(
+        t_max=t_max, t_sum=t_sum, d_max=d_max, d_sum=d_sum, logit_max=logit_max, logit_argmax=logit_argmax
     )
-    d_part = partials(device, grid, torch.float32, torch.float32) if has_draft else (None, None)
-    # (max, sum) partials of target and draft rows, then the (max, argmax) of the target logits
-    parts = t_part + d_part + amax
-    stats = (
-        torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
-        torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
+    stats = Stats(
+        target=torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
+        draft=torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
     )
-    req = (layout.cu_num_draft_tokens, temperature, draft_temperature)
-    dims = dict(K=K, num_rows=layout.num_rows, NB=NB)
-    d_rows = rows(layout, draft, None, draft_index)
+    req = StatsRequest(cu=layout.cu_num_draft_tokens, temperature=temperature, draft_temperature=draft_temperature)
+    _, block_nb, _ = combine_blocks(K + 1, NB)
     args = dict(
-        target=rows(layout, target)[:3],
-        draft=(*d_rows[:3], *d_rows[4:6]),
+        target=rows(layout, target),
+        draft=rows(layout, draft, None, draft_index),
         req=req,
         parts=parts,
+        stats=stats,
+        arrivals=lc.arrival_counters(device, B * (K + 1)),  # one per (request, position)
+        K=K,
         V=layout.vocab_size,
+        num_rows=layout.num_rows,
+        chunk=split.chunk,
+        NB=NB,
+        BLOCK_V=split.block_v,
+        TAIL_NB=block_nb,
+        PRECISE=lc.precise_math(),
     )
-    _, block_nb, _ = combine_blocks(K + 1, NB)
-    launches = [
-        lc.KernelLaunch(
-            sk.softmax_partials_kernel,
-            grid,
-            dict(
-                args,
-                stats=stats,
-                arrivals=lc.arrival_counters(device, B * (K + 1)),  # one per (request, position)
-                **dims,
-                chunk=split.chunk,
-                BLOCK_V=split.block_v,
-                TAIL_NB=block_nb,
-                PRECISE=lc.precise_math(),
-            ),
-            # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
-            # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program
-            # of each (request, position) combines its rows' blocks (no second launch)
-            num_warps=max(1, split.block_v // 256),
-            name="softmax_partials",
-        ),
-    ]
+    # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
+    # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program of each
+    # (request, position) combines its rows' blocks (no second launch)
+    warps = max(1, split.block_v // 256)
+    launches = [lc.KernelLaunch(sk.softmax_partials_kernel, grid, args, warps, "softmax_partials")]
     if filters is not None and filters.filtered:
-        launches += plan_filter_cuts(filters, target, draft, stats[0], stats[1])
-    return launches, amax[0], amax[1], dict(t_stats_ptr=stats[0], d_stats_ptr=stats[1])
+        launches += plan_filter_cuts(filters, target, draft, stats.target, stats.draft)
+    return launches, logit_max, logit_argmax, stats
 
 
 @dataclass
@@ -191,8 +201,8 @@ class PlanStart:
     draft: torch.Tensor | None  # vocab-contiguous
     draft_index: torch.Tensor | None  # [T] int32/int64 rows of indexed draft rows (batch.draft_rows), or None
     launches: list[lc.KernelLaunch]  # the fused-softmax statistics of logits inputs (else none)
-    stats: dict[str, torch.Tensor | None]  # t_stats_ptr, d_stats_ptr (None for probabilities)
-    amax: tuple[torch.Tensor | None, ...]  # (max, argmax) partials of the logits [B, K+1, NB]
+    stats: Stats  # of the target and draft rows (None for probabilities)
+    amax: tuple[torch.Tensor | None, torch.Tensor | None]  # (max, argmax) partials of the logits [B, K+1, NB]
 
 
 def plan_start(
@@ -209,17 +219,16 @@ def plan_start(
     index = None
     if draft is not None and batch.draft_rows is not None:
         # indexed draft rows (ragged logits): the launches below read them in place
-        if not (layout.ragged and batch.temperature is not None and not batch.filtered):
+        if not (layout.ragged and batch.target_kind == "logits" and not batch.filtered):
             raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
         index = batch.draft_rows
-    stats: dict[str, torch.Tensor | None] = dict(t_stats_ptr=None, d_stats_ptr=None)
-    start = PlanStart(out, None, None, target, draft, index, [], stats, (None, None))
+    start = PlanStart(out, None, None, target, draft, index, [], Stats(target=None, draft=None), (None, None))
     if B == 0:
         return start
     start.split, start.finish_split = (split, split) if split is not None else vocab_splits(V, B, device, num_sms)
     if batch.temperature is not None:
-        # draft probabilities (draft_is_probs) need no statistics: the kernels read them as given
-        logit_draft = None if batch.draft_is_probs else draft
+        # draft probabilities (draft_kind "probs") need no statistics: the kernels read them as given
+        logit_draft = draft if batch.draft_kind == "logits" else None
         start.launches, amax_val, amax_idx, start.stats = plan_softmax_stats(
             layout,
             target,
@@ -297,8 +306,8 @@ def plan_verify(
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
     num_sms = None if config is None else config.num_sms
     start = plan_start(batch, split, batch.draft, num_sms)
-    out, launches, stats, amax = start.out, start.launches, start.stats, start.amax
-    if start.split is None:
+    out, launches = start.out, start.launches
+    if start.split is None or start.finish_split is None:
         return [], out
     if batch.seeds is None:
         raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
@@ -306,36 +315,42 @@ def plan_verify(
     # The statistics pass (logits) keeps its split. This pass takes the widest vector step at
     # every B: its last program per request finishes that request, on the program's warps (4).
     pass_split = start.finish_split
-    assert pass_split is not None
     NB, amax_nb = pass_split.num_blocks, start.split.num_blocks
+    amax_val, amax_idx = start.amax
     # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
     # (verify_kernels.request_greedy), so no eager comparison op runs per call
-    is_greedy = batch.temperature if batch.temperature is not None else batch.is_greedy
-    if batch.temperature is None and is_greedy is not None:
-        amax = partials(device, (B, K + 1, NB), torch.float32, torch.int32)
+    greedy_mask = batch.is_greedy if batch.target_kind == "probs" else None
+    if greedy_mask is not None:
+        amax_val, amax_idx = partials(device, (B, K + 1, NB), torch.float32, torch.int32)
         amax_nb = NB  # the argmax partials below take the pass's split
-    seqs = (
-        rows(layout, start.target, stats["t_stats_ptr"]),
-        # draft probabilities (draft_is_probs) have no statistics and no temperature: read as given
-        rows(
-            layout,
-            start.draft,
-            stats["d_stats_ptr"],
-            start.draft_index,
-            None if batch.draft_is_probs else batch.draft_temperature,
-        ),
-        rows(layout, batch.draft_token_ids)[:3],
+    # draft probabilities (draft_kind "probs") have no statistics and no temperature: read as given
+    draft_temperature = batch.draft_temperature if batch.draft_kind == "logits" else None
+    seqs = Seqs(
+        target=rows(layout, start.target, start.stats.target),
+        draft=rows(layout, start.draft, start.stats.draft, start.draft_index, draft_temperature),
+        ids=draft_ids(layout, batch.draft_token_ids),
     )
     bonus = batch.bonus_token_ids
-    req = (layout.cu_num_draft_tokens, batch.seeds, batch.offsets, batch.temperature, is_greedy, bonus, bonus.stride(0))
+    req = Request(
+        cu=layout.cu_num_draft_tokens,
+        seeds=batch.seeds,
+        offsets=batch.offsets,
+        temperature=batch.temperature,
+        is_greedy=greedy_mask,
+        bonus=bonus,
+        stride_bonus=bonus.stride(0),
+    )
     # the residual-mass partials (the partials kernel's grid is their shape), the fp64 race-group
     # sums of the residual and of q per (request[, position]), then the greedy argmax partials
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
     groups = (*shape[:-1], rng.race_num_groups(V))
-    parts = partials(device, shape, torch.float32) + partials(device, groups, torch.float64, torch.float64) + amax
-    dims = dict(K=K, V=V, num_rows=layout.num_rows, NB=NB)
-    if batch.temperature is None and is_greedy is not None:
-        args = dict(target=seqs[0], req=req, parts=parts, **dims, chunk=pass_split.chunk, BLOCK_V=pass_split.block_v)
+    (mass,) = partials(device, shape, torch.float32)
+    r_sums, q_sums = partials(device, groups, torch.float64, torch.float64)
+    parts = VerifyParts(mass=mass, r_sums=r_sums, q_sums=q_sums, amax_val=amax_val, amax_idx=amax_idx)
+    dims = dict(K=K, V=V, num_rows=layout.num_rows)
+    if greedy_mask is not None:
+        args = dict(target=seqs.target, req=req, parts=parts, **dims, chunk=pass_split.chunk, NB=NB)
+        args["BLOCK_V"] = pass_split.block_v
         launches.append(lc.KernelLaunch(rk.argmax_partials_kernel, (B, K + 1, NB), args, name="argmax_partials"))
     positions = K + 1 if kernels.per_position else max(K, 1)
     tail_k, tail_nb, _ = combine_blocks(K + 1, max(NB, amax_nb))
@@ -346,8 +361,9 @@ def plan_verify(
         out_ptr=out,
         arrivals=lc.arrival_counters(device, B),
         **dims,
-        NB_AMAX=amax_nb,
         chunk=pass_split.chunk,
+        NB=NB,
+        NB_AMAX=amax_nb,
         BLOCK_K=triton_next_pow2(positions),
         BLOCK_V=pass_split.block_v,
         TAIL_K=tail_k,
@@ -377,19 +393,29 @@ def plan_typical(
     if split is None:
         return [], out
     NB = split.num_blocks
-    target = rows(layout, start.target, start.stats["t_stats_ptr"])
-    seqs = (target, rows(layout, None), rows(layout, batch.draft_token_ids)[:3])
+    target = rows(layout, start.target, start.stats.target)
+    seqs = Seqs(target=target, draft=rows(layout, None), ids=draft_ids(layout, batch.draft_token_ids))
     bonus = batch.bonus_token_ids
-    req = (layout.cu_num_draft_tokens, None, None, batch.temperature, None, bonus, bonus.stride(0))
+    req = Request(
+        cu=layout.cu_num_draft_tokens,
+        seeds=None,
+        offsets=None,
+        temperature=batch.temperature,
+        is_greedy=None,
+        bonus=bonus,
+        stride_bonus=bonus.stride(0),
+    )
     # (entropy, max, argmax) partials of q, then the logits (max, argmax) partials (greedy requests)
-    parts = partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32) + start.amax
-    dims = dict(req=req, parts=parts, K=K, V=layout.vocab_size, num_rows=layout.num_rows, NB=NB)
-    args = dict(dims, target=target, chunk=split.chunk, BLOCK_V=split.block_v, PRECISE=lc.precise_math())
+    entropy, q_max, q_argmax = partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32)
+    logit_max, logit_argmax = start.amax
+    parts = TypicalParts(entropy=entropy, max=q_max, argmax=q_argmax, logit_max=logit_max, logit_argmax=logit_argmax)
+    dims = dict(req=req, parts=parts, K=K, V=layout.vocab_size, num_rows=layout.num_rows)
+    args = dict(dims, target=target, chunk=split.chunk, NB=NB, BLOCK_V=split.block_v, PRECISE=lc.precise_math())
     launches.append(lc.KernelLaunch(tk.typical_partials_kernel, (B, K + 1, NB), args, name="typical_partials"))
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
     # fp32 values: a Triton float argument is fp32, and the reference rounds alike
-    posterior = (fp32_value(posterior_threshold), fp32_value(posterior_alpha))
-    args = dict(dims, seqs=seqs, out_ptr=out, posterior=posterior, BLOCK_K=block_k, BLOCK_NB=block_nb)
+    posterior = Posterior(threshold=fp32_value(posterior_threshold), alpha=fp32_value(posterior_alpha))
+    args = dict(dims, seqs=seqs, out_ptr=out, posterior=posterior, NB=NB, BLOCK_K=block_k, BLOCK_NB=block_nb)
     args["PRECISE"] = lc.precise_math()
     launches.append(lc.KernelLaunch(tk.typical_finalize_kernel, (B,), args, warps, "typical_finalize"))
     return launches, out
