@@ -36,12 +36,12 @@ def record_launches() -> list:
         x = torch.empty(B, V, dtype=dtype, device=META)
         rows, seeds = torch.empty(B, **i64), torch.empty(B, **i64)
         k, p = torch.empty(B, **i64), torch.empty(B, device=META)
-        for logits, use_k, use_p, use_m, joint, long in itertools.product((False, True), repeat=6):
+        for logits, use_k, use_p, use_m, joint, long, indexed in itertools.product((False, True), repeat=7):
             if joint and not (use_k and use_p):
                 continue
             sl.sample_triton(
                 x=x,
-                rows=rows,
+                rows=rows if indexed else None,  # (None: output b samples row b)
                 seeds=seeds,
                 offsets=seeds,
                 logits=logits,

@@ -231,7 +231,7 @@ def thresholds_triton(
 
 def _sample_steps(
     x: torch.Tensor,
-    rows: torch.Tensor,
+    rows: torch.Tensor | None,
     seeds: torch.Tensor,
     offsets: torch.Tensor,
     logits: bool,
@@ -248,10 +248,10 @@ def _sample_steps(
     from spec_samplers.kernels.launch_common import KernelLaunch, precise_math, vocab_contiguous
 
     V = x.shape[1]
-    B = rows.shape[0]
+    B = _outputs(x, rows)
     device = x.device
     x = vocab_contiguous(x)
-    rows = rows.to(torch.int64).contiguous()
+    rows = None if rows is None else rows.to(torch.int64).contiguous()
     split = _split(V, B, device, split, config)
     tau = row_max = None  # unfiltered probabilities: every token is kept, no row statistics
     if logits or top_k is not None or top_p is not None or min_p is not None:
@@ -274,7 +274,7 @@ def _sample_steps(
 def sample_triton(
     *,
     x: torch.Tensor,  # [R, V] probabilities or logits (fp32/fp16/bf16)
-    rows: torch.Tensor,  # [B] int64 input row of each output
+    rows: torch.Tensor | None,  # [B] int64 input row of each output (None: row b, B = R)
     seeds: torch.Tensor,  # [B] int64
     offsets: torch.Tensor,  # [B] int64
     logits: bool = False,
@@ -288,7 +288,7 @@ def sample_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel twin of :func:`spec_samplers.sampling.reference.sample_reference`. Returns (tokens
     [B] ``out_dtype``, -1 where invalid; valid [B] bool)."""
-    R, B, device = x.shape[0], rows.shape[0], x.device
+    R, B, device = x.shape[0], _outputs(x, rows), x.device
     if R == 0 or B == 0:
         return torch.full((B,), -1, dtype=out_dtype, device=device), torch.zeros(B, dtype=torch.bool, device=device)
     filters = (top_k, top_p, min_p, joint)

@@ -89,6 +89,8 @@ def _sample(
         else:
             seeds = derive_row_seeds(seeds, shared_offset, B)
     draw: dict[str, Any] = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
+    if rows is None and not kernels:  # (the reference and the custom op take the rows as a tensor)
+        draw["rows"] = torch.arange(B, device=x.device, dtype=torch.int64)
     if kernels is None:
         tokens, valid = custom_ops.sample(**draw, backend=backend)
     elif kernels:

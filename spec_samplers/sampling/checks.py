@@ -51,11 +51,12 @@ def check_no_nan(name: str, t: torch.Tensor) -> None:
 
 def resolve_rows(
     indices: object, num_input_rows: int, device: torch.device, check_values: bool, input_name: str
-) -> tuple[torch.Tensor, int, torch.dtype]:
+) -> tuple[torch.Tensor | None, int, torch.dtype]:
     """(rows [B] int64: the input row of each output, B, output dtype). Without ``indices`` the
-    outputs are the input rows and int32; with it, one output per entry, of its dtype."""
+    outputs are the input rows (rows None: the kernels need no index tensor) and int32; with it,
+    one output per entry, of its dtype."""
     if indices is None:
-        return torch.arange(num_input_rows, device=device, dtype=torch.int64), num_input_rows, torch.int32
+        return None, num_input_rows, torch.int32
     if not isinstance(indices, torch.Tensor):
         raise input_error("indices", "a torch.Tensor or None", type(indices).__name__)
     if indices.dim() != 1:
