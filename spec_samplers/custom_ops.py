@@ -29,10 +29,8 @@ very instance it traced, counters included.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -46,26 +44,9 @@ _SAMPLERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 
 
-#: while true (:func:`meta_runs_code`), a call on meta tensors runs the code, not the fake op
-_META_RUNS_CODE = False
-
-
-@contextlib.contextmanager
-def meta_runs_code() -> Iterator[None]:
-    """Calls on meta tensors run the package's code (its launch plan) instead of the fake op: what
-    a tracing tool such as ``spec-samplers profile`` needs to see every kernel launch at full shape."""
-    global _META_RUNS_CODE
-    saved, _META_RUNS_CODE = _META_RUNS_CODE, True
-    try:
-        yield
-    finally:
-        _META_RUNS_CODE = saved
-
-
 def routed(x: torch.Tensor) -> bool:
-    """Whether a call on ``x`` goes through the custom op: while Dynamo traces, or on meta tensors
-    (unless :func:`meta_runs_code` is active)."""
-    return (x.device.type == "meta" and not _META_RUNS_CODE) or torch.compiler.is_compiling()
+    """Whether a call on ``x`` goes through the custom op: while Dynamo traces, or on meta tensors."""
+    return x.device.type == "meta" or torch.compiler.is_compiling()
 
 
 def register_sampler(sampler: Any) -> int:

@@ -38,7 +38,7 @@ def test_draws_take_the_sampling_kernels_where_the_backend_resolves_to_them():
     """As on CUDA: meta tensors with the kernel path forced (what the cost model does) record the
     sampling operation's Triton launches, and nothing else launches."""
     probs, seeds, offsets = _inputs(torch.device("meta"))
-    with trace.kernels_forced(num_sms=132), trace.recording(execute=False) as launches:
+    with trace.tracing(num_sms=132) as launches:
         tokens = draw(probs, seeds, offsets, 0, DRAFT_STREAM)
     assert tokens.shape == (6,) and tokens.dtype == torch.int64
     assert launches and {launch.module for launch in launches} == {"spec_samplers.kernels.sampling_kernels"}

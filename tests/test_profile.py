@@ -128,6 +128,52 @@ def test_sass_reader_on_known_sass():
     }
 
 
+TAILED_SASS = """
+fused_kernel:
+\t//## File "/src/k.py", line 5
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/              @!P6 LDG.E.128 R4, desc[UR6][R12.64] ;
+        /*0020*/              @!P0 BRA `(.L_x_0) ;
+\t//## File "/src/common.py", line 238
+        /*0030*/               @P1 ATOMG.E.ADD.STRONG.GPU PT, R5, desc[UR20][R2.64], R5 ;
+\t//## File "/src/k.py", line 9
+        /*0040*/               @P1 EXIT ;
+.L_x_1:
+        /*0050*/                   LDG.E R8, desc[UR6][R10.64] ;
+        /*0060*/              @!P0 BRA `(.L_x_1) ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_sass_reader_splits_a_tail_at_the_exit_after_its_arrival():
+    """A kernel whose last program per request runs a tail: every program runs the code up to the
+    first EXIT after the arrival atomic, so the loops read for every program end there."""
+    instructions, loops = sass.parse_sass(TAILED_SASS)
+    assert sass.body_end(instructions, ("common.py", 238)) == 0x40
+    assert sass.body_end(instructions, ("common.py", 237)) is None  # no atomic on that line: no split
+    body = [lp for lp in sass.vocabulary_loops(loops) if lp.end <= 0x40]
+    assert [(lp.start, lp.end) for lp in body] == [(0x10, 0x20)]
+
+
+def test_tracing_plans_our_launches_without_patching_triton():
+    """Our launchers append their planned launches to the LaunchConfig's list (meta tensors, a
+    modeled H100's split): Triton's launch path is untouched, the launches come by name."""
+    from triton.runtime.jit import JITFunction
+
+    from spec_samplers.kernels import backend
+
+    run = JITFunction.run
+    call = wl.build("ours", wl.Shape(8, 4, VOCAB), META)
+    with trace.tracing(132) as launches:
+        assert JITFunction.run is run and backend.launch_config().launches is launches
+        call()
+    assert [launch.name for launch in launches] == ["softmax_partials_kernel", "residual_partials_kernel"]
+    partials = launches[-1]
+    assert partials.grid == (8, partials.grid[1]) and partials.grid[1] > 1  # split over the vocabulary
+    assert partials.tensors() and "num_warps" not in partials.args  # the kernel's parameters by name
+
+
 _COMPILE = """
 import json, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -183,7 +229,7 @@ def test_eager_op_counter_reads_an_out_argument_as_written():
 
 def _seam_vocab_tensors(call) -> int:
     ops = trace.EagerOps(VOCAB)
-    with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:
+    with trace.tracing(132, ops=ops, peers=True), ops:  # our launches planned; vLLM's, if any, caught
         call()
     return sum(op.creates_vocab_tensor for op in ops.records)
 
@@ -275,7 +321,7 @@ def _allocated_vocab_tensors(call) -> int:
     """Vocabulary-sized tensors an eager call creates or allocates (``new_empty`` and the like
     move no data, so ``creates_vocab_tensor`` leaves them out)."""
     ops = trace.EagerOps(VOCAB)
-    with trace.kernels_forced(132), trace.recording(execute=False, ops=ops), ops:
+    with trace.tracing(132, ops=ops, peers=True), ops:  # our launches planned; vLLM's, if any, caught
         call()
     allocations = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided")
     allocated = [op.name in allocations and op.largest >= ops.vocab_bar for op in ops.records]

@@ -7,6 +7,10 @@ its address, and to the source line that issued it (the first frame outside Trit
 bytes of every lane (``*_lanes``) and of distinct addresses (``*_unique``, what DRAM serves when
 repeats hit the cache); per source line: calls (loop iterations over all programs) and lanes.
 
+A launch whose last program per request runs a tail (:mod:`.tails`) is counted as two: the
+loads and stores made under its tail function (its frame on the Python stack: the interpreter
+runs a kernel's jit helpers as Python functions) go to a second count named for the tail.
+
 The numbers are exact for the shape that ran; :func:`scale` takes two runs at vocabulary sizes
 V1 < V2 (same batch) to the full shape.
 """
@@ -80,6 +84,17 @@ class LaunchCount:
         }
 
 
+@dataclass(frozen=True)
+class TailSplit:
+    """The loads and stores of a launch made under the tail function (code name ``function`` in
+    ``file``) are counted as the launch ``name`` on the first ``axes`` axes of the grid."""
+
+    function: str
+    file: str
+    name: str
+    axes: int
+
+
 def _flatten(path: str, value: Any, out: list[tuple[str, torch.Tensor]]) -> None:
     if isinstance(value, torch.Tensor):
         out.append((path, value))
@@ -95,20 +110,27 @@ def _triton_dir() -> str:
     return os.path.dirname(os.path.abspath(triton.__file__ or "")) + os.sep
 
 
-def _call_site() -> tuple[str, int]:
-    """(file, line) of the first frame outside Triton and this module: the tl.load call."""
+def _call_site(tail: TailSplit | None) -> tuple[str, int, bool]:
+    """(file, line) of the first frame outside Triton and this module: the tl.load call; and
+    whether the ``tail`` function is on the stack."""
     frame: Any = sys._getframe(2)
+    site = None
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_triton_dir()) and name != __file__:
-            return name, frame.f_lineno
+        code = frame.f_code
+        if site is None and not code.co_filename.startswith(_triton_dir()) and code.co_filename != __file__:
+            site = code.co_filename, frame.f_lineno
+            if tail is None:
+                break
+        if tail is not None and code.co_name == tail.function and os.path.abspath(code.co_filename) == tail.file:
+            return (*(site or ("?", 0)), True)
         frame = frame.f_back
-    return "?", 0
+    return (*(site or ("?", 0)), False)
 
 
 @contextlib.contextmanager
-def counting() -> Iterator[list[LaunchCount]]:
-    """Count the traffic of every interpreted launch inside the block."""
+def counting(tails: dict[str, TailSplit] | None = None) -> Iterator[list[LaunchCount]]:
+    """Count the traffic of every interpreted launch inside the block; a launch named in
+    ``tails`` (kernel name -> its tail) as two counts, the launch's then its tail's."""
     from triton.runtime import interpreter as ti
 
     counts: list[LaunchCount] = []
@@ -127,33 +149,41 @@ def counting() -> Iterator[list[LaunchCount]]:
         found: list[tuple[str, torch.Tensor]] = []
         for name, value in bound.arguments.items():
             _flatten(name, value, found)
-        grid = self.grid(bound.arguments) if callable(self.grid) else self.grid
-        launch = LaunchCount(self.fn.__name__, [int(g) for g in grid], [])
-        seen: dict[int, TensorTraffic] = {}
-        for path, tensor in found:
-            storage = tensor.untyped_storage()
-            start = storage.data_ptr()
-            if start in seen:  # a second view of the same storage: its traffic goes to the first
-                continue
-            traffic = TensorTraffic(path, list(tensor.shape), tensor.element_size())
-            seen[start] = traffic
-            launch.tensors.append(traffic)
-            launch._ranges.append((start, start + storage.nbytes(), traffic))
-        counts.append(launch)
+        grid = [int(g) for g in (self.grid(bound.arguments) if callable(self.grid) else self.grid)]
+        split = (tails or {}).get(self.fn.__name__)
+        launch = LaunchCount(self.fn.__name__, grid, [])
+        parts = [launch] if split is None else [launch, LaunchCount(split.name, grid[: split.axes], [])]
+        for part in parts:
+            seen: set[int] = set()
+            for path, tensor in found:
+                storage = tensor.untyped_storage()
+                start = storage.data_ptr()
+                if start in seen:  # a second view of the same storage: its traffic goes to the first
+                    continue
+                seen.add(start)
+                traffic = TensorTraffic(path, list(tensor.shape), tensor.element_size())
+                part.tensors.append(traffic)
+                part._ranges.append((start, start + storage.nbytes(), traffic))
+        counts.extend(parts)
+        current[:] = [launch, parts[-1], split]
         try:
             return originals["call"](self, *args, **kwargs)
         finally:
-            for t in launch.tensors:
-                t.finish()
+            for part in parts:
+                for t in part.tensors:
+                    t.finish()
+
+    current: list[Any] = []  # the launch being counted, its tail's count (or itself), its TailSplit
 
     def tally(kind: str, ptrs: Any, mask: Any) -> None:
-        if not counts:
+        if not current:
             return
-        launch = counts[-1]
+        body, tail, split = current
+        file, line, in_tail = _call_site(split)
+        launch = tail if in_tail else body
         addresses = np.asarray(ptrs.data).reshape(-1).astype(np.uint64)
         active = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.asarray(ptrs.data).shape).reshape(-1)
         itemsize = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        file, line = _call_site()
         site = launch.sites.setdefault((file, line, kind), Site(file, line, kind, itemsize))
         site.calls += 1
         site.lanes += addresses.size

@@ -184,15 +184,8 @@ def _per(per_element: dict[str, float], key: str, digits: int) -> str:
 
 
 def _resource(sass: dict[str, Any], key: str) -> str:
-    """A SASS resource of a launch; for a kernel measured without its tail, the value with the
-    tail (what the call's kernel has) after the arrow."""
-
-    def fmt(value: Any) -> str:
-        return f"{value:.2f}" if key == "occupancy" else str(value)
-
-    value = fmt(sass.get(key, "?")) if key in sass else "?"
-    fused = sass.get("fused")
-    return f"{value} -> {fmt(fused[key])}" if fused and fused[key] != sass.get(key) else value
+    value = sass.get(key, "?")
+    return f"{value:.2f}" if key == "occupancy" and value != "?" else str(value)
 
 
 def launch_table(result: dict[str, Any]) -> str:

@@ -54,8 +54,9 @@ def variant(launch: Any) -> tuple[Any, dict[str, Any], dict[Any, Any], dict[Any,
     kernel = launch.kernel
     backend = make_backend(GPUTarget("cuda", 90, 32))
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*launch.args, **launch.kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, launch.kwargs, bound, specialization, options)
+    kwargs = {**launch.args, "num_warps": launch.num_warps, **launch.options}
+    bound, specialization, options = binder(**kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     return kernel, signature, constexprs, attrs, options
 
 
@@ -189,8 +190,29 @@ def occupancy(registers: int, shared: int, num_warps: int) -> dict[str, Any]:
 _RES = re.compile(r"REG:(?P<reg>\d+) STACK:(?P<stack>\d+) SHARED:(?P<shared>\d+) LOCAL:(?P<local>\d+)")
 
 
-def read_cubin(cubin: bytes, num_warps: int, shared: int) -> dict[str, Any]:
-    """Resources, occupancy and loops of one compiled kernel."""
+def body_end(instructions: list[Instruction], arrival: tuple[str, int]) -> int | None:
+    """The address of the first ``EXIT`` after the arrival atomic at source ``arrival`` (file
+    name, line): where every program but the last per request ends (a kernel whose last program
+    runs a tail, :func:`spec_samplers.kernels.common.last_to_arrive`); None if there is none."""
+    file, line = arrival
+    atomic = next(
+        (
+            i.address
+            for i in instructions
+            if i.opcode.startswith("ATOM") and os.path.basename(i.file) == file and i.line == line
+        ),
+        None,
+    )
+    if atomic is None:
+        return None
+    return next((i.address for i in instructions if i.address > atomic and i.opcode == "EXIT"), None)
+
+
+def read_cubin(cubin: bytes, num_warps: int, shared: int, arrival: tuple[str, int] | None = None) -> dict[str, Any]:
+    """Resources, occupancy and loops of one compiled kernel. With ``arrival`` (the source line
+    of a tail's arrival atomic, :func:`body_end`) the instructions and loops read are those of
+    every program, up to the exit of all but the last: the tail's code after it is read from the
+    tail compiled alone (:mod:`.tails`); registers and occupancy stay the whole kernel's."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
@@ -206,6 +228,10 @@ def read_cubin(cubin: bytes, num_warps: int, shared: int) -> dict[str, Any]:
     registers = int(m["reg"])
     instructions, loops = parse_sass(sass)
     spill_ops = sum(i.opcode.startswith(("STL", "LDL")) for i in instructions)
+    end = body_end(instructions, arrival) if arrival is not None else None
+    if end is not None:
+        instructions = [i for i in instructions if i.address <= end]
+        loops = [lp for lp in loops if lp.end <= end]
     # straight-line code: outside every loop, run once per warp of every program (cold paths too)
     straight = instruction_classes(
         [i for i in instructions if not any(lp.start <= i.address <= lp.end for lp in loops)]
@@ -218,6 +244,7 @@ def read_cubin(cubin: bytes, num_warps: int, shared: int) -> dict[str, Any]:
         "shared_bytes": max(shared, int(m["shared"])),
         **occupancy(registers, max(shared, int(m["shared"])), num_warps),
         "instructions": len(instructions),
+        "tail_split_at": end,
         "straight": {"classes": straight, "issue_cycles": issue_cycles(straight)},
         "loops": [
             {
@@ -235,8 +262,8 @@ def read_cubin(cubin: bytes, num_warps: int, shared: int) -> dict[str, Any]:
     }
 
 
-def compile_variant(launch: Any) -> dict[str, Any]:
-    """Compile one recorded launch for sm_90 and read its SASS."""
+def compile_variant(launch: Any, arrival: tuple[str, int] | None = None) -> dict[str, Any]:
+    """Compile one recorded launch for sm_90 and read its SASS (``arrival``: :func:`read_cubin`)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -246,4 +273,4 @@ def compile_variant(launch: Any) -> dict[str, Any]:
         target=GPUTarget("cuda", 90, 32),
         options=options.__dict__,
     )
-    return read_cubin(compiled.asm["cubin"], options.num_warps, compiled.metadata.shared)
+    return read_cubin(compiled.asm["cubin"], options.num_warps, compiled.metadata.shared, arrival)

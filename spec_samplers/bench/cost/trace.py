@@ -1,44 +1,53 @@
-"""What a call launches, caught at Triton's launch path, and the eager PyTorch ops it runs.
+"""What a call launches, and the eager PyTorch ops it runs.
 
-:func:`recording` patches ``run`` of Triton's ``JITFunction`` (compiled mode) and
-``InterpretedFunction`` (``TRITON_INTERPRET=1``): every ``kernel[grid](...)`` of any package
-goes through it, so the kernels are discovered from the call, not listed. With ``execute=False``
-a launch is recorded and not run (tracing at full shape on meta tensors).
+**Our launches** are planned, not caught: :func:`tracing` runs the call inside
+``backend.planned_for(LaunchConfig(num_sms=N, kernels=True, launches=sink))``, so the samplers
+and the sampling operations take their kernel path on meta tensors too, their launchers plan the
+vocabulary split of a GPU with N multiprocessors and append what they would launch
+(``launch_common.KernelLaunch``: kernel, grid, arguments by name, warps, options) to the sink
+instead of running it. Nothing of the package is patched or rebound.
+
+**Peers' launches** (vLLM's Triton kernels, code we do not own) take no such argument: they are
+caught where Triton launches, by :func:`recording`, which replaces ``run`` of Triton's
+``JITFunction`` (compiled mode) and ``InterpretedFunction`` (``TRITON_INTERPRET=1``) for the
+block. Triton has no official hook that fits (``JITFunction.add_pre_run_hook`` and
+``knobs.runtime.launch_enter_hook`` run only on a device with an active driver, after or on the
+way to the launch, and cannot skip it; meta tensors cannot be launched). A spec_samplers kernel
+that reaches it while :func:`tracing` is an error: its launcher ignored ``config.launches``.
 
 :class:`EagerOps` is a dispatch mode that records every PyTorch op with its bytes read and
 written; ops whose tensors hold at least a vocabulary row are flagged.
-
-:func:`kernels_forced` makes our samplers plan their Triton launches for meta tensors (whose
-default is the PyTorch path) with the vocabulary split of a modeled GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from spec_samplers.kernels import backend
+
 
 @dataclass
 class Launch:
-    """One ``kernel[grid](*args, **kwargs)`` call."""
+    """One kernel launch: ``kernel[grid](**args, num_warps=num_warps, **options)``."""
 
     kernel: Any  # triton JITFunction or InterpretedFunction
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
     grid: tuple[int, ...]
+    #: the kernel's parameters by name (launch options such as num_warps left out)
+    args: dict[str, Any]
+    num_warps: int = 4
+    #: compile options beyond num_warps (e.g. enable_fp_fusion=False)
+    options: dict[str, Any] = field(default_factory=dict)
     #: index of the eager op recorded just before this launch (the launch order among eager ops)
     after_op: int = -1
     #: the tail of the launch before it, measured on its own (:mod:`.tails`)
     tail: bool = False
-    #: for the kernel measured without its tail: the launch as the call makes it (tail included)
-    fused: Any = None
 
     @property
     def name(self) -> str:
@@ -47,21 +56,6 @@ class Launch:
     @property
     def module(self) -> str:
         return self.kernel.fn.__module__
-
-    def bound(self) -> dict[str, Any]:
-        """The kernel's parameters by name (launch options such as num_warps left out)."""
-        signature = inspect.signature(self.kernel.fn)
-        params = list(signature.parameters)
-        named = dict(zip(params, self.args))
-        named.update({k: v for k, v in self.kwargs.items() if k in params})
-        for name, param in signature.parameters.items():
-            if name not in named and param.default is not param.empty:
-                named[name] = param.default
-        return named
-
-    @property
-    def num_warps(self) -> int:
-        return int(self.kwargs.get("num_warps", 4))
 
     @property
     def programs(self) -> int:
@@ -81,52 +75,78 @@ class Launch:
                 for i, v in enumerate(value):
                     walk(f"{path}[{i}]", v)
 
-        for name, value in self.bound().items():
+        for name, value in self.args.items():
             walk(name, value)
         return found
 
 
-def without(launch: Launch, argument: str) -> Launch:
-    """The same launch with ``argument`` None (a variant of the kernel without what it enables)."""
-    params = list(inspect.signature(launch.kernel.fn).parameters)
-    args = tuple(None if i < len(params) and params[i] == argument else a for i, a in enumerate(launch.args))
-    kwargs = {k: (None if k == argument else v) for k, v in launch.kwargs.items()}
-    return Launch(launch.kernel, args, kwargs, launch.grid, launch.after_op)
+def planned(launch: Any, after_op: int = -1) -> Launch:
+    """The :class:`Launch` of one of our launchers' planned launches (``launch_common.KernelLaunch``)."""
+    grid = tuple(int(g) for g in launch.grid)
+    return Launch(launch.kernel, grid, dict(launch.args), launch.num_warps, dict(launch.options), after_op)
 
 
-def _measured(launch: Launch) -> list[Launch]:
-    """The launches that measure ``launch``: itself, or for a launch whose last program per
-    request (or (request, position)) finishes it, the kernel without that tail and then the tail
-    alone, one program per tail (:mod:`.tails`; both run, so the call's output is still written)."""
-    from spec_samplers.bench.cost.tails import ARRIVALS, TAILS
+class _Sink(list[Any]):
+    """``LaunchConfig.launches`` of :func:`tracing`: what our launchers append becomes a
+    :class:`Launch`, stamped with its place among the eager ops."""
 
-    named = launch.bound()
-    if launch.name not in TAILS or named.get(ARRIVALS) is None:
-        return [launch]
-    tail_kernel, tail_axes = TAILS[launch.name]
-    params = list(inspect.signature(launch.kernel.fn).parameters)
-    args = {p: (None if p == ARRIVALS else v) for p, v in named.items()}
-    options = {k: v for k, v in launch.kwargs.items() if k not in params}
-    tail_params = inspect.signature(tail_kernel.fn).parameters
-    tail_args = {p: v for p, v in named.items() if p in tail_params}
-    body = Launch(launch.kernel, (), {**args, **options}, launch.grid, launch.after_op, fused=launch)
-    tail = Launch(tail_kernel, (), {**tail_args, **options}, launch.grid[:tail_axes], launch.after_op, True)
-    return [body, tail]
+    def __init__(self, ops: EagerOps | None) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def _after(self) -> int:
+        return len(self.ops.records) - 1 if self.ops is not None else -1
+
+    def append(self, launch: Any) -> None:
+        super().append(launch if isinstance(launch, Launch) else planned(launch, self._after()))
+
+    def extend(self, launches: Iterable[Any]) -> None:
+        for launch in launches:
+            self.append(launch)
+
+    def __iadd__(self, launches: Iterable[Any]) -> _Sink:  # type: ignore[misc]
+        self.extend(launches)
+        return self
 
 
-def _grid(grid: Any, launch_args: dict[str, Any]) -> tuple[int, ...]:
+@contextlib.contextmanager
+def tracing(num_sms: int, ops: EagerOps | None = None, peers: bool = False) -> Iterator[list[Launch]]:
+    """Every launch the block makes, in order, none run: ours planned for a CUDA device with
+    ``num_sms`` multiprocessors (their launchers' ``config=``: :class:`LaunchConfig`), and with
+    ``peers`` the peers' kernels caught by :func:`recording` (a workload that runs vLLM's)."""
+    sink = _Sink(ops)
+    config = backend.LaunchConfig(num_sms=num_sms, kernels=True, launches=sink)
+    peer_launches = recording(execute=False, ops=ops, into=sink) if peers else contextlib.nullcontext()
+    with backend.planned_for(config), peer_launches:
+        yield sink
+
+
+def _bound(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the kernel's parameters by name, defaults filled; the launch options) of ``kernel[grid](*args, **kwargs)``."""
+    signature = inspect.signature(kernel.fn)
+    named = dict(zip(signature.parameters, args))
+    named.update({k: v for k, v in kwargs.items() if k in signature.parameters})
+    for name, param in signature.parameters.items():
+        if name not in named and param.default is not param.empty:
+            named[name] = param.default
+    return named, {k: v for k, v in kwargs.items() if k not in signature.parameters}
+
+
+def _grid(grid: Any, named: dict[str, Any]) -> tuple[int, ...]:
     if callable(grid):
-        grid = grid(launch_args)
+        grid = grid(named)
     return tuple(int(g) for g in grid)
 
 
 @contextlib.contextmanager
-def recording(execute: bool, ops: EagerOps | None = None) -> Iterator[list[Launch]]:
-    """Record every Triton launch made inside the block (and run it when ``execute``)."""
+def recording(execute: bool, ops: EagerOps | None = None, into: list[Launch] | None = None) -> Iterator[list[Launch]]:
+    """Record every peer's Triton launch made inside the block (and run it when ``execute``), at
+    Triton's launch path: for kernels that are not ours (vLLM's), which take no ``config=``.
+    Appends to ``into`` when given (:func:`tracing`: one list in call order)."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    launches: list[Launch] = []
+    launches: list[Launch] = [] if into is None else into
     originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
 
     def patched(cls: type) -> Callable[..., Any]:
@@ -135,13 +155,19 @@ def recording(execute: bool, ops: EagerOps | None = None) -> Iterator[list[Launc
         def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             if warmup:
                 return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-            launch = Launch(self, args, kwargs, (), len(ops.records) - 1 if ops is not None else -1)
-            launch.grid = _grid(grid, {**launch.bound(), **kwargs})
-            for part in _measured(launch):
-                launches.append(part)
-                if execute:
-                    with ops.paused() if ops is not None else contextlib.nullcontext():
-                        originals[cls](part.kernel, *part.args, grid=part.grid, warmup=False, **part.kwargs)
+            planning = backend.launch_config()
+            if self.fn.__module__.split(".")[0] == "spec_samplers" and planning and planning.launches is not None:
+                raise RuntimeError(
+                    f"{self.fn.__module__}.{self.fn.__name__} was launched while its launches were "
+                    "being planned: its launcher ignored LaunchConfig.launches"
+                )
+            named, options = _bound(self, args, kwargs)
+            after = len(ops.records) - 1 if ops is not None else -1
+            num_warps = int(options.pop("num_warps", 4))
+            launches.append(Launch(self, _grid(grid, named), named, num_warps, options, after))
+            if execute:
+                with ops.paused() if ops is not None else contextlib.nullcontext():
+                    original(self, *args, grid=grid, warmup=False, **kwargs)
             return None
 
         return run
@@ -284,50 +310,3 @@ class EagerOps(TorchDispatchMode):
         if is_half_cast and outs and outs[0].dtype != torch.float32:
             self._half_cast = None
         return out
-
-
-def _rebind(original: Callable[..., Any], replacement: Callable[..., Any]) -> list[tuple[Any, str]]:
-    """Point every ``spec_samplers`` module attribute bound to ``original`` at ``replacement``."""
-    patched = []
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == "spec_samplers" or name.startswith("spec_samplers.")):
-            continue
-        for attr, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, attr, replacement)
-                patched.append((module, attr))
-    return patched
-
-
-def _import_all(package: str) -> None:
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
-        importlib.import_module(f"{package}.{info.name}")
-
-
-@contextlib.contextmanager
-def kernels_forced(num_sms: int) -> Iterator[None]:
-    """Our samplers take their Triton path on meta tensors, with the vocabulary split that a CUDA
-    device with ``num_sms`` multiprocessors gets (:func:`spec_samplers.kernels.backend.vocab_split`)."""
-    from spec_samplers import custom_ops
-    from spec_samplers.kernels import backend
-
-    original_use, original_split = backend.use_triton, backend.vocab_split
-
-    def use_triton(choice: str, device: torch.device) -> bool:
-        return choice != "torch"
-
-    # the meta device's split would be the CPU one: use the CUDA rule of vocab_split
-    def cuda_split(vocab_size: int, num_requests: int, device: torch.device, **kw: Any) -> Any:
-        return backend.plan_vocab_split(vocab_size, num_requests, 4 * num_sms, 1024, **kw)
-
-    _import_all("spec_samplers.kernels")  # launchers are imported lazily: bind them first
-    patched = _rebind(original_use, use_triton) + _rebind(original_split, cuda_split)
-    try:
-        with custom_ops.meta_runs_code():  # the launch plan, not the custom op's fake
-            yield
-    finally:
-        for module, attr in patched:
-            setattr(module, attr, original_use if attr == "use_triton" else original_split)

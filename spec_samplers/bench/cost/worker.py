@@ -3,9 +3,10 @@ STAGE CONFIG_JSON`` (the mode is fixed when triton is first imported, so each ru
 process); prints one JSON document.
 
 * ``compiled`` (TRITON_INTERPRET unset): the full-shape trace on meta tensors (launches, eager
-  ops) and every distinct launched variant compiled for sm_90 and read (:mod:`.sass`);
+  ops: :func:`.trace.tracing`, our launches planned for an H100's multiprocessors) and every
+  distinct launched variant compiled for sm_90 and read (:mod:`.sass`);
 * ``interpreted`` (TRITON_INTERPRET=1): the call run at a small batch and two small vocabulary
-  sizes with the interpreter's traffic counted (:mod:`.counting`).
+  sizes with the interpreter's traffic counted (:mod:`.counting`), tails apart (:mod:`.tails`).
 """
 
 from __future__ import annotations
@@ -32,30 +33,28 @@ def _prepare(workload: str) -> None:
 def compiled(config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from spec_samplers.bench.cost import sass, trace
-    from spec_samplers.bench.cost.workloads import build
+    from spec_samplers.bench.cost import sass, tails, trace
+    from spec_samplers.bench.cost.workloads import PEER_WORKLOADS, build
 
     _prepare(config["workload"])
     shape = _shape(config)
     call = build(config["workload"], shape, torch.device("meta"))
     ops = trace.EagerOps(shape.vocab_size)
-    with trace.kernels_forced(config["num_sms"]):
-        # the steady state of an engine step: what the first call alone allocates and caches
-        # (the arrival counters of launch_common) is not traced
-        with trace.recording(execute=False):
-            call()
-        with trace.recording(execute=False, ops=ops) as launches, ops:
-            call()
+    peers = config["workload"] in PEER_WORKLOADS
+    # the steady state of an engine step: what the first call alone allocates and caches
+    # (the arrival counters of launch_common) is not traced
+    with trace.tracing(config["num_sms"], peers=peers):
+        call()
+    with trace.tracing(config["num_sms"], ops=ops, peers=peers) as traced, ops:
+        call()
+    launches = [part for launch in traced for part in tails.measured(launch)]
     variants: dict[str, Any] = {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for launch in launches:
         key = sass.variant_key(launch)
         if key not in variants and config.get("sass", True):
-            variants[key] = sass.compile_variant(launch)
-            if launch.fused is not None:
-                # the resources the call's kernel really has: its tail's registers count too
-                fused = sass.compile_variant(launch.fused)
-                variants[key]["fused"] = {k: fused[k] for k in ("registers", "spill_instructions", "occupancy")}
+            # a kernel with a tail: its every-program code is read, the tail from its own row
+            variants[key] = sass.compile_variant(launch, tails.arrival() if launch.name in tails.TAILS else None)
         rows.append(
             {
                 "name": launch.name,
@@ -73,7 +72,7 @@ def compiled(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def interpreted(config: dict[str, Any]) -> dict[str, Any]:
-    from spec_samplers.bench.cost import counting, trace
+    from spec_samplers.bench.cost import counting, tails
     from spec_samplers.bench.cost.workloads import build
 
     _prepare(config["workload"])
@@ -84,7 +83,7 @@ def interpreted(config: dict[str, Any]) -> dict[str, Any]:
     runs = []
     for vocab in config["small_vocab"]:
         call = build(config["workload"], shape.at(config["small_batch"], vocab), __import__("torch").device("cpu"))
-        with counting.counting() as counts, trace.recording(execute=True):
+        with counting.counting(tails.counted()) as counts:
             call()
         runs.append([c.as_dict() for c in counts])
     return {"runs": runs}

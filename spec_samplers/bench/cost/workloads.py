@@ -42,6 +42,9 @@ TEMPERATURE = 0.7
 WORKLOADS = ("ours", "ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "flashinfer-chain")
 #: the workloads that import vLLM
 VLLM_WORKLOADS = ("ours-v1-seam", "ours-v2-seam", "vllm-v1", "vllm-mrv2", "vllm-recovered-after")
+#: the workloads that may launch a peer's Triton kernel (vLLM's: traced at Triton's launch path,
+#: ``trace.recording``; ours are planned through their launchers' ``config=``)
+PEER_WORKLOADS = (*VLLM_WORKLOADS, "vllm-recovered-before")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
