@@ -62,7 +62,8 @@ def rejection_tree_triton(tb: TreeBatch, *, config: LaunchConfig | None = None) 
         N=N, V=V, max_depth=tb.max_depth,
         POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
     )  # fmt: skip
-    for launch in launches_to_run(config, [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")] if B else []):
+    planned = [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")] if B else []
+    for launch in launches_to_run(config, planned):
         launch.kernel[launch.grid](**launch.args)
     return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
 
@@ -94,6 +95,7 @@ def typical_tree_triton(
         posterior_threshold=fp32_value(posterior_threshold), posterior_alpha=fp32_value(posterior_alpha),
         N=N, V=V, max_depth=tb.max_depth, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
     )  # fmt: skip
-    for launch in launches_to_run(config, [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")] if B else []):
+    planned = [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")] if B else []
+    for launch in launches_to_run(config, planned):
         launch.kernel[launch.grid](**launch.args)
     return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, stop >= 0)
