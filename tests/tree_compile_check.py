@@ -47,8 +47,8 @@ def main():
         args = dict(
             target_ptr=t(dtype), stride_t=5000, rows_ptr=t(i64), tokens_ptr=t(i64), parents_ptr=t(i64),
             depth_ptr=t(i64), thr_ptr=t(torch.float64), amax_ptr=t(i64), rowok_ptr=t(torch.int8),
-            pass_ptr=t(torch.int8), stop_ptr=t(i64), final_ptr=t(i64), posterior_threshold=0.09, posterior_alpha=0.3, N=10, V=5000,
-            max_depth=3, BLOCK_V=TREE_BLOCK_V, PRECISE=precise_math(),
+            pass_ptr=t(torch.int8), stop_ptr=t(i64), final_ptr=t(i64), posterior_threshold=0.09,
+            posterior_alpha=0.3, N=10, V=5000, max_depth=3, BLOCK_V=TREE_BLOCK_V, PRECISE=precise_math(),
         )  # fmt: skip
         sig, consts = signature(typical_tree_kernel, args)
         triton.compile(ASTSource(fn=typical_tree_kernel, signature=sig, constexprs=consts), target=TARGET)
