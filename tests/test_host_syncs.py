@@ -2,7 +2,7 @@
 glue stays a handful of ops: counted, not timed, on fake CUDA tensors (no GPU needed).
 
 A dispatch mode sees every PyTorch op a call runs; the Triton launches are recorded, not run
-(``LaunchConfig.launches``, and ``KernelLaunch.run`` for the launchers that still call it). What
+(``LaunchConfig.launches``). What
 is counted, per call:
 
 * syncs: ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``) and blocking
@@ -64,7 +64,6 @@ def _count(make: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[_Counter, list[s
     """Build the inputs with ``make()`` and count the second call of the function it returns
     (the first moves a sampler's counters to the device, once)."""
     recorded: list[Any] = []
-    monkeypatch.setattr(launch_common.KernelLaunch, "run", lambda self: recorded.append(self))
     monkeypatch.setattr(backend, "_num_sms", lambda index: 132)  # an H100/H200's, without a device
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # fake tensors cannot pin
     counter = _Counter()

@@ -30,11 +30,6 @@ class KernelLaunch:
     #: compile options beyond num_warps (e.g. enable_fp_fusion=False), also used by the compile check
     options: dict[str, Any] = field(default_factory=dict)
 
-    def run(self) -> None:
-        """(the sampling operations' launchers still call this; the verification launchers launch
-        in their own body)"""
-        self.kernel[self.grid](**self.args, num_warps=self.num_warps, **self.options)
-
 
 def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
     """Kernels step through the vocabulary with unit stride; other layouts are copied once."""

@@ -31,6 +31,11 @@ import torch
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.fast_path import plain_step, verify_plain_step
+from spec_samplers.integrations.vllm.min_p_logit_bias import (  # noqa: F401 (their home before the move: still importable here)
+    add_logit_bias_to_draft_rows,
+    apply_logits_processors,
+    apply_min_p_to_draft_rows,
+)
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
