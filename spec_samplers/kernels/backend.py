@@ -93,7 +93,12 @@ def planned_for(config: LaunchConfig) -> Iterator[LaunchConfig]:
 
 
 def launch_config() -> LaunchConfig | None:
-    """The :class:`LaunchConfig` of the enclosing :func:`planned_for` block, or None."""
+    """The :class:`LaunchConfig` of the enclosing :func:`planned_for` block, or None.
+
+    None while Dynamo traces: a traced call becomes the custom op anyway, and Dynamo (torch 2.13)
+    cannot trace ``ContextVar.get``."""
+    if torch.compiler.is_compiling():
+        return None
     return _CONFIG.get()
 
 
