@@ -9,10 +9,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
+import scipy.stats as stats
 import torch
-
-stats = pytest.importorskip("scipy.stats", reason="needs the test extra: pip install -e '.[test]'")
 
 #: per-test significance level of the chi-square tests (false-failure rate at a random seed)
 CHI2_ALPHA = 1e-3

@@ -12,6 +12,7 @@ import json
 import math
 
 import pytest
+import scipy.stats as stats
 import torch
 
 from spec_samplers import SamplingParams, available_samplers
@@ -27,9 +28,6 @@ from spec_samplers.certify.law import (
 )
 from spec_samplers.certify.tiny_models import TINY_PROMPTS, build_tiny_pair, load_causal_lm
 from spec_samplers.cli import main
-
-stats = pytest.importorskip("scipy.stats", reason="needs the test extra: pip install -e '.[test]'")
-pytest.importorskip("transformers")
 
 HOT = ["--temperature", "0.7", "--top-p", "0.9"]
 

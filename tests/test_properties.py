@@ -1,12 +1,8 @@
 """Hypothesis property tests: output-format invariants over random shapes and distributions."""
 
-import pytest
 import torch
-
-pytest.importorskip("hypothesis", reason="needs the test extra: pip install -e '.[test]'")
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
 
