@@ -275,14 +275,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         (:func:`spec_samplers.kernels.backend.planned_for`); then ``config.kernels`` picks the
         launcher even where the backend would run PyTorch (meta tensors), unless "torch"."""
         config = launch_config()
-        forced = config is not None and config.kernels and self.backend != "torch"
-        if kernel is not None and (forced or use_triton(self.backend, device)):
+        if kernel is not None and use_triton(self.backend, device, config):
             launcher = _load(kernel) if isinstance(kernel, str) else kernel
-            return (
-                functools.partial(launcher, **options)
-                if config is None
-                else functools.partial(launcher, config=config, **options)
-            )
+            if config is not None:
+                options = {**options, "config": config}
+            return functools.partial(launcher, **options)
         if type(self).requests_independent:
             return functools.partial(chunked, reference, **options)
         return functools.partial(reference, **options)
@@ -335,10 +332,10 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self._check_draft_options(drafts, processing)
         # value checks read the tensors: on meta tensors the pipeline below refuses them by name
         checks_values = self._strict_mode or self._check_values
-        planning = launch_config()
-        plans_kernels = planning is not None and planning.kernels  # a tool plans our launches on meta tensors
+        # on meta tensors a tool planning our launches (kernels.backend.planned_for) gets the launch plan
+        meta_plans = target.device.type == "meta" and use_triton(self.backend, target.device, launch_config())
         call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
-        if custom_ops.routed(target) and not plans_kernels and not (checks_values and target.device.type == "meta"):
+        if custom_ops.routed(target) and not meta_plans and not (checks_values and target.device.type == "meta"):
             return self._run_as_op(entry, call)  # Dynamo traces, or meta tensors: one op with a fake implementation
         batch = self._batch(call)
         out = self._op_for(batch)(batch)

@@ -76,7 +76,7 @@ def bonus_row_inputs(
     elsewhere."""
     args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps)
     config = launch_config()  # a tool planning our launches (kernels.backend.planned_for)
-    if not (config is not None and config.kernels) and not use_triton("auto", cu.device):
+    if not use_triton("auto", cu.device, config):
         return bonus_row_inputs_reference(*args)
     from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
 

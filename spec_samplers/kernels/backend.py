@@ -38,12 +38,16 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
-def use_triton(backend: str, device: torch.device) -> bool:
+def use_triton(backend: str, device: torch.device, config: LaunchConfig | None = None) -> bool:
     """Resolve a sampler's ``backend`` option for tensors on ``device``.
 
     "auto": the kernels on CUDA when triton imports, else the PyTorch path. "torch": always
     the PyTorch path. "triton": always the kernels; CPU tensors only under TRITON_INTERPRET=1.
+    With ``config.kernels`` (a tool planning our launches, :func:`planned_for`) the kernels'
+    plan on any device, meta tensors included, unless "torch".
     """
+    if config is not None and config.kernels and backend != "torch":
+        return True
     if backend == "torch" or device.type == "meta":
         return False  # (meta tensors carry shapes only: the PyTorch path propagates them)
     if backend == "auto":

@@ -37,11 +37,10 @@ def _path(backend: str, x: torch.Tensor, config: LaunchConfig | None) -> bool | 
     """Which code runs a call on ``x``: True the kernels, False the PyTorch reference, None the
     custom op (Dynamo traces, or meta tensors without a tool planning kernels on them:
     ``config.kernels``, :func:`spec_samplers.kernels.backend.planned_for`)."""
-    backend = check_backend(backend)
-    planned = config is not None and config.kernels and backend != "torch"
-    if torch.compiler.is_compiling() or (custom_ops.routed(x) and not planned):
+    if torch.compiler.is_compiling():
         return None
-    return planned or use_triton(backend, x.device)
+    kernels = use_triton(check_backend(backend), x.device, config)
+    return None if custom_ops.routed(x) and not kernels else kernels
 
 
 def _filters(
