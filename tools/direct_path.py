@@ -11,6 +11,11 @@ Subcommands (run from the checkout root with ``PYTHONPATH=$PWD``):
   frame that made the launch. Per call: levels (those frames, the entry included; max over the
   call's launches), their qualified names, the distinct files on the path, the launches (kernel
   names in order) and the package files whose functions ran during the call ("touched").
+* ``launches [--json F]``: per level call, the launches a GPU would run, counted on the same CPU
+  tensors planned as for a 132-SM GPU (``planned_for(LaunchConfig(num_sms=132, kernels=True,
+  launches=[...]))``: the Triton launches are recorded, not run) plus the eager PyTorch ops the call
+  runs (:class:`EagerCounter`, a dispatch mode: every aten op but views and allocations), and the
+  host syncs; with ``--time``, the host microseconds per call with the launches recorded (median).
 * ``params [--json F]``: the largest function parameter counts in spec_samplers (ast).
 * ``dups [--json F]``: the ``duplicates`` tool over spec_samplers/ (pair count and pairs).
 * ``signatures --out F``: ``inspect.signature`` of every public name, as sorted JSON.
@@ -70,6 +75,7 @@ class Launch:
 class Recording:
     launches: list[Launch] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)  # package files whose functions ran
+    functions: set[str] = field(default_factory=set)  # package functions that ran (file:qualname)
 
     @property
     def levels(self) -> int:
@@ -133,7 +139,9 @@ def record(fn: Callable[..., Any], *args: Any, package_dir: Path = PKG_DIR, **kw
         elif code not in seen:
             seen.add(code)
             if in_package(code.co_filename, package_dir):
-                rec.touched.add(os.path.relpath(code.co_filename, package_dir.parent))
+                rel = os.path.relpath(code.co_filename, package_dir.parent)
+                rec.touched.add(rel)
+                rec.functions.add(f"{rel}:{getattr(code, 'co_qualname', code.co_name)}")
 
     previous = sys.getprofile()
     sys.setprofile(profile)
@@ -389,6 +397,7 @@ def measure_levels(calls: list[Call] | None = None, package_dir: Path = PKG_DIR)
                 launches=[launch.kernel for launch in rec.launches],
                 levels_per_launch=[len(launch.path) for launch in rec.launches],
                 touched=sorted(rec.touched),
+                functions=sorted(rec.functions),
                 seconds=round(time.perf_counter() - t0, 2),
             )
         )
@@ -416,12 +425,120 @@ def violations(rows: list[dict[str, Any]], limit: int = LIMIT) -> list[str]:
 
 
 def levels_text(rows: list[dict[str, Any]]) -> str:
-    lines = ["call | levels | files on path | launches | files touched | path"]
+    lines = ["call | levels | files on path | launches | files touched | functions run | path"]
     for r in rows:
         kernels = ", ".join(r["launches"]) or "(none)"
         lines.append(
             f"{r['call']} | {r['levels']} | {len(r['files'])} | {len(r['launches'])}: {kernels} | "
-            f"{len(r['touched'])} | {' -> '.join(r['path'])}"
+            f"{len(r['touched'])} | {len(r['functions'])} | {' -> '.join(r['path'])}"
+        )
+    sampler = [r for r in rows if not r["call"].startswith("sampling.") and "tree" not in r["entry"]]
+    if sampler:
+        files = sum(len(r["touched"]) for r in sampler) / len(sampler)
+        funcs = sum(len(r["functions"]) for r in sampler) / len(sampler)
+        lines.append(f"sampler entries ({len(sampler)}): mean files touched {files:.1f}, mean functions run {funcs:.1f}")
+    return "\n".join(lines)
+
+
+# -- launches -----------------------------------------------------------------------------------------
+
+#: aten ops that launch nothing on a GPU: views and allocations
+NOT_LAUNCHES = {
+    "view", "_unsafe_view", "expand", "select", "slice", "reshape", "unsqueeze", "squeeze", "permute", "t",
+    "transpose", "unbind", "alias", "as_strided", "detach", "lift_fresh", "split", "diagonal", "empty",
+    "empty_strided", "empty_like",
+}  # fmt: skip
+
+
+def _dispatch_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class EagerCounter(_dispatch_mode()):  # type: ignore[misc]
+    """Counts what a call runs besides its Triton launches: eager ops (every aten op that is not a
+    view or an allocation: each is a kernel launch on a GPU), host syncs (``_local_scalar_dense``:
+    ``.item()``, ``bool(t)``) and host-to-device copies (``copies``: non_blocking or not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eager: dict[str, int] = {}
+        self.syncs: list[str] = []
+        self.copies: list[bool] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == "_local_scalar_dense":
+            self.syncs.append(name)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if name in ("copy_", "_to_copy") and any(t.device.type == "cpu" for t in tensors):
+            target = args[0].device if name == "copy_" else torch.device(kwargs.get("device") or "cpu")
+            if target.type == "cuda":
+                blocking = not (kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2]))
+                self.copies.append(not blocking)
+        if func.namespace == "aten" and name not in NOT_LAUNCHES:
+            self.eager[name] = self.eager.get(name, 0) + 1
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def planned_gpu(recorded: list[Any], num_sms: int = 132) -> Iterator[None]:
+    """Calls inside plan their launches as for a ``num_sms`` GPU and record them in ``recorded``."""
+    from spec_samplers.kernels import backend
+
+    with backend.planned_for(backend.LaunchConfig(num_sms=num_sms, kernels=True, launches=recorded)):
+        yield
+
+
+def count_launches(call: Call, repeat: int = 0) -> dict[str, Any]:
+    """The launches of ``call``'s second run (the first may move a sampler's counters) on its CPU
+    tensors planned as for a 132-SM GPU: Triton launches (recorded) and eager ops, host syncs; with
+    ``repeat``, the median host microseconds of that many more runs. Under a FakeTensorMode: the
+    recorded launches do not run, so no op may read what they would have written."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    recorded: list[Any] = []
+    counter = EagerCounter()
+    with FakeTensorMode(allow_non_fake_inputs=True), planned_gpu(recorded):
+        call.fn(*call.args, **call.kwargs)
+        recorded.clear()
+        with counter:
+            call.fn(*call.args, **call.kwargs)
+        triton = [getattr(launch, "name", "") or type(launch).__name__ for launch in recorded]
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            call.fn(*call.args, **call.kwargs)
+            times.append(time.perf_counter() - t0)
+    eager = sum(counter.eager.values())
+    row = dict(call=call.name, entry=call.entry, launches=len(triton) + eager, triton=triton, eager=eager,
+               eager_ops=dict(sorted(counter.eager.items())), syncs=len(counter.syncs))  # fmt: skip
+    if times:
+        row["host_us"] = round(sorted(times)[len(times) // 2] * 1e6, 1)
+    return row
+
+
+def measure_launches(calls: list[Call] | None = None, repeat: int = 0) -> list[dict[str, Any]]:
+    rows = []
+    for call in level_calls() if calls is None else calls:
+        try:
+            rows.append(count_launches(call, repeat))
+        except Exception as e:  # a host read of data (a sync) fails on fake tensors: recorded
+            rows.append(dict(call=call.name, entry=call.entry, error=f"{type(e).__name__}: {str(e)[:120]}"))
+    return rows
+
+
+def launches_text(rows: list[dict[str, Any]]) -> str:
+    lines = ["call | launches (triton + eager) | syncs | host us | triton | eager ops"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['call']} | (error: {r['error']})")
+            continue
+        lines.append(
+            f"{r['call']} | {r['launches']} ({len(r['triton'])} + {r['eager']}) | {r['syncs']} | "
+            f"{r.get('host_us', '')} | {', '.join(r['triton'])} | {r['eager_ops']}"
         )
     return "\n".join(lines)
 
@@ -708,8 +825,9 @@ def _quiet_warnings() -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("levels", "params", "dups"):
+    for name in ("levels", "params", "dups", "launches"):
         sub.add_parser(name).add_argument("--json", help="also write the rows to this file")
+    sub.choices["launches"].add_argument("--time", type=int, default=0, help="median host us over N more calls")
     sub.add_parser("signatures").add_argument("--out", required=True)
     sub.add_parser("corpus").add_argument("--out", required=True)
     d = sub.add_parser("diff")
@@ -723,6 +841,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "levels":
             rows: Any = measure_levels()
             print(levels_text(rows))
+        elif args.cmd == "launches":
+            rows = measure_launches(repeat=args.time)
+            print(launches_text(rows))
         elif args.cmd == "params":
             rows = param_counts()
             for p in rows[:15]:
@@ -742,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if lines else 0
         elif args.cmd == "report":
             report(args.out, args.label)
-        if args.cmd in ("levels", "params", "dups") and args.json:
+        if args.cmd in ("levels", "params", "dups", "launches") and args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
