@@ -436,7 +436,8 @@ def levels_text(rows: list[dict[str, Any]]) -> str:
     if sampler:
         files = sum(len(r["touched"]) for r in sampler) / len(sampler)
         funcs = sum(len(r["functions"]) for r in sampler) / len(sampler)
-        lines.append(f"sampler entries ({len(sampler)}): mean files touched {files:.1f}, mean functions run {funcs:.1f}")
+        n = len(sampler)
+        lines.append(f"sampler entries ({n}): mean files touched {files:.1f}, mean functions run {funcs:.1f}")
     return "\n".join(lines)
 
 
