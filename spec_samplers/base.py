@@ -13,7 +13,8 @@ are here with V0's signatures and outputs (:meth:`SpecDecodeBaseSampler._create_
 :meth:`SpecDecodeBaseSampler._raise_if_incorrect_input`, ``init_gpu_tensors``), and the
 constructor accepts V0's ``use_flashinfer``. Counters are derived from the output layout alone,
 so such a sampler gets them right through ``_create_output`` or by calling
-:meth:`SpecDecodeBaseSampler._update_counters` with the standard layout.
+:meth:`SpecDecodeBaseSampler._update_counters` with the standard layout; the package's kernels add
+them in their finishing step (``kernel_counts``), so a kernel call runs no eager op for them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
 from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import Shapes
+
+#: positions the counters' buffer has room for at construction (a larger k grows it once)
+COUNTER_POSITIONS = 8
 
 #: the four entries every sampler with an op has
 ENTRIES = ("forward", "forward_ragged", "forward_from_logits", "forward_ragged_from_logits")
@@ -118,7 +122,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     :meth:`init_tensors` or to the device of the first output, updated without host
     synchronisation): ``num_accepted_tokens`` (accepted drafts), ``num_emitted_tokens`` (non -1
     outputs) and ``num_accepted_per_position`` ([k]: how often the draft at each position was
-    accepted); ``num_draft_tokens`` is a host int (B * k per call).
+    accepted); ``num_draft_tokens`` is a host int (B * k per call). The three tensors are views of
+    one int64 buffer, ``[accepted, emitted, per position...]``, which the kernels of a sampler that
+    declares ``kernel_counts`` add to in their finishing step (atomics: no eager op per call); the
+    PyTorch path adds to it with eager ops (:meth:`_update_counters`). A counter a caller assigns
+    is folded into the buffer at the next call.
 
     Subclasses declare:
 
@@ -142,6 +150,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
       sampling, block verification): what an engine's bonus rows verified in place need
       (:func:`spec_samplers.integrations.vllm.fast_path.bonus_row_verifiable`). A capability a
       third-party sampler declares, not a list of classes;
+    * ``kernel_counts``: True when ``kernel_op`` adds the acceptance counters of its output to
+      ``VerifyBatch.counters`` itself (declared with the launcher: a subclass that brings another
+      ``kernel_op`` declares it again);
     * ``requests_independent``: True when ``reference_op``'s tokens for a request depend on that
       request's rows, ids and randomness alone (randomness a function of seed, offset, position,
       index): the reference then runs a chunk of requests at a time (:mod:`spec_samplers.chunking`,
@@ -157,6 +168,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     kernel_op: ClassVar[Callable[..., torch.Tensor] | str | None] = None
     requests_independent: ClassVar[bool] = False
     bonus_rows_in_place: ClassVar[bool] = False
+    kernel_counts: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -176,10 +188,14 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self._check_values = check_values
         self.use_flashinfer = bool(use_flashinfer)
         self.backend = check_backend(backend)
-        # Created on the CPU so they exist before any call; init_tensors moves them.
-        self.num_accepted_tokens: torch.Tensor = torch.zeros((), dtype=torch.long)
-        self.num_emitted_tokens: torch.Tensor = torch.zeros((), dtype=torch.long)
-        self.num_accepted_per_position: torch.Tensor = torch.zeros(0, dtype=torch.long)
+        # Created on the CPU so they exist before any call; init_tensors moves them. Room for
+        # COUNTER_POSITIONS positions: a larger k grows the buffer once (eager ops, that call only).
+        self._counts = torch.zeros(2 + COUNTER_POSITIONS, dtype=torch.long)
+        self._num_positions = 0  # the largest k seen: num_accepted_per_position's length
+        self.num_accepted_tokens: torch.Tensor
+        self.num_emitted_tokens: torch.Tensor
+        self.num_accepted_per_position: torch.Tensor
+        self._point_counters()
         self.num_draft_tokens: int = 0
         self._op_handle = custom_ops.register_sampler(self)  # names this instance to spec_samplers::verify
 
@@ -204,10 +220,54 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     def init_tensors(self, device: int | str | torch.device, device_type: str = "cuda") -> None:
         """Move the counters to ``device`` (an int means ``{device_type}:{device}``), keeping
         their values. Engines call it once after construction; calling it again moves them again."""
-        dev = _as_device(device, device_type)
-        self.num_accepted_tokens = self.num_accepted_tokens.to(dev)
-        self.num_emitted_tokens = self.num_emitted_tokens.to(dev)
-        self.num_accepted_per_position = self.num_accepted_per_position.to(dev)
+        self._counter_slots(0, _as_device(device, device_type))
+
+    # -- the counters: views of one buffer (see the class docstring) ----------------------------
+
+    def _point_counters(self) -> None:
+        """The three counter attributes as views of the buffer (after it moved or grew)."""
+        counts = self._counts
+        self.num_accepted_tokens = counts[0]
+        self.num_emitted_tokens = counts[1]
+        self.num_accepted_per_position = counts[2 : 2 + self._num_positions]
+
+    def _counter_slots(self, k: int, device: torch.device) -> torch.Tensor:
+        """The counters' buffer on ``device`` with room for ``k`` positions. The first call moves
+        it, a larger k grows it, a counter a caller assigned is folded into it (eager ops then);
+        the steady state runs no op here."""
+        counts = self._counts
+        views = (self.num_accepted_tokens, self.num_emitted_tokens, self.num_accepted_per_position)
+        if any(t._base is not counts for t in views):  # assigned by a caller: its values are kept
+            per_position = self.num_accepted_per_position
+            counts = torch.zeros(2 + max(COUNTER_POSITIONS, per_position.shape[0]), dtype=torch.long)
+            counts = counts.to(self.num_accepted_tokens.device)
+            counts[0], counts[1] = self.num_accepted_tokens, self.num_emitted_tokens
+            counts[2 : 2 + per_position.shape[0]] = per_position
+            self._num_positions = per_position.shape[0]
+        if counts.device != device:
+            counts = counts.to(device)
+        if counts.shape[0] < 2 + k:
+            grown = torch.zeros(2 + max(k, 2 * (counts.shape[0] - 2)), dtype=torch.long, device=device)
+            grown[: counts.shape[0]] = counts
+            counts = grown
+        if counts is not self._counts or k > self._num_positions:
+            self._counts, self._num_positions = counts, max(self._num_positions, k)
+            self._point_counters()
+        return counts
+
+    def _kernel_counters(self, k: int, device: torch.device) -> torch.Tensor | None:
+        """``VerifyBatch.counters`` of a call: the buffer when the sampler's kernels run and count
+        (``kernel_counts``), else None (the pipeline counts with eager ops). On meta tensors (a
+        tool planning launches) a scratch buffer of the same shape: the plan is the GPU's, and
+        nothing is counted."""
+        cls = type(self)
+        if not cls.kernel_counts or cls.verify is not SpecDecodeBaseSampler.verify:
+            return None
+        if cls.kernel_op is None or not use_triton(self.backend, device, launch_config()):
+            return None
+        if device.type == "meta":
+            return torch.empty(2 + k, dtype=torch.long, device=device)
+        return self._counter_slots(k, device)
 
     @property
     def probs_dtype(self) -> torch.dtype:
@@ -339,7 +399,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             return self._run_as_op(entry, call)  # Dynamo traces, or meta tensors: one op with a fake implementation
         batch = self._batch(call)
         out = self._op_for(batch)(batch)
-        self._update_counters(out, num_draft_tokens=target.shape[0] if ragged is not None else None)
+        num_draft_tokens = target.shape[0] if ragged is not None else None
+        if batch.counters is None:
+            self._update_counters(out, num_draft_tokens)
+        elif target.device.type != "meta":  # the kernels added the tensor counters
+            self.num_draft_tokens += out.shape[0] * (out.shape[1] - 1) if num_draft_tokens is None else num_draft_tokens
         return out
 
     def _run_as_op(self, entry: str, call: ChainCall) -> torch.Tensor:
@@ -437,6 +501,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             draft_rows=drafts.rows,
             draft_temperature=drafts.temperature,
             draft_is_probs=draft_is_probs,
+            counters=self._kernel_counters(layout.max_drafts, device),
         )
 
     # -- checks and counters (also V0-style subclasses call these) --------------------------------
@@ -482,20 +547,15 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         (pass T for the ragged layout). Counters on another device move to the output's first."""
         if output_token_ids.device.type == "meta":
             return  # shapes only (e.g. tracing): nothing to count
-        if self.num_accepted_tokens.device != output_token_ids.device:
-            self.init_tensors(output_token_ids.device)
         B, kp1 = output_token_ids.shape
         k = kp1 - 1
+        counts = self._counter_slots(k, output_token_ids.device)
         # Position i's draft was accepted iff slot i+1 holds a token.
         accepted = output_token_ids[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, k]
-        if self.num_accepted_per_position.shape[0] < k:
-            grown = torch.zeros(k, dtype=torch.long, device=self.num_accepted_per_position.device)
-            grown[: self.num_accepted_per_position.shape[0]] = self.num_accepted_per_position
-            self.num_accepted_per_position = grown
         per_position = accepted.sum(dim=0)
-        self.num_accepted_per_position[:k] += per_position
-        self.num_accepted_tokens += per_position.sum()
-        self.num_emitted_tokens += (output_token_ids != PLACEHOLDER_TOKEN_ID).sum()
+        counts[2 : 2 + k] += per_position
+        counts[0] += per_position.sum()
+        counts[1] += (output_token_ids != PLACEHOLDER_TOKEN_ID).sum()
         self.num_draft_tokens += B * k if num_draft_tokens is None else num_draft_tokens
 
     # -- vLLM V0's helpers, with V0's signatures and outputs ----------------------------------------

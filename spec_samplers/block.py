@@ -53,6 +53,7 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     requests_independent = True
     bonus_rows_in_place = True
     kernel_op = staticmethod(block_triton)
+    kernel_counts = True  # the launcher adds batch.counters
     #: Traversal Verification (Weng et al. 2025), the tree form of block verification; a PyTorch
     #: reference on every device (no tree kernel)
     tree_reference = staticmethod(traversal_tree_reference)

@@ -158,6 +158,10 @@ class VerifyBatch:
     # q itself, e.g. vLLM V1's draft probabilities): ``draft`` holds probabilities, read as given
     # (no temperature), while ``target`` holds logits.
     draft_is_probs: bool = False
+    #: [2 + >= K] int64, the sampler's acceptance counters ``[accepted, emitted, per position...]``
+    #: that a counting launcher adds this call's output to in its finishing step (the sampler
+    #: declares ``kernel_counts``); None: the sampler counts with eager ops
+    counters: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # The kernels read every [B] tensor as contiguous: a strided or expanded (stride 0) view

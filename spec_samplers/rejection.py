@@ -49,5 +49,6 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     requests_independent = True
     bonus_rows_in_place = True
     kernel_op = staticmethod(rejection_triton)
+    kernel_counts = True  # the launcher adds batch.counters
     tree_reference = staticmethod(rejection_tree_reference)
     tree_kernel = staticmethod(rejection_tree_triton)

@@ -60,6 +60,7 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
     reference_op = staticmethod(typical_reference)
     requests_independent = True
     kernel_op = staticmethod(typical_triton)
+    kernel_counts = True  # the launcher adds batch.counters
     tree_reference = staticmethod(typical_tree_reference)
     tree_kernel = staticmethod(typical_tree_triton)
     tree_random = False

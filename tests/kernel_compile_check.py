@@ -11,6 +11,7 @@ change which code is generated, only its widths).
 
 Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does that)."""
 
+import dataclasses
 import itertools
 import os
 
@@ -113,6 +114,20 @@ def batches():
             )
 
 
+def with_counters(plain):
+    """Each batch as given (the plans' uncounted variant), and the first of each layout and draft
+    kind also with a sampler's acceptance counters (``VerifyBatch.counters``: the finishing
+    kernels add to them; the counting code reads no other flag, so one variant each compiles it)."""
+    counted = set()
+    for batch in plain:
+        yield batch
+        kind = (batch.layout.ragged, batch.draft is None, batch.target_kind)
+        if kind not in counted:
+            counted.add(kind)
+            counters = torch.empty(2 + batch.layout.max_drafts, dtype=torch.int64, device=META)
+            yield dataclasses.replace(batch, counters=counters)
+
+
 def arg_type(value, path, consts):
     """Signature type of one argument at ``path`` (tuples nest; None entries become constexprs).
     A NamedTuple argument (spec_samplers.kernels.abi) keeps its class, ``Rows("*fp32", "i32",
@@ -152,7 +167,7 @@ def signature(kernel, args):
 
 def main():
     seen = set()
-    for batch in batches():
+    for batch in with_counters(batches()):
         split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 8, 1024)
         launches = plan_verify(batch, REJECTION, split)[0] + plan_verify(batch, BLOCK, split)[0]
         if batch.draft is None and batch.is_greedy is None:  # typical ignores drafts, seeds, greedy masks

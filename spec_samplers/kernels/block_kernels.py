@@ -88,6 +88,7 @@ def block_partials_kernel(
     parts,
     out_ptr,  # [B, K+1] int64, written by the last program of each request
     arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    counts,  # [2 + >= K] int64 acceptance counters (VerifyBatch.counters), or None
     K,
     V,
     num_rows,
@@ -134,7 +135,7 @@ def block_partials_kernel(
             BLOCK_V,
         )
     if last_to_arrive(arrivals + b, (K + 1) * NB):
-        block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+        block_finish(seqs, req, parts, out_ptr, counts, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit
@@ -143,6 +144,7 @@ def block_finish(
     req,
     parts,
     out_ptr,
+    counts,
     K,
     V,
     num_rows,
@@ -152,7 +154,8 @@ def block_finish(
     BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64."""
+    """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64
+    and adds it to ``counts`` (None: not counted)."""
     RAGGED: tl.constexpr = req.cu is not None
     # greedy requests are possible: T == 0 (logits) or a greedy mask (probabilities)
     MAY_BE_GREEDY: tl.constexpr = (req.temperature is not None) | (req.is_greedy is not None)
@@ -183,5 +186,15 @@ def block_finish(
     drafts = Drafts(pos, x, valid, rho_vec)
     # the flags built inline (see block_partials_kernel)
     vk.finish_request(
-        rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b * (K + 1) + j, PassFlags(RAGGED, True, PRECISE)
+        rq,
+        req,
+        seqs,
+        parts,
+        out_ptr,
+        counts,
+        j,
+        drafts,
+        greedy_token,
+        b * (K + 1) + j,
+        PassFlags(RAGGED, True, PRECISE),
     )

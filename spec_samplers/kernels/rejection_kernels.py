@@ -85,6 +85,7 @@ def residual_partials_kernel(
     parts,
     out_ptr,  # [B, K+1] int64, written by the last program of each request
     arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    counts,  # [2 + >= K] int64 acceptance counters (VerifyBatch.counters), or None
     K,
     V,
     num_rows,
@@ -113,7 +114,7 @@ def residual_partials_kernel(
             rq, j, drafts, seqs, parts, b * NB + blk, b, blk, chunk, PassFlags(RAGGED, False, PRECISE), BLOCK_V
         )
     if last_to_arrive(arrivals + b, NB):
-        finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+        finish(seqs, req, parts, out_ptr, counts, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit
@@ -122,6 +123,7 @@ def finish(
     req,
     parts,
     out_ptr,
+    counts,
     K,
     V,
     num_rows,
@@ -131,7 +133,8 @@ def finish(
     BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64."""
+    """Finishes request b = program_id(0) from its partials: writes row b of out_ptr [B, K+1] int64
+    and adds it to ``counts`` (None: not counted)."""
     RAGGED: tl.constexpr = req.cu is not None
     # greedy requests are possible: T == 0 (logits) or a greedy mask (probabilities)
     MAY_BE_GREEDY: tl.constexpr = (req.temperature is not None) | (req.is_greedy is not None)
@@ -150,4 +153,5 @@ def finish(
     if MAY_BE_GREEDY:
         greedy_token = vk.token_at(pos, j, target_argmax, row_ok)
     drafts = Drafts(pos, x, valid, 1.0)
-    vk.finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, b, PassFlags(RAGGED, False, PRECISE))
+    flags = PassFlags(RAGGED, False, PRECISE)
+    vk.finish_request(rq, req, seqs, parts, out_ptr, counts, j, drafts, greedy_token, b, flags)

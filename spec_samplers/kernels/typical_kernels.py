@@ -78,6 +78,7 @@ def typical_finalize_kernel(
     req,
     parts,
     out_ptr,
+    counts,  # [2 + >= K] int64 acceptance counters (VerifyBatch.counters), or None
     posterior,
     K,
     V,
@@ -89,7 +90,7 @@ def typical_finalize_kernel(
 ):
     """``parts``: typical_partials_kernel's, and the logits argmax partials (greedy requests;
     LOGITS only); ``posterior``: (threshold, alpha), fp32 values (the plan rounds them); writes
-    out_ptr [B, K+1] int64."""
+    out_ptr [B, K+1] int64 and adds it to ``counts`` (None: not counted)."""
     temp_ptr = req.temperature
     RAGGED: tl.constexpr = req.cu is not None
     rq = vk.open_request(req, K, V, num_rows)
@@ -130,4 +131,6 @@ def typical_finalize_kernel(
     recovered = vk.token_at(pos, j, target_argmax, row_ok)
     bonus, bonus_valid = vk.bonus_info(req, rq)
     has_row = vk.at(pos, j, t_ok.to(tl.int32)) != 0
-    vk.write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_valid)
+    out = vk.write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_valid)
+    if counts is not None:
+        vk.count_row(counts, out, pos, K)

@@ -307,12 +307,28 @@ def write_row(out_ptr, b, K, pos, j, n, ids, recovered, has_row, bonus, bonus_va
     final = tl.where(j < n, recovered, tl.where(bonus_valid, bonus, fallback))
     out = tl.where(pos < j, ids, tl.where(pos == j, final, -1))
     tl.store(out_ptr + b * (K + 1) + pos, out, mask=pos <= K)
+    return out
 
 
 @triton.jit
-def finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, row_slot, FLAGS: tl.constexpr):
+def count_row(counts, out, pos, K):
+    """Adds output row ``out`` (positions ``pos``, 0..K valid) to the sampler's counters ``counts``
+    [2 + >= K] int64 (``VerifyBatch.counters``): [0] accepted drafts (slots 1..K holding a token),
+    [1] emitted tokens, [2 + i] draft i accepted (slot i + 1 holds a token). What
+    ``SpecDecodeBaseSampler._update_counters`` derives from the output, as atomics (exact in any
+    order): no eager op per call."""
+    emitted = (out != -1) & (pos <= K)
+    accepted = emitted & (pos >= 1)
+    tl.atomic_add(counts, tl.sum(accepted.to(tl.int64), axis=0))
+    tl.atomic_add(counts + 1, tl.sum(emitted.to(tl.int64), axis=0))
+    tl.atomic_add(counts + 1 + pos, accepted.to(tl.int64), mask=accepted)
+
+
+@triton.jit
+def finish_request(rq, req, seqs, parts, out_ptr, counts, j, drafts, greedy_token, row_slot, FLAGS: tl.constexpr):
     """Race position j's group sums (at ``row_slot``) into the recovered token (``greedy_token``
-    for greedy requests) and write the output row (``drafts``: :class:`~spec_samplers.kernels.abi.Drafts`)."""
+    for greedy requests), write the output row (``drafts``: :class:`~spec_samplers.kernels.abi.Drafts`)
+    and add it to ``counts`` (:func:`count_row`; None: not counted)."""
     target = seqs.target
     bonus, bonus_valid = bonus_info(req, rq)
     _, has_row = kc.row_offset(
@@ -322,4 +338,6 @@ def finish_request(rq, req, seqs, parts, out_ptr, j, drafts, greedy_token, row_s
     need = needs_pass(rq, req, j, has_row)
     recovered = race_recovered(rq, j, drafts, seqs, parts, row_slot, need, FLAGS)
     recovered = tl.where(request_greedy(req, rq.b), greedy_token, recovered)
-    write_row(out_ptr, rq.b, rq.K, drafts.pos, j, rq.n, drafts.ids, recovered, has_row, bonus, bonus_valid)
+    out = write_row(out_ptr, rq.b, rq.K, drafts.pos, j, rq.n, drafts.ids, recovered, has_row, bonus, bonus_valid)
+    if counts is not None:
+        count_row(counts, out, drafts.pos, rq.K)

@@ -46,6 +46,7 @@ def rejection_tail(
     req,
     parts,
     out_ptr,
+    counts,
     K,
     V,
     num_rows,
@@ -55,7 +56,7 @@ def rejection_tail(
     TAIL_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    rk.finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+    rk.finish(seqs, req, parts, out_ptr, counts, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit(do_not_specialize=["num_rows", "NB", "NB_AMAX"])
@@ -64,6 +65,7 @@ def block_tail(
     req,
     parts,
     out_ptr,
+    counts,
     K,
     V,
     num_rows,
@@ -73,7 +75,7 @@ def block_tail(
     TAIL_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    bk.block_finish(seqs, req, parts, out_ptr, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
+    bk.block_finish(seqs, req, parts, out_ptr, counts, K, V, num_rows, NB, NB_AMAX, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit(do_not_specialize=["num_rows", "NB"])
