@@ -83,7 +83,7 @@ def _sample(
     kernels = _path(backend, x, config)
     logits = input_name == "logits"
     if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
-        if kernels and x.device.type != "cpu":  # (one launch where PyTorch runs ~90 small ops)
+        if kernels:  # (one launch where PyTorch runs ~90 small ops; the same seeds)
             seeds = sampling_launch.row_seeds_triton(seeds, shared_offset, B, config=config)
         else:
             seeds = derive_row_seeds(seeds, shared_offset, B)

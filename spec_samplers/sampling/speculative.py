@@ -72,8 +72,9 @@ def chain_speculative_sampling(
         counters.append(t)
     seeds, offsets, shared_offset = checks.resolve_seeds(seed, offset, generator, B, device)
     if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
-        if device.type == "cuda" and use_triton(check_backend(backend), device):
-            seeds = row_seeds_triton(seeds, shared_offset, B, config=launch_config())
+        config = launch_config()
+        if use_triton(check_backend(backend), device, config):  # the kernels' path: the kernel twin
+            seeds = row_seeds_triton(seeds, shared_offset, B, config=config)
         else:
             seeds = derive_row_seeds(seeds, shared_offset, B)
     batch = VerifyBatch.padded(target_probs, bonus, draft_probs, draft_token_ids, seeds=seeds, offsets=offsets)
