@@ -193,5 +193,6 @@ def test_a_launch_config_records_the_launches_for_its_device_without_running_the
             out = sampler(*args, **kw)
         assert out.device == META and out.shape == (B, k + 1)
         launch = next(launch for launch in config.launches if launch.name == name)
-        split = expected if name != "typical_partials" else plan_vocab_split(V, B, 4 * SMS, 1024)
+        # (typical's partials run (B, k+1, NB) programs: their split is sized by B * (k+1) rows)
+        split = expected if name != "typical_partials" else plan_vocab_split(V, B * (k + 1), 4 * SMS, 1024)
         assert launch.args["chunk"] == split.chunk and launch.args["BLOCK_V"] == split.block_v, name

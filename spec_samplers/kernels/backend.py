@@ -151,14 +151,20 @@ def vocab_split(
 
 
 def vocab_splits(
-    vocab_size: int, num_requests: int, device: torch.device, num_sms: int | None = None
+    vocab_size: int,
+    num_requests: int,
+    device: torch.device,
+    num_sms: int | None = None,
+    rows_per_request: int = 1,
 ) -> tuple[VocabSplit, VocabSplit]:
     """The two splits of a verification call, from one reading of the device: (the split of the
-    passes that only store partials, narrow vector steps at small B; the split of a pass whose
-    last program per request finishes the request, ``wide_steps``: see :func:`plan_vocab_split`)."""
+    passes that only store partials, one program row per (request, position): sized by
+    ``num_requests * rows_per_request`` rows (B * (K+1)), narrow vector steps at small B; the
+    split of a pass whose last program per request finishes the request, ``wide_steps``: see
+    :func:`plan_vocab_split`)."""
     programs, widest = device_programs(device, num_sms)
     return (
-        plan_vocab_split(vocab_size, num_requests, programs, widest),
+        plan_vocab_split(vocab_size, num_requests * rows_per_request, programs, widest),
         plan_vocab_split(vocab_size, num_requests, programs, widest, wide_steps=True),
     )
 
@@ -179,6 +185,7 @@ def device_programs(device: torch.device, num_sms: int | None = None) -> tuple[i
 BLOCK_V_CHOICES = (256, 512, 1024)
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and planned at every call: a changing B reaches few keys
 def plan_vocab_split(
     vocab_size: int,
     num_requests: int,

@@ -245,7 +245,10 @@ def plan_start(
     start = PlanStart(out, None, None, target, draft, index, [], Stats(target=None, draft=None), (None, None))
     if B == 0:
         return start
-    start.split, start.finish_split = (split, split) if split is not None else vocab_splits(V, B, device, num_sms)
+    if split is not None:
+        start.split, start.finish_split = split, split
+    else:  # the partials passes run (B, K+1, NB) programs: their split is sized by B * (K+1) rows
+        start.split, start.finish_split = vocab_splits(V, B, device, num_sms, layout.max_drafts + 1)
     if batch.temperature is not None:
         # draft probabilities (draft_kind "probs") need no statistics: the kernels read them as given
         logit_draft = draft if batch.draft_kind == "logits" else None
@@ -371,6 +374,7 @@ def plan_verify(
         parts=parts,
         out_ptr=out,
         arrivals=lc.arrival_counters(device, B),
+        counts=batch.counters,
         **dims,
         chunk=pass_split.chunk,
         NB=NB,
@@ -417,7 +421,8 @@ def plan_typical(
     block_k, block_nb, warps = combine_blocks(K + 1, NB)
     # fp32 values: a Triton float argument is fp32, and the reference rounds alike
     posterior = Posterior(threshold=fp32_value(posterior_threshold), alpha=fp32_value(posterior_alpha))
-    args = dict(dims, seqs=seqs, out_ptr=out, posterior=posterior, NB=NB, BLOCK_K=block_k, BLOCK_NB=block_nb)
+    args = dict(dims, seqs=seqs, out_ptr=out, counts=batch.counters, posterior=posterior, NB=NB)
+    args.update(BLOCK_K=block_k, BLOCK_NB=block_nb)
     args["PRECISE"] = lc.precise_math()
     launches.append(lc.KernelLaunch(tk.typical_finalize_kernel, (B,), args, warps, "typical_finalize"))
     return launches, out
