@@ -553,9 +553,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         # Position i's draft was accepted iff slot i+1 holds a token.
         accepted = output_token_ids[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, k]
         per_position = accepted.sum(dim=0)
-        counts[2 : 2 + k] += per_position
-        counts[0] += per_position.sum()
-        counts[1] += (output_token_ids != PLACEHOLDER_TOKEN_ID).sum()
+        counts[2 : 2 + k].add_(per_position)  # (add_ on the views: no write-back copy)
+        counts[0].add_(per_position.sum())
+        counts[1].add_((output_token_ids != PLACEHOLDER_TOKEN_ID).sum())
         self.num_draft_tokens += B * k if num_draft_tokens is None else num_draft_tokens
 
     # -- vLLM V0's helpers, with V0's signatures and outputs ----------------------------------------
