@@ -11,7 +11,7 @@ Subcommands (run from the checkout root with ``PYTHONPATH=$PWD``):
   frame that made the launch. Per call: levels (those frames, the entry included; max over the
   call's launches), their qualified names, the distinct files on the path, the launches (kernel
   names in order) and the package files whose functions ran during the call ("touched").
-* ``launches [--json F]``: per level call, the launches a GPU would run, counted on the same CPU
+* ``launches [--json F] [--time N]``: per level call, the launches a GPU would run, counted on the same CPU
   tensors planned as for a 132-SM GPU (``planned_for(LaunchConfig(num_sms=132, kernels=True,
   launches=[...]))``: the Triton launches are recorded, not run) plus the eager PyTorch ops the call
   runs (:class:`EagerCounter`, a dispatch mode: every aten op but views and allocations), and the
@@ -493,11 +493,11 @@ def planned_gpu(recorded: list[Any], num_sms: int = 132) -> Iterator[None]:
         yield
 
 
-def count_launches(call: Call, repeat: int = 0) -> dict[str, Any]:
+def count_launches(call: Call) -> dict[str, Any]:
     """The launches of ``call``'s second run (the first may move a sampler's counters) on its CPU
-    tensors planned as for a 132-SM GPU: Triton launches (recorded) and eager ops, host syncs; with
-    ``repeat``, the median host microseconds of that many more runs. Under a FakeTensorMode: the
-    recorded launches do not run, so no op may read what they would have written."""
+    tensors planned as for a 132-SM GPU: Triton launches (recorded) and eager ops, host syncs. Under
+    a FakeTensorMode: the recorded launches do not run, so no op may read what they would have
+    written."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     recorded: list[Any] = []
@@ -507,27 +507,43 @@ def count_launches(call: Call, repeat: int = 0) -> dict[str, Any]:
         recorded.clear()
         with counter:
             call.fn(*call.args, **call.kwargs)
-        triton = [getattr(launch, "name", "") or type(launch).__name__ for launch in recorded]
-        times = []
-        for _ in range(repeat):
+    triton = [getattr(launch, "name", "") or type(launch).__name__ for launch in recorded]
+    eager = sum(counter.eager.values())
+    return dict(call=call.name, entry=call.entry, launches=len(triton) + eager, triton=triton, eager=eager,
+                eager_ops=dict(sorted(counter.eager.items())), syncs=len(counter.syncs))  # fmt: skip
+
+
+def host_us(call: Call, repeat: int) -> float:
+    """Median host microseconds of ``call`` on its real CPU tensors with its launches recorded, not
+    run (planned as for a 132-SM GPU; eager ops run on the CPU), after 3 warm-up calls."""
+    recorded: list[Any] = []
+    times = []
+    with planned_gpu(recorded):
+        for i in range(3 + repeat):
+            recorded.clear()
             t0 = time.perf_counter()
             call.fn(*call.args, **call.kwargs)
-            times.append(time.perf_counter() - t0)
-    eager = sum(counter.eager.values())
-    row = dict(call=call.name, entry=call.entry, launches=len(triton) + eager, triton=triton, eager=eager,
-               eager_ops=dict(sorted(counter.eager.items())), syncs=len(counter.syncs))  # fmt: skip
-    if times:
-        row["host_us"] = round(sorted(times)[len(times) // 2] * 1e6, 1)
-    return row
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+    return round(sorted(times)[len(times) // 2] * 1e6, 1)
 
 
 def measure_launches(calls: list[Call] | None = None, repeat: int = 0) -> list[dict[str, Any]]:
     rows = []
-    for call in level_calls() if calls is None else calls:
+    calls = level_calls() if calls is None else calls
+    # timed on fresh calls: a counted call's sampler may hold fake tensors (its first call's)
+    fresh = {c.name: c for c in level_calls()} if repeat else {}
+    for call in calls:
         try:
-            rows.append(count_launches(call, repeat))
+            rows.append(count_launches(call))
         except Exception as e:  # a host read of data (a sync) fails on fake tensors: recorded
             rows.append(dict(call=call.name, entry=call.entry, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            continue
+        if repeat:
+            try:
+                rows[-1]["host_us"] = host_us(fresh.get(call.name, call), repeat)
+            except Exception:  # an eager op that reads what a recorded launch did not write (tree entries)
+                rows[-1]["host_us"] = None
     return rows
 
 
