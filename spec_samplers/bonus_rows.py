@@ -8,6 +8,12 @@ cache, row i reads cache row ``row_state[i] * num_steps + row_step[i]`` and the 
 (-1). :func:`bonus_row_inputs_reference` gathers them with eager ops; on CUDA
 :func:`bonus_row_inputs` runs their kernel twin (one launch:
 :mod:`spec_samplers.kernels.bonus_row_kernels`), same values.
+
+A seam (``integrations.vllm.v2_runner.verify``) takes them with its metadata checks,
+:func:`chunk_inputs` (one launch with the kernels, else :func:`chunk_inputs_reference`), and
+finishes the sampler's output with :func:`chunk_outputs` (one launch, else
+:func:`chunk_outputs_reference`): no eager op around the sampler on the kernels' path. Which
+path runs is the sampler's backend's (``kernels.backend.use_triton``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,117 @@ class BonusRowInputs(NamedTuple):
     draft_rows: torch.Tensor | None  # [L] int: drafter cache rows, -1 at bonus rows; None without a cache
 
 
+class ChunkInputs(NamedTuple):
+    """The inputs of a checked chunk (:func:`chunk_inputs`)."""
+
+    ok: torch.Tensor  # [R] bool: the request is well formed (:func:`well_formed_chunk`)
+    #: [R] fp32: what the target logits are divided by: sign(T) for logits vLLM divided already
+    #: (1, or 0 for a greedy request), else T
+    target_temperature: torch.Tensor
+    inputs: BonusRowInputs  # of the well-formed requests (a malformed one's are never emitted)
+
+
+def well_formed_chunk(
+    cu: torch.Tensor,  # [R+1] int
+    state: torch.Tensor,  # [R] int
+    num_states: int,
+    num_rows: int,  # L
+    max_rows: int,  # S + 1: a request has at most S drafts, then its bonus row
+) -> torch.Tensor:
+    """[R] bool: request r is well formed when 0 <= cu[r] < cu[r+1] <= L (cu[0] == 0: the rows
+    count from row 0), it has at most ``max_rows`` rows (its bonus row last), no earlier request
+    reaches past its first row and its state exists (eager ops, no host read)."""
+    cu = cu.to(torch.int64)
+    start, end = cu[:-1], cu[1:]
+    first = torch.arange(state.shape[0], device=cu.device) == 0
+    ok = (start >= 0) & (end > start) & (end <= num_rows) & (end - start <= max_rows)
+    ok &= (state >= 0) & (state < num_states) & (~first | (start == 0))
+    return ok & (torch.cummax(cu, 0).values[:-1] == start)
+
+
+def chunk_inputs_reference(
+    cu: torch.Tensor,  # [R+1] int32/int64
+    state: torch.Tensor,  # [R] int32/int64
+    temperature: torch.Tensor,  # [num_states] float
+    seed: torch.Tensor,  # [num_states] int64
+    pos: torch.Tensor,  # [L'] int, L' >= L
+    sampled: torch.Tensor,  # [L'] int32/int64
+    row_state: torch.Tensor | None,  # [L'] int, or None (no drafter cache)
+    row_step: torch.Tensor | None,  # [L'] int, or None
+    num_rows: int,  # L
+    num_steps: int,  # S' of the drafter cache
+    max_rows: int,  # S + 1
+    logits_divided: bool,  # target_temperature is sign(T), else T
+) -> ChunkInputs:
+    """:func:`chunk_inputs` with eager ops: the checks, then :func:`bonus_row_inputs_reference`
+    on the metadata made safe to index with (counts clamped into [0, L], a malformed request's
+    state 0)."""
+    ok = well_formed_chunk(cu, state, temperature.shape[0], num_rows, max_rows)
+    cu, state = cu.to(torch.int64).clamp(0, num_rows), torch.where(ok, state, 0)
+    inputs = bonus_row_inputs_reference(
+        cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps, ok
+    )
+    return ChunkInputs(ok, inputs.temperature.sign() if logits_divided else inputs.temperature, inputs)
+
+
+def chunk_inputs(
+    cu: torch.Tensor,  # [R+1] int32/int64
+    state: torch.Tensor,  # [R] int32/int64
+    temperature: torch.Tensor,  # [num_states] float
+    seed: torch.Tensor,  # [num_states] int64
+    pos: torch.Tensor,  # [L'] int
+    sampled: torch.Tensor,  # [L'] int32/int64
+    row_state: torch.Tensor | None,  # [L'] int, or None
+    row_step: torch.Tensor | None,  # [L'] int, or None
+    num_rows: int,  # L
+    num_steps: int,  # S' of the drafter cache
+    max_rows: int,  # S + 1
+    logits_divided: bool,
+    backend: str = "auto",  # the sampler's: kernels or PyTorch (kernels.backend.use_triton)
+) -> ChunkInputs:
+    """The checked inputs of a chunk: one kernel launch with the kernels (the rows of a
+    well-formed request hold its values; a malformed request's are never emitted), else
+    :func:`chunk_inputs_reference`. The well-formed requests' values are the same."""
+    config = launch_config()  # a tool planning our launches (kernels.backend.planned_for)
+    if not use_triton(backend, cu.device, config):
+        args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps, max_rows)
+        return chunk_inputs_reference(*args, logits_divided)
+    from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
+
+    args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps, max_rows)
+    *inputs, ok, sign = bonus_row_inputs_triton(*args, config=config, checked=True)
+    return ChunkInputs(ok, sign if logits_divided else inputs[0], BonusRowInputs(*inputs))
+
+
+def chunk_outputs_reference(
+    out: torch.Tensor,  # [R, >= width] int64, the sampler's tokens
+    ok: torch.Tensor,  # [R] bool
+    width: int,  # S + 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [R, width] int64, num_sampled [R] int32): a malformed request emits nothing; a
+    well-formed one whose first row has no mass gets token 0 there (vLLM's contract:
+    ``integrations.vllm.ragged.at_least_one_token``)."""
+    out = torch.where(ok[:, None], out[:, :width], PLACEHOLDER_TOKEN_ID)
+    out[:, :1] = torch.where(ok[:, None], out[:, :1].clamp(min=0), out[:, :1])
+    return out, (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)
+
+
+def chunk_outputs(
+    out: torch.Tensor,  # [R, >= width] int64
+    ok: torch.Tensor,  # [R] bool
+    width: int,  # S + 1
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`chunk_outputs_reference`'s values: one launch with the kernels (``out`` rewritten
+    in place, its first ``width`` columns returned), else the eager ops."""
+    config = launch_config()
+    if not use_triton(backend, out.device, config):
+        return chunk_outputs_reference(out, ok, width)
+    from spec_samplers.kernels.bonus_row_kernels import chunk_outputs_triton
+
+    return chunk_outputs_triton(out, ok, width, config=config)
+
+
 def bonus_row_inputs_reference(
     cu: torch.Tensor,  # [R+1] int32/int64
     state: torch.Tensor,  # [R] int32/int64
@@ -40,15 +157,19 @@ def bonus_row_inputs_reference(
     row_step: torch.Tensor | None,  # [L'] int, or None
     num_rows: int,  # L
     num_steps: int,  # S' of the drafter cache
+    ok: torch.Tensor | None = None,  # [R] bool: only these requests mark their bonus row (None: all)
 ) -> BonusRowInputs:
     """The inputs with eager ops (about ten small ones)."""
     cu64 = cu.to(torch.int64)
     bonus_rows = cu64[1:] - 1  # [R]
-    ids = torch.nn.functional.pad(sampled[1:num_rows], (0, 1), value=PLACEHOLDER_TOKEN_ID)
-    ids = ids.index_fill(0, bonus_rows, PLACEHOLDER_TOKEN_ID)
+    if ok is not None:  # a malformed request's bonus row is row L, past the rows (cut below)
+        bonus_rows = torch.where(ok, bonus_rows, num_rows)
+    ids = torch.nn.functional.pad(sampled[1:num_rows], (0, 2), value=PLACEHOLDER_TOKEN_ID)
+    ids = ids.index_fill(0, bonus_rows, PLACEHOLDER_TOKEN_ID)[:num_rows]
     rows = None
     if row_state is not None and row_step is not None:
-        rows = torch.add(row_step[:num_rows], row_state[:num_rows], alpha=num_steps).index_fill_(0, bonus_rows, -1)
+        rows = torch.add(row_step[:num_rows], row_state[:num_rows], alpha=num_steps)
+        rows = torch.nn.functional.pad(rows, (0, 1), value=-1).index_fill_(0, bonus_rows, -1)[:num_rows]
     return BonusRowInputs(
         temperature[state].to(torch.float32),
         seed[state].to(torch.int64),
@@ -71,12 +192,13 @@ def bonus_row_inputs(
     num_rows: int,  # L
     num_steps: int,  # S' of the drafter cache
     max_rows_per_request: int,  # a bound on a request's rows (k + 1): the kernel's vector step
+    backend: str = "auto",  # the sampler's: kernels or PyTorch (kernels.backend.use_triton)
 ) -> BonusRowInputs:
-    """:func:`bonus_row_inputs_reference`'s values: one kernel launch on CUDA, the eager ops
-    elsewhere."""
+    """:func:`bonus_row_inputs_reference`'s values: one kernel launch with the kernels, the eager
+    ops elsewhere."""
     args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps)
     config = launch_config()  # a tool planning our launches (kernels.backend.planned_for)
-    if not use_triton("auto", cu.device, config):
+    if not use_triton(backend, cu.device, config):
         return bonus_row_inputs_reference(*args)
     from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
 
