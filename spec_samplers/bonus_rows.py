@@ -121,13 +121,16 @@ def chunk_outputs_reference(
     out: torch.Tensor,  # [R, >= width] int64, the sampler's tokens
     ok: torch.Tensor,  # [R] bool
     width: int,  # S + 1
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [R, width] int64, num_sampled [R] int32): a malformed request emits nothing; a
-    well-formed one whose first row has no mass gets token 0 there (vLLM's contract:
-    ``integrations.vllm.ragged.at_least_one_token``)."""
+    dtype: torch.dtype = torch.int64,  # of the tokens returned
+    counts: bool = True,  # also num_sampled
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tokens [R, width] of ``dtype``, num_sampled [R] int32 or None): a malformed request
+    emits nothing; a well-formed one whose first row has no mass gets token 0 there (vLLM's
+    contract: ``integrations.vllm.ragged.at_least_one_token``)."""
     out = torch.where(ok[:, None], out[:, :width], PLACEHOLDER_TOKEN_ID)
     out[:, :1] = torch.where(ok[:, None], out[:, :1].clamp(min=0), out[:, :1])
-    return out, (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)
+    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32) if counts else None
+    return out.to(dtype), num_sampled
 
 
 def chunk_outputs(
@@ -135,15 +138,62 @@ def chunk_outputs(
     ok: torch.Tensor,  # [R] bool
     width: int,  # S + 1
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype: torch.dtype = torch.int64,
+    counts: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`chunk_outputs_reference`'s values: one launch with the kernels (``out`` rewritten
-    in place, its first ``width`` columns returned), else the eager ops."""
+    in place when ``dtype`` is its own), else the eager ops."""
     config = launch_config()
     if not use_triton(backend, out.device, config):
-        return chunk_outputs_reference(out, ok, width)
+        return chunk_outputs_reference(out, ok, width, dtype, counts)
     from spec_samplers.kernels.bonus_row_kernels import chunk_outputs_triton
 
-    return chunk_outputs_triton(out, ok, width, config=config)
+    return chunk_outputs_triton(out, ok, width, config, dtype, counts)
+
+
+def step_inputs_reference(
+    cu: torch.Tensor,  # [B] int32/int64: inclusive cumulative sum of each request's k_r + 1 rows
+    draft_token_ids: torch.Tensor,  # [T]
+    num_rows: int,  # L = T + B
+    max_rows: int,  # K + 1
+    draft_rows: bool,  # also the draft row of each row
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(ids [L], draft rows [L] int64 or None, bonus [B] int64, ok [B] bool) of a vLLM V1 step
+    whose rows are each request's k_r draft rows, then its bonus row: row i of request r scores
+    draft i - r (vLLM's ``target_logits_indices``), -1 at bonus rows; the bonus ids are the -1
+    placeholder (never emitted); ``ok``: the request's rows are well formed
+    (``integrations.vllm.ragged.well_formed_requests``)."""
+    from spec_samplers.layout import ragged_layout
+
+    B, device = cu.shape[0], cu.device
+    rows, _, num = ragged_layout(cu, max_rows, num_rows)  # [B, K+2]: each request's rows, -1 past them
+    last = (num - 1).clamp(min=0)[:, None]
+    draft = rows - torch.arange(B, device=device)[:, None]  # [B, K+2]
+    is_draft = (rows >= 0) & (torch.arange(rows.shape[1], device=device)[None, :] < last)
+    is_draft &= (draft >= 0) & (draft < draft_token_ids.shape[0])
+    where = torch.where(rows >= 0, rows, num_rows).reshape(-1)  # a row past L for the padding (cut below)
+    index = torch.full((num_rows + 1,), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+    index = index.scatter(0, where, torch.where(is_draft, draft, PLACEHOLDER_TOKEN_ID).reshape(-1))[:num_rows]
+    ids = torch.nn.functional.pad(draft_token_ids, (0, 1), value=PLACEHOLDER_TOKEN_ID)[index]  # -1 -> the pad
+    bonus = torch.full((B,), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+    return ids, index if draft_rows else None, bonus, num >= 0
+
+
+def step_inputs(
+    cu: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_rows: int,
+    max_rows: int,
+    draft_rows: bool,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """:func:`step_inputs_reference`'s values: one launch with the kernels, else the eager ops."""
+    config = launch_config()
+    if not use_triton(backend, cu.device, config):
+        return step_inputs_reference(cu, draft_token_ids, num_rows, max_rows, draft_rows)
+    from spec_samplers.kernels.bonus_row_kernels import step_inputs_triton
+
+    return step_inputs_triton(cu, draft_token_ids, num_rows, max_rows, draft_rows, config)
 
 
 def bonus_row_inputs_reference(

@@ -94,13 +94,46 @@ def bonus_row_inputs_kernel(
             tl.store(rows_out + offs, tl.where(is_bonus, -1, row_state * num_steps + step), mask=inside)
 
 
+# L and T follow the batch: left unspecialised so that a new batch reuses the variant.
+@triton.jit(do_not_specialize=["L", "T", "max_rows"])
+def step_inputs_kernel(
+    cu_ptr,  # [B] int32/int64: inclusive cumulative sum of each request's k_r + 1 rows
+    draft_ptr,  # [T] int32/int64: the draft ids, back to back (request r's after r earlier bonus rows)
+    ids_out,  # [L] (dtype of the drafts): the draft id each row scores, -1 at bonus rows
+    rows_out,  # [L] int64: the draft row of each row (i - r), -1 at bonus rows; or None
+    bonus_out,  # [B] int64: -1 (every request's last draft is the rejected placeholder)
+    ok_out,  # [B] bool: 0 <= start <= end <= L and at most max_rows rows (ragged.well_formed_requests)
+    L,  # rows of the step (T + B)
+    T,  # drafts of the step
+    max_rows,  # K + 1
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    hi = tl.load(cu_ptr + r).to(tl.int64)
+    lo = tl.load(cu_ptr + r - 1, mask=r > 0, other=0).to(tl.int64)
+    ok = (lo >= 0) & (hi >= lo) & (hi <= L) & (hi - lo <= max_rows)
+    tl.store(ok_out + r, ok)
+    tl.store(bonus_out + r, tl.full([], -1, tl.int64))
+    for start in range(lo, tl.where(ok, hi, lo), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < hi
+        is_bonus = offs == hi - 1
+        t = offs - r  # vLLM's target_logits_indices: draft t of request r is row t + r
+        draft_row = inside & (~is_bonus) & (t >= 0) & (t < T)
+        x = tl.load(draft_ptr + t, mask=draft_row, other=-1)
+        tl.store(ids_out + offs, tl.where(draft_row, x, -1), mask=inside)
+        if rows_out is not None:
+            tl.store(rows_out + offs, tl.where(draft_row, t, -1), mask=inside)
+
+
 @triton.jit
 def chunk_outputs_kernel(
-    out_ptr,  # [R, >= width] int64: the sampler's tokens, rewritten in place
+    out_ptr,  # [R, >= width] int64: the sampler's tokens
     stride_out,  # row stride of out
     stride_col,  # column stride of out
+    dst_ptr,  # [R, width] contiguous: where the tokens go (another dtype); None: out, in place
     ok_ptr,  # [R] bool: the request is well formed
-    num_sampled_ptr,  # [R] int32: tokens of each row
+    num_sampled_ptr,  # [R] int32: tokens of each row, or None
     width,  # S + 1 columns
     BLOCK: tl.constexpr,  # >= width
 ):
@@ -115,8 +148,12 @@ def chunk_outputs_kernel(
     ok = tl.load(ok_ptr + r) != 0
     row = tl.where(ok, row, -1)
     row = tl.where(ok & (offs == 0), tl.maximum(row, 0), row)
-    tl.store(at, row, mask=m)
-    tl.store(num_sampled_ptr + r, tl.sum((m & (row != -1)).to(tl.int32), axis=0))
+    if dst_ptr is None:
+        tl.store(at, row, mask=m)
+    else:
+        tl.store(dst_ptr + r * width + offs, row, mask=m)
+    if num_sampled_ptr is not None:
+        tl.store(num_sampled_ptr + r, tl.sum((m & (row != -1)).to(tl.int32), axis=0))
 
 
 def plan_bonus_row_inputs(
@@ -171,19 +208,48 @@ def bonus_row_inputs_triton(*args: Any, config: LaunchConfig | None = None, chec
 
 
 def chunk_outputs_triton(
-    out: torch.Tensor,  # [R, >= width] int64, rewritten in place
+    out: torch.Tensor,  # [R, >= width] int64 (rewritten in place when dtype is its own)
     ok: torch.Tensor,  # [R] bool
     width: int,  # S + 1
     config: LaunchConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out[:, :width], num_sampled [R] int32): :func:`spec_samplers.bonus_rows.chunk_outputs_reference`'s
-    values in one launch (none for an empty batch)."""
+    dtype: torch.dtype = torch.int64,  # of the tokens returned
+    counts: bool = True,  # also num_sampled
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tokens [R, width] of ``dtype``, num_sampled [R] int32 or None):
+    :func:`spec_samplers.bonus_rows.chunk_outputs_reference`'s values in one launch (none for an
+    empty batch)."""
     R = out.shape[0]
-    num_sampled = torch.empty(R, dtype=torch.int32, device=out.device)
+    num_sampled = torch.empty(R, dtype=torch.int32, device=out.device) if counts else None
+    dst = None if dtype == out.dtype else torch.empty((R, width), dtype=dtype, device=out.device)
     block = triton.next_power_of_2(max(1, width))
-    args = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), ok_ptr=ok)
+    args = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), dst_ptr=dst, ok_ptr=ok)
     args.update(num_sampled_ptr=num_sampled, width=width, BLOCK=block)
     launches = [KernelLaunch(chunk_outputs_kernel, (R,), args, 1, "chunk_outputs")] if R > 0 else []
     for launch in launches_to_run(config, launches):
         chunk_outputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
-    return out[:, :width], num_sampled
+    return out[:, :width] if dst is None else dst, num_sampled
+
+
+def step_inputs_triton(
+    cu: torch.Tensor,  # [B] inclusive cumulative sum of k_r + 1
+    draft_token_ids: torch.Tensor,  # [T]
+    num_rows: int,  # L = T + B
+    max_rows: int,  # K + 1
+    draft_rows: bool,  # also the draft row of each row
+    config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(ids [L], draft rows [L] int64 or None, bonus [B] int64, ok [B] bool):
+    :func:`spec_samplers.bonus_rows.step_inputs_reference`'s values in one launch (none for an
+    empty batch)."""
+    B, device = cu.shape[0], cu.device
+    ids = torch.empty(num_rows, dtype=draft_token_ids.dtype, device=device)
+    rows = torch.empty(num_rows, dtype=torch.int64, device=device) if draft_rows else None
+    bonus = torch.empty(B, dtype=torch.int64, device=device)
+    ok = torch.empty(B, dtype=torch.bool, device=device)
+    args = dict(cu_ptr=cu.contiguous(), draft_ptr=draft_token_ids.contiguous(), ids_out=ids, rows_out=rows)
+    args.update(bonus_out=bonus, ok_out=ok, L=num_rows, T=draft_token_ids.shape[0], max_rows=max_rows)
+    args["BLOCK"] = max(16, triton.next_power_of_2(max(1, max_rows)))
+    launches = [KernelLaunch(step_inputs_kernel, (B,), args, 1, "step_inputs")] if B > 0 else []
+    for launch in launches_to_run(config, launches):
+        step_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
+    return ids, rows, bonus, ok

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs
+from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs, step_inputs
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
     at_least_one_token,
@@ -173,26 +173,27 @@ def verify_plain_step(
     K = metadata.max_spec_len
     cu_rows = metadata.cu_num_sampled_tokens  # [B] inclusive cumulative sum of k_r + 1
     draft_ids = metadata.draft_token_ids  # [T]
-    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
-    ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
     if sm.all_greedy:
+        ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
+        ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
         placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
         out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
         out = out[:, : K + 1]
         return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+    backend = getattr(verifier.sampler, "backend", "auto")
+    with_q = draft_probs is not None and draft_probs.shape[0] > 0
+    # one launch with the kernels: the id each row scores (-1 at bonus rows), with q the draft row
+    # each row reads in place (q's row t for the logits row of draft t; -1 at a bonus row: skipped
+    # by the kernels), the placeholder bonus ids and the well-formed requests
+    ids, index, bonus, ok = step_inputs(cu_rows, draft_ids, logits.shape[0], K + 1, with_q, backend)
+    drafts = dict(draft_probs=draft_probs, draft_rows=index) if with_q and index is not None else {}
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
-    drafts: dict[str, torch.Tensor] = {}
-    if draft_probs is not None and draft_probs.shape[0] > 0:
-        # q read in place: the logits row of draft t reads q's row t (laid out as the ids above);
-        # a bonus row's placeholder draft reads no draft row (-1, skipped by the kernels)
-        index = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)  # [T + B]
-        index[metadata.target_logits_indices] = torch.arange(draft_ids.shape[0], device=logits.device)
-        drafts = dict(draft_probs=draft_probs, draft_rows=index)
     out = verify_with_bonus_rows(
-        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
+        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, bonus_token_ids=bonus, **drafts
     )
-    return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+    # one launch with the kernels: at least one token per well-formed request, int32
+    return chunk_outputs(out, ok, K + 1, backend, torch.int32, counts=False)[0]
 
 
 # --- Model Runner V2: chunks verified in place, plain chunks (RejectionSampler._verify without vLLM's glue)
