@@ -18,7 +18,7 @@ path runs is the sampler's backend's (``kernels.backend.use_triton``).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
@@ -113,8 +113,8 @@ def chunk_inputs(
     from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
 
     args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps, max_rows)
-    *inputs, ok, sign = bonus_row_inputs_triton(*args, config=config, checked=True)
-    return ChunkInputs(ok, sign if logits_divided else inputs[0], BonusRowInputs(*inputs))
+    temp, *inputs, ok, sign = cast("list[torch.Tensor]", bonus_row_inputs_triton(*args, config=config, checked=True))
+    return ChunkInputs(ok, sign if logits_divided else temp, BonusRowInputs(temp, *inputs))
 
 
 def chunk_outputs_reference(
@@ -252,4 +252,6 @@ def bonus_row_inputs(
         return bonus_row_inputs_reference(*args)
     from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
 
-    return BonusRowInputs(*bonus_row_inputs_triton(*args, max_rows_per_request, config=config))
+    return BonusRowInputs(
+        *cast("list[torch.Tensor]", bonus_row_inputs_triton(*args, max_rows_per_request, config=config))
+    )

@@ -168,8 +168,9 @@ def plan_bonus_row_inputs(
     num_rows: int,  # L
     num_steps: int,  # S' of the drafter cache (unused without it)
     max_rows_per_request: int,  # a bound on cu[r+1] - cu[r] (the vector step; longer requests loop)
-    checked: bool = False,  # the seam's checks: also (ok [R] bool, sign(T) [R] fp32) (plan_chunk_inputs)
-) -> tuple[list[KernelLaunch], Outputs]:
+    *,
+    checked: bool = False,  # the seam's checks: also (ok [R] bool, sign(T) [R] fp32)
+) -> tuple[list[KernelLaunch], tuple[torch.Tensor | None, ...]]:
     """The launch (none for an empty batch) and its outputs: (temperature [R] fp32, seeds [R]
     int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] int64 or None), the values of
     :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`, then with ``checked`` (ok [R]
@@ -180,7 +181,7 @@ def plan_bonus_row_inputs(
     tensors = (cu, state, temperature, seed, pos, sampled, row_state, row_step)
     names = ("cu_ptr", "state_ptr", "temp_ptr", "seed_ptr", "pos_ptr", "sampled_ptr", "row_state_ptr", "row_step_ptr")
     args: dict[str, object] = {n: None if t is None else t.contiguous() for n, t in zip(names, tensors)}
-    outputs = (
+    outputs: Outputs = (
         torch.empty(R, dtype=torch.float32, device=device),
         torch.empty(R, dtype=torch.int64, device=device),
         torch.empty(R, dtype=torch.int64, device=device),
@@ -198,7 +199,9 @@ def plan_bonus_row_inputs(
     return launches, (*outputs, *checks) if checked else outputs
 
 
-def bonus_row_inputs_triton(*args: Any, config: LaunchConfig | None = None, checked: bool = False) -> Outputs:
+def bonus_row_inputs_triton(
+    *args: Any, config: LaunchConfig | None = None, checked: bool = False
+) -> tuple[torch.Tensor | None, ...]:
     """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments); with
     ``config.launches`` a list, the launch is appended to it and not run."""
     launches, outputs = plan_bonus_row_inputs(*args, checked=checked)
@@ -222,7 +225,8 @@ def chunk_outputs_triton(
     num_sampled = torch.empty(R, dtype=torch.int32, device=out.device) if counts else None
     dst = None if dtype == out.dtype else torch.empty((R, width), dtype=dtype, device=out.device)
     block = triton.next_power_of_2(max(1, width))
-    args = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), dst_ptr=dst, ok_ptr=ok)
+    args: dict[str, Any] = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), dst_ptr=dst)
+    args["ok_ptr"] = ok
     args.update(num_sampled_ptr=num_sampled, width=width, BLOCK=block)
     launches = [KernelLaunch(chunk_outputs_kernel, (R,), args, 1, "chunk_outputs")] if R > 0 else []
     for launch in launches_to_run(config, launches):
@@ -246,7 +250,8 @@ def step_inputs_triton(
     rows = torch.empty(num_rows, dtype=torch.int64, device=device) if draft_rows else None
     bonus = torch.empty(B, dtype=torch.int64, device=device)
     ok = torch.empty(B, dtype=torch.bool, device=device)
-    args = dict(cu_ptr=cu.contiguous(), draft_ptr=draft_token_ids.contiguous(), ids_out=ids, rows_out=rows)
+    args: dict[str, Any] = dict(cu_ptr=cu.contiguous(), draft_ptr=draft_token_ids.contiguous(), ids_out=ids)
+    args["rows_out"] = rows
     args.update(bonus_out=bonus, ok_out=ok, L=num_rows, T=draft_token_ids.shape[0], max_rows=max_rows)
     args["BLOCK"] = max(16, triton.next_power_of_2(max(1, max_rows)))
     launches = [KernelLaunch(step_inputs_kernel, (B,), args, 1, "step_inputs")] if B > 0 else []

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -186,7 +186,9 @@ def verify_plain_step(
     # each row reads in place (q's row t for the logits row of draft t; -1 at a bonus row: skipped
     # by the kernels), the placeholder bonus ids and the well-formed requests
     ids, index, bonus, ok = step_inputs(cu_rows, draft_ids, logits.shape[0], K + 1, with_q, backend)
-    drafts = dict(draft_probs=draft_probs, draft_rows=index) if with_q and index is not None else {}
+    drafts: dict[str, torch.Tensor] = {}
+    if draft_probs is not None and index is not None:
+        drafts = dict(draft_probs=draft_probs, draft_rows=index)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
     out = verify_with_bonus_rows(
@@ -274,7 +276,8 @@ def verify_chunk_with_bonus_rows(
         offsets=inputs.offsets,
         **drafts,
     )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
-    return chunk_outputs(out, ok, S + 1, backend)
+    tokens, num_sampled = chunk_outputs(out, ok, S + 1, backend)
+    return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
 
 
 #: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs

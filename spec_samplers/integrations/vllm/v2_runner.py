@@ -50,7 +50,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -164,9 +164,9 @@ def verify(
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
     device = target_logits.device
-    rows = dict(pos=pos, draft_sampled=draft_sampled, expanded_idx_mapping=expanded_idx_mapping)
+    per_row = dict(pos=pos, draft_sampled=draft_sampled, expanded_idx_mapping=expanded_idx_mapping)
     check_chunk_shapes(
-        cu_num_logits, idx_mapping, temperature, seed, num_logits, expanded_local_pos=expanded_local_pos, **rows
+        cu_num_logits, idx_mapping, temperature, seed, num_logits, expanded_local_pos=expanded_local_pos, **per_row
     )
     if num_logits == 0 or num_reqs == 0:  # nothing to verify, no request well formed (shapes: no device read)
         none = torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device)
@@ -303,7 +303,8 @@ def _with_counts(out: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, tor
     """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1); a well-formed
     (``ok``) request whose first row has no mass gets token 0 there (vLLM's contract); a
     malformed one emits nothing (:func:`spec_samplers.bonus_rows.chunk_outputs_reference`)."""
-    return chunk_outputs_reference(out, ok, out.shape[1])
+    tokens, num_sampled = chunk_outputs_reference(out, ok, out.shape[1])
+    return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
 
 
 # --- the fast path's wraps: plain chunks (fast_path.py) -----------------------------------------
