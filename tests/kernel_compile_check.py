@@ -196,17 +196,35 @@ def main():
 
 
 def bonus_row_launches():
-    """The bonus-row inputs kernel (spec_samplers.bonus_rows) with int32 / int64 indices, with and
-    without a drafter cache."""
-    from spec_samplers.kernels.bonus_row_kernels import plan_bonus_row_inputs
+    """The kernels around the seams' bonus-row verification (spec_samplers.bonus_rows): the
+    bonus-row inputs with and without the seam's checks, the V1 step's inputs and the tail, with
+    int32 / int64 indices, with and without a drafter cache (draft rows), int64 in place or int32
+    tokens, with and without counts."""
+    from spec_samplers.kernels.backend import LaunchConfig
+    from spec_samplers.kernels.bonus_row_kernels import chunk_outputs_triton, plan_bonus_row_inputs, step_inputs_triton
 
     R, L = 4, 20
-    for dtype, cache in itertools.product((torch.int32, torch.int64), (True, False)):
+    for dtype, cache, checked in itertools.product((torch.int32, torch.int64), (True, False), (True, False)):
         i = dict(dtype=dtype, device=META)
         rows = (torch.empty(L, **i), torch.empty(L, **i)) if cache else (None, None)
         args = (torch.empty(R + 1, **i), torch.empty(R, **i), torch.empty(8, device=META))
         args += (torch.empty(8, dtype=torch.int64, device=META), torch.empty(L, dtype=torch.int64, device=META))
-        yield from plan_bonus_row_inputs(*args, torch.empty(L, **i), *rows, L, 5, 5)[0]
+        yield from plan_bonus_row_inputs(*args, torch.empty(L, **i), *rows, L, 5, 5, checked=checked)[0]
+    recorded: list = []
+    config = LaunchConfig(launches=recorded)
+    for dtype, draft_rows in itertools.product((torch.int32, torch.int64), (True, False)):
+        step_inputs_triton(
+            torch.empty(R, dtype=dtype, device=META),
+            torch.empty(L, dtype=dtype, device=META),
+            L + R,
+            5,
+            draft_rows,
+            config,
+        )
+    ok = torch.empty(R, dtype=torch.bool, device=META)
+    for dtype, counts in itertools.product((torch.int32, torch.int64), (True, False)):
+        chunk_outputs_triton(torch.empty(R, 7, dtype=torch.int64, device=META), ok, 6, config, dtype, counts)
+    yield from recorded
 
 
 if __name__ == "__main__":

@@ -1,13 +1,23 @@
 """The inputs of the bonus-row verification (spec_samplers.bonus_rows): the one-launch kernel
 against the eager reference, value for value, on Model Runner V2-like batches (int32 and int64
-indices, with and without a drafter cache, requests longer than the kernel's vector step)."""
+indices, with and without a drafter cache, requests longer than the kernel's vector step); the
+seams' checked inputs (malformed metadata included), vLLM V1's step inputs and the seams' tail."""
+
+import random
 
 import pytest
 import torch
 from conftest import DEVICE
 
-from spec_samplers.bonus_rows import bonus_row_inputs, bonus_row_inputs_reference
-from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
+from spec_samplers.bonus_rows import (
+    bonus_row_inputs,
+    bonus_row_inputs_reference,
+    chunk_inputs_reference,
+    chunk_outputs_reference,
+    step_inputs_reference,
+)
+from spec_samplers.integrations.vllm.ragged import well_formed_requests
+from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton, chunk_outputs_triton, step_inputs_triton
 
 
 def batch(counts: list[int], index_dtype: torch.dtype, seed: int, cache: bool):
@@ -67,3 +77,106 @@ def test_strided_and_expanded_inputs_read_as_their_contiguous_copies():
     got = bonus_row_inputs_triton(*args, 4)
     for name, a, b in zip(expected._fields, expected, got):
         assert torch.equal(a.long() if name == "draft_rows" else a, b), name
+
+
+# --- the seams' checked inputs and tail (chunk_inputs, step_inputs, chunk_outputs) ---------------
+
+
+def malformed_chunk(rng: random.Random, gen: torch.Generator):
+    """A Model Runner V2 chunk, often with one kind of malformed metadata (as the seams' fuzz)."""
+    R, S = rng.randint(0, 5), rng.randint(1, 4)
+    counts = [rng.randint(1, S + 1) for _ in range(R)]
+    L = sum(counts)
+    cu = torch.zeros(R + 1, dtype=torch.int64)
+    cu[1:] = torch.tensor(counts, dtype=torch.int64).cumsum(0)
+    idx = torch.tensor(rng.sample(range(R + 2), R), dtype=torch.int64)
+    bad = rng.choice(["none", "non_monotone", "first", "end", "state", "lost_rows"])
+    if R and bad == "non_monotone":
+        cu[rng.randint(1, R)] -= rng.randint(1, 3)
+    elif bad == "first":
+        cu[0] = rng.choice([1, -1])
+    elif R and bad == "end":
+        cu[R] += rng.choice([1, -1])
+    elif R and bad == "state":
+        idx[rng.randrange(R)] = rng.choice([R + 2, -1, 2**30])
+    elif R and bad == "lost_rows":
+        r = rng.randrange(R)
+        cu[r + 1 :] -= counts[r]
+    dtype = rng.choice([torch.int32, torch.int64])
+    temperature = torch.tensor([rng.choice([0.0, 1.0, 0.7, float("nan"), -1.0]) for _ in range(R + 2)])
+    seed = torch.randint(0, 2**40, (R + 2,), generator=gen)
+    pos = torch.randint(0, 100, (L + 2,), generator=gen)
+    sampled = torch.randint(0, 50, (L + 2,), generator=gen).to(dtype)
+    cache = rng.random() < 0.5
+    row_state = torch.randint(0, R + 2, (L + 2,), generator=gen) if cache else None
+    row_step = torch.randint(0, S, (L + 2,), generator=gen) if cache else None
+    args = (cu.to(dtype), idx.to(dtype), temperature, seed, pos, sampled, row_state, row_step, L, S, S + 1)
+    return tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def test_checked_kernel_gives_the_reference_checks_and_the_well_formed_requests_inputs():
+    """The seam's checks (ok) agree everywhere; a well-formed request's inputs and rows agree
+    value for value (a malformed request's are never emitted: the kernel leaves its rows)."""
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    for case in range(30):
+        args = malformed_chunk(rng, gen)
+        cu = args[0].tolist()
+        for divided in (True, False):
+            ok, target_t, expected = chunk_inputs_reference(*args, divided)
+            *got, got_ok, sign = bonus_row_inputs_triton(*args, checked=True)
+            assert torch.equal(ok, got_ok), (case, ok, got_ok)
+            got_t = sign if divided else got[0]
+            for r in [r for r in range(ok.shape[0]) if ok[r]]:
+                lo, hi = cu[r], cu[r + 1]
+                assert torch.equal(target_t[r], got_t[r]) or bool(target_t[r].isnan() & got_t[r].isnan()), case
+                assert [int(t[r]) for t in expected[1:4]] == [int(t[r]) for t in got[1:4]], case
+                assert torch.equal(expected.ids[lo:hi], got[4][lo:hi]), case
+                if expected.draft_rows is not None:
+                    assert torch.equal(expected.draft_rows[lo:hi], got[5][lo:hi]), case
+            ok_out, _ = chunk_outputs_reference(torch.zeros(ok.shape[0], 3, dtype=torch.int64, device=DEVICE), ok, 3)
+            assert (ok_out[~ok] == -1).all() and (ok_out[ok][:, 0] >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("counts", [True, False])
+def test_tail_kernel_gives_the_reference_tail(dtype, counts):
+    """Malformed -> no token, first slot -1 -> 0 for a well-formed request, num_sampled; int64
+    in place or another dtype."""
+    gen = torch.Generator().manual_seed(4)
+    out = torch.randint(-1, 5, (6, 5), generator=gen).to(DEVICE)
+    out[:, 2:] = torch.where(out[:, 2:] < 2, -1, out[:, 2:])
+    ok = torch.tensor([True, False, True, True, False, True], device=DEVICE)
+    expected, expected_n = chunk_outputs_reference(out.clone(), ok, 4, dtype, counts)
+    got, got_n = chunk_outputs_triton(out.clone(), ok, 4, None, dtype, counts)
+    assert torch.equal(expected, got) and expected.dtype == got.dtype == dtype
+    assert (got_n is None) == (not counts) and (not counts or torch.equal(expected_n, got_n))
+    assert (got[~ok] == -1).all() and (got[ok][:, 0] >= 0).all()
+
+
+@pytest.mark.parametrize("draft_rows", [True, False])
+def test_v1_step_kernel_gives_the_reference_inputs(draft_rows):
+    """vLLM V1's step (request r's k_r draft rows, then its bonus row): the ids each row scores
+    and the draft rows, as vLLM's target_logits_indices lay them out; ragged.well_formed_requests."""
+    rng = random.Random(5)
+    for case in range(30):
+        B, K = rng.randint(0, 5), rng.randint(0, 4)
+        ks = [rng.randint(0, K) for _ in range(B)]
+        T = sum(ks)
+        dtype = rng.choice([torch.int32, torch.int64])
+        cu = torch.tensor([sum(k + 1 for k in ks[: r + 1]) for r in range(B)], dtype=dtype)
+        if B and rng.random() < 0.3:
+            cu[rng.randrange(B)] += rng.choice([2, -2])
+        drafts = torch.randint(0, 50, (T,), dtype=dtype)
+        args = (cu.to(DEVICE), drafts.to(DEVICE), T + B, K + 1, draft_rows)
+        ids, rows, bonus, ok = step_inputs_reference(*args)
+        got = step_inputs_triton(*args)
+        assert torch.equal(ok, got[3]) and torch.equal(bonus, got[2]) and ids.dtype == got[0].dtype
+        assert torch.equal(ok, well_formed_requests(args[0], K + 1, T + B))
+        starts = [0, *cu.tolist()]
+        for r in [r for r in range(B) if ok[r]]:
+            lo, hi = starts[r], starts[r + 1]
+            assert torch.equal(ids[lo:hi], got[0][lo:hi]), case
+            assert rows is None or torch.equal(rows[lo:hi], got[1][lo:hi]), case
+            if hi > lo:  # vLLM's layout: row t + r scores draft t, the last row the placeholder
+                expected = [int(drafts[i - r]) for i in range(lo, hi - 1)] + [-1]
+                assert ids[lo:hi].tolist() == expected, case

@@ -1,7 +1,9 @@
-"""One small kernel for an engine batch whose rows include each request's bonus row (vLLM Model
-Runner V2's layout): the per-request and per-row inputs of the bonus-row verification, gathered
-in one launch instead of about ten eager ops (:func:`spec_samplers.bonus_rows.bonus_row_inputs`
-is the PyTorch twin and the dispatch).
+"""The two small kernels around the verification of an engine batch whose rows include each
+request's bonus row (vLLM Model Runner V2's layout): before it, the per-request and per-row
+inputs of the bonus-row verification with the seam's metadata checks, gathered in one launch
+instead of about thirty eager ops (:func:`spec_samplers.bonus_rows.chunk_inputs`; without the
+checks :func:`spec_samplers.bonus_rows.bonus_row_inputs`); after it, the seam's tail in one
+launch (:func:`spec_samplers.bonus_rows.chunk_outputs`). The PyTorch twins are in the same module.
 
 Request r's rows are [cu[r], cu[r+1]), the last one its bonus row; its parameters live at its
 request state s = state[r] (T and seed per state), its counter offset is the position of its
@@ -26,8 +28,9 @@ from spec_samplers.kernels.launch_common import KernelLaunch
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
-# L and num_steps follow the batch: left unspecialised so that a new batch reuses the variant.
-@triton.jit(do_not_specialize=["L", "num_steps"])
+# L, num_steps, num_states and max_rows follow the batch: left unspecialised so that a new batch
+# reuses the variant.
+@triton.jit(do_not_specialize=["L", "num_steps", "num_states", "max_rows"])
 def bonus_row_inputs_kernel(
     cu_ptr,  # [R+1] int32/int64: request r's rows are [cu[r], cu[r+1])
     state_ptr,  # [R] int32/int64: request r's state
@@ -43,16 +46,38 @@ def bonus_row_inputs_kernel(
     bonus_out,  # [R] int64: -1 (every request's last draft is the rejected placeholder)
     ids_out,  # [L] (dtype of sampled): the draft id each row scores, -1 at bonus rows
     rows_out,  # [L] int64: drafter cache row of each row, -1 at bonus rows; or None
+    ok_out,  # [R] bool: the request is well formed (the seam's checks); None: every request taken as one
+    sign_out,  # [R] fp32: sign(T), the T of logits vLLM divided already; or None
     L,  # rows of the batch
     num_steps,  # cached steps per state (the cache's S')
+    num_states,  # states of temp_ptr / seed_ptr (the checks' bound)
+    max_rows,  # rows a request may have (S + 1: the checks' bound)
     BLOCK: tl.constexpr,
 ):
     r = tl.program_id(0)
     lo = tl.load(cu_ptr + r).to(tl.int64)
     hi = tl.load(cu_ptr + r + 1).to(tl.int64)
     state = tl.load(state_ptr + r).to(tl.int64)
-    tl.store(temp_out + r, tl.load(temp_ptr + state).to(tl.float32))
-    tl.store(seed_out + r, tl.load(seed_ptr + state).to(tl.int64))
+    ok = r >= 0
+    if ok_out is not None:
+        # v2_runner.chunk_metadata's checks: rows [lo, hi) inside [0, L), at most max_rows of them
+        # (its bonus row last), row 0 first, no earlier request reaching past lo, a known state
+        ok = (lo >= 0) & (hi > lo) & (hi <= L) & (hi - lo <= max_rows) & ((r > 0) | (lo == 0))
+        ok = ok & (state >= 0) & (state < num_states)
+        reach = lo
+        for s in range(0, r, BLOCK):
+            offs = s + tl.arange(0, BLOCK)
+            earlier = tl.load(cu_ptr + offs, mask=offs < r, other=0).to(tl.int64)
+            reach = tl.maximum(reach, tl.max(tl.where(offs < r, earlier, lo), axis=0))
+        ok = ok & (reach == lo)
+        tl.store(ok_out + r, ok)
+        state = tl.where(ok, state, 0)
+        hi = tl.where(ok, hi, lo)  # a malformed request writes no row: every row is one request's
+    temp = tl.load(temp_ptr + state, mask=ok, other=0).to(tl.float32)
+    tl.store(temp_out + r, temp)
+    if sign_out is not None:
+        tl.store(sign_out + r, tl.where(temp > 0, 1.0, tl.where(temp < 0, -1.0, 0.0)))  # torch.sign: NaN gives 0
+    tl.store(seed_out + r, tl.load(seed_ptr + state, mask=ok, other=0).to(tl.int64))
     tl.store(offset_out + r, tl.load(pos_ptr + lo, mask=(lo >= 0) & (lo < L), other=0).to(tl.int64))
     tl.store(bonus_out + r, tl.full([], -1, tl.int64))
     for start in range(lo, hi, BLOCK):
@@ -69,6 +94,68 @@ def bonus_row_inputs_kernel(
             tl.store(rows_out + offs, tl.where(is_bonus, -1, row_state * num_steps + step), mask=inside)
 
 
+# L and T follow the batch: left unspecialised so that a new batch reuses the variant.
+@triton.jit(do_not_specialize=["L", "T", "max_rows"])
+def step_inputs_kernel(
+    cu_ptr,  # [B] int32/int64: inclusive cumulative sum of each request's k_r + 1 rows
+    draft_ptr,  # [T] int32/int64: the draft ids, back to back (request r's after r earlier bonus rows)
+    ids_out,  # [L] (dtype of the drafts): the draft id each row scores, -1 at bonus rows
+    rows_out,  # [L] int64: the draft row of each row (i - r), -1 at bonus rows; or None
+    bonus_out,  # [B] int64: -1 (every request's last draft is the rejected placeholder)
+    ok_out,  # [B] bool: 0 <= start <= end <= L and at most max_rows rows (ragged.well_formed_requests)
+    L,  # rows of the step (T + B)
+    T,  # drafts of the step
+    max_rows,  # K + 1
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    hi = tl.load(cu_ptr + r).to(tl.int64)
+    lo = tl.load(cu_ptr + r - 1, mask=r > 0, other=0).to(tl.int64)
+    ok = (lo >= 0) & (hi >= lo) & (hi <= L) & (hi - lo <= max_rows)
+    tl.store(ok_out + r, ok)
+    tl.store(bonus_out + r, tl.full([], -1, tl.int64))
+    for start in range(lo, tl.where(ok, hi, lo), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < hi
+        is_bonus = offs == hi - 1
+        t = offs - r  # vLLM's target_logits_indices: draft t of request r is row t + r
+        draft_row = inside & (~is_bonus) & (t >= 0) & (t < T)
+        x = tl.load(draft_ptr + t, mask=draft_row, other=-1)
+        tl.store(ids_out + offs, tl.where(draft_row, x, -1), mask=inside)
+        if rows_out is not None:
+            tl.store(rows_out + offs, tl.where(draft_row, t, -1), mask=inside)
+
+
+@triton.jit
+def chunk_outputs_kernel(
+    out_ptr,  # [R, >= width] int64: the sampler's tokens
+    stride_out,  # row stride of out
+    stride_col,  # column stride of out
+    dst_ptr,  # [R, width] contiguous: where the tokens go (another dtype); None: out, in place
+    ok_ptr,  # [R] bool: the request is well formed
+    num_sampled_ptr,  # [R] int32: tokens of each row, or None
+    width,  # S + 1 columns
+    BLOCK: tl.constexpr,  # >= width
+):
+    """v2_runner's tail in one launch: a malformed request emits nothing; a well-formed one at least
+    one token (-1 in its first slot becomes 0: ragged.at_least_one_token); ``num_sampled`` counts
+    the tokens."""
+    r = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < width
+    at = out_ptr + r * stride_out + offs * stride_col
+    row = tl.load(at, mask=m, other=-1)
+    ok = tl.load(ok_ptr + r) != 0
+    row = tl.where(ok, row, -1)
+    row = tl.where(ok & (offs == 0), tl.maximum(row, 0), row)
+    if dst_ptr is None:
+        tl.store(at, row, mask=m)
+    else:
+        tl.store(dst_ptr + r * width + offs, row, mask=m)
+    if num_sampled_ptr is not None:
+        tl.store(num_sampled_ptr + r, tl.sum((m & (row != -1)).to(tl.int32), axis=0))
+
+
 def plan_bonus_row_inputs(
     cu: torch.Tensor,  # [R+1] int32/int64
     state: torch.Tensor,  # [R] int32/int64
@@ -81,11 +168,14 @@ def plan_bonus_row_inputs(
     num_rows: int,  # L
     num_steps: int,  # S' of the drafter cache (unused without it)
     max_rows_per_request: int,  # a bound on cu[r+1] - cu[r] (the vector step; longer requests loop)
-) -> tuple[list[KernelLaunch], Outputs]:
+    *,
+    checked: bool = False,  # the seam's checks: also (ok [R] bool, sign(T) [R] fp32)
+) -> tuple[list[KernelLaunch], tuple[torch.Tensor | None, ...]]:
     """The launch (none for an empty batch) and its outputs: (temperature [R] fp32, seeds [R]
     int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] int64 or None), the values of
-    :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`. Every [R] / [L] input is read
-    through unit strides (made contiguous here: [R]- and [L]-sized copies at most)."""
+    :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`, then with ``checked`` (ok [R]
+    bool, sign(T) [R] fp32). Every [R] / [L] input is read through unit strides (made contiguous
+    here: [R]- and [L]-sized copies at most)."""
     R = cu.shape[0] - 1
     device = cu.device
     tensors = (cu, state, temperature, seed, pos, sampled, row_state, row_step)
@@ -99,18 +189,72 @@ def plan_bonus_row_inputs(
         torch.empty(num_rows, dtype=sampled.dtype, device=device),
         torch.empty(num_rows, dtype=torch.int64, device=device) if row_state is not None else None,
     )
-    outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out")
-    args.update(zip(outs, outputs))
+    checks = (torch.empty(R, dtype=torch.bool, device=device), torch.empty(R, dtype=torch.float32, device=device))
+    outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out", "ok_out", "sign_out")
+    args.update(zip(outs, (*outputs, *(checks if checked else (None, None)))))
     block = max(16, triton.next_power_of_2(max(1, max_rows_per_request)))
-    args.update(L=num_rows, num_steps=num_steps, BLOCK=block)
+    args.update(L=num_rows, num_steps=num_steps, num_states=temperature.shape[0], max_rows=max_rows_per_request)
+    args.update(BLOCK=block)
     launches = [KernelLaunch(bonus_row_inputs_kernel, (R,), args, 1, "bonus_row_inputs")] if R > 0 else []
-    return launches, outputs
+    return launches, (*outputs, *checks) if checked else outputs
 
 
-def bonus_row_inputs_triton(*args: Any, config: LaunchConfig | None = None) -> Outputs:
+def bonus_row_inputs_triton(
+    *args: Any, config: LaunchConfig | None = None, checked: bool = False
+) -> tuple[torch.Tensor | None, ...]:
     """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments); with
     ``config.launches`` a list, the launch is appended to it and not run."""
-    launches, outputs = plan_bonus_row_inputs(*args)
+    launches, outputs = plan_bonus_row_inputs(*args, checked=checked)
     for launch in launches_to_run(config, launches):
-        launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
+        bonus_row_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     return outputs
+
+
+def chunk_outputs_triton(
+    out: torch.Tensor,  # [R, >= width] int64 (rewritten in place when dtype is its own)
+    ok: torch.Tensor,  # [R] bool
+    width: int,  # S + 1
+    config: LaunchConfig | None = None,
+    dtype: torch.dtype = torch.int64,  # of the tokens returned
+    counts: bool = True,  # also num_sampled
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tokens [R, width] of ``dtype``, num_sampled [R] int32 or None):
+    :func:`spec_samplers.bonus_rows.chunk_outputs_reference`'s values in one launch (none for an
+    empty batch)."""
+    R = out.shape[0]
+    num_sampled = torch.empty(R, dtype=torch.int32, device=out.device) if counts else None
+    dst = None if dtype == out.dtype else torch.empty((R, width), dtype=dtype, device=out.device)
+    block = triton.next_power_of_2(max(1, width))
+    args: dict[str, Any] = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), dst_ptr=dst)
+    args["ok_ptr"] = ok
+    args.update(num_sampled_ptr=num_sampled, width=width, BLOCK=block)
+    launches = [KernelLaunch(chunk_outputs_kernel, (R,), args, 1, "chunk_outputs")] if R > 0 else []
+    for launch in launches_to_run(config, launches):
+        chunk_outputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
+    return out[:, :width] if dst is None else dst, num_sampled
+
+
+def step_inputs_triton(
+    cu: torch.Tensor,  # [B] inclusive cumulative sum of k_r + 1
+    draft_token_ids: torch.Tensor,  # [T]
+    num_rows: int,  # L = T + B
+    max_rows: int,  # K + 1
+    draft_rows: bool,  # also the draft row of each row
+    config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(ids [L], draft rows [L] int64 or None, bonus [B] int64, ok [B] bool):
+    :func:`spec_samplers.bonus_rows.step_inputs_reference`'s values in one launch (none for an
+    empty batch)."""
+    B, device = cu.shape[0], cu.device
+    ids = torch.empty(num_rows, dtype=draft_token_ids.dtype, device=device)
+    rows = torch.empty(num_rows, dtype=torch.int64, device=device) if draft_rows else None
+    bonus = torch.empty(B, dtype=torch.int64, device=device)
+    ok = torch.empty(B, dtype=torch.bool, device=device)
+    args: dict[str, Any] = dict(cu_ptr=cu.contiguous(), draft_ptr=draft_token_ids.contiguous(), ids_out=ids)
+    args["rows_out"] = rows
+    args.update(bonus_out=bonus, ok_out=ok, L=num_rows, T=draft_token_ids.shape[0], max_rows=max_rows)
+    args["BLOCK"] = max(16, triton.next_power_of_2(max(1, max_rows)))
+    launches = [KernelLaunch(step_inputs_kernel, (B,), args, 1, "step_inputs")] if B > 0 else []
+    for launch in launches_to_run(config, launches):
+        step_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
+    return ids, rows, bonus, ok

@@ -30,12 +30,12 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from spec_samplers.bonus_rows import bonus_row_inputs
+from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs, step_inputs
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
     at_least_one_token,
@@ -173,26 +173,29 @@ def verify_plain_step(
     K = metadata.max_spec_len
     cu_rows = metadata.cu_num_sampled_tokens  # [B] inclusive cumulative sum of k_r + 1
     draft_ids = metadata.draft_token_ids  # [T]
-    ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
-    ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
     if sm.all_greedy:
+        ids = draft_ids.new_full((logits.shape[0],), PLACEHOLDER_TOKEN_ID)  # [T + B]
+        ids[metadata.target_logits_indices] = draft_ids  # the draft rows among the T + B (int32 or int64)
         placeholder = cu_rows.new_full((num_reqs,), PLACEHOLDER_TOKEN_ID)
         out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
         out = out[:, : K + 1]
         return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+    backend = getattr(verifier.sampler, "backend", "auto")
+    with_q = draft_probs is not None and draft_probs.shape[0] > 0
+    # one launch with the kernels: the id each row scores (-1 at bonus rows), with q the draft row
+    # each row reads in place (q's row t for the logits row of draft t; -1 at a bonus row: skipped
+    # by the kernels), the placeholder bonus ids and the well-formed requests
+    ids, index, bonus, ok = step_inputs(cu_rows, draft_ids, logits.shape[0], K + 1, with_q, backend)
+    drafts: dict[str, torch.Tensor] = {}
+    if draft_probs is not None and index is not None:
+        drafts = dict(draft_probs=draft_probs, draft_rows=index)
     temperature = sm.temperature.to(torch.float32)  # [B], 0 for greedy requests
     seeds = row_seeds(num_reqs, logits.device, sm.generators)  # [B] int64
-    drafts: dict[str, torch.Tensor] = {}
-    if draft_probs is not None and draft_probs.shape[0] > 0:
-        # q read in place: the logits row of draft t reads q's row t (laid out as the ids above);
-        # a bonus row's placeholder draft reads no draft row (-1, skipped by the kernels)
-        index = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)  # [T + B]
-        index[metadata.target_logits_indices] = torch.arange(draft_ids.shape[0], device=logits.device)
-        drafts = dict(draft_probs=draft_probs, draft_rows=index)
     out = verify_with_bonus_rows(
-        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, **drafts
+        verifier, logits, None, ids, cu_rows, K, temperature=temperature, seeds=seeds, bonus_token_ids=bonus, **drafts
     )
-    return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+    # one launch with the kernels: at least one token per well-formed request, int32
+    return chunk_outputs(out, ok, K + 1, backend, torch.int32, counts=False)[0]
 
 
 # --- Model Runner V2: chunks verified in place, plain chunks (RejectionSampler._verify without vLLM's glue)
@@ -203,7 +206,7 @@ def verify_chunk_with_bonus_rows(
     logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
     draft_logits: torch.Tensor | None,  # [max_num_reqs, S, V'] or None
     draft_sampled: torch.Tensor,  # [L]
-    cu_num_logits: torch.Tensor,  # [R+1]
+    cu_num_logits: torch.Tensor,  # [R+1], as vLLM passes it (checked here)
     pos: torch.Tensor,  # [L]
     idx_mapping: torch.Tensor,  # [R]: request state of each request
     expanded_idx_mapping: torch.Tensor,  # [L]: request state of each row
@@ -212,17 +215,23 @@ def verify_chunk_with_bonus_rows(
     seed: torch.Tensor,  # [max_num_reqs] int64
     num_speculative_steps: int,
     logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
-) -> torch.Tensor:
-    """The chunk's logits verified in place, bonus rows included
-    (:func:`verify_with_bonus_rows`: request r's rows
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sampled [R, S+1] int64, -1 padded; num_sampled [R] int32): the chunk's logits verified in
+    place, bonus rows included (:func:`verify_with_bonus_rows`: request r's rows
     [cu[r], cu[r+1]) are one ragged request whose last draft is the -1 placeholder), so the
     tokens follow the same law and the same random stream as ``v2_runner.sample_rows``. The drafter's
     cached logits are read in place too (``draft_rows`` into the cache, ``draft_temperature`` the
-    requests' T): no vocabulary-sized tensor is created. The per-request and per-row inputs (T,
-    seed and counter offset by request state, the ids each row scores, the drafter rows) are
-    gathered by :func:`spec_samplers.bonus_rows.bonus_row_inputs`: one kernel launch on CUDA."""
+    requests' T): no vocabulary-sized tensor is created.
+
+    Around the sampler, one launch each with the kernels and no eager op: before it
+    :func:`spec_samplers.bonus_rows.chunk_inputs` (the metadata checks of
+    ``v2_runner.chunk_metadata`` and the per-request and per-row inputs: T, seed and counter
+    offset by request state, the ids each row scores, the drafter rows), after it
+    :func:`spec_samplers.bonus_rows.chunk_outputs` (a malformed request emits nothing, a
+    well-formed one at least one token, ``num_sampled``)."""
     num_logits, vocab = logits.shape
     S = num_speculative_steps
+    backend = getattr(verifier.sampler, "backend", "auto")
     cache = None
     num_steps = 0
     if draft_logits is not None:
@@ -233,7 +242,7 @@ def verify_chunk_with_bonus_rows(
         # there, out of range, so the kernels skip that row.
         num_steps = draft_logits.shape[1]
         cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
-    inputs = bonus_row_inputs(
+    ok, target_temperature, inputs = chunk_inputs(
         cu_num_logits,
         idx_mapping,
         temperature,
@@ -245,28 +254,30 @@ def verify_chunk_with_bonus_rows(
         num_logits,
         num_steps,
         S + 1,
+        # Logits divided by vLLM: T is 1, or 0 for greedy requests: sign(T) gives both (a negative
+        # T gives -1, which the sampler reads as 1). Raw logits (the plain-chunk fast path): each
+        # request's own T, divided in the kernels
+        logits_divided,
+        backend,
     )
     drafts: dict[str, torch.Tensor] = {}
     if cache is not None and inputs.draft_rows is not None:
         # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
         drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
-    out = verify_with_bonus_rows(
-        verifier,
+    out = verifier.from_logits(
         logits,
+        inputs.bonus,  # never emitted: every last draft is rejected
         cache,
         inputs.ids,
-        cu_num_logits[1:],
-        S,
-        # Logits divided by vLLM: T is 1, or 0 for greedy requests. sign() gives both in one op (a
-        # negative or NaN T gives -1 or NaN, which the sampler reads as 1, as before). Raw logits
-        # (the plain-chunk fast path): each request's own T, divided in the kernels
-        temperature=inputs.temperature.sign() if logits_divided else inputs.temperature,
+        cu_num_logits[1:],  # a malformed request's tokens are dropped by chunk_outputs
+        S + 1,
+        temperature=target_temperature,
         seeds=inputs.seeds,
         offsets=inputs.offsets,
-        bonus_token_ids=inputs.bonus,
         **drafts,
-    )
-    return out
+    )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
+    tokens, num_sampled = chunk_outputs(out, ok, S + 1, backend)
+    return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
 
 
 #: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs

@@ -50,12 +50,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from spec_samplers import rng
+from spec_samplers.bonus_rows import chunk_outputs_reference, well_formed_chunk
 from spec_samplers.engine_seam import replace_engine_function
 from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.fast_path import (
@@ -69,7 +70,6 @@ from spec_samplers.integrations.vllm.fast_path import (
 from spec_samplers.integrations.vllm.ragged import (
     VERIFIER_ATTRIBUTE,
     RaggedVerifier,
-    at_least_one_token,
     greedy_verify_ragged,
     seam_verifier,
 )
@@ -164,21 +164,24 @@ def verify(
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
     device = target_logits.device
-    ok, cu_num_logits, idx_mapping = chunk_metadata(
-        cu_num_logits, idx_mapping, temperature, seed, num_logits, num_speculative_steps,
-        pos=pos, draft_sampled=draft_sampled, expanded_idx_mapping=expanded_idx_mapping,
-        expanded_local_pos=expanded_local_pos,
-    )  # fmt: skip
-    if num_logits == 0 or num_reqs == 0:  # nothing to verify (shapes: no device read)
-        return _with_counts(torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device), ok)
+    per_row = dict(pos=pos, draft_sampled=draft_sampled, expanded_idx_mapping=expanded_idx_mapping)
+    check_chunk_shapes(
+        cu_num_logits, idx_mapping, temperature, seed, num_logits, expanded_local_pos=expanded_local_pos, **per_row
+    )
+    if num_logits == 0 or num_reqs == 0:  # nothing to verify, no request well formed (shapes: no device read)
+        none = torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device)
+        return none, torch.zeros(num_reqs, dtype=torch.int32, device=device)
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
     logits = target_logits[:, :vocab]  # a view: no copy
     if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
-        out = verify_chunk_with_bonus_rows(
+        # the checks, the bonus rows' inputs and the tail: one launch each with the kernels
+        return verify_chunk_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
             expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided,
         )  # fmt: skip
-        return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID), ok)
+    ok, cu_num_logits, idx_mapping = chunk_metadata(
+        cu_num_logits, idx_mapping, temperature, seed, num_logits, num_speculative_steps
+    )
     cu = cu_num_logits.to(torch.int64)
     bonus_rows = cu[1:] - 1  # [R]
     req_state = idx_mapping  # [R] int32 or int64: either indexes
@@ -248,25 +251,19 @@ def verify(
             target_rows.argmax(dim=-1), draft_ids, bonus, cu_draft, num_speculative_steps, vocab
         )
         out = torch.where(is_greedy[:, None], greedy, out)  # [R, S+1] int64
-    return _with_counts(torch.where(ok[:, None], out, PLACEHOLDER_TOKEN_ID), ok)
+    return _with_counts(out, ok)
 
 
-def chunk_metadata(
+def check_chunk_shapes(
     cu_num_logits: torch.Tensor,  # [R+1]
     idx_mapping: torch.Tensor,  # [R]
     temperature: torch.Tensor,  # [max_num_reqs]
     seed: torch.Tensor,  # [max_num_reqs]
     num_logits: int,  # L
-    num_speculative_steps: int,  # S: a request has at most S + 1 rows
     **rows: torch.Tensor,  # pos, draft_sampled, expanded_*: [L'] with L' >= L
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ok [R] bool, cu [R+1] int64 in [0, L], idx_mapping [R] in [0, max_num_reqs)): the chunk's
-    metadata made safe to index with, once, at the seam's edge. Shapes are checked on the host (a
-    clear error naming the argument); values on the device, without a host read: request r is
-    well formed when 0 <= cu[r] < cu[r+1] <= L (cu[0] == 0: the bonus-row call counts from row 0),
-    it has at most S + 1 rows (its bonus row last) and its request state exists. A malformed
-    request (non-monotone or out-of-range ``cu_num_logits``, a missing bonus row, an unknown
-    state) emits no token; the others are verified as usual (docs/contract.md, "Robustness")."""
+) -> None:
+    """The chunk's shapes, checked on the host (a clear error naming the argument); its values
+    are checked on the device (:func:`spec_samplers.bonus_rows.well_formed_chunk`)."""
     if cu_num_logits.dim() != 1 or cu_num_logits.shape[0] < 1:
         raise input_error("cu_num_logits", "a [R+1] int tensor", f"shape {tuple(cu_num_logits.shape)}")
     num_reqs = cu_num_logits.shape[0] - 1
@@ -279,23 +276,35 @@ def chunk_metadata(
         if t.dim() != 1 or t.shape[0] < num_logits:
             expected = f"a 1-d tensor of at least {num_logits} entries (one per logits row)"
             raise input_error(name, expected, f"shape {tuple(t.shape)}")
-    cu = cu_num_logits.to(torch.int64)
-    start, end = cu[:-1], cu[1:]
-    first = torch.arange(num_reqs, device=cu.device) == 0
-    states = temperature.shape[0]
-    ok = (start >= 0) & (end > start) & (end <= num_logits) & (end - start <= num_speculative_steps + 1)
-    ok &= (idx_mapping >= 0) & (idx_mapping < states) & (~first | (start == 0))
-    ok &= torch.cummax(cu, 0).values[:-1] == start  # no overlap with an earlier request's rows
-    return ok, cu.clamp(0, num_logits), torch.where(ok, idx_mapping, 0)
+
+
+def chunk_metadata(
+    cu_num_logits: torch.Tensor,  # [R+1]
+    idx_mapping: torch.Tensor,  # [R]
+    temperature: torch.Tensor,  # [max_num_reqs]
+    seed: torch.Tensor,  # [max_num_reqs]
+    num_logits: int,  # L
+    num_speculative_steps: int,  # S: a request has at most S + 1 rows
+    **rows: torch.Tensor,  # pos, draft_sampled, expanded_*: [L'] with L' >= L
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ok [R] bool, cu [R+1] int64 in [0, L], idx_mapping [R] in [0, max_num_reqs)): the chunk's
+    metadata made safe to index with, once, at the seam's edge, for the eager paths (the
+    bonus-row path checks in its kernel: :func:`spec_samplers.bonus_rows.chunk_inputs`). Shapes
+    are checked on the host (:func:`check_chunk_shapes`); values on the device, without a host
+    read (:func:`spec_samplers.bonus_rows.well_formed_chunk`). A malformed request
+    (non-monotone or out-of-range ``cu_num_logits``, a missing bonus row, an unknown state) emits
+    no token; the others are verified as usual (docs/contract.md, "Robustness")."""
+    check_chunk_shapes(cu_num_logits, idx_mapping, temperature, seed, num_logits, **rows)
+    ok = well_formed_chunk(cu_num_logits, idx_mapping, temperature.shape[0], num_logits, num_speculative_steps + 1)
+    return ok, cu_num_logits.to(torch.int64).clamp(0, num_logits), torch.where(ok, idx_mapping, 0)
 
 
 def _with_counts(out: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [R, S+1] int64, num_sampled [R] int32: its tokens that are not -1); a well-formed
-    (``ok``) request whose first row has no mass gets token 0 there (:func:`at_least_one_token`:
-    vLLM's contract); a malformed one emits nothing."""
-    out = at_least_one_token(out, ok)
-    num_sampled = (out != PLACEHOLDER_TOKEN_ID).sum(dim=1, dtype=torch.int32)  # [R]
-    return out, num_sampled
+    (``ok``) request whose first row has no mass gets token 0 there (vLLM's contract); a
+    malformed one emits nothing (:func:`spec_samplers.bonus_rows.chunk_outputs_reference`)."""
+    tokens, num_sampled = chunk_outputs_reference(out, ok, out.shape[1])
+    return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
 
 
 # --- the fast path's wraps: plain chunks (fast_path.py) -----------------------------------------
