@@ -1,0 +1,123 @@
+"""The compiled CPU path: the samplers' verification as numba kernels on CPU tensors.
+
+On CPU tensors with ``backend="auto"`` a sampler whose reference has a compiled twin here runs the
+twin (:func:`compiled_op`, called by the one backend decision, ``base._choose_op``); ``"torch"``
+keeps the PyTorch reference. The references stay the specification: the twins compute the same
+operations in the same precision, and tests/test_cpu_path.py compares their tokens (docs/cpu.md).
+
+numba is an optional extra (``pip install spec-samplers[cpu]``): without it the references run,
+after a one-line warning (once per process).
+
+Why numba (docs/cpu.md): the verification is a loop over a request's vocabulary with Philox in the
+loop over the raced group and fp64 group sums; written as explicit loops, every float is the
+reference's operation in the reference's precision, compiled once per machine (``cache=True``), with
+requests spread over threads (``prange``). torch.compile re-traces per shape family and its first
+call costs seconds; a C++ operator needs a compiler at install time.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+from spec_samplers.layout import VerifyBatch
+
+#: vocabulary entries of target rows per chunk of a logits batch on the compiled path: its only
+#: temporaries are the chunk's probabilities (target and draft rows, fp32), so the extra peak
+#: memory is about twice a chunk (8 MiB of fp32 each), and at V = 128256, K = 4 a chunk holds 3
+#: requests. Probabilities inputs are read in place: no chunks.
+COMPILED_CHUNK_ELEMENTS = 2**21
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The numba kernels module, or None (with a one-line warning, once) without numba."""
+    try:
+        from spec_samplers.cpu import _numba_kernels
+    except ImportError as exc:  # numba missing or broken: the references run
+        warnings.warn(
+            f"spec_samplers: the compiled CPU path needs numba ({exc}); running the PyTorch references "
+            "(pip install 'spec-samplers[cpu]')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return _numba_kernels
+
+
+def _threads() -> None:
+    """numba's threads follow torch's (``torch.set_num_threads``), within numba's pool."""
+    import numba
+
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _np(t: torch.Tensor):  # type: ignore[no-untyped-def]
+    """A numpy view of a CPU tensor (contiguous: one compiled specialisation per dtype)."""
+    return t.detach().contiguous().numpy()
+
+
+def rejection_cpu(batch: VerifyBatch) -> torch.Tensor:
+    """:func:`spec_samplers.reference.rejection_reference`, compiled. Returns [B, K+1] int64."""
+    from spec_samplers.reference import _seeds_offsets, flat_inputs, rejection_reference
+
+    k = kernels()
+    f = flat_inputs(batch)
+    _threads()
+    if k is None or f.target.shape[0] == 0 or (f.draft is not None and f.draft.shape[0] == 0):
+        return rejection_reference(batch)  # (no rows to read: the reference's degenerate cases)
+    seeds, offsets = _seeds_offsets(batch, "rejection sampling")
+    B, K = f.draft_ids.shape
+    out = torch.empty(B, K + 1, dtype=torch.int64)
+    target = f.target.to(torch.float32)
+    draft = target[:1] if f.draft is None else f.draft.to(torch.float32)
+    greedy = f.is_greedy
+    k.rejection_kernel(
+        _np(target),
+        _np(f.target_rows),
+        _np(draft),
+        _np(f.draft_rows),
+        f.draft is not None,
+        _np(f.draft_ids.to(torch.int64)),
+        _np(f.num_draft),
+        _np(f.bonus.reshape(B).to(torch.int64)),
+        _np(torch.zeros(B, dtype=torch.bool) if greedy is None else greedy.to(torch.bool)),
+        greedy is not None,
+        _np(seeds.to(torch.int64)).view("uint64"),
+        _np(offsets.to(torch.int64)).view("uint64"),
+        out.numpy(),
+    )
+    return out
+
+
+#: reference -> compiled twin (filled by name so that importing this module imports no sampler)
+_TWINS: dict[str, Callable[[VerifyBatch], torch.Tensor]] = {
+    "rejection_reference": rejection_cpu,
+}
+
+
+def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: object) -> torch.Tensor:
+    """``op(batch, **options)``: whole when it reads its rows in place (fp32 probabilities), else
+    (logits, or fp16 / bf16 rows: fp32 rows made first) :data:`COMPILED_CHUNK_ELEMENTS` entries of
+    target rows at a time, which bounds those temporaries."""
+    from spec_samplers.chunking import run_chunked
+
+    if batch.temperature is None and batch.target.dtype == torch.float32:
+        if batch.draft is None or batch.draft.dtype == torch.float32:
+            return op(batch, **options)
+    return run_chunked(op, batch, budget=COMPILED_CHUNK_ELEMENTS, **options)
+
+
+def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) -> Callable[..., torch.Tensor] | None:
+    """The compiled twin of ``reference`` for tensors on ``device``, or None (not CPU, no twin, or
+    numba missing: the caller runs the reference)."""
+    if device.type != "cpu":
+        return None
+    twin = _TWINS.get(getattr(reference, "__name__", ""))
+    if twin is None or getattr(reference, "__module__", "") != "spec_samplers.reference" or kernels() is None:
+        return None
+    return twin

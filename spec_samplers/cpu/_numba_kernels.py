@@ -1,0 +1,292 @@
+"""numba kernels of the CPU path: the samplers' verification and the seeded draw, compiled.
+
+Each kernel is the PyTorch reference's arithmetic written as explicit loops, so the floats are the
+same operations in the same precision (fp32 accept ratios and level-2 keys, fp64 group sums and
+level-1 keys), and Philox4x32-10 runs inside the loop over the vocabulary group being raced
+(``spec_samplers.rng`` is the specification, bit for bit). Loops over requests are ``prange``
+(numba's threads); a request's vocabulary pass reads its rows once.
+
+Imported only by :mod:`spec_samplers.cpu` when numba is installed (``pip install
+spec-samplers[cpu]``); compiled code is cached on disk (``cache=True``), so only the first process
+on a machine compiles.
+
+Exactness notes (tests/test_cpu_path.py compares tokens with the references):
+
+* fp64 sums of a race group are taken in one fixed order here and in another by ``torch.sum``:
+  they differ by at most ~2**-53 relative, which changes a level-1 winner only when its two best
+  keys agree to that precision (the same argument as the Triton kernels', rng.race_group_sums);
+* the exponentials' fp64 ``log1p`` (libm here, SLEEF in PyTorch) agree within an fp64 ulp, and are
+  rounded to fp32: they differ only when an fp64 result lies within an ulp of an fp32 rounding
+  boundary (about 2**-29 of the draws).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba import njit, prange
+
+from spec_samplers import rng
+from spec_samplers.constants import RESIDUAL_MASS_EPS
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+_M0 = np.uint64(rng.PHILOX_M0)
+_M1 = np.uint64(rng.PHILOX_M1)
+_W0 = np.uint64(rng.PHILOX_W0)
+_W1 = np.uint64(rng.PHILOX_W1)
+_U8 = np.uint64(8)
+_U16 = np.uint64(16)
+_U24 = np.uint64(24)
+_U32 = np.uint64(32)
+_FF = np.uint64(0xFF)
+_FFFF = np.uint64(0xFFFF)
+_FFFFFF = np.uint64(0xFFFFFF)
+_ONE = np.uint64(1)
+_P24 = np.float32(2.0**-24)
+_P48 = np.float32(2.0**-48)
+_P64 = np.float32(2.0**-64)
+_UMAX = np.float32(rng.UNIFORM_MAX)
+_SCALE = np.float32(rng.RACE_SCALE)
+_F0 = np.float32(0.0)
+_INF = np.float32(np.inf)
+_G = rng.RACE_GROUP
+_L1 = np.int64(rng.LEVEL1_COUNTER)
+_EPS = RESIDUAL_MASS_EPS
+#: requests over numba threads (prange); compile time and first-call cost grow with it
+_PARALLEL = os.environ.get("SPEC_SAMPLERS_CPU_PARALLEL", "1") == "1"
+_STREAM_ACCEPT = np.uint64(rng.STREAM_ACCEPT)
+_STREAM_RECOVER = np.uint64(rng.STREAM_RECOVER)
+
+
+@njit(cache=True, inline="always")
+def _philox(c0, c1, c2, c3, k0, k1):  # type: ignore[no-untyped-def]
+    """Philox4x32-10 on uint64 words < 2**32 (rng.philox4x32)."""
+    for _ in range(10):
+        p0 = c0 * _M0
+        p1 = c2 * _M1
+        c0, c1, c2, c3 = (p1 >> _U32) ^ c1 ^ k0, p1 & _MASK32, (p0 >> _U32) ^ c3 ^ k1, p0 & _MASK32
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+@njit(cache=True, inline="always")
+def _words(seed, offset, counter, stream):  # type: ignore[no-untyped-def]
+    """rng.random_words: seed, offset uint64 (two's complement), counter int64, stream uint64."""
+    c = np.uint64(counter)
+    c1 = ((c >> _U32) & _FFFFFF) | (stream << _U24)
+    return _philox(c & _MASK32, c1, offset & _MASK32, offset >> _U32, seed & _MASK32, seed >> _U32)
+
+
+@njit(cache=True, inline="always")
+def _uniform(a, b):  # type: ignore[no-untyped-def]
+    """rng.uniform_from_words: three exact fp32 pieces added smallest first, clamped."""
+    hi = np.float32(a >> _U8) * _P24
+    mid = np.float32(((a & _FF) << _U16) | (b >> _U16)) * _P48
+    low = np.float32((b | _ONE) & _FFFF) * _P64
+    return min(hi + (mid + low), _UMAX)
+
+
+@njit(cache=True, inline="always")
+def _exponential(a, b):  # type: ignore[no-untyped-def]
+    """rng.exponential_from_words on the CPU: fp64 log1p of the fp32 -u, rounded to fp32."""
+    return np.float32(-math.log1p(np.float64(-_uniform(a, b))))
+
+
+@njit(cache=True, inline="always")
+def _clean(x):  # type: ignore[no-untyped-def]
+    """torch_ops.clean_probs of one fp32 value: NaN, Inf and negatives to 0 (selects, no branch)."""
+    y = x if x > _F0 else _F0  # NaN and negatives
+    return y if y < _INF else _F0
+
+
+@njit(cache=True)
+def _pick_group(sums, seed, offset, base, stream):  # type: ignore[no-untyped-def]
+    """Level 1 (rng.pick_group): argmax_g sums[g] / E1_g in fp64, ties to the lowest group; group
+    g's exponential is words (0, 1) (even g) or (2, 3) (odd g) of counter base + LEVEL1 + g // 2."""
+    G = sums.shape[0]
+    best = -1.0
+    best_g = 0
+    for h in range((G + 1) // 2):
+        w = _words(seed, offset, base + _L1 + h, stream)
+        key = sums[2 * h] / np.float64(_exponential(w[0], w[1]))
+        if key > best:
+            best = key
+            best_g = 2 * h
+        if 2 * h + 1 < G:
+            key = sums[2 * h + 1] / np.float64(_exponential(w[2], w[3]))
+            if key > best:
+                best = key
+                best_g = 2 * h + 1
+    return best_g
+
+
+@njit(cache=True, inline="always")
+def _weight(target, qr, draft, pr, skip, v):  # type: ignore[no-untyped-def]
+    """Entry v of the raced row: q - min(clean p, q) (reference._residual_) when pr >= 0, q with
+    entry ``skip`` zeroed otherwise (point-mass drafts); q = clean target[qr]."""
+    q = _clean(np.float32(target[qr, v]))
+    if pr >= 0:
+        return q - min(_clean(np.float32(draft[pr, v])), q)
+    if v == skip:
+        return _F0
+    return q
+
+
+@njit(cache=True, inline="always")
+def _residual_at(q, p, v, with_p):  # type: ignore[no-untyped-def]
+    """fp64 of entry v of q - min(clean p, q) (with_p), else of q; q, p fp32 rows."""
+    qv = _clean(np.float32(q[v]))
+    if with_p:
+        return np.float64(qv - min(_clean(np.float32(p[v])), qv))
+    return np.float64(qv)
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _group_sums(q, p, with_p, sums):  # type: ignore[no-untyped-def]
+    """sums [G] fp64 <- the group sums of the row (_residual_at). "reassoc" lets LLVM vectorise
+    the fp64 additions (its lanes fix an order, as torch.sum's do; the two differ by ~2**-53
+    relative, module docstring); the selects and the fp32 subtraction are single operations."""
+    V = q.shape[0]
+    for g in range(sums.shape[0]):
+        acc = 0.0
+        for v in range(g * _G, min((g + 1) * _G, V)):
+            acc += _residual_at(q, p, v, with_p)
+        sums[g] = acc
+
+
+@njit(cache=True)
+def _total(sums):  # type: ignore[no-untyped-def]
+    """The sum of the group sums, in order (the mass tested against RESIDUAL_MASS_EPS)."""
+    mass = 0.0
+    for g in range(sums.shape[0]):
+        mass += sums[g]
+    return mass
+
+
+@njit(cache=True)
+def _argmax_clean(target, qr):  # type: ignore[no-untyped-def]
+    """argmax of the clean row target[qr] (ties to the lowest index)."""
+    arg = 0
+    top = np.float32(-1.0)
+    for v in range(target.shape[1]):
+        q = _clean(np.float32(target[qr, v]))
+        if q > top:
+            top = q
+            arg = v
+    return arg
+
+
+@njit(cache=True)
+def _race(target, qr, draft, pr, skip, sums, seed, offset, base, stream):  # type: ignore[no-untyped-def]
+    """rng.two_level_race of the raced row (_weight) given its group sums: level 1 picks a group,
+    level 2 races its entries, argmax (w * 2**32) / E_i in fp32 (-1 past the vocabulary), entry i's
+    exponential from counter base + i // 2, words (0, 1) or (2, 3)."""
+    V = target.shape[1]
+    g = _pick_group(sums, seed, offset, base, stream)
+    best = np.float32(-np.inf)
+    best_i = 0
+    for h in range(_G // 2):
+        w = _words(seed, offset, base + h, stream)
+        for lane in range(2):
+            i = 2 * h + lane
+            v = g * _G + i
+            weight = _weight(target, qr, draft, pr, skip, v) if v < V else np.float32(-1.0)
+            e = _exponential(w[0], w[1]) if lane == 0 else _exponential(w[2], w[3])
+            key = (weight * _SCALE) / e
+            if key > best:
+                best = key
+                best_i = i
+    return g * _G + best_i
+
+
+@njit(cache=True)
+def _recover(target, qr, draft, pr, skip, greedy, seed, offset, j, stream):  # type: ignore[no-untyped-def]
+    """reference._recover_from for one request: the race of position j over the residual (q -
+    min(p, q) with p = draft[pr] when pr >= 0; q without entry ``skip`` when skip >= 0; else q),
+    over q when the residual has no mass; argmax q on greedy rows; -1 when q has no mass."""
+    V = target.shape[1]
+    q = target[qr]
+    sums = np.empty(max(-(-V // _G), 1), dtype=np.float64)
+    _group_sums(q, draft[max(pr, 0)], pr >= 0, sums)
+    if skip >= 0:  # point-mass draft: its group again, without the rejected token
+        g = skip // _G
+        acc = 0.0
+        for v in range(g * _G, min((g + 1) * _G, V)):
+            acc += 0.0 if v == skip else np.float64(_clean(np.float32(q[v])))
+        sums[g] = acc
+    if not _total(sums) > _EPS:  # the residual has no mass: race q itself
+        _group_sums(q, q, False, sums)
+        if not _total(sums) > 0.0:
+            return -1  # nor has q: no token
+        pr, skip = -1, -1
+    if greedy:
+        return _argmax_clean(target, qr)
+    return _race(target, qr, draft, pr, skip, sums, seed, offset, np.int64(j) << 32, stream)
+
+
+@njit(cache=True, parallel=_PARALLEL)
+def rejection_kernel(  # type: ignore[no-untyped-def]
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, K+1] int64, -1 = none
+    draft,  # [R', V] fp32 (R' > 0 when has_draft_probs)
+    draft_rows,  # [B, K] int64
+    has_draft_probs,  # bool: False for point-mass drafts
+    draft_ids,  # [B, K] int64 (raw)
+    num_draft,  # [B] int64
+    bonus,  # [B] int64
+    is_greedy,  # [B] bool
+    has_greedy,  # bool
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    out,  # [B, K+1] int64
+):
+    """reference._rejection_core then _drop_malformed, one request per iteration: the accept test
+    on gathered scalars, then one race over the first rejected position's row."""
+    B, K = draft_ids.shape
+    V = target.shape[1]
+    for b in prange(B):
+        seed, offset = seeds[b], offsets[b]
+        greedy = has_greedy and is_greedy[b]
+        kb = num_draft[b]
+        n = 0
+        for i in range(K):
+            x = draft_ids[b, i]
+            valid = x >= 0 and x < V and i < kb
+            tr = target_rows[b, i]
+            q_x = _clean(np.float32(target[tr, x])) if valid and tr >= 0 else _F0
+            if greedy:
+                ok = q_x > _F0 and _argmax_clean(target, tr) == x
+            else:
+                p_x = np.float32(1.0)
+                if has_draft_probs:
+                    dr = draft_rows[b, i]
+                    p_x = _clean(np.float32(draft[dr, x])) if valid and dr >= 0 else _F0
+                w = _words(seed, offset, np.int64(i), _STREAM_ACCEPT)
+                ok = valid and p_x > _F0 and _uniform(w[0], w[1]) < q_x / p_x
+            if not ok:
+                break
+            n += 1
+        has_draft = n < kb
+        qr = target_rows[b, n]
+        pr, skip = -1, -1
+        if has_draft:  # an out-of-range draft was never a sample of p: race q, not (q - p)+
+            x = draft_ids[b, n]
+            if x >= 0 and x < V:
+                if has_draft_probs:
+                    pr = draft_rows[b, n]
+                else:
+                    skip = x
+        recovered = -1 if qr < 0 else _recover(target, qr, draft, pr, skip, greedy, seed, offset, n, _STREAM_RECOVER)
+        if has_draft:
+            final = recovered
+        elif bonus[b] >= 0 and bonus[b] < V:
+            final = bonus[b]
+        else:
+            final = recovered  # the bonus row's token (-1 where the layout has none)
+        for i in range(K + 1):
+            out[b, i] = draft_ids[b, i] if i < n else (final if i == n else -1)
+        if kb < 0:
+            out[b, :] = -1
