@@ -14,7 +14,7 @@ from kernel_cases import make_case, ragged_view
 
 from spec_samplers import cpu
 from spec_samplers.layout import VerifyBatch
-from spec_samplers.reference import rejection_reference
+from spec_samplers.reference import block_reference, rejection_reference
 
 assert cpu.kernels() is not None, "numba must import for these tests (pip install -e '.[test]')"
 
@@ -50,30 +50,34 @@ def _batches(B: int, K: int, V: int, seed: int, dtype: torch.dtype, **case_optio
         yield "ragged-malformed", VerifyBatch.ragged(t, c.bonus, d, ids, bad, K, **common)
 
 
+TWINS = [(rejection_reference, cpu.rejection_cpu), (block_reference, cpu.block_cpu)]
+
+
 def _check(batch: VerifyBatch, name: str) -> None:
-    want = rejection_reference(batch)
-    got = cpu.run_compiled(cpu.rejection_cpu, batch)
-    assert torch.equal(got, want), f"{name}: compiled {got.tolist()} != reference {want.tolist()}"
+    for reference, twin in TWINS:
+        want = reference(batch)
+        got = cpu.run_compiled(twin, batch)
+        assert torch.equal(got, want), f"{twin.__name__} {name}: compiled {got.tolist()} != reference {want.tolist()}"
 
 
 @pytest.mark.quick
 @pytest.mark.parametrize("B,K,V", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_rejection_twin_equals_reference(B: int, K: int, V: int, dtype: torch.dtype) -> None:
+def test_twin_equals_reference(B: int, K: int, V: int, dtype: torch.dtype) -> None:
     for seed in range(2):
         for options in ({}, {"bad_ids": True}, {"zero_mass": True}, {"worst_case": True}, {"greedy": "all"}):
             for name, batch in _batches(B, K, V, seed * 31 + B, dtype, **options):
                 _check(batch, f"{name} {options} seed {seed}")
 
 
-def test_rejection_twin_many_seeds() -> None:
+def test_twin_many_seeds() -> None:
     """Far drafts (every request recovers from a full row) over many seeds: the race's tokens."""
     for seed in range(40):
         for name, batch in _batches(6, 3, 700, 1000 + seed, torch.float32, closeness=3.0, greedy="none"):
             _check(batch, f"{name} seed {seed}")
 
 
-def test_rejection_twin_ties_nan_and_empty_rows() -> None:
+def test_twin_ties_nan_and_empty_rows() -> None:
     """Equal weights (level-2 ties go to the lowest index, greedy argmax too), NaN / Inf / negative
     entries (cleaned to 0), rows without mass (no token, -1)."""
     B, K, V = 6, 2, 600

@@ -61,22 +61,23 @@ def _np(t: torch.Tensor):  # type: ignore[no-untyped-def]
     return t.detach().contiguous().numpy()
 
 
-def rejection_cpu(batch: VerifyBatch) -> torch.Tensor:
-    """:func:`spec_samplers.reference.rejection_reference`, compiled. Returns [B, K+1] int64."""
-    from spec_samplers.reference import _seeds_offsets, flat_inputs, rejection_reference
+def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: Callable[[VerifyBatch], torch.Tensor], sampler: str):  # type: ignore[no-untyped-def]
+    """Run the kernel ``kernel_name`` (rejection_kernel, block_kernel: one signature) on the
+    batch's flat fp32 rows; the reference where numba is missing or there are no rows to read."""
+    from spec_samplers.reference import _seeds_offsets, flat_inputs
 
     k = kernels()
     f = flat_inputs(batch)
-    _threads()
     if k is None or f.target.shape[0] == 0 or (f.draft is not None and f.draft.shape[0] == 0):
-        return rejection_reference(batch)  # (no rows to read: the reference's degenerate cases)
-    seeds, offsets = _seeds_offsets(batch, "rejection sampling")
+        return reference(batch)  # (no rows to read: the reference's degenerate cases)
+    _threads()
+    seeds, offsets = _seeds_offsets(batch, sampler)
     B, K = f.draft_ids.shape
     out = torch.empty(B, K + 1, dtype=torch.int64)
     target = f.target.to(torch.float32)
     draft = target[:1] if f.draft is None else f.draft.to(torch.float32)
     greedy = f.is_greedy
-    k.rejection_kernel(
+    getattr(k, kernel_name)(
         _np(target),
         _np(f.target_rows),
         _np(draft),
@@ -94,10 +95,18 @@ def rejection_cpu(batch: VerifyBatch) -> torch.Tensor:
     return out
 
 
-#: reference -> compiled twin (filled by name so that importing this module imports no sampler)
-_TWINS: dict[str, Callable[[VerifyBatch], torch.Tensor]] = {
-    "rejection_reference": rejection_cpu,
-}
+def rejection_cpu(batch: VerifyBatch) -> torch.Tensor:
+    """:func:`spec_samplers.reference.rejection_reference`, compiled. Returns [B, K+1] int64."""
+    from spec_samplers.reference import rejection_reference
+
+    return _verify_cpu(batch, "rejection_kernel", rejection_reference, "rejection sampling")
+
+
+def block_cpu(batch: VerifyBatch) -> torch.Tensor:
+    """:func:`spec_samplers.reference.block_reference`, compiled. Returns [B, K+1] int64."""
+    from spec_samplers.reference import block_reference
+
+    return _verify_cpu(batch, "block_kernel", block_reference, "block verification")
 
 
 def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: object) -> torch.Tensor:
@@ -110,6 +119,13 @@ def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options:
         if batch.draft is None or batch.draft.dtype == torch.float32:
             return op(batch, **options)
     return run_chunked(op, batch, budget=COMPILED_CHUNK_ELEMENTS, **options)
+
+
+#: reference -> compiled twin (by name, so that importing this module imports no sampler)
+_TWINS: dict[str, Callable[[VerifyBatch], torch.Tensor]] = {
+    "rejection_reference": rejection_cpu,
+    "block_reference": block_cpu,
+}
 
 
 def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) -> Callable[..., torch.Tensor] | None:

@@ -51,6 +51,7 @@ _UMAX = np.float32(rng.UNIFORM_MAX)
 _SCALE = np.float32(rng.RACE_SCALE)
 _F0 = np.float32(0.0)
 _INF = np.float32(np.inf)
+_ONE32 = np.float32(1.0)
 _G = rng.RACE_GROUP
 _L1 = np.int64(rng.LEVEL1_COUNTER)
 _EPS = RESIDUAL_MASS_EPS
@@ -123,37 +124,49 @@ def _pick_group(sums, seed, offset, base, stream):  # type: ignore[no-untyped-de
     return best_g
 
 
-@njit(cache=True, inline="always")
-def _weight(target, qr, draft, pr, skip, v):  # type: ignore[no-untyped-def]
-    """Entry v of the raced row: q - min(clean p, q) (reference._residual_) when pr >= 0, q with
-    entry ``skip`` zeroed otherwise (point-mass drafts); q = clean target[qr]."""
-    q = _clean(np.float32(target[qr, v]))
-    if pr >= 0:
-        return q - min(_clean(np.float32(draft[pr, v])), q)
-    if v == skip:
-        return _F0
-    return q
+# The raced rows (residuals), one entry at a time: q = clean target row, p = clean draft row.
+#: q itself
+RES_Q = 0
+#: rejection sampling: q - min(p, q) (reference._residual_)
+RES_REJECT = 1
+#: rejection sampling, point-mass draft x: q with q[x] = 0
+RES_REJECT_POINT = 2
+#: block verification: (rho q - p)+
+RES_BLOCK = 3
+#: block verification, point-mass draft x: rho q with (rho q[x] - 1)+ at x
+RES_BLOCK_POINT = 4
 
 
 @njit(cache=True, inline="always")
-def _residual_at(q, p, v, with_p):  # type: ignore[no-untyped-def]
-    """fp64 of entry v of q - min(clean p, q) (with_p), else of q; q, p fp32 rows."""
+def _residual(q, p, v, mode, rho, skip):  # type: ignore[no-untyped-def]
+    """fp32 entry v of the raced row ``mode`` (the RES_* constants) of rows q, p (fp32)."""
     qv = _clean(np.float32(q[v]))
-    if with_p:
-        return np.float64(qv - min(_clean(np.float32(p[v])), qv))
-    return np.float64(qv)
+    if mode == RES_REJECT:
+        return qv - min(_clean(np.float32(p[v])), qv)
+    if mode == RES_REJECT_POINT:
+        return _F0 if v == skip else qv
+    if mode == RES_BLOCK:
+        r = rho * qv - _clean(np.float32(p[v]))
+        return r if r > _F0 else _F0
+    if mode == RES_BLOCK_POINT:
+        s = rho * qv
+        if v == skip:
+            s = s - np.float32(1.0)
+            return s if s > _F0 else _F0
+        return s
+    return qv
 
 
 @njit(cache=True, fastmath={"reassoc"})
-def _group_sums(q, p, with_p, sums):  # type: ignore[no-untyped-def]
-    """sums [G] fp64 <- the group sums of the row (_residual_at). "reassoc" lets LLVM vectorise
+def _group_sums(q, p, mode, rho, skip, sums):  # type: ignore[no-untyped-def]
+    """sums [G] fp64 <- the group sums of the raced row (_residual). "reassoc" lets LLVM vectorise
     the fp64 additions (its lanes fix an order, as torch.sum's do; the two differ by ~2**-53
-    relative, module docstring); the selects and the fp32 subtraction are single operations."""
+    relative, module docstring); the selects and fp32 operations are single operations."""
     V = q.shape[0]
     for g in range(sums.shape[0]):
         acc = 0.0
         for v in range(g * _G, min((g + 1) * _G, V)):
-            acc += _residual_at(q, p, v, with_p)
+            acc += np.float64(_residual(q, p, v, mode, rho, skip))
         sums[g] = acc
 
 
@@ -167,24 +180,24 @@ def _total(sums):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _argmax_clean(target, qr):  # type: ignore[no-untyped-def]
-    """argmax of the clean row target[qr] (ties to the lowest index)."""
+def _argmax_clean(q):  # type: ignore[no-untyped-def]
+    """argmax of the clean row q (ties to the lowest index)."""
     arg = 0
     top = np.float32(-1.0)
-    for v in range(target.shape[1]):
-        q = _clean(np.float32(target[qr, v]))
-        if q > top:
-            top = q
+    for v in range(q.shape[0]):
+        x = _clean(np.float32(q[v]))
+        if x > top:
+            top = x
             arg = v
     return arg
 
 
 @njit(cache=True)
-def _race(target, qr, draft, pr, skip, sums, seed, offset, base, stream):  # type: ignore[no-untyped-def]
-    """rng.two_level_race of the raced row (_weight) given its group sums: level 1 picks a group,
-    level 2 races its entries, argmax (w * 2**32) / E_i in fp32 (-1 past the vocabulary), entry i's
-    exponential from counter base + i // 2, words (0, 1) or (2, 3)."""
-    V = target.shape[1]
+def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):  # type: ignore[no-untyped-def]
+    """rng.two_level_race of the raced row (_residual) given its group sums: level 1 picks a
+    group, level 2 races its entries, argmax (w * 2**32) / E_i in fp32 (-1 past the vocabulary),
+    entry i's exponential from counter base + i // 2, words (0, 1) or (2, 3)."""
+    V = q.shape[0]
     g = _pick_group(sums, seed, offset, base, stream)
     best = np.float32(-np.inf)
     best_i = 0
@@ -193,7 +206,7 @@ def _race(target, qr, draft, pr, skip, sums, seed, offset, base, stream):  # typ
         for lane in range(2):
             i = 2 * h + lane
             v = g * _G + i
-            weight = _weight(target, qr, draft, pr, skip, v) if v < V else np.float32(-1.0)
+            weight = _residual(q, p, v, mode, rho, skip) if v < V else np.float32(-1.0)
             e = _exponential(w[0], w[1]) if lane == 0 else _exponential(w[2], w[3])
             key = (weight * _SCALE) / e
             if key > best:
@@ -203,28 +216,39 @@ def _race(target, qr, draft, pr, skip, sums, seed, offset, base, stream):  # typ
 
 
 @njit(cache=True)
-def _recover(target, qr, draft, pr, skip, greedy, seed, offset, j, stream):  # type: ignore[no-untyped-def]
-    """reference._recover_from for one request: the race of position j over the residual (q -
-    min(p, q) with p = draft[pr] when pr >= 0; q without entry ``skip`` when skip >= 0; else q),
-    over q when the residual has no mass; argmax q on greedy rows; -1 when q has no mass."""
-    V = target.shape[1]
-    q = target[qr]
-    sums = np.empty(max(-(-V // _G), 1), dtype=np.float64)
-    _group_sums(q, draft[max(pr, 0)], pr >= 0, sums)
-    if skip >= 0:  # point-mass draft: its group again, without the rejected token
-        g = skip // _G
-        acc = 0.0
-        for v in range(g * _G, min((g + 1) * _G, V)):
-            acc += 0.0 if v == skip else np.float64(_clean(np.float32(q[v])))
-        sums[g] = acc
+def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):  # type: ignore[no-untyped-def]
+    """reference._recover_from for one request: the race of position j over the raced row
+    (_residual), over q when it has no mass; argmax q on greedy rows; -1 when q has no mass."""
+    sums = np.empty(max(-(-q.shape[0] // _G), 1), dtype=np.float64)
+    _group_sums(q, p, mode, rho, skip, sums)
     if not _total(sums) > _EPS:  # the residual has no mass: race q itself
-        _group_sums(q, q, False, sums)
+        _group_sums(q, p, RES_Q, rho, skip, sums)
         if not _total(sums) > 0.0:
             return -1  # nor has q: no token
-        pr, skip = -1, -1
+        mode = RES_Q
     if greedy:
-        return _argmax_clean(target, qr)
-    return _race(target, qr, draft, pr, skip, sums, seed, offset, np.int64(j) << 32, stream)
+        return _argmax_clean(q)
+    return _race(q, p, mode, rho, skip, sums, seed, offset, np.int64(j) << 32, stream)
+
+
+@njit(cache=True, inline="always")
+def _final(recovered, has_draft, bonus, V):  # type: ignore[no-untyped-def]
+    """reference._final_tokens: the recovered token at a rejection, else the bonus when in range,
+    else the bonus row's token (``recovered``: -1 where the layout has no bonus row)."""
+    if has_draft:
+        return recovered
+    if bonus >= 0 and bonus < V:
+        return bonus
+    return recovered
+
+
+@njit(cache=True, inline="always")
+def _write(out, b, draft_ids, n, final, kb):  # type: ignore[no-untyped-def]
+    """build_output then _drop_malformed for request b: n drafts, the final token, then -1."""
+    for i in range(out.shape[1]):
+        out[b, i] = draft_ids[b, i] if i < n else (final if i == n else -1)
+        if kb < 0:
+            out[b, i] = -1
 
 
 @njit(cache=True, parallel=_PARALLEL)
@@ -258,7 +282,7 @@ def rejection_kernel(  # type: ignore[no-untyped-def]
             tr = target_rows[b, i]
             q_x = _clean(np.float32(target[tr, x])) if valid and tr >= 0 else _F0
             if greedy:
-                ok = q_x > _F0 and _argmax_clean(target, tr) == x
+                ok = q_x > _F0 and _argmax_clean(target[tr]) == x
             else:
                 p_x = np.float32(1.0)
                 if has_draft_probs:
@@ -271,22 +295,113 @@ def rejection_kernel(  # type: ignore[no-untyped-def]
             n += 1
         has_draft = n < kb
         qr = target_rows[b, n]
-        pr, skip = -1, -1
+        pr, mode, skip = 0, RES_Q, -1
         if has_draft:  # an out-of-range draft was never a sample of p: race q, not (q - p)+
             x = draft_ids[b, n]
             if x >= 0 and x < V:
                 if has_draft_probs:
-                    pr = draft_rows[b, n]
+                    pr, mode = draft_rows[b, n], RES_REJECT
                 else:
-                    skip = x
-        recovered = -1 if qr < 0 else _recover(target, qr, draft, pr, skip, greedy, seed, offset, n, _STREAM_RECOVER)
-        if has_draft:
-            final = recovered
-        elif bonus[b] >= 0 and bonus[b] < V:
-            final = bonus[b]
-        else:
-            final = recovered  # the bonus row's token (-1 where the layout has none)
-        for i in range(K + 1):
-            out[b, i] = draft_ids[b, i] if i < n else (final if i == n else -1)
-        if kb < 0:
-            out[b, :] = -1
+                    mode, skip = RES_REJECT_POINT, x
+        recovered = -1
+        if qr >= 0:
+            recovered = _recover(target[qr], draft[pr], mode, _ONE32, skip, greedy, seed, offset, n, _STREAM_RECOVER)
+        _write(out, b, draft_ids, n, _final(recovered, has_draft, bonus[b], V), kb)
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _block_mass(q, p, rho):  # type: ignore[no-untyped-def]
+    """Z = sum (rho q - p)+ of one position (reference._block_core), summed in fp64 (vectorised)
+    and rounded to fp32: torch sums the fp32 terms in fp32, so the two agree to ~2**-24 relative
+    and a token differs only when an accept uniform falls that close to its threshold."""
+    acc = 0.0
+    for v in range(q.shape[0]):
+        acc += np.float64(_residual(q, p, v, RES_BLOCK, rho, -1))
+    return np.float32(acc)
+
+
+@njit(cache=True, parallel=_PARALLEL)
+def block_kernel(  # type: ignore[no-untyped-def]
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, K+1] int64, -1 = none
+    draft,  # [R', V] fp32 (R' > 0 when has_draft_probs)
+    draft_rows,  # [B, K] int64
+    has_draft_probs,  # bool: False for point-mass drafts
+    draft_ids,  # [B, K] int64 (raw)
+    num_draft,  # [B] int64
+    bonus,  # [B] int64
+    is_greedy,  # [B] bool
+    has_greedy,  # bool
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    out,  # [B, K+1] int64
+):
+    """reference._block_core then _drop_malformed, one request per iteration: running ratios
+    from gathered scalars, the residual mass of each tested position, the longest accepted block,
+    one race at its end."""
+    B, K = draft_ids.shape
+    V = target.shape[1]
+    for b in prange(B):
+        seed, offset = seeds[b], offsets[b]
+        kb = num_draft[b]
+        rho = np.empty(K + 1, dtype=np.float32)
+        q_x = np.zeros(max(K, 1), dtype=np.float32)
+        valid = np.zeros(max(K, 1), dtype=np.bool_)
+        rho[0] = _ONE32
+        for m in range(K):
+            x = draft_ids[b, m]
+            valid[m] = x >= 0 and x < V and m < kb
+            xc = min(max(x, 0), V - 1)
+            tr = target_rows[b, m]
+            q_x[m] = _clean(np.float32(target[tr, xc])) if tr >= 0 else _F0
+            p_x = _ONE32
+            if has_draft_probs:
+                dr = draft_rows[b, m]
+                p_x = _clean(np.float32(draft[dr, xc])) if dr >= 0 else _F0
+            ratio = q_x[m] / p_x if valid[m] and p_x > _F0 else _F0
+            prev = rho[m]
+            rho[m + 1] = min(prev * ratio, _ONE32) if prev > _F0 else _F0
+        if has_greedy and is_greedy[b] and K > 0:  # the greedy rule: leading argmax matches
+            tau = 0
+            for m in range(K):
+                tr = target_rows[b, m]
+                if not (valid[m] and q_x[m] > _F0 and _argmax_clean(target[tr]) == draft_ids[b, m]):
+                    break
+                tau += 1
+        else:  # the largest m <= k_b with u_{m-1} < h_m
+            tau = 0
+            for m in range(1, min(K, max(kb, 0)) + 1):
+                if m == K:
+                    h = rho[K]
+                elif valid[m]:
+                    r = rho[m]
+                    if r >= _ONE32:
+                        h = _ONE32
+                    else:
+                        if has_draft_probs:
+                            tr, dr = target_rows[b, m], draft_rows[b, m]
+                            z = _block_mass(target[max(tr, 0)], draft[max(dr, 0)], r) if tr >= 0 and dr >= 0 else _F0
+                        else:
+                            z = r * (_ONE32 - q_x[m])
+                            z = z if z > _F0 else _F0
+                        h = z / (z + (_ONE32 - r))
+                else:
+                    h = rho[m]
+                w = _words(seed, offset, np.int64(m - 1), _STREAM_ACCEPT)
+                if _uniform(w[0], w[1]) < h:
+                    tau = m
+        j = tau
+        has_draft = j < kb
+        jd = min(j, max(K - 1, 0))
+        qr = target_rows[b, j]
+        pr, mode, skip = 0, RES_Q, -1
+        if K > 0 and has_draft and valid[jd]:
+            if has_draft_probs:
+                pr, mode = draft_rows[b, jd], RES_BLOCK
+            else:
+                mode, skip = RES_BLOCK_POINT, draft_ids[b, jd]
+        recovered = -1
+        if qr >= 0:
+            greedy = has_greedy and is_greedy[b]
+            recovered = _recover(target[qr], draft[pr], mode, rho[j], skip, greedy, seed, offset, j, _STREAM_RECOVER)
+        _write(out, b, draft_ids, j, _final(recovered, has_draft, bonus[b], V), kb)
