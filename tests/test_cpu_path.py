@@ -14,7 +14,7 @@ from kernel_cases import make_case, ragged_view
 
 from spec_samplers import cpu
 from spec_samplers.layout import VerifyBatch
-from spec_samplers.reference import block_reference, rejection_reference
+from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 
 assert cpu.kernels() is not None, "numba must import for these tests (pip install -e '.[test]')"
 
@@ -50,13 +50,20 @@ def _batches(B: int, K: int, V: int, seed: int, dtype: torch.dtype, **case_optio
         yield "ragged-malformed", VerifyBatch.ragged(t, c.bonus, d, ids, bad, K, **common)
 
 
-TWINS = [(rejection_reference, cpu.rejection_cpu), (block_reference, cpu.block_cpu)]
+TYPICAL = {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
+TWINS = [(rejection_reference, cpu.rejection_cpu, {}), (block_reference, cpu.block_cpu, {})]
+TWINS += [
+    (typical_reference, cpu.typical_cpu, TYPICAL),
+    (typical_reference, cpu.typical_cpu, {**TYPICAL, "posterior_threshold": 0.001}),
+]
 
 
 def _check(batch: VerifyBatch, name: str) -> None:
-    for reference, twin in TWINS:
-        want = reference(batch)
-        got = cpu.run_compiled(twin, batch)
+    for reference, twin, options in TWINS:
+        if reference is not typical_reference and batch.seeds is None:
+            continue
+        want = reference(batch, **options)
+        got = cpu.run_compiled(twin, batch, **options)
         assert torch.equal(got, want), f"{twin.__name__} {name}: compiled {got.tolist()} != reference {want.tolist()}"
 
 
@@ -109,3 +116,45 @@ def test_compiled_op_dispatch() -> None:
     auto = RejectionSampler()(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
     ref = RejectionSampler(backend="torch")(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
     assert torch.equal(auto, ref)
+
+
+def _probs_spec(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """torch_ops.probs_from_logits as its docstring states it, one plain op at a time."""
+    from spec_samplers.torch_ops import reciprocal_sum, scaled_exp
+
+    x = torch.fmax(logits.to(torch.float32), torch.tensor(float("-inf")))
+    row_max = x.amax(dim=-1, keepdim=True)
+    t = torch.where(temperature > 0, temperature.to(torch.float32), 1.0)[:, None]
+    e = scaled_exp(x, row_max, t)
+    probs = e * reciprocal_sum(e.sum(dim=-1, keepdim=True))
+    onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
+    onehot = torch.where(row_max > float("-inf"), onehot, 0.0)
+    return torch.where((temperature == 0)[:, None], onehot, probs)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_probs_from_logits_in_place_equals_its_rule(dtype: torch.dtype) -> None:
+    """The in-place, row-chunked probs_from_logits gives the rule's floats bit for bit: finite
+    temperatures, T = 0 (greedy), +inf and tiny T, NaN / +-inf logits, rows without mass, rows
+    across several CPU chunks."""
+    from spec_samplers.torch_ops import probs_from_logits
+
+    g = torch.Generator().manual_seed(0)
+    for N, V in ((7, 33), (3, 2**17 + 5), (40, 20000)):
+        logits = (torch.randn(N, V, generator=g) * 8).to(dtype)
+        logits[0, 3] = float("nan")
+        logits[1, :] = float("-inf")
+        logits[2, 5:9] = float("inf")
+        logits[-1, : V // 2] = -1e38 if dtype != torch.float16 else -6e4
+        temps = [torch.rand(N, generator=g) + 0.3]
+        with_special = temps[0].clone()
+        with_special[::3] = 0.0
+        with_special[1::5] = float("inf")
+        with_special[2::7] = 1e-40
+        with_special[4::9] = float("nan")
+        temps.append(with_special)
+        for t in temps:
+            got = probs_from_logits(logits, t)
+            want = _probs_spec(logits, t)
+            assert torch.equal(got, want), (N, V, dtype)

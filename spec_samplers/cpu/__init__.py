@@ -10,9 +10,9 @@ after a one-line warning (once per process).
 
 Why numba (docs/cpu.md): the verification is a loop over a request's vocabulary with Philox in the
 loop over the raced group and fp64 group sums; written as explicit loops, every float is the
-reference's operation in the reference's precision, compiled once per machine (``cache=True``), with
-requests spread over threads (``prange``). torch.compile re-traces per shape family and its first
-call costs seconds; a C++ operator needs a compiler at install time.
+reference's operation in the reference's precision, compiled once per machine (``cache=True``).
+torch.compile re-traces per shape family and its first call costs seconds; a C++ operator needs a
+compiler at install time.
 """
 
 from __future__ import annotations
@@ -49,13 +49,6 @@ def kernels() -> ModuleType | None:
     return _numba_kernels
 
 
-def _threads() -> None:
-    """numba's threads follow torch's (``torch.set_num_threads``), within numba's pool."""
-    import numba
-
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-
-
 def _np(t: torch.Tensor):  # type: ignore[no-untyped-def]
     """A numpy view of a CPU tensor (contiguous: one compiled specialisation per dtype)."""
     return t.detach().contiguous().numpy()
@@ -70,7 +63,6 @@ def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: Callable[[Verif
     f = flat_inputs(batch)
     if k is None or f.target.shape[0] == 0 or (f.draft is not None and f.draft.shape[0] == 0):
         return reference(batch)  # (no rows to read: the reference's degenerate cases)
-    _threads()
     seeds, offsets = _seeds_offsets(batch, sampler)
     B, K = f.draft_ids.shape
     out = torch.empty(B, K + 1, dtype=torch.int64)
@@ -121,10 +113,36 @@ def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options:
     return run_chunked(op, batch, budget=COMPILED_CHUNK_ELEMENTS, **options)
 
 
+def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
+    """:func:`spec_samplers.reference.typical_reference`, compiled. Returns [B, K+1] int64."""
+    from spec_samplers.constants import ENTROPY_EPS_FP32, fp32_value
+    from spec_samplers.reference import flat_inputs, typical_reference
+
+    k = kernels()
+    f = flat_inputs(batch)
+    if k is None or f.target.shape[0] == 0:
+        return typical_reference(batch, posterior_threshold, posterior_alpha)
+    B, K = f.draft_ids.shape
+    out = torch.empty(B, K + 1, dtype=torch.int64)
+    k.typical_kernel(
+        _np(f.target.to(torch.float32)),
+        _np(f.target_rows),
+        _np(f.draft_ids.to(torch.int64)),
+        _np(f.num_draft),
+        _np(f.bonus.reshape(B).to(torch.int64)),
+        float(ENTROPY_EPS_FP32),
+        fp32_value(posterior_threshold),
+        fp32_value(posterior_alpha),
+        out.numpy(),
+    )
+    return out
+
+
 #: reference -> compiled twin (by name, so that importing this module imports no sampler)
 _TWINS: dict[str, Callable[[VerifyBatch], torch.Tensor]] = {
     "rejection_reference": rejection_cpu,
     "block_reference": block_cpu,
+    "typical_reference": typical_cpu,
 }
 
 

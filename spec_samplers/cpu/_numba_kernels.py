@@ -3,8 +3,9 @@
 Each kernel is the PyTorch reference's arithmetic written as explicit loops, so the floats are the
 same operations in the same precision (fp32 accept ratios and level-2 keys, fp64 group sums and
 level-1 keys), and Philox4x32-10 runs inside the loop over the vocabulary group being raced
-(``spec_samplers.rng`` is the specification, bit for bit). Loops over requests are ``prange``
-(numba's threads); a request's vocabulary pass reads its rows once.
+(``spec_samplers.rng`` is the specification, bit for bit). One thread: a request's vocabulary pass
+reads its rows once. (``prange`` over requests cost 10-25 ms a call on a loaded 2-core machine,
+the OpenMP region waiting for a descheduled thread, against 0.1 ms for one request serially.)
 
 Imported only by :mod:`spec_samplers.cpu` when numba is installed (``pip install
 spec-samplers[cpu]``); compiled code is cached on disk (``cache=True``), so only the first process
@@ -23,10 +24,9 @@ Exactness notes (tests/test_cpu_path.py compares tokens with the references):
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from spec_samplers import rng
 from spec_samplers.constants import RESIDUAL_MASS_EPS
@@ -55,8 +55,6 @@ _ONE32 = np.float32(1.0)
 _G = rng.RACE_GROUP
 _L1 = np.int64(rng.LEVEL1_COUNTER)
 _EPS = RESIDUAL_MASS_EPS
-#: requests over numba threads (prange); compile time and first-call cost grow with it
-_PARALLEL = os.environ.get("SPEC_SAMPLERS_CPU_PARALLEL", "1") == "1"
 _STREAM_ACCEPT = np.uint64(rng.STREAM_ACCEPT)
 _STREAM_RECOVER = np.uint64(rng.STREAM_RECOVER)
 
@@ -157,17 +155,32 @@ def _residual(q, p, v, mode, rho, skip):  # type: ignore[no-untyped-def]
     return qv
 
 
-@njit(cache=True, fastmath={"reassoc"})
-def _group_sums(q, p, mode, rho, skip, sums):  # type: ignore[no-untyped-def]
-    """sums [G] fp64 <- the group sums of the raced row (_residual). "reassoc" lets LLVM vectorise
+@njit(cache=True, fastmath={"reassoc"}, inline="always")
+def _sum(q, p, lo, hi, mode, rho, skip):  # type: ignore[no-untyped-def]
+    """fp64 sum of entries [lo, hi) of the raced row (_residual). "reassoc" lets LLVM vectorise
     the fp64 additions (its lanes fix an order, as torch.sum's do; the two differ by ~2**-53
     relative, module docstring); the selects and fp32 operations are single operations."""
+    acc = 0.0
+    for v in range(lo, hi):
+        acc += np.float64(_residual(q, p, v, mode, rho, skip))
+    return acc
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _group_sums(q, p, mode, rho, skip, sums):  # type: ignore[no-untyped-def]
+    """sums [G] fp64 <- the group sums of the raced row (_residual). The common modes get a loop
+    each with ``mode`` a constant (a branch per entry would keep LLVM from vectorising)."""
     V = q.shape[0]
     for g in range(sums.shape[0]):
-        acc = 0.0
-        for v in range(g * _G, min((g + 1) * _G, V)):
-            acc += np.float64(_residual(q, p, v, mode, rho, skip))
-        sums[g] = acc
+        lo, hi = g * _G, min((g + 1) * _G, V)
+        if mode == RES_REJECT:
+            sums[g] = _sum(q, p, lo, hi, RES_REJECT, rho, skip)
+        elif mode == RES_Q:
+            sums[g] = _sum(q, p, lo, hi, RES_Q, rho, skip)
+        elif mode == RES_BLOCK:
+            sums[g] = _sum(q, p, lo, hi, RES_BLOCK, rho, skip)
+        else:
+            sums[g] = _sum(q, p, lo, hi, mode, rho, skip)
 
 
 @njit(cache=True)
@@ -251,7 +264,7 @@ def _write(out, b, draft_ids, n, final, kb):  # type: ignore[no-untyped-def]
             out[b, i] = -1
 
 
-@njit(cache=True, parallel=_PARALLEL)
+@njit(cache=True)
 def rejection_kernel(  # type: ignore[no-untyped-def]
     target,  # [R, V] fp32 (R > 0)
     target_rows,  # [B, K+1] int64, -1 = none
@@ -271,7 +284,7 @@ def rejection_kernel(  # type: ignore[no-untyped-def]
     on gathered scalars, then one race over the first rejected position's row."""
     B, K = draft_ids.shape
     V = target.shape[1]
-    for b in prange(B):
+    for b in range(B):
         seed, offset = seeds[b], offsets[b]
         greedy = has_greedy and is_greedy[b]
         kb = num_draft[b]
@@ -320,7 +333,7 @@ def _block_mass(q, p, rho):  # type: ignore[no-untyped-def]
     return np.float32(acc)
 
 
-@njit(cache=True, parallel=_PARALLEL)
+@njit(cache=True)
 def block_kernel(  # type: ignore[no-untyped-def]
     target,  # [R, V] fp32 (R > 0)
     target_rows,  # [B, K+1] int64, -1 = none
@@ -341,7 +354,7 @@ def block_kernel(  # type: ignore[no-untyped-def]
     one race at its end."""
     B, K = draft_ids.shape
     V = target.shape[1]
-    for b in prange(B):
+    for b in range(B):
         seed, offset = seeds[b], offsets[b]
         kb = num_draft[b]
         rho = np.empty(K + 1, dtype=np.float32)
@@ -405,3 +418,53 @@ def block_kernel(  # type: ignore[no-untyped-def]
             greedy = has_greedy and is_greedy[b]
             recovered = _recover(target[qr], draft[pr], mode, rho[j], skip, greedy, seed, offset, j, _STREAM_RECOVER)
         _write(out, b, draft_ids, j, _final(recovered, has_draft, bonus[b], V), kb)
+
+
+@njit(cache=True)
+def _typical_threshold(q, eps, threshold, alpha):  # type: ignore[no-untyped-def]
+    """reference.typical_threshold of one row: min(threshold, alpha * exp(-H)) in fp64, H = -sum
+    q log(q + eps) over the clean fp32 row q, in fp64 (summed in order: torch's order differs by
+    ~2**-53 relative, so the test differs only for q(x) that close to its threshold)."""
+    h = 0.0
+    for v in range(q.shape[0]):
+        x = np.float64(_clean(np.float32(q[v])))
+        h += math.log(x + eps) * x
+    return min(alpha * math.exp(h), threshold)
+
+
+@njit(cache=True)
+def typical_kernel(  # type: ignore[no-untyped-def]
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, K+1] int64, -1 = none
+    draft_ids,  # [B, K] int64 (raw)
+    num_draft,  # [B] int64
+    bonus,  # [B] int64
+    eps,  # float: ENTROPY_EPS_FP32
+    threshold,  # float: posterior_threshold rounded to fp32
+    alpha,  # float: posterior_alpha rounded to fp32
+    out,  # [B, K+1] int64
+):
+    """reference._typical_core then _drop_malformed, one request per iteration: the entropy test
+    of each position until the first rejection (the rows of later positions are never read), then
+    the argmax of the first rejected position's row."""
+    B, K = draft_ids.shape
+    V = target.shape[1]
+    for b in range(B):
+        kb = num_draft[b]
+        n = 0
+        for i in range(K):
+            x = draft_ids[b, i]
+            tr = target_rows[b, i]
+            if not (x >= 0 and x < V and i < kb and tr >= 0):
+                break
+            q = target[tr]
+            if not np.float64(_clean(np.float32(q[x]))) > _typical_threshold(q, eps, threshold, alpha):
+                break
+            n += 1
+        qr = target_rows[b, n]
+        recovered = -1
+        if qr >= 0:
+            arg = _argmax_clean(target[qr])
+            if _clean(np.float32(target[qr, arg])) > _F0:
+                recovered = arg
+        _write(out, b, draft_ids, n, _final(recovered, n < kb, bonus[b], V), kb)
