@@ -158,3 +158,36 @@ def test_probs_from_logits_in_place_equals_its_rule(dtype: torch.dtype) -> None:
             got = probs_from_logits(logits, t)
             want = _probs_spec(logits, t)
             assert torch.equal(got, want), (N, V, dtype)
+
+
+def test_compiled_chunks_of_logits_change_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logits batches run a chunk of requests at a time (their probabilities are the only
+    temporaries): chunks of one, two and all requests give the same tokens."""
+    c = make_case(7, 3, 400, 11, closeness=2.0)
+    batch = VerifyBatch.padded(
+        c.target_logits, c.bonus, c.draft_logits, c.draft_ids, temperature=c.temperature, seeds=c.seeds
+    )
+    whole = cpu.run_compiled(cpu.rejection_cpu, batch)
+    for requests in (1, 2):
+        monkeypatch.setattr(cpu, "COMPILED_CHUNK_ELEMENTS", requests * 4 * 400)
+        assert torch.equal(cpu.run_compiled(cpu.rejection_cpu, batch), whole)
+
+
+def test_without_numba_the_reference_runs_after_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import warnings
+
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    monkeypatch.delitem(sys.modules, "spec_samplers.cpu._numba_kernels", raising=False)
+    cpu.kernels.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert cpu.compiled_op(rejection_reference, torch.device("cpu")) is None
+            assert cpu.compiled_op(block_reference, torch.device("cpu")) is None
+        assert len([w for w in caught if "numba" in str(w.message)]) == 1
+        c = make_case(4, 2, 300, 3)
+        batch = VerifyBatch.padded(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
+        assert torch.equal(cpu.rejection_cpu(batch), rejection_reference(batch))
+    finally:
+        cpu.kernels.cache_clear()

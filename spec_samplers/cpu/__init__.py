@@ -18,9 +18,11 @@ compiler at install time.
 from __future__ import annotations
 
 import functools
+import importlib
 import warnings
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -37,7 +39,7 @@ COMPILED_CHUNK_ELEMENTS = 2**21
 def kernels() -> ModuleType | None:
     """The numba kernels module, or None (with a one-line warning, once) without numba."""
     try:
-        from spec_samplers.cpu import _numba_kernels
+        module = importlib.import_module("spec_samplers.cpu._numba_kernels")
     except ImportError as exc:  # numba missing or broken: the references run
         warnings.warn(
             f"spec_samplers: the compiled CPU path needs numba ({exc}); running the PyTorch references "
@@ -46,15 +48,17 @@ def kernels() -> ModuleType | None:
             stacklevel=3,
         )
         return None
-    return _numba_kernels
+    return module
 
 
-def _np(t: torch.Tensor):  # type: ignore[no-untyped-def]
+def _np(t: torch.Tensor) -> Any:
     """A numpy view of a CPU tensor (contiguous: one compiled specialisation per dtype)."""
     return t.detach().contiguous().numpy()
 
 
-def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: Callable[[VerifyBatch], torch.Tensor], sampler: str):  # type: ignore[no-untyped-def]
+def _verify_cpu(
+    batch: VerifyBatch, kernel_name: str, reference: Callable[[VerifyBatch], torch.Tensor], sampler: str
+) -> torch.Tensor:
     """Run the kernel ``kernel_name`` (rejection_kernel, block_kernel: one signature) on the
     batch's flat fp32 rows; the reference where numba is missing or there are no rows to read."""
     from spec_samplers.reference import _seeds_offsets, flat_inputs

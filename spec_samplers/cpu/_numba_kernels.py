@@ -60,7 +60,7 @@ _STREAM_RECOVER = np.uint64(rng.STREAM_RECOVER)
 
 
 @njit(cache=True, inline="always")
-def _philox(c0, c1, c2, c3, k0, k1):  # type: ignore[no-untyped-def]
+def _philox(c0, c1, c2, c3, k0, k1):
     """Philox4x32-10 on uint64 words < 2**32 (rng.philox4x32)."""
     for _ in range(10):
         p0 = c0 * _M0
@@ -72,7 +72,7 @@ def _philox(c0, c1, c2, c3, k0, k1):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _words(seed, offset, counter, stream):  # type: ignore[no-untyped-def]
+def _words(seed, offset, counter, stream):
     """rng.random_words: seed, offset uint64 (two's complement), counter int64, stream uint64."""
     c = np.uint64(counter)
     c1 = ((c >> _U32) & _FFFFFF) | (stream << _U24)
@@ -80,7 +80,7 @@ def _words(seed, offset, counter, stream):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _uniform(a, b):  # type: ignore[no-untyped-def]
+def _uniform(a, b):
     """rng.uniform_from_words: three exact fp32 pieces added smallest first, clamped."""
     hi = np.float32(a >> _U8) * _P24
     mid = np.float32(((a & _FF) << _U16) | (b >> _U16)) * _P48
@@ -89,20 +89,20 @@ def _uniform(a, b):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _exponential(a, b):  # type: ignore[no-untyped-def]
+def _exponential(a, b):
     """rng.exponential_from_words on the CPU: fp64 log1p of the fp32 -u, rounded to fp32."""
     return np.float32(-math.log1p(np.float64(-_uniform(a, b))))
 
 
 @njit(cache=True, inline="always")
-def _clean(x):  # type: ignore[no-untyped-def]
+def _clean(x):
     """torch_ops.clean_probs of one fp32 value: NaN, Inf and negatives to 0 (selects, no branch)."""
     y = x if x > _F0 else _F0  # NaN and negatives
     return y if y < _INF else _F0
 
 
 @njit(cache=True)
-def _pick_group(sums, seed, offset, base, stream):  # type: ignore[no-untyped-def]
+def _pick_group(sums, seed, offset, base, stream):
     """Level 1 (rng.pick_group): argmax_g sums[g] / E1_g in fp64, ties to the lowest group; group
     g's exponential is words (0, 1) (even g) or (2, 3) (odd g) of counter base + LEVEL1 + g // 2."""
     G = sums.shape[0]
@@ -136,7 +136,7 @@ RES_BLOCK_POINT = 4
 
 
 @njit(cache=True, inline="always")
-def _residual(q, p, v, mode, rho, skip):  # type: ignore[no-untyped-def]
+def _residual(q, p, v, mode, rho, skip):
     """fp32 entry v of the raced row ``mode`` (the RES_* constants) of rows q, p (fp32)."""
     qv = _clean(np.float32(q[v]))
     if mode == RES_REJECT:
@@ -156,7 +156,7 @@ def _residual(q, p, v, mode, rho, skip):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, fastmath={"reassoc"}, inline="always")
-def _sum(q, p, lo, hi, mode, rho, skip):  # type: ignore[no-untyped-def]
+def _sum(q, p, lo, hi, mode, rho, skip):
     """fp64 sum of entries [lo, hi) of the raced row (_residual). "reassoc" lets LLVM vectorise
     the fp64 additions (its lanes fix an order, as torch.sum's do; the two differ by ~2**-53
     relative, module docstring); the selects and fp32 operations are single operations."""
@@ -167,7 +167,7 @@ def _sum(q, p, lo, hi, mode, rho, skip):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, fastmath={"reassoc"})
-def _group_sums(q, p, mode, rho, skip, sums):  # type: ignore[no-untyped-def]
+def _group_sums(q, p, mode, rho, skip, sums):
     """sums [G] fp64 <- the group sums of the raced row (_residual). The common modes get a loop
     each with ``mode`` a constant (a branch per entry would keep LLVM from vectorising)."""
     V = q.shape[0]
@@ -184,7 +184,7 @@ def _group_sums(q, p, mode, rho, skip, sums):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _total(sums):  # type: ignore[no-untyped-def]
+def _total(sums):
     """The sum of the group sums, in order (the mass tested against RESIDUAL_MASS_EPS)."""
     mass = 0.0
     for g in range(sums.shape[0]):
@@ -193,7 +193,7 @@ def _total(sums):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _argmax_clean(q):  # type: ignore[no-untyped-def]
+def _argmax_clean(q):
     """argmax of the clean row q (ties to the lowest index)."""
     arg = 0
     top = np.float32(-1.0)
@@ -206,7 +206,7 @@ def _argmax_clean(q):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):  # type: ignore[no-untyped-def]
+def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):
     """rng.two_level_race of the raced row (_residual) given its group sums: level 1 picks a
     group, level 2 races its entries, argmax (w * 2**32) / E_i in fp32 (-1 past the vocabulary),
     entry i's exponential from counter base + i // 2, words (0, 1) or (2, 3)."""
@@ -229,7 +229,7 @@ def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):  # type: ign
 
 
 @njit(cache=True)
-def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):  # type: ignore[no-untyped-def]
+def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):
     """reference._recover_from for one request: the race of position j over the raced row
     (_residual), over q when it has no mass; argmax q on greedy rows; -1 when q has no mass."""
     sums = np.empty(max(-(-q.shape[0] // _G), 1), dtype=np.float64)
@@ -245,7 +245,7 @@ def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):  # type: i
 
 
 @njit(cache=True, inline="always")
-def _final(recovered, has_draft, bonus, V):  # type: ignore[no-untyped-def]
+def _final(recovered, has_draft, bonus, V):
     """reference._final_tokens: the recovered token at a rejection, else the bonus when in range,
     else the bonus row's token (``recovered``: -1 where the layout has no bonus row)."""
     if has_draft:
@@ -256,7 +256,7 @@ def _final(recovered, has_draft, bonus, V):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _write(out, b, draft_ids, n, final, kb):  # type: ignore[no-untyped-def]
+def _write(out, b, draft_ids, n, final, kb):
     """build_output then _drop_malformed for request b: n drafts, the final token, then -1."""
     for i in range(out.shape[1]):
         out[b, i] = draft_ids[b, i] if i < n else (final if i == n else -1)
@@ -265,7 +265,7 @@ def _write(out, b, draft_ids, n, final, kb):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def rejection_kernel(  # type: ignore[no-untyped-def]
+def rejection_kernel(
     target,  # [R, V] fp32 (R > 0)
     target_rows,  # [B, K+1] int64, -1 = none
     draft,  # [R', V] fp32 (R' > 0 when has_draft_probs)
@@ -323,7 +323,7 @@ def rejection_kernel(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, fastmath={"reassoc"})
-def _block_mass(q, p, rho):  # type: ignore[no-untyped-def]
+def _block_mass(q, p, rho):
     """Z = sum (rho q - p)+ of one position (reference._block_core), summed in fp64 (vectorised)
     and rounded to fp32: torch sums the fp32 terms in fp32, so the two agree to ~2**-24 relative
     and a token differs only when an accept uniform falls that close to its threshold."""
@@ -334,7 +334,7 @@ def _block_mass(q, p, rho):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def block_kernel(  # type: ignore[no-untyped-def]
+def block_kernel(
     target,  # [R, V] fp32 (R > 0)
     target_rows,  # [B, K+1] int64, -1 = none
     draft,  # [R', V] fp32 (R' > 0 when has_draft_probs)
@@ -393,7 +393,9 @@ def block_kernel(  # type: ignore[no-untyped-def]
                     else:
                         if has_draft_probs:
                             tr, dr = target_rows[b, m], draft_rows[b, m]
-                            z = _block_mass(target[max(tr, 0)], draft[max(dr, 0)], r) if tr >= 0 and dr >= 0 else _F0
+                            # (rho = 0: every term is (0 - p)+ = 0, the row need not be read)
+                            present = tr >= 0 and dr >= 0 and r > _F0
+                            z = _block_mass(target[max(tr, 0)], draft[max(dr, 0)], r) if present else _F0
                         else:
                             z = r * (_ONE32 - q_x[m])
                             z = z if z > _F0 else _F0
@@ -421,7 +423,7 @@ def block_kernel(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _typical_threshold(q, eps, threshold, alpha):  # type: ignore[no-untyped-def]
+def _typical_threshold(q, eps, threshold, alpha):
     """reference.typical_threshold of one row: min(threshold, alpha * exp(-H)) in fp64, H = -sum
     q log(q + eps) over the clean fp32 row q, in fp64 (summed in order: torch's order differs by
     ~2**-53 relative, so the test differs only for q(x) that close to its threshold)."""
@@ -433,7 +435,7 @@ def _typical_threshold(q, eps, threshold, alpha):  # type: ignore[no-untyped-def
 
 
 @njit(cache=True)
-def typical_kernel(  # type: ignore[no-untyped-def]
+def typical_kernel(
     target,  # [R, V] fp32 (R > 0)
     target_rows,  # [B, K+1] int64, -1 = none
     draft_ids,  # [B, K] int64 (raw)
