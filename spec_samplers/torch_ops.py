@@ -97,7 +97,7 @@ def probs_from_logits(
     return out
 
 
-#: the largest fp32 below WEIGHT_MIN: ``threshold_`` keeps x > it, i.e. x >= WEIGHT_MIN
+#: the largest fp32 below WEIGHT_MIN: ``threshold`` keeps x > it, i.e. x >= WEIGHT_MIN
 _BELOW_WEIGHT_MIN = float(torch.nextafter(torch.tensor(WEIGHT_MIN), torch.tensor(0.0)))
 
 
@@ -124,7 +124,7 @@ def _probs_into(logits: torch.Tensor, temperature: torch.Tensor, out: torch.Tens
     d = x.sub_(m)
     infinite_t = None if cpu and not bool((c == 0).any()) else d == neg_inf
     e = torch.fmin(d.mul_(c), zero, out=d).exp2_()
-    torch.nn.functional.threshold_(e, _BELOW_WEIGHT_MIN, 0.0)  # weights below WEIGHT_MIN are 0
+    torch.nn.functional.threshold(e, _BELOW_WEIGHT_MIN, 0.0, inplace=True)  # weights below WEIGHT_MIN: 0
     if infinite_t is not None:
         e.masked_fill_(infinite_t, 0.0)
     e.mul_(reciprocal_sum(e.sum(dim=-1, keepdim=True)))  # rows without mass: e = 0, r = 0

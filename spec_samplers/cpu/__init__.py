@@ -143,7 +143,7 @@ def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha:
 
 
 #: reference -> compiled twin (by name, so that importing this module imports no sampler)
-_TWINS: dict[str, Callable[[VerifyBatch], torch.Tensor]] = {
+_TWINS: dict[str, Callable[..., torch.Tensor]] = {
     "rejection_reference": rejection_cpu,
     "block_reference": block_cpu,
     "typical_reference": typical_cpu,
