@@ -6,6 +6,7 @@ one). Prints the seconds each twin took."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -22,7 +23,7 @@ def main() -> None:
     ids = torch.randint(0, V, (B, K))
     bonus = torch.zeros(B, 1, dtype=torch.int64)
     batch = VerifyBatch.padded(q, bonus, p, ids, seeds=torch.arange(B))
-    twins = (
+    twins: tuple[tuple[str, Callable[..., torch.Tensor], dict[str, float]], ...] = (
         ("rejection", cpu.rejection_cpu, {}),
         ("block", cpu.block_cpu, {}),
         ("typical", cpu.typical_cpu, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
