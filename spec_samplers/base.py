@@ -29,6 +29,7 @@ import torch
 from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.cpu import compiled_op, run_compiled
 from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
@@ -329,7 +330,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         device: torch.device,
         options: dict[str, Any],
     ) -> Callable[..., Any]:
-        """Kernels or reference, options bound: the one backend decision of chain and tree ops.
+        """Kernels, compiled CPU twin or reference, options bound: the one backend decision of chain
+        and tree ops ("auto" on CPU tensors runs a reference's compiled twin when numba imports).
 
         The launcher gets ``config=`` when a tool plans for another device
         (:func:`spec_samplers.kernels.backend.planned_for`); then ``config.kernels`` picks the
@@ -340,6 +342,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             if config is not None:
                 options = {**options, "config": config}
             return functools.partial(launcher, **options)
+        compiled = compiled_op(reference, device) if self.backend == "auto" else None
+        if compiled is not None:  # CPU tensors: the reference's compiled twin (spec_samplers.cpu)
+            return functools.partial(run_compiled, compiled, **options)
         if type(self).requests_independent:
             return functools.partial(chunked, reference, **options)
         return functools.partial(reference, **options)

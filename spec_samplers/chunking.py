@@ -38,19 +38,22 @@ if TYPE_CHECKING:  # spec_samplers.tree imports the base classes, which import t
 CHUNK_ELEMENTS = 2**18
 
 
-def requests_per_chunk(rows_per_request: int, vocab_size: int) -> int:
-    """Requests whose target rows hold about :data:`CHUNK_ELEMENTS` entries (at least one)."""
-    return max(1, CHUNK_ELEMENTS // max(rows_per_request * vocab_size, 1))
+def requests_per_chunk(rows_per_request: int, vocab_size: int, budget: int | None = None) -> int:
+    """Requests whose target rows hold about ``budget`` (default :data:`CHUNK_ELEMENTS`) entries
+    (at least one)."""
+    return max(1, (CHUNK_ELEMENTS if budget is None else budget) // max(rows_per_request * vocab_size, 1))
 
 
-def chunk_bounds(batch: VerifyBatch) -> Iterator[tuple[int, int, tuple[int, int] | None]] | None:
+def chunk_bounds(
+    batch: VerifyBatch, budget: int | None = None
+) -> Iterator[tuple[int, int, tuple[int, int] | None]] | None:
     """(start, stop, flat rows or None) of each chunk of requests, or None when the batch runs
     whole: it fits one chunk, or it is ragged on a device other than the CPU, or its ragged
     metadata is not non-decreasing from 0 up to T (malformed metadata keeps its one rule,
     spec_samplers.layout, by running unsplit)."""
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-    step = requests_per_chunk(K + 1, V)
+    step = requests_per_chunk(K + 1, V, budget)
     if B <= step:
         return None
     if not layout.ragged:
@@ -65,9 +68,12 @@ def chunk_bounds(batch: VerifyBatch) -> Iterator[tuple[int, int, tuple[int, int]
     return ((b, min(b + step, B), (cu[b], cu[min(b + step, B)])) for b in range(0, B, step))
 
 
-def run_chunked(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: object) -> torch.Tensor:
-    """``op(batch, **options)`` ([B, K+1] tokens) one chunk of requests at a time."""
-    bounds = chunk_bounds(batch)
+def run_chunked(
+    op: Callable[..., torch.Tensor], batch: VerifyBatch, budget: int | None = None, **options: object
+) -> torch.Tensor:
+    """``op(batch, **options)`` ([B, K+1] tokens) one chunk of requests (``budget`` entries of
+    target rows, default :data:`CHUNK_ELEMENTS`) at a time."""
+    bounds = chunk_bounds(batch, budget)
     if bounds is None:
         return op(batch, **options)
     return torch.cat([op(request_slice(batch, start, stop, rows), **options) for start, stop, rows in bounds])

@@ -90,14 +90,43 @@ def probs_from_logits(
         >>> probs_from_logits(torch.tensor([[0.0, float("inf"), float("inf")]]), torch.tensor([1.0]))
         tensor([[0.0000, 0.5000, 0.5000]])
     """
+    # (whole, not in chunks of rows: torch sums a lone row along another path than rows of a
+    # batch, so chunks would change the last bits of the sums)
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    _probs_into(logits, temperature, out)
+    return out
+
+
+#: the largest fp32 below WEIGHT_MIN: ``threshold`` keeps x > it, i.e. x >= WEIGHT_MIN
+_BELOW_WEIGHT_MIN = float(torch.nextafter(torch.tensor(WEIGHT_MIN), torch.tensor(0.0)))
+
+
+def _probs_into(logits: torch.Tensor, temperature: torch.Tensor, out: torch.Tensor) -> None:
+    """out [n, V] fp32 <- :func:`probs_from_logits` of [n, V] logits: :func:`scaled_exp`'s
+    operations in place in ``out`` (nine passes), the greedy one-hot only when a row is greedy
+    (read on the CPU, where it costs no synchronisation; always elsewhere), and the mask of
+    ``x - m = -inf`` only when a row has T = +inf (c = 0: elsewhere exp2(-inf * c) is 0 already)."""
+    cpu = logits.device.type == "cpu"
     neg_inf = torch.full((), float("-inf"), device=logits.device)
-    x = torch.fmax(logits.to(torch.float32), neg_inf)  # NaN -> -inf (fmax drops a NaN)
-    row_max = x.amax(dim=-1, keepdim=True)  # [N, 1]
-    has_mass = row_max > neg_inf  # [N, 1]
+    zero = torch.zeros((), device=logits.device)
+    x = torch.fmax(logits, neg_inf, out=out) if logits.dtype == torch.float32 else out.copy_(logits)
+    if logits.dtype != torch.float32:
+        torch.fmax(x, neg_inf, out=x)  # NaN -> -inf (fmax drops a NaN)
+    row_max = x.amax(dim=-1, keepdim=True)  # [n, 1]
+    greedy = temperature == 0
+    onehot = None
+    if not cpu or bool(greedy.any()):
+        onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
+        onehot = torch.where(row_max > neg_inf, onehot, zero)
     t = torch.where(temperature > 0, temperature.to(torch.float32), torch.ones((), device=x.device))[:, None]
-    e = scaled_exp(x, row_max, t)
-    zero = torch.zeros((), device=x.device)
-    probs = e * reciprocal_sum(e.sum(dim=-1, keepdim=True))  # rows without mass: e = 0, r = 0
-    onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
-    onehot = torch.where(has_mass, onehot, zero)
-    return torch.where((temperature == 0)[:, None], onehot, probs)
+    c = logits_scale(t)  # [n, 1]
+    m = torch.where(row_max > neg_inf, row_max, -neg_inf)
+    d = x.sub_(m)
+    infinite_t = None if cpu and not bool((c == 0).any()) else d == neg_inf
+    e = torch.fmin(d.mul_(c), zero, out=d).exp2_()
+    torch.nn.functional.threshold(e, _BELOW_WEIGHT_MIN, 0.0, inplace=True)  # weights below WEIGHT_MIN: 0
+    if infinite_t is not None:
+        e.masked_fill_(infinite_t, 0.0)
+    e.mul_(reciprocal_sum(e.sum(dim=-1, keepdim=True)))  # rows without mass: e = 0, r = 0
+    if onehot is not None:
+        torch.where(greedy[:, None], onehot, e, out=e)

@@ -1,0 +1,182 @@
+"""The CPU path against its read floor and against vLLM's CPU draw (issue 37), in one process.
+
+Verification (``--part verify``): each sampler (rejection, block verification, typical acceptance)
+at K = 4, fp32 probabilities, B in ``--batch`` and V in ``--vocab``, drafts far from the target
+(every request rejects its first draft, so rejection and block read full vocabulary rows). Two
+paths of the same sampler, interleaved call by call so both see the same load:
+
+* ``before``: ``backend="torch"``, the PyTorch reference (one chunk of requests at a time);
+* ``after``: ``backend="auto"``, which on CPU tensors runs the compiled twin (spec_samplers.cpu)
+  where the sampler has one, else the same reference.
+
+``floor_ms``: the rows the sampler must read (rejection: the target and draft row of each
+request, 2 * B * V * 4 bytes; block: all 2K rows; typical: the K target rows) at the read
+bandwidth this process measures (``sum`` of a 128 MiB fp32 tensor, best of 5); ``x_floor`` =
+median time / floor.
+
+Draw (``--part draw``): one seeded draw per row from softmax(logits / T) (``sampling_from_logits``
+with per-row seeds, the plugin's bonus draw) against vLLM's CPU method written out here (softmax,
+then probs / Exp(1) from ``exponential_``, argmax), V = 128256.
+
+Threads: ``--threads`` (default 1) for torch and numba alike. A benchmark: nothing is asserted.
+
+    python benchmarks/cpu_floor.py --json benchmarks/results/2026-11-29-cpu-floor.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+K = 4
+ROWS_READ = {"rejection_sampler": 2, "block_verification": 2 * K, "typical_acceptance_sampler": K}
+
+
+def read_bandwidth() -> float:
+    """Bytes per second of a ``sum`` over a 128 MiB fp32 tensor, best of 5."""
+    src = torch.ones(32 * 2**20)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        src.sum()
+        times.append(time.perf_counter() - t0)
+    return src.numel() * 4 / min(times)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], calls: int, budget_s: float) -> dict[str, float]:
+    """Median seconds of each function, called in turn (first calls excluded), at most ``calls``
+    rounds and about ``budget_s`` seconds."""
+    first = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - t0
+    rounds = max(1, min(calls, int(budget_s / max(sum(first.values()), 1e-9))))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def far_batch(B: int, V: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Target mass on the first half of the vocabulary, draft mass on the second: every request
+    rejects position 0 and recovers from full rows."""
+    g = torch.Generator().manual_seed(seed)
+    half = V // 2
+    target = torch.zeros(B, K + 1, V)
+    target[..., :half] = torch.softmax(torch.randn(B, K + 1, half, generator=g), -1)
+    draft = torch.zeros(B, K, V)
+    draft[..., half:] = torch.softmax(4 * torch.randn(B, K, V - half, generator=g), -1)
+    ids = draft.argmax(-1)
+    bonus = torch.zeros(B, 1, dtype=torch.int64)
+    seeds = torch.randint(0, 2**62, (B,), generator=g)
+    return target, draft, ids, bonus, seeds
+
+
+def verify_rows(batches: list[int], vocabs: list[int], calls: int, budget_s: float) -> list[dict[str, object]]:
+    from spec_samplers.registry import get_sampler
+
+    rows: list[dict[str, object]] = []
+    for V in vocabs:
+        full = far_batch(max(batches), V)
+        for B in batches:
+            target, draft, ids, bonus, seeds = (t[:B] for t in full)
+            bw = read_bandwidth()
+            for name, rows_read in ROWS_READ.items():
+                extra = {"seeds": seeds} if name != "typical_acceptance_sampler" else {}
+                paths = {p: get_sampler(name, backend=b) for p, b in (("before", "torch"), ("after", "auto"))}
+                outs = {p: s(target, bonus, draft, ids, **extra) for p, s in paths.items()}
+                assert torch.equal(outs["before"], outs["after"]), f"{name} B={B} V={V}: tokens differ"
+                calls_of = {p: functools.partial(s, target, bonus, draft, ids, **extra) for p, s in paths.items()}
+                med = interleaved(calls_of, calls, budget_s)
+                floor = rows_read * B * V * 4 / bw
+                row = dict(
+                    sampler=name,
+                    B=B,
+                    V=V,
+                    K=K,
+                    floor_ms=floor * 1e3,
+                    read_gb_s=bw / 1e9,
+                    **{f"{p}_ms": t * 1e3 for p, t in med.items()},
+                    **{f"{p}_x_floor": t / floor for p, t in med.items()},
+                )
+                rows.append(row)
+                print(
+                    f"{name:27} B={B:4d} V={V:6d} floor {floor * 1e3:8.2f} ms | "
+                    f"before {med['before'] * 1e3:9.2f} ms ({med['before'] / floor:6.1f}x) | "
+                    f"after {med['after'] * 1e3:8.2f} ms ({med['after'] / floor:5.1f}x)",
+                    flush=True,
+                )
+    return rows
+
+
+def vllm_cpu_draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """vLLM's CPU sampling method, written out: softmax(logits / T), then argmax of probs / E with
+    E ~ Exp(1) from ``exponential_`` (the exponential race)."""
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    q = torch.empty_like(probs).exponential_()
+    return probs.div_(q).argmax(dim=-1)
+
+
+def draw_rows(batches: list[int], V: int, calls: int, budget_s: float) -> list[dict[str, object]]:
+    from spec_samplers.sampling import sampling_from_logits
+
+    rows: list[dict[str, object]] = []
+    for B in batches:
+        g = torch.Generator().manual_seed(B)
+        logits = torch.randn(B, V, generator=g) * 3
+        temperature = torch.full((B,), 0.8)
+        seeds = torch.randint(0, 2**62, (B,), generator=g)
+        offsets = torch.zeros(B, dtype=torch.int64)
+        scaled = logits / temperature[:, None]  # (the plugin hands the draw logits already divided)
+        ours = functools.partial(sampling_from_logits, scaled, seed=seeds, offset=offsets)
+        theirs = functools.partial(vllm_cpu_draw, logits, temperature)
+        med = interleaved({"vllm": theirs, "ours": ours}, calls, budget_s)
+        row = dict(op="seeded draw", B=B, V=V, vllm_ms=med["vllm"] * 1e3, ours_ms=med["ours"] * 1e3)
+        row["ours_over_vllm"] = med["ours"] / med["vllm"]
+        rows.append(row)
+        print(
+            f"seeded draw B={B:3d} V={V}: vLLM method {med['vllm'] * 1e3:7.2f} ms | ours {med['ours'] * 1e3:7.2f} ms "
+            f"({row['ours_over_vllm']:.2f}x)",
+            flush=True,
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", choices=("verify", "draw", "all"), default="all")
+    ap.add_argument("--batch", type=int, action="append", help="verify: B (default 1, 8, 64, 256)")
+    ap.add_argument("--vocab", type=int, action="append", help="verify: V (default 32000, 128256)")
+    ap.add_argument("--draw-batch", type=int, action="append", help="draw: B (default 1, 8, 32)")
+    ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--budget-s", type=float, default=6.0, help="about this long per row")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}, {args.threads} thread(s), load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    rows: list[dict[str, object]] = []
+    if args.part in ("verify", "all"):
+        rows += verify_rows(args.batch or [1, 8, 64, 256], args.vocab or [32000, 128256], args.calls, args.budget_s)
+    if args.part in ("draw", "all"):
+        rows += draw_rows(args.draw_batch or [1, 8, 32], 128256, args.calls, args.budget_s)
+    if args.json:
+        meta = dict(threads=args.threads, load_before=load, load_after=os.getloadavg(), torch=torch.__version__)
+        with open(args.json, "w") as fh:
+            json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,472 @@
+"""numba kernels of the CPU path: the samplers' verification and the seeded draw, compiled.
+
+Each kernel is the PyTorch reference's arithmetic written as explicit loops, so the floats are the
+same operations in the same precision (fp32 accept ratios and level-2 keys, fp64 group sums and
+level-1 keys), and Philox4x32-10 runs inside the loop over the vocabulary group being raced
+(``spec_samplers.rng`` is the specification, bit for bit). One thread: a request's vocabulary pass
+reads its rows once. (``prange`` over requests cost 10-25 ms a call on a loaded 2-core machine,
+the OpenMP region waiting for a descheduled thread, against 0.1 ms for one request serially.)
+
+Imported only by :mod:`spec_samplers.cpu` when numba is installed (``pip install
+spec-samplers[cpu]``); compiled code is cached on disk (``cache=True``), so only the first process
+on a machine compiles.
+
+Exactness notes (tests/test_cpu_path.py compares tokens with the references):
+
+* fp64 sums of a race group are taken in one fixed order here and in another by ``torch.sum``:
+  they differ by at most ~2**-53 relative, which changes a level-1 winner only when its two best
+  keys agree to that precision (the same argument as the Triton kernels', rng.race_group_sums);
+* the exponentials' fp64 ``log1p`` (libm here, SLEEF in PyTorch) agree within an fp64 ulp, and are
+  rounded to fp32: they differ only when an fp64 result lies within an ulp of an fp32 rounding
+  boundary (about 2**-29 of the draws).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from spec_samplers import rng
+from spec_samplers.constants import RESIDUAL_MASS_EPS
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+_M0 = np.uint64(rng.PHILOX_M0)
+_M1 = np.uint64(rng.PHILOX_M1)
+_W0 = np.uint64(rng.PHILOX_W0)
+_W1 = np.uint64(rng.PHILOX_W1)
+_U8 = np.uint64(8)
+_U16 = np.uint64(16)
+_U24 = np.uint64(24)
+_U32 = np.uint64(32)
+_FF = np.uint64(0xFF)
+_FFFF = np.uint64(0xFFFF)
+_FFFFFF = np.uint64(0xFFFFFF)
+_ONE = np.uint64(1)
+_P24 = np.float32(2.0**-24)
+_P48 = np.float32(2.0**-48)
+_P64 = np.float32(2.0**-64)
+_UMAX = np.float32(rng.UNIFORM_MAX)
+_SCALE = np.float32(rng.RACE_SCALE)
+_F0 = np.float32(0.0)
+_INF = np.float32(np.inf)
+_ONE32 = np.float32(1.0)
+_G = rng.RACE_GROUP
+_L1 = np.int64(rng.LEVEL1_COUNTER)
+_EPS = RESIDUAL_MASS_EPS
+_STREAM_ACCEPT = np.uint64(rng.STREAM_ACCEPT)
+_STREAM_RECOVER = np.uint64(rng.STREAM_RECOVER)
+
+
+@njit(cache=True, inline="always")
+def _philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on uint64 words < 2**32 (rng.philox4x32)."""
+    for _ in range(10):
+        p0 = c0 * _M0
+        p1 = c2 * _M1
+        c0, c1, c2, c3 = (p1 >> _U32) ^ c1 ^ k0, p1 & _MASK32, (p0 >> _U32) ^ c3 ^ k1, p0 & _MASK32
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+@njit(cache=True, inline="always")
+def _words(seed, offset, counter, stream):
+    """rng.random_words: seed, offset uint64 (two's complement), counter int64, stream uint64."""
+    c = np.uint64(counter)
+    c1 = ((c >> _U32) & _FFFFFF) | (stream << _U24)
+    return _philox(c & _MASK32, c1, offset & _MASK32, offset >> _U32, seed & _MASK32, seed >> _U32)
+
+
+@njit(cache=True, inline="always")
+def _uniform(a, b):
+    """rng.uniform_from_words: three exact fp32 pieces added smallest first, clamped."""
+    hi = np.float32(a >> _U8) * _P24
+    mid = np.float32(((a & _FF) << _U16) | (b >> _U16)) * _P48
+    low = np.float32((b | _ONE) & _FFFF) * _P64
+    return min(hi + (mid + low), _UMAX)
+
+
+@njit(cache=True, inline="always")
+def _exponential(a, b):
+    """rng.exponential_from_words on the CPU: fp64 log1p of the fp32 -u, rounded to fp32."""
+    return np.float32(-math.log1p(np.float64(-_uniform(a, b))))
+
+
+@njit(cache=True, inline="always")
+def _clean(x):
+    """torch_ops.clean_probs of one fp32 value: NaN, Inf and negatives to 0 (selects, no branch)."""
+    y = x if x > _F0 else _F0  # NaN and negatives
+    return y if y < _INF else _F0
+
+
+@njit(cache=True)
+def _pick_group(sums, seed, offset, base, stream):
+    """Level 1 (rng.pick_group): argmax_g sums[g] / E1_g in fp64, ties to the lowest group; group
+    g's exponential is words (0, 1) (even g) or (2, 3) (odd g) of counter base + LEVEL1 + g // 2."""
+    G = sums.shape[0]
+    best = -1.0
+    best_g = 0
+    for h in range((G + 1) // 2):
+        w = _words(seed, offset, base + _L1 + h, stream)
+        key = sums[2 * h] / np.float64(_exponential(w[0], w[1]))
+        if key > best:
+            best = key
+            best_g = 2 * h
+        if 2 * h + 1 < G:
+            key = sums[2 * h + 1] / np.float64(_exponential(w[2], w[3]))
+            if key > best:
+                best = key
+                best_g = 2 * h + 1
+    return best_g
+
+
+# The raced rows (residuals), one entry at a time: q = clean target row, p = clean draft row.
+#: q itself
+RES_Q = 0
+#: rejection sampling: q - min(p, q) (reference._residual_)
+RES_REJECT = 1
+#: rejection sampling, point-mass draft x: q with q[x] = 0
+RES_REJECT_POINT = 2
+#: block verification: (rho q - p)+
+RES_BLOCK = 3
+#: block verification, point-mass draft x: rho q with (rho q[x] - 1)+ at x
+RES_BLOCK_POINT = 4
+
+
+@njit(cache=True, inline="always")
+def _residual(q, p, v, mode, rho, skip):
+    """fp32 entry v of the raced row ``mode`` (the RES_* constants) of rows q, p (fp32)."""
+    qv = _clean(np.float32(q[v]))
+    if mode == RES_REJECT:
+        return qv - min(_clean(np.float32(p[v])), qv)
+    if mode == RES_REJECT_POINT:
+        return _F0 if v == skip else qv
+    if mode == RES_BLOCK:
+        r = rho * qv - _clean(np.float32(p[v]))
+        return r if r > _F0 else _F0
+    if mode == RES_BLOCK_POINT:
+        s = rho * qv
+        if v == skip:
+            s = s - np.float32(1.0)
+            return s if s > _F0 else _F0
+        return s
+    return qv
+
+
+@njit(cache=True, fastmath={"reassoc"}, inline="always")
+def _sum(q, p, lo, hi, mode, rho, skip):
+    """fp64 sum of entries [lo, hi) of the raced row (_residual). "reassoc" lets LLVM vectorise
+    the fp64 additions (its lanes fix an order, as torch.sum's do; the two differ by ~2**-53
+    relative, module docstring); the selects and fp32 operations are single operations."""
+    acc = 0.0
+    for v in range(lo, hi):
+        acc += np.float64(_residual(q, p, v, mode, rho, skip))
+    return acc
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _group_sums(q, p, mode, rho, skip, sums):
+    """sums [G] fp64 <- the group sums of the raced row (_residual). The common modes get a loop
+    each with ``mode`` a constant (a branch per entry would keep LLVM from vectorising)."""
+    V = q.shape[0]
+    for g in range(sums.shape[0]):
+        lo, hi = g * _G, min((g + 1) * _G, V)
+        if mode == RES_REJECT:
+            sums[g] = _sum(q, p, lo, hi, RES_REJECT, rho, skip)
+        elif mode == RES_Q:
+            sums[g] = _sum(q, p, lo, hi, RES_Q, rho, skip)
+        elif mode == RES_BLOCK:
+            sums[g] = _sum(q, p, lo, hi, RES_BLOCK, rho, skip)
+        else:
+            sums[g] = _sum(q, p, lo, hi, mode, rho, skip)
+
+
+@njit(cache=True)
+def _total(sums):
+    """The sum of the group sums, in order (the mass tested against RESIDUAL_MASS_EPS)."""
+    mass = 0.0
+    for g in range(sums.shape[0]):
+        mass += sums[g]
+    return mass
+
+
+@njit(cache=True)
+def _argmax_clean(q):
+    """argmax of the clean row q (ties to the lowest index)."""
+    arg = 0
+    top = np.float32(-1.0)
+    for v in range(q.shape[0]):
+        x = _clean(np.float32(q[v]))
+        if x > top:
+            top = x
+            arg = v
+    return arg
+
+
+@njit(cache=True)
+def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):
+    """rng.two_level_race of the raced row (_residual) given its group sums: level 1 picks a
+    group, level 2 races its entries, argmax (w * 2**32) / E_i in fp32 (-1 past the vocabulary),
+    entry i's exponential from counter base + i // 2, words (0, 1) or (2, 3)."""
+    V = q.shape[0]
+    g = _pick_group(sums, seed, offset, base, stream)
+    best = np.float32(-np.inf)
+    best_i = 0
+    for h in range(_G // 2):
+        w = _words(seed, offset, base + h, stream)
+        for lane in range(2):
+            i = 2 * h + lane
+            v = g * _G + i
+            weight = _residual(q, p, v, mode, rho, skip) if v < V else np.float32(-1.0)
+            e = _exponential(w[0], w[1]) if lane == 0 else _exponential(w[2], w[3])
+            key = (weight * _SCALE) / e
+            if key > best:
+                best = key
+                best_i = i
+    return g * _G + best_i
+
+
+@njit(cache=True)
+def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):
+    """reference._recover_from for one request: the race of position j over the raced row
+    (_residual), over q when it has no mass; argmax q on greedy rows; -1 when q has no mass."""
+    sums = np.empty(max(-(-q.shape[0] // _G), 1), dtype=np.float64)
+    _group_sums(q, p, mode, rho, skip, sums)
+    if not _total(sums) > _EPS:  # the residual has no mass: race q itself
+        _group_sums(q, p, RES_Q, rho, skip, sums)
+        if not _total(sums) > 0.0:
+            return -1  # nor has q: no token
+        mode = RES_Q
+    if greedy:
+        return _argmax_clean(q)
+    return _race(q, p, mode, rho, skip, sums, seed, offset, np.int64(j) << 32, stream)
+
+
+@njit(cache=True, inline="always")
+def _final(recovered, has_draft, bonus, V):
+    """reference._final_tokens: the recovered token at a rejection, else the bonus when in range,
+    else the bonus row's token (``recovered``: -1 where the layout has no bonus row)."""
+    if has_draft:
+        return recovered
+    if bonus >= 0 and bonus < V:
+        return bonus
+    return recovered
+
+
+@njit(cache=True, inline="always")
+def _write(out, b, draft_ids, n, final, kb):
+    """build_output then _drop_malformed for request b: n drafts, the final token, then -1."""
+    for i in range(out.shape[1]):
+        out[b, i] = draft_ids[b, i] if i < n else (final if i == n else -1)
+        if kb < 0:
+            out[b, i] = -1
+
+
+@njit(cache=True)
+def rejection_kernel(
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, K+1] int64, -1 = none
+    draft,  # [R', V] fp32 (R' > 0 when has_draft_probs)
+    draft_rows,  # [B, K] int64
+    has_draft_probs,  # bool: False for point-mass drafts
+    draft_ids,  # [B, K] int64 (raw)
+    num_draft,  # [B] int64
+    bonus,  # [B] int64
+    is_greedy,  # [B] bool
+    has_greedy,  # bool
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    out,  # [B, K+1] int64
+):
+    """reference._rejection_core then _drop_malformed, one request per iteration: the accept test
+    on gathered scalars, then one race over the first rejected position's row."""
+    B, K = draft_ids.shape
+    V = target.shape[1]
+    for b in range(B):
+        seed, offset = seeds[b], offsets[b]
+        greedy = has_greedy and is_greedy[b]
+        kb = num_draft[b]
+        n = 0
+        for i in range(K):
+            x = draft_ids[b, i]
+            valid = x >= 0 and x < V and i < kb
+            tr = target_rows[b, i]
+            q_x = _clean(np.float32(target[tr, x])) if valid and tr >= 0 else _F0
+            if greedy:
+                ok = q_x > _F0 and _argmax_clean(target[tr]) == x
+            else:
+                p_x = np.float32(1.0)
+                if has_draft_probs:
+                    dr = draft_rows[b, i]
+                    p_x = _clean(np.float32(draft[dr, x])) if valid and dr >= 0 else _F0
+                w = _words(seed, offset, np.int64(i), _STREAM_ACCEPT)
+                ok = valid and p_x > _F0 and _uniform(w[0], w[1]) < q_x / p_x
+            if not ok:
+                break
+            n += 1
+        has_draft = n < kb
+        qr = target_rows[b, n]
+        pr, mode, skip = 0, RES_Q, -1
+        if has_draft:  # an out-of-range draft was never a sample of p: race q, not (q - p)+
+            x = draft_ids[b, n]
+            if x >= 0 and x < V:
+                if has_draft_probs:
+                    pr, mode = draft_rows[b, n], RES_REJECT
+                else:
+                    mode, skip = RES_REJECT_POINT, x
+        recovered = -1
+        if qr >= 0:
+            recovered = _recover(target[qr], draft[pr], mode, _ONE32, skip, greedy, seed, offset, n, _STREAM_RECOVER)
+        _write(out, b, draft_ids, n, _final(recovered, has_draft, bonus[b], V), kb)
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _block_mass(q, p, rho):
+    """Z = sum (rho q - p)+ of one position (reference._block_core), summed in fp64 (vectorised)
+    and rounded to fp32: torch sums the fp32 terms in fp32, so the two agree to ~2**-24 relative
+    and a token differs only when an accept uniform falls that close to its threshold."""
+    acc = 0.0
+    for v in range(q.shape[0]):
+        acc += np.float64(_residual(q, p, v, RES_BLOCK, rho, -1))
+    return np.float32(acc)
+
+
+@njit(cache=True)
+def block_kernel(
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, K+1] int64, -1 = none
+    draft,  # [R', V] fp32 (R' > 0 when has_draft_probs)
+    draft_rows,  # [B, K] int64
+    has_draft_probs,  # bool: False for point-mass drafts
+    draft_ids,  # [B, K] int64 (raw)
+    num_draft,  # [B] int64
+    bonus,  # [B] int64
+    is_greedy,  # [B] bool
+    has_greedy,  # bool
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    out,  # [B, K+1] int64
+):
+    """reference._block_core then _drop_malformed, one request per iteration: running ratios
+    from gathered scalars, the residual mass of each tested position, the longest accepted block,
+    one race at its end."""
+    B, K = draft_ids.shape
+    V = target.shape[1]
+    for b in range(B):
+        seed, offset = seeds[b], offsets[b]
+        kb = num_draft[b]
+        rho = np.empty(K + 1, dtype=np.float32)
+        q_x = np.zeros(max(K, 1), dtype=np.float32)
+        valid = np.zeros(max(K, 1), dtype=np.bool_)
+        rho[0] = _ONE32
+        for m in range(K):
+            x = draft_ids[b, m]
+            valid[m] = x >= 0 and x < V and m < kb
+            xc = min(max(x, 0), V - 1)
+            tr = target_rows[b, m]
+            q_x[m] = _clean(np.float32(target[tr, xc])) if tr >= 0 else _F0
+            p_x = _ONE32
+            if has_draft_probs:
+                dr = draft_rows[b, m]
+                p_x = _clean(np.float32(draft[dr, xc])) if dr >= 0 else _F0
+            ratio = q_x[m] / p_x if valid[m] and p_x > _F0 else _F0
+            prev = rho[m]
+            rho[m + 1] = min(prev * ratio, _ONE32) if prev > _F0 else _F0
+        if has_greedy and is_greedy[b] and K > 0:  # the greedy rule: leading argmax matches
+            tau = 0
+            for m in range(K):
+                tr = target_rows[b, m]
+                if not (valid[m] and q_x[m] > _F0 and _argmax_clean(target[tr]) == draft_ids[b, m]):
+                    break
+                tau += 1
+        else:  # the largest m <= k_b with u_{m-1} < h_m
+            tau = 0
+            for m in range(1, min(K, max(kb, 0)) + 1):
+                if m == K:
+                    h = rho[K]
+                elif valid[m]:
+                    r = rho[m]
+                    if r >= _ONE32:
+                        h = _ONE32
+                    else:
+                        if has_draft_probs:
+                            tr, dr = target_rows[b, m], draft_rows[b, m]
+                            # (rho = 0: every term is (0 - p)+ = 0, the row need not be read)
+                            present = tr >= 0 and dr >= 0 and r > _F0
+                            z = _block_mass(target[max(tr, 0)], draft[max(dr, 0)], r) if present else _F0
+                        else:
+                            z = r * (_ONE32 - q_x[m])
+                            z = z if z > _F0 else _F0
+                        h = z / (z + (_ONE32 - r))
+                else:
+                    h = rho[m]
+                w = _words(seed, offset, np.int64(m - 1), _STREAM_ACCEPT)
+                if _uniform(w[0], w[1]) < h:
+                    tau = m
+        j = tau
+        has_draft = j < kb
+        jd = min(j, max(K - 1, 0))
+        qr = target_rows[b, j]
+        pr, mode, skip = 0, RES_Q, -1
+        if K > 0 and has_draft and valid[jd]:
+            if has_draft_probs:
+                pr, mode = draft_rows[b, jd], RES_BLOCK
+            else:
+                mode, skip = RES_BLOCK_POINT, draft_ids[b, jd]
+        recovered = -1
+        if qr >= 0:
+            greedy = has_greedy and is_greedy[b]
+            recovered = _recover(target[qr], draft[pr], mode, rho[j], skip, greedy, seed, offset, j, _STREAM_RECOVER)
+        _write(out, b, draft_ids, j, _final(recovered, has_draft, bonus[b], V), kb)
+
+
+@njit(cache=True)
+def _typical_threshold(q, eps, threshold, alpha):
+    """reference.typical_threshold of one row: min(threshold, alpha * exp(-H)) in fp64, H = -sum
+    q log(q + eps) over the clean fp32 row q, in fp64 (summed in order: torch's order differs by
+    ~2**-53 relative, so the test differs only for q(x) that close to its threshold)."""
+    h = 0.0
+    for v in range(q.shape[0]):
+        x = np.float64(_clean(np.float32(q[v])))
+        h += math.log(x + eps) * x
+    return min(alpha * math.exp(h), threshold)
+
+
+@njit(cache=True)
+def typical_kernel(
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, K+1] int64, -1 = none
+    draft_ids,  # [B, K] int64 (raw)
+    num_draft,  # [B] int64
+    bonus,  # [B] int64
+    eps,  # float: ENTROPY_EPS_FP32
+    threshold,  # float: posterior_threshold rounded to fp32
+    alpha,  # float: posterior_alpha rounded to fp32
+    out,  # [B, K+1] int64
+):
+    """reference._typical_core then _drop_malformed, one request per iteration: the entropy test
+    of each position until the first rejection (the rows of later positions are never read), then
+    the argmax of the first rejected position's row."""
+    B, K = draft_ids.shape
+    V = target.shape[1]
+    for b in range(B):
+        kb = num_draft[b]
+        n = 0
+        for i in range(K):
+            x = draft_ids[b, i]
+            tr = target_rows[b, i]
+            if not (x >= 0 and x < V and i < kb and tr >= 0):
+                break
+            q = target[tr]
+            if not np.float64(_clean(np.float32(q[x]))) > _typical_threshold(q, eps, threshold, alpha):
+                break
+            n += 1
+        qr = target_rows[b, n]
+        recovered = -1
+        if qr >= 0:
+            arg = _argmax_clean(target[qr])
+            if _clean(np.float32(target[qr, arg])) > _F0:
+                recovered = arg
+        _write(out, b, draft_ids, n, _final(recovered, n < kb, bonus[b], V), kb)

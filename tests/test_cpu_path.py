@@ -1,0 +1,193 @@
+"""The compiled CPU path (spec_samplers.cpu) against the PyTorch references, token for token.
+
+Each twin must give the reference's tokens on the same batch: padded and ragged layouts,
+probabilities and logits, fp32 / fp16 / bf16 rows, point-mass drafts, greedy and mixed batches,
+out-of-range and -1 drafts and bonus ids, residuals without mass, ties, NaN rows, malformed ragged
+requests. numba is in the test extra, so these run wherever the tests do.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import make_case, ragged_view
+
+from spec_samplers import cpu
+from spec_samplers.layout import VerifyBatch
+from spec_samplers.reference import block_reference, rejection_reference, typical_reference
+
+assert cpu.kernels() is not None, "numba must import for these tests (pip install -e '.[test]')"
+
+SHAPES = [(1, 1, 7), (3, 2, 256), (5, 3, 300), (8, 4, 1000), (4, 0, 513), (16, 2, 2048)]
+
+
+def _batches(B: int, K: int, V: int, seed: int, dtype: torch.dtype, **case_options: object):  # type: ignore[no-untyped-def]
+    """(name, batch) pairs over one random case: padded and ragged, probabilities and logits,
+    draft rows and point-mass drafts."""
+    c = make_case(B, K, V, seed, dtype=dtype, **case_options)  # type: ignore[arg-type]
+    common = dict(seeds=c.seeds, offsets=c.offsets)
+    yield "probs", VerifyBatch.padded(c.target, c.bonus, c.draft, c.draft_ids, is_greedy=c.is_greedy, **common)
+    yield "point-mass", VerifyBatch.padded(c.target, c.bonus, None, c.draft_ids, **common)
+    yield (
+        "logits",
+        VerifyBatch.padded(
+            c.target_logits.to(dtype),
+            c.bonus,
+            c.draft_logits.to(dtype),
+            c.draft_ids,
+            temperature=c.temperature,
+            **common,
+        ),
+    )
+    g = torch.Generator().manual_seed(seed)
+    k_b = torch.randint(0, K + 1, (B,), generator=g)
+    t, d, ids, cu = ragged_view(c.target, c.draft, c.draft_ids, k_b)
+    yield "ragged", VerifyBatch.ragged(t, c.bonus, d, ids, cu, K, is_greedy=c.is_greedy, **common)
+    yield "ragged-point-mass", VerifyBatch.ragged(t, c.bonus, None, ids, cu, K, **common)
+    if B > 1 and K:  # a malformed request (its span reaches past T)
+        bad = cu.clone()
+        bad[-1] = t.shape[0] + 3
+        yield "ragged-malformed", VerifyBatch.ragged(t, c.bonus, d, ids, bad, K, **common)
+
+
+TYPICAL = {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
+TWINS = [(rejection_reference, cpu.rejection_cpu, {}), (block_reference, cpu.block_cpu, {})]
+TWINS += [
+    (typical_reference, cpu.typical_cpu, TYPICAL),
+    (typical_reference, cpu.typical_cpu, {**TYPICAL, "posterior_threshold": 0.001}),
+]
+
+
+def _check(batch: VerifyBatch, name: str) -> None:
+    for reference, twin, options in TWINS:
+        if reference is not typical_reference and batch.seeds is None:
+            continue
+        want = reference(batch, **options)
+        got = cpu.run_compiled(twin, batch, **options)
+        assert torch.equal(got, want), f"{twin.__name__} {name}: compiled {got.tolist()} != reference {want.tolist()}"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("B,K,V", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_twin_equals_reference(B: int, K: int, V: int, dtype: torch.dtype) -> None:
+    for seed in range(2):
+        for options in ({}, {"bad_ids": True}, {"zero_mass": True}, {"worst_case": True}, {"greedy": "all"}):
+            for name, batch in _batches(B, K, V, seed * 31 + B, dtype, **options):
+                _check(batch, f"{name} {options} seed {seed}")
+
+
+def test_twin_many_seeds() -> None:
+    """Far drafts (every request recovers from a full row) over many seeds: the race's tokens."""
+    for seed in range(40):
+        for name, batch in _batches(6, 3, 700, 1000 + seed, torch.float32, closeness=3.0, greedy="none"):
+            _check(batch, f"{name} seed {seed}")
+
+
+def test_twin_ties_nan_and_empty_rows() -> None:
+    """Equal weights (level-2 ties go to the lowest index, greedy argmax too), NaN / Inf / negative
+    entries (cleaned to 0), rows without mass (no token, -1)."""
+    B, K, V = 6, 2, 600
+    target = torch.zeros(B, K + 1, V)
+    target[:, :, 10:20] = 0.1  # ten tied tokens
+    target[1, :, 15] = float("nan")
+    target[2, :, 300] = float("inf")
+    target[3, :, 400] = -1.0
+    target[4] = 0.0  # no mass anywhere
+    draft = target[:, :K].clone()
+    draft[5] = 0.0
+    draft[5, :, 500] = 1.0  # drafts where the target has nothing
+    ids = torch.tensor([[12, 13], [15, 11], [300, 12], [400, 10], [3, 4], [500, 500]])
+    bonus = torch.tensor([[7], [V], [-1], [2], [5], [9]])
+    seeds = torch.arange(B) * 11 - 3
+    for greedy in (torch.zeros(B, dtype=torch.bool), torch.ones(B, dtype=torch.bool)):
+        for d in (draft, None):
+            batch = VerifyBatch.padded(target, bonus, d, ids, seeds=seeds, is_greedy=greedy)
+            _check(batch, f"greedy={bool(greedy[0])} draft={d is not None}")
+
+
+def test_compiled_op_dispatch() -> None:
+    """ "auto" on CPU tensors runs the twin, "torch" the reference; both give the same tokens."""
+    from spec_samplers import RejectionSampler
+
+    assert cpu.compiled_op(rejection_reference, torch.device("cpu")) is cpu.rejection_cpu
+    assert cpu.compiled_op(rejection_reference, torch.device("meta")) is None
+    c = make_case(8, 3, 500, 5, closeness=2.0, greedy="none")
+    auto = RejectionSampler()(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
+    ref = RejectionSampler(backend="torch")(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
+    assert torch.equal(auto, ref)
+
+
+def _probs_spec(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """torch_ops.probs_from_logits as its docstring states it, one plain op at a time."""
+    from spec_samplers.torch_ops import reciprocal_sum, scaled_exp
+
+    x = torch.fmax(logits.to(torch.float32), torch.tensor(float("-inf")))
+    row_max = x.amax(dim=-1, keepdim=True)
+    t = torch.where(temperature > 0, temperature.to(torch.float32), 1.0)[:, None]
+    e = scaled_exp(x, row_max, t)
+    probs = e * reciprocal_sum(e.sum(dim=-1, keepdim=True))
+    onehot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1]).to(torch.float32)
+    onehot = torch.where(row_max > float("-inf"), onehot, 0.0)
+    return torch.where((temperature == 0)[:, None], onehot, probs)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_probs_from_logits_in_place_equals_its_rule(dtype: torch.dtype) -> None:
+    """The in-place, row-chunked probs_from_logits gives the rule's floats bit for bit: finite
+    temperatures, T = 0 (greedy), +inf and tiny T, NaN / +-inf logits, rows without mass, rows
+    across several CPU chunks."""
+    from spec_samplers.torch_ops import probs_from_logits
+
+    g = torch.Generator().manual_seed(0)
+    for N, V in ((7, 33), (3, 2**17 + 5), (40, 20000)):
+        logits = (torch.randn(N, V, generator=g) * 8).to(dtype)
+        logits[0, 3] = float("nan")
+        logits[1, :] = float("-inf")
+        logits[2, 5:9] = float("inf")
+        logits[-1, : V // 2] = -1e38 if dtype != torch.float16 else -6e4
+        temps = [torch.rand(N, generator=g) + 0.3]
+        with_special = temps[0].clone()
+        with_special[::3] = 0.0
+        with_special[1::5] = float("inf")
+        with_special[2::7] = 1e-40
+        with_special[4::9] = float("nan")
+        temps.append(with_special)
+        for t in temps:
+            got = probs_from_logits(logits, t)
+            want = _probs_spec(logits, t)
+            assert torch.equal(got, want), (N, V, dtype)
+
+
+def test_compiled_chunks_of_logits_change_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logits batches run a chunk of requests at a time (their probabilities are the only
+    temporaries): chunks of one, two and all requests give the same tokens."""
+    c = make_case(7, 3, 400, 11, closeness=2.0)
+    batch = VerifyBatch.padded(
+        c.target_logits, c.bonus, c.draft_logits, c.draft_ids, temperature=c.temperature, seeds=c.seeds
+    )
+    whole = cpu.run_compiled(cpu.rejection_cpu, batch)
+    for requests in (1, 2):
+        monkeypatch.setattr(cpu, "COMPILED_CHUNK_ELEMENTS", requests * 4 * 400)
+        assert torch.equal(cpu.run_compiled(cpu.rejection_cpu, batch), whole)
+
+
+def test_without_numba_the_reference_runs_after_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import warnings
+
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    monkeypatch.delitem(sys.modules, "spec_samplers.cpu._numba_kernels", raising=False)
+    cpu.kernels.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert cpu.compiled_op(rejection_reference, torch.device("cpu")) is None
+            assert cpu.compiled_op(block_reference, torch.device("cpu")) is None
+        assert len([w for w in caught if "numba" in str(w.message)]) == 1
+        c = make_case(4, 2, 300, 3)
+        batch = VerifyBatch.padded(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
+        assert torch.equal(cpu.rejection_cpu(batch), rejection_reference(batch))
+    finally:
+        cpu.kernels.cache_clear()
