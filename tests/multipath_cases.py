@@ -167,3 +167,53 @@ def complete(pair: ToyPair, out: torch.Tensor, gen: torch.Generator) -> torch.Te
             seq[missing, i] = torch.multinomial(probs, 1, generator=gen)[:, 0]
     weights = pair.V ** torch.arange(pair.L, -1, -1)
     return (seq * weights).sum(dim=1)
+
+
+def hsd_law(pair: ToyPair, capped: bool = True) -> tuple[torch.Tensor, float]:
+    """(completed output law, expected accepted tokens) of HSD on one draft path, written in the
+    paper's terms (joint probabilities, not block verification's code): with P_m, Q_m the target
+    and draft probabilities of the draft prefix of length m, the capped prefix mass
+    P'_m = P_m / max(1, max_{j<=m} P_j / Q_j), the branch masses at position m
+    d = P'_m q_m - Q_m p_m, the kept mass sum d+ / max(sum d+, sum d-) (the probability of not
+    stepping back at m), the stop position the last m < L that does not step back, the token
+    there a draw of d+ normalised; the whole draft is accepted with probability min(1, P'_L / Q_L)
+    (Algorithm 2; ``capped=False``: the released code's min(1, P_L / Q_L)), then a draw of q_L."""
+    V, L = pair.V, pair.L
+    law = torch.zeros(V ** (L + 1), dtype=torch.float64)
+    accepted = 0.0
+    weights = V ** torch.arange(L, -1, -1)
+    for x in itertools.product(range(V), repeat=L):
+        draft_prob = pair.path_prob(x)
+        if draft_prob == 0.0:
+            continue
+        big_p, big_q, best = [1.0], [1.0], 1.0
+        for m in range(L):
+            big_p.append(big_p[-1] * float(pair.q[x[:m]][x[m]]))
+            big_q.append(big_q[-1] * float(pair.p[x[:m]][x[m]]))
+        keep, resid = [], []
+        for m in range(L):
+            best = max(best, big_p[m] / big_q[m])
+            d = (big_p[m] / best) * pair.q[x[:m]] - big_q[m] * pair.p[x[:m]]
+            plus, minus = float(d.clamp_min(0).sum()), float((-d).clamp_min(0).sum())
+            keep.append(plus / max(plus, minus) if max(plus, minus) > 0 else 1.0)
+            resid.append(d.clamp_min(0) / plus if plus > 0 else pair.q[x[:m]])
+        full = big_p[L] / (max(best, big_p[L] / big_q[L]) if capped else 1.0) / big_q[L]
+        stop_law = [0.0] * (L + 1)
+        stop_law[L] = min(1.0, full)
+        none_after = 1.0 - stop_law[L]
+        for m in range(L - 1, -1, -1):
+            stop_law[m] = none_after * keep[m] if m else none_after  # position 0 always keeps
+            none_after *= 1.0 - keep[m]
+        for m in range(L + 1):
+            emit = resid[m] if m < L else pair.q[x]
+            for y in range(V):
+                prefix = (*x[:m], y)
+                mass = draft_prob * stop_law[m] * float(emit[y])
+                if mass == 0.0:
+                    continue
+                for rest in itertools.product(range(V), repeat=L - m):
+                    seq = prefix + rest
+                    cont = math.prod(float(pair.q[seq[:i]][seq[i]]) for i in range(m + 1, L + 1))
+                    law[int((torch.tensor(seq) * weights).sum())] += mass * cont
+            accepted += draft_prob * stop_law[m] * m
+    return law, accepted
