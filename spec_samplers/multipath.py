@@ -3,7 +3,7 @@ target pass, block verification on the greedily picked path against the pick's o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -44,6 +44,9 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
 
     tree_reference = staticmethod(multipath_tree_reference)  # type: ignore[assignment]  # takes num_paths=
     tree_kernel = None  # no tree kernel yet: the reference on every device
+    #: the decoding loop drafts K paths as the static tree [K, 1, .., 1] (level order) and hands
+    #: this sampler the nodes path-major (spec_samplers.decoding.tree_drafting)
+    tree_layout: ClassVar[str] = "paths"
     #: the last call's number of paths (set by the shape check, read by :meth:`tree_options`)
     _num_paths: int = 0
     _static_parents: list[list[int]] | None = None

@@ -76,6 +76,13 @@ def path_parents(num_paths: int, length: int) -> list[int]:
     return [0 if d == 1 else i * length + d - 1 for i in range(num_paths) for d in range(1, length + 1)]
 
 
+def path_order(num_paths: int, length: int) -> list[int]:
+    """Row j of the path-major layout (node i*L + d) is row ``path_order(K, L)[j]`` of the
+    level-order layout of the same K paths (the decoding loop's static tree [K, 1, .., 1]: node
+    1 + (d-1)*K + i), the root 0 first."""
+    return [0] + [1 + (d - 1) * num_paths + i for i in range(num_paths) for d in range(1, length + 1)]
+
+
 EXPECTED_SHAPE = "K disjoint paths of equal length L from the root (node i*L + d has parent i*L + d - 1, 0 at d = 1)"
 
 
