@@ -72,12 +72,14 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
         max_depth: int | None,
         is_greedy: torch.Tensor | None,
     ) -> TreeBatch:
+        # a tensor's values are read on the host once (a list was kept by _parents)
+        rows_of_parents, self._static_parents = self._static_parents or parents.tolist(), None
         if draft_sampling != "independent":
             raise input_error("draft_sampling", "'independent' (K paths drawn independently)", repr(draft_sampling))
         if draft is None:
-            raise input_error("draft_probs", "the draft rows the K paths were sampled from (not None)", None)
-        # a tensor's values are read on the host once (a list was kept by _parents)
-        rows_of_parents, self._static_parents = self._static_parents or parents.tolist(), None
+            raise input_error(
+                "draft_probs", "the draft rows (or draft_logits) the K paths were sampled from, not None", None
+            )
         self._check_paths(rows_of_parents, max_depth)
         return super()._finish_batch(
             target, draft, rows, tokens, parents, known_depth, draft_sampling, max_depth, is_greedy

@@ -251,3 +251,30 @@ def test_fp32_law_matches_float64_for_large_k(K):
     # unnormalised residuals (rho q - p~)+: absolute error (normalising divides by Z, which can be
     # small: block verification's own fp32 residuals have that amplification, with or without skew)
     assert float((exact.residuals - fp32.residuals.double()).abs().max()) < 2e-6
+
+
+def test_bad_values_never_give_a_wrong_index():
+    """NaN / Inf / negative rows, zero rows, out-of-range and impossible tokens, a detached
+    request (ragged, malformed counts): tokens stay in [0, V) or -1, node ids on the tree."""
+    gen = torch.Generator().manual_seed(23)
+    sampler = MultipathBlockVerificationSampler()
+    for trial in range(20):
+        K, L, V, B = 1 + trial % 4, 1 + trial % 3, 5 + trial, 7
+        q, p, ids, seeds = _workload(B, K, L, V, 100 + trial)
+        ids = torch.randint(-3, V + 3, (B, K * L), generator=gen)
+        q[0, 0] = float("nan")
+        q[1] = 0.0
+        p[2, :, 1] = float("inf")
+        p[3] = -p[3]
+        q[4, :, : V // 2] = 0.0
+        out = sampler.forward_tree(q, p, ids, path_parents(K, L), seeds=seeds)
+        tok = out.token_ids
+        assert bool(((tok == -1) | ((tok >= 0) & (tok < V))).all())
+        assert bool(((out.node_ids == -1) | ((out.node_ids >= 1) & (out.node_ids <= K * L))).all())
+    # the ragged entry with a malformed request: that request emits nothing, the others as padded
+    q, p, ids, seeds = _workload(3, 2, 2, 9, 5)
+    parents = torch.tensor(path_parents(2, 2))[None, :].expand(3, -1)
+    t, d, tok, par, cu = ragged_from_padded(q, p, ids, parents, [4, 4, 4])
+    out = sampler.forward_tree_ragged(t, d, tok, par, torch.tensor([4, 8, 99]), 4, seeds=seeds)
+    padded = sampler.forward_tree(q, p, ids, parents, seeds=seeds)
+    assert torch.equal(out.token_ids[:2], padded.token_ids[:2]) and bool((out.token_ids[2] == -1).all())
