@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     )
     from spec_samplers.block import BlockVerificationSampler
     from spec_samplers.errors import SpecSamplerInputError
+    from spec_samplers.multipath import MultipathBlockVerificationSampler
     from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output
     from spec_samplers.registry import UnknownSamplerError, available_samplers, get_sampler
     from spec_samplers.rejection import RejectionSampler
@@ -31,6 +32,7 @@ _EXPORTS = {
     "SpecDecodeStochasticBaseSampler": "spec_samplers.base",
     "BlockVerificationSampler": "spec_samplers.block",
     "SpecSamplerInputError": "spec_samplers.errors",
+    "MultipathBlockVerificationSampler": "spec_samplers.multipath",
     "PLACEHOLDER_TOKEN_ID": "spec_samplers.output",
     "build_output": "spec_samplers.output",
     "UnknownSamplerError": "spec_samplers.registry",
@@ -58,6 +60,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__",
     "BlockVerificationSampler",
+    "MultipathBlockVerificationSampler",
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
     "SamplingParams",

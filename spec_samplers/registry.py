@@ -25,6 +25,7 @@ BUILTIN_SAMPLERS = {
     "rejection_sampler": "spec_samplers.rejection:RejectionSampler",
     "typical_acceptance_sampler": "spec_samplers.typical:TypicalAcceptanceSampler",
     "block_verification": "spec_samplers.block:BlockVerificationSampler",
+    "multipath_block_verification": "spec_samplers.multipath:MultipathBlockVerificationSampler",
 }
 
 

@@ -208,6 +208,7 @@ def test_option_value_coercion():
     specs = resolve_samplers(None, ["posterior_alpha=0.2"])  # applies only to the sampler that has it
     assert {s.name: s.options for s in specs} == {
         "block_verification": {},
+        "multipath_block_verification": {},
         "rejection_sampler": {},
         "typical_acceptance_sampler": {"posterior_alpha": 0.2},
     }

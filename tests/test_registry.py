@@ -67,7 +67,8 @@ def test_get_sampler_with_options():
 def test_unknown_name_lists_available():
     with pytest.raises(
         UnknownSamplerError,
-        match="unknown sampler 'nope'; available: block_verification, rejection_sampler, typical_acceptance_sampler",
+        match="unknown sampler 'nope'; available: block_verification, multipath_block_verification, rejection_sampler, "
+        "typical_acceptance_sampler",
     ):
         get_sampler("nope")
 

@@ -61,6 +61,9 @@ class SpeculativeDecoder:
             and both caches keep only the accepted path.
         draft_sampling: how siblings are drawn from their parent's draft distribution:
             "independent", "without_replacement" or "deterministic" (top-k).
+        num_paths: K: draft K independent paths of k tokens per round (the tree [K, 1, .., 1]),
+            verified in one target pass; what ``sampler="multipath_block_verification"`` needs
+            (docs/multipath.md). Any tree sampler takes them; not with ``tree``.
 
     Example::
 
@@ -79,10 +82,19 @@ class SpeculativeDecoder:
         sampler_options: dict[str, object] | None = None,
         tree: Sequence[int] | NodeBudget | None = None,
         draft_sampling: str = "independent",
+        num_paths: int | None = None,
     ) -> None:
         k = num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise input_error("num_speculative_tokens", "an int >= 1", repr(k))
+        if num_paths is not None:
+            if isinstance(num_paths, bool) or not isinstance(num_paths, int) or num_paths < 1:
+                raise input_error("num_paths", "an int >= 1 or None", repr(num_paths))
+            if tree is not None:
+                raise input_error(
+                    "num_paths", "None when tree= is given (K paths are the tree [K, 1, .., 1])", num_paths
+                )
+            tree = [num_paths] + [1] * (k - 1)
         if isinstance(sampler, str):
             sampler = get_sampler(sampler, **(sampler_options or {}))
         elif sampler_options:
@@ -98,6 +110,12 @@ class SpeculativeDecoder:
         self.draft_sampling = check_policy(draft_sampling)
         if self.tree is not None and not hasattr(sampler, "forward_tree"):
             raise input_error("sampler", "a sampler with forward_tree when tree= is given", type(sampler).__name__)
+        if getattr(sampler, "tree_layout", None) == "paths":  # verifies K independent paths only
+            K = self.tree.widths[0] if self.tree is not None else 1
+            if self.tree is not None and self.tree.branching != (K,) + (1,) * (self.tree.depth - 1):
+                raise input_error("tree", "None or K paths [K, 1, .., 1] (num_paths=K)", self.tree.branching)
+            if self.tree is not None and self.draft_sampling != "independent":
+                raise input_error("draft_sampling", "'independent' (K independent paths)", repr(self.draft_sampling))
 
     def _verify(
         self,

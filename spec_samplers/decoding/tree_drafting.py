@@ -243,6 +243,12 @@ def generate_tree(
     root = pending[:, 0]  # [B] last committed token, not in the target cache
     policy = tree_policy(decoder, shape)
     parents_static = static_parents(shape) if shape.branching is not None else None
+    paths = path_tree = None
+    if getattr(decoder.sampler, "tree_layout", None) == "paths":  # K paths: the decoder checked the shape
+        from spec_samplers.tree.multipath import path_order, path_parents
+
+        paths = torch.tensor(path_order(shape.widths[0], D), device=device)
+        path_tree = path_parents(shape.widths[0], D)
     active = torch.arange(B)
     rounds = torch.zeros(B, dtype=torch.int64, device=device)
     random = getattr(decoder.sampler, "tree_random", True)
@@ -261,11 +267,13 @@ def generate_tree(
         q = strategy.probs(target_logits)
         extra: dict[str, Any] = {"seeds": strategy.seeds, "offsets": rounds} if random else {}
         greedy = strategy.tensors.is_greedy
-        out = decoder.sampler.forward_tree(  # type: ignore[operator]
-            q, p_rows, tokens, parents_static if parents_static is not None else parents, policy,
-            max_depth=D, is_greedy=greedy, **extra,
-        )  # fmt: skip
+        verified: tuple[Any, ...] = (q, p_rows, tokens, parents_static if parents_static is not None else parents)
+        if paths is not None:  # a path-major verifier (multi-path block verification): the nodes reordered
+            verified = (q[:, paths], p_rows[:, paths], tokens[:, paths[1:] - 1], path_tree)
+        out = decoder.sampler.forward_tree(*verified, policy, max_depth=D, is_greedy=greedy, **extra)  # type: ignore[operator]
         token_ids, node_ids = out.token_ids, out.node_ids  # [n, D+1], [n, D]
+        if paths is not None:
+            node_ids = torch.where(node_ids >= 0, paths[node_ids.clamp(min=0)], node_ids)
         keep = torch.zeros(n, N + 1, dtype=torch.bool, device=device)
         keep[:, 0] = True
         keep.scatter_(1, node_ids.clamp(min=0), node_ids >= 0)

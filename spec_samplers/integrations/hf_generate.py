@@ -215,6 +215,8 @@ class SpeculativeGenerate:
         tree: draft token trees: a branching list such as [2, 2, 1] or a ``NodeBudget``.
         draft_sampling: siblings' draw in a tree: "independent", "without_replacement" or
             "deterministic".
+        num_paths: K independent draft paths per round, verified in one target pass (with
+            ``sampler="multipath_block_verification"``; docs/multipath.md).
         seeds: one int per sequence: a sequence's output depends on its seed only, never on
             the batch it runs in. None: seeds from torch's default generator
             (``torch.manual_seed`` makes a call reproducible).
@@ -257,9 +259,11 @@ class SpeculativeGenerate:
         draft_sampling: str | None = None,
         seeds: Sequence[int] | None = None,
         stats: list[Any] | None = None,
+        num_paths: int | None = None,
         **model_kwargs: Any,
     ) -> Any:
         given = {
+            "num_paths": num_paths,
             "assistant_model": assistant_model,
             "sampler": sampler,
             "sampler_options": sampler_options,
@@ -325,8 +329,8 @@ def _speculative_generate(
         raise _fail("no drafter: pass assistant_model=<draft model> or prompt_lookup_num_tokens=<k>")
     k: Any = lookup if draft_model is None else getattr(config, "num_assistant_tokens", None) or 5
     tree = options.get("tree")
-    if draft_model is None and tree is not None:
-        raise _fail("tree= needs assistant_model (prompt lookup drafts chains)")
+    if draft_model is None and (tree is not None or options.get("num_paths") is not None):
+        raise _fail("tree= and num_paths= need assistant_model (prompt lookup drafts chains)")
     # everything the decoder checks (sampler name and options, k, tree) fails here, before any model call
     decoder_args = dict(
         sampler=options.get("sampler") or "rejection_sampler",
@@ -334,6 +338,7 @@ def _speculative_generate(
         sampler_options=options.get("sampler_options"),
         tree=tree,
         draft_sampling=options.get("draft_sampling") or "independent",
+        num_paths=options.get("num_paths"),
     )
     eos = _as_id_list(getattr(config, "eos_token_id", None))
     target = HFLanguageModel(model, eos_token_id=eos)
