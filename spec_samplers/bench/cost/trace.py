@@ -215,6 +215,8 @@ class EagerOp:
     #: CUDA blocks of the kernel PyTorch launches for it when that is fewer than a full grid
     #: (a row softmax: one per row); None: enough blocks to fill the GPU
     blocks: int | None = None
+    #: it launches a kernel on a GPU (:func:`launches_kernel`: what :class:`OpCounter` counts)
+    launches: bool = True
 
 
 #: ops that move no data (views, metadata, allocation without initialisation)
@@ -320,6 +322,7 @@ class EagerOps(TorchDispatchMode):
                 creates_vocab_tensor=any(t.numel() >= self.vocab_bar for t in created),
                 vocab_sized=bool(traffic_in or traffic_out) and largest >= self.vocab_bar,
                 blocks=blocks,
+                launches=launches_kernel(func),
             )
         )
         is_half_cast = name == "aten::_to_copy" and ins and ins[0].dtype == torch.float16
