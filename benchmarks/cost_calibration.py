@@ -177,22 +177,48 @@ def gpu_check_points(path: str, host_overhead: str | None) -> list[dict[str, Any
                 },
             }
         )
-        points.append(
-            {
-                **base,
-                "mode": "eager",
-                "measured_us": row["eager_cold_us"],
-                "modeled_us": m["eager_s"] * 1e6,
-                "modeled_low_us": m["eager_low_s"] * 1e6,
-                "modeled_high_us": m["eager_high_s"] * 1e6,
-                "host": result["host"],
-                "note": "host time measured on another machine's CPU (benchmarks/host_overhead.py: "
-                f"{host_source}), not on the GPU machine's host"
-                if result["host"]
-                else "host time not measured: launch_eager per launch (assumed)",
-            }
-        )
+        eager = {
+            **base,
+            "mode": "eager",
+            "measured_us": row["eager_cold_us"],
+            "eager_inputs": {"hardware": gpu, "nodes": result["nodes"]}
+            | {end: m["device_s" if end == "central" else f"device_{end}_s"] for end in ("central", "low", "high")},
+        }
+        points.append(with_host(eager, result["host"], host_source))
     return points
+
+
+def with_host(point: dict[str, Any], row: dict[str, Any] | None, source: str | None) -> dict[str, Any]:
+    """An eager point's modeled time from its GPU work (``eager_inputs``) and a measured host row
+    (benchmarks/host_overhead.py; None: unmeasured, the assumed launch cost per node)."""
+    from spec_samplers.bench.cost import model
+    from spec_samplers.bench.cost.totals import eager_time
+
+    inputs, host_s = point["eager_inputs"], (row["host_us"] + row["binder_us"]) * 1e-6 if row else None
+    for end, key in (("central", "modeled_us"), ("low", "modeled_low_us"), ("high", "modeled_high_us")):
+        point[key] = eager_time(inputs[end], inputs["nodes"], host_s, model.LATENCIES[end]) * 1e6
+    point["host"] = row
+    point["note"] = (
+        f"host time measured on this project's CPU machine (benchmarks/host_overhead.py: {source}), not on the GPU "
+        "machine's host"
+        if row
+        else "host time not measured: launch_eager per node (assumed)"
+    )
+    return point
+
+
+def rehost(path: str, host_overhead: str) -> None:
+    """Re-model the eager points of a calibration file with another host_overhead.py file (the
+    GPU work is kept: it does not depend on the host)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cost_model import host_rows
+
+    points = json.loads(Path(path).read_text())
+    host, source = host_rows(host_overhead)
+    for p in points:
+        if p.get("mode") == "eager":
+            finish(with_host(p, host.get((p["workload"], p["shape"]["B"])), source))
+    Path(path).write_text(json.dumps(points, indent=1))
 
 
 def finish(point: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-vllm", help=f"vLLM {OLD_VLLM}'s rejection_sampler.py or its wheel (default: fetched)")
     ap.add_argument("--gpu-check", help="a gpu_check.py --quick JSON whose rows join the points")
     ap.add_argument("--host-overhead", help="host_overhead.py results for the eager points (default: newest)")
+    ap.add_argument("--rehost", metavar="JSON", help="only re-model the eager points of this calibration file")
     args = ap.parse_args(argv)
+    if args.rehost:
+        rehost(args.rehost, args.host_overhead)
+        return 0
     os.environ[OLD_VLLM_ENV] = str(old_vllm_file(args.old_vllm))
     points = []
     for point in PUBLISHED:

@@ -11,6 +11,13 @@ from spec_samplers.bench.cost import model
 from spec_samplers.bench.cost.workloads import DTYPES, Shape
 
 
+def eager_time(device_s: float, nodes: int, host_s: float | None, latency: model.Latency) -> float:
+    """An eager call: the larger of the GPU's work and the host's (the measured host time plus
+    ``driver_launch`` per node; unmeasured, ``launch_eager`` per node)."""
+    issue_s = host_s + nodes * latency.driver_launch if host_s is not None else nodes * latency.launch_eager
+    return max(device_s, issue_s)
+
+
 def summarize(
     workload: str,
     shape: Shape,
@@ -53,13 +60,13 @@ def summarize(
             )
             eager_s = sum(model.eager_op_time(hw, op, latency) for op in kernels_ops)
             device_s = kernel_s + eager_s + count * latency.launch_graph
-            issue_s = host_s + count * latency.driver_launch if host_s is not None else count * latency.launch_eager
             suffix = "" if end == "central" else f"_{end}"
             t = totals.setdefault(name, {})
             t[f"graph{suffix}_s"] = latency.graph_replay + device_s
-            t[f"eager{suffix}_s"] = max(device_s, issue_s)
+            t[f"eager{suffix}_s"] = eager_time(device_s, count, host_s, latency)
+            t[f"device{suffix}_s"] = device_s
             if end == "central":
-                t.update(kernels_s=kernel_s, eager_ops_s=eager_s, device_s=device_s, host_s=issue_s, floor_s=floor)
+                t.update(kernels_s=kernel_s, eager_ops_s=eager_s, floor_s=floor)
         totals[name]["graph_over_floor"] = totals[name]["graph_s"] / floor
         if design_bytes:
             # the bytes the design must move (model.design_traffic) at the bandwidth: for the
