@@ -15,11 +15,12 @@ entry and every sampling operation (ours only: vLLM has no entry of that interfa
   (``cost.trace.OpCounter``, the counter of tests/test_host_syncs.py), second call of the row;
 * ``host_us``: wall time of one call (one thread), launches recorded, not run: the Python,
   planning and eager dispatch a CPU thread pays before the GPU sees anything. On a GPU an eager
-  op's arithmetic runs on the device; on these CPU tensors it runs on the host, linearly in the
-  vocabulary (vLLM's fp32 copy of the logits, say). So the call is timed at two small
-  vocabularies, ``--host-vocab`` V1 and 2 * V1 (default 256 and 512; medians of ``--repeats``),
-  and extrapolated to no vocabulary: ``2 * t(V1) - t(2 * V1)``. The launch counts at those
-  vocabularies are checked equal to the full shape's (a mismatch is listed in ``notes``);
+  op's arithmetic runs on the device; on these CPU tensors it runs on the host, in proportion to
+  the vocabulary (vLLM's fp32 copy of the logits, say). So the call is timed at a tiny vocabulary,
+  ``--host-vocab`` (default 64: the arithmetic of B * (k + 1) rows of 64 entries is a few
+  microseconds), median of ``--repeats``; the launch counts there are checked equal to the full
+  shape's (a mismatch, a different path, is listed in ``notes``). (An extrapolation to no
+  vocabulary from two small ones was tried: on a loaded machine it doubled the noise.)
 * ``binder_us``: Triton's binder (argument specialisation) plus its cache key for every Triton
   launch of the call, built for an sm_90 target (``cost.sass.sm90_binder``), median: the part of
   ``kernel[grid](...)`` that runs on the host before the driver, which ``host_us`` does not
@@ -217,22 +218,19 @@ def measure(
     del call
     gc.collect()
     eager = sum(counter.eager.values())
-    at: dict[int, float] = {}
-    for vocab in (host_vocab, 2 * host_vocab):
-        small = build_at(entry, impl, B, vocab)
-        small_launches, small_counter = recorded(small)
-        if (len(small_launches), sum(small_counter.eager.values())) != (len(launches), eager):
-            notes.append(
-                f"{entry}/{impl} B={B}: {len(small_launches)} Triton + {sum(small_counter.eager.values())} eager "
-                f"at V={vocab} (host time) vs {len(launches)} + {eager} at V={V}"
-            )
-        at[vocab] = host_us(small, repeats)
+    small = build_at(entry, impl, B, host_vocab)
+    small_launches, small_counter = recorded(small)
+    if (len(small_launches), sum(small_counter.eager.values())) != (len(launches), eager):
+        notes.append(
+            f"{entry}/{impl} B={B}: {len(small_launches)} Triton + {sum(small_counter.eager.values())} eager "
+            f"at V={host_vocab} (host time) vs {len(launches)} + {eager} at V={V}"
+        )
     row = {
         "entry": entry,
         "impl": impl,
         "B": B,
         "launches": len(launches) + eager,
-        "host_us": round(max(0.0, 2 * at[host_vocab] - at[2 * host_vocab]), 1),
+        "host_us": round(host_us(small, repeats), 1),
         "binder_us": round(binder_us(launches, repeats), 1),
     }
     detail = {
@@ -242,7 +240,6 @@ def measure(
         "triton": [launch.name for launch in launches],
         "eager": dict(counter.eager),
         "syncs": len(counter.syncs),
-        "host_us_at_vocab": {str(v): round(t, 1) for v, t in at.items()},
     }
     return row, detail, notes
 
@@ -308,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True, help="write the rows here (a .md table is written next to it)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--host-vocab", type=int, default=256, help="host time: timed at this vocabulary and twice it")
+    ap.add_argument("--host-vocab", type=int, default=64, help="vocabulary of the host-time calls")
     ap.add_argument("--repeats", type=int, default=30, help="timed calls per row (median)")
     ap.add_argument("--only", action="append", help="rows whose entry contains this text (repeatable)")
     args = ap.parse_args(argv)
@@ -317,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prepare_vllm()  # vLLM's real Triton kernels without a GPU (as the cost model loads them)
     doc: dict[str, Any] = {"meta": meta(args), "rows": [], "details": [], "notes": []}
+    out = Path(args.json)
     for B in args.batch:
         for entry, impl, build in rows_to_build(B, args.vocab, args.only):
             try:
@@ -329,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["details"].append(detail)
             doc["notes"] += notes
             print(json.dumps(row), flush=True)
+            out.write_text(json.dumps(doc, indent=1) + "\n")  # (a crash later keeps what was measured)
     doc["meta"]["load_average_end"] = list(os.getloadavg())
-    out = Path(args.json)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     out.with_suffix(".md").write_text(
         f"<!-- {doc['meta']['how']}; {doc['meta']['date']}, commit {doc['meta']['commit']}, "

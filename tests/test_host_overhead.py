@@ -22,7 +22,7 @@ def test_host_overhead_writes_rows_of_the_schema(tmp_path):
     # compiled Triton mode, as on a GPU machine (launches are planned and recorded, never run)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    args = ["--batch", "1", "2", "--vocab", "512", "--host-vocab", "128", "--repeats", "2"]
+    args = ["--batch", "1", "2", "--vocab", "512", "--host-vocab", "64", "--repeats", "2"]
     only = ["--only", "mrv2_seam", "--only", "RejectionSampler.forward_ragged_from_logits", "--only", "softmax"]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--json", str(out), *args, *only],
