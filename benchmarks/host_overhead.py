@@ -258,6 +258,14 @@ def _git(*args: str) -> str:
         return "unknown"
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "CPU")
+    except OSError:
+        return platform.processor() or "CPU"
+
+
 def meta(args: argparse.Namespace) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -270,7 +278,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": _git("rev-parse", "--short", "HEAD") + ("-dirty" if _git("status", "--porcelain") else ""),
-        "machine": f"{platform.machine()} {platform.processor() or ''} ({os.cpu_count()} CPUs), no GPU".strip(),
+        "machine": f"{_cpu_model()} ({os.cpu_count()} CPUs, {platform.machine()}), no GPU",
         "load_average": list(os.getloadavg()),
         "torch_threads": torch.get_num_threads(),
         "versions": versions,
