@@ -195,7 +195,9 @@ def render(doc: dict) -> str:
     md = [
         f"# Cost model, {doc['date']}: ours vs vLLM vs FlashInfer (all times MODELED, not measured)",
         "",
-        "Regenerate: `python benchmarks/cost_model.py`. Model and constants: docs/cost-model.md.",
+        "Regenerate: `python benchmarks/cost_model.py`. Model and constants: docs/cost-model.md. The model's error",
+        "on the calls a GPU measured: docs/performance.md (benchmarks/results/*-cost-calibration.json).",
+        f"Modeled from commit {doc.get('commit', 'not recorded')}; host times from {doc.get('host_overhead')}.",
         "V = 128256, bf16 logits, k = 4, temperature 0.7, probabilistic drafts, every request rejecting its",
         "first draft (the worst case). Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
         "",
