@@ -17,7 +17,13 @@ Points:
 * SGLang PR #15687: ``tree_speculative_sampling_target_only`` at bs = 1, 37 us. Listed, not
   modeled: it is a CUDA kernel of sgl-kernel, which this model does not compile.
 * ``--gpu-check PATH``: the rows of a ``benchmarks/gpu_check.py --quick`` JSON (ours, our MRv2
-  seam, vLLM's MRv2; CUDA-graph replay with a cold L2 against the modeled graph time).
+  seam, vLLM's MRv2 at B = 1 and 64: the six H200 points), each re-modeled from the current code:
+  CUDA-graph replay with a cold L2 against the modeled graph time, and the eager call against the
+  modeled eager time (host time from ``benchmarks/host_overhead.py``). Held out: the graph
+  constants come from that run's launch microbenchmark, nothing is fitted to these calls.
+
+Each point says whether a constant was fitted to it (``fit``) and carries the commit and Triton
+version its modeled value comes from (``commit``, ``triton``).
 
 Each modeled point keeps the launch's inputs to the time model (bytes, issue cycles, grid,
 latency inputs), so tests/test_cost_calibration.py re-evaluates the time model on them and keeps
@@ -53,6 +59,7 @@ PUBLISHED = [
         "gpu": "not named in the PR (DeepSeek-R1-0528 served with tensor parallelism); modeled on H100",
         "shape": {"B": 16, "k": 3, "V": 129280, "dtype": "float32"},
         "measured_us": 159.0,
+        "fit": "held out (its spills and one-block-per-program grid are not what the fitted constant sets)",
     },
     {
         "source": "vLLM PR #34974, after (https://github.com/vllm-project/vllm/pull/34974)",
@@ -60,6 +67,8 @@ PUBLISHED = [
         "gpu": "not named in the PR (DeepSeek-R1-0528 served with tensor parallelism); modeled on H100",
         "shape": {"B": 16, "k": 3, "V": 129280, "dtype": "float32"},
         "measured_us": 29.0,
+        "fit": "fitted: Hardware.sm_bandwidth_factor (1.8) was chosen to reproduce this point, so it is "
+        "no independent check of the model",
     },
     {
         "source": "SGLang PR #15687, tree_speculative_sampling_target_only (https://github.com/sgl-project/sglang/pull/15687)",
@@ -119,28 +128,105 @@ def modeled_point(point: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def gpu_check_points(path: str) -> list[dict[str, Any]]:
-    """Points from a ``gpu_check.py --quick`` JSON: graph replay, L2 cold, against modeled graph time."""
+#: cost-model workloads of gpu_check.py --quick's rows (the same calls: cost.workloads)
+GPU_CHECK_WORKLOADS = {"ours": "ours", "ours-v2-seam": "ours-v2-seam", "vllm-mrv2": "vllm-mrv2"}
+
+
+def gpu_check_points(path: str, host_overhead: str | None) -> list[dict[str, Any]]:
+    """Points from a ``gpu_check.py --quick`` JSON, each re-modeled now from the current code
+    (never the modeled values stored in that file, which were the code's of that day): CUDA-graph
+    replay with a cold L2 against the modeled graph time on that GPU, and the eager call against
+    the modeled eager time (host time from ``host_overhead``: benchmarks/host_overhead.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cost_model import host_rows
+
     doc = json.loads(Path(path).read_text())
-    gpu = doc["meta"]["gpu"]
+    gpu = doc["meta"]["gpu"].replace("NVIDIA ", "")
+    host, host_source = host_rows(host_overhead)
     points = []
     for row in doc["rows"]:
-        if "graph_cold_us" not in row or "modeled_graph_us" not in row:
+        workload = GPU_CHECK_WORKLOADS.get(row["impl"])
+        if workload is None or "graph_cold_us" not in row:
             continue
+        shape = Shape(row["B"], row["k"], row["V"], row["dtype"])
+        result = report.profile(workload, shape, host=host.get((workload, row["B"])))
+        m = result["modeled"][gpu]
+        base = {
+            "source": f"benchmarks/gpu_check.py --quick ({doc['meta']['date']}, {path})",
+            "workload": workload,
+            "gpu": doc["meta"]["gpu"],
+            "measured_versions": doc["meta"]["versions"],
+            "shape": {"B": row["B"], "k": row["k"], "V": row["V"], "dtype": row["dtype"]},
+            "nodes": result["nodes"],
+            "fit": "held out: no constant was fitted to it (graph_replay and launch_graph were "
+            "measured by the same run's launch microbenchmark, not fitted to these calls)",
+        }
         points.append(
             {
-                "source": f"benchmarks/gpu_check.py --quick ({doc['meta']['date']})",
-                "workload": row["impl"],
-                "gpu": gpu,
-                "shape": {"B": row["B"], "k": row["k"], "V": row["V"], "dtype": row["dtype"]},
+                **base,
+                "mode": "graph",
                 "measured_us": row["graph_cold_us"],
-                "modeled_us": row["modeled_graph_us"],
-                "modeled_low_us": row.get("modeled_graph_low_us"),
-                "modeled_high_us": row.get("modeled_graph_high_us"),
-                "note": f"modeled values from {doc.get('modeled_from', {}).get('file')}",
+                "modeled_us": m["graph_s"] * 1e6,
+                "modeled_low_us": m["graph_low_s"] * 1e6,
+                "modeled_high_us": m["graph_high_s"] * 1e6,
+                "graph_inputs": {
+                    "hardware": gpu,
+                    "kernels_s": m["kernels_s"],
+                    "eager_ops_s": m["eager_ops_s"],
+                    "nodes": result["nodes"],
+                },
             }
         )
+        eager = {
+            **base,
+            "mode": "eager",
+            "measured_us": row["eager_cold_us"],
+            "eager_inputs": {"hardware": gpu, "nodes": result["nodes"]}
+            | {end: m["device_s" if end == "central" else f"device_{end}_s"] for end in ("central", "low", "high")},
+        }
+        points.append(with_host(eager, result["host"], host_source))
     return points
+
+
+def with_host(point: dict[str, Any], row: dict[str, Any] | None, source: str | None) -> dict[str, Any]:
+    """An eager point's modeled time from its GPU work (``eager_inputs``) and a measured host row
+    (benchmarks/host_overhead.py; None: unmeasured, the assumed launch cost per node)."""
+    from spec_samplers.bench.cost import model
+    from spec_samplers.bench.cost.totals import eager_time
+
+    inputs, host_s = point["eager_inputs"], (row["host_us"] + row["binder_us"]) * 1e-6 if row else None
+    for end, key in (("central", "modeled_us"), ("low", "modeled_low_us"), ("high", "modeled_high_us")):
+        point[key] = eager_time(inputs[end], inputs["nodes"], host_s, model.LATENCIES[end]) * 1e6
+    point["host"] = row
+    point["note"] = (
+        f"host time measured on this project's CPU machine (benchmarks/host_overhead.py: {source}), not on the GPU "
+        "machine's host"
+        if row
+        else "host time not measured: launch_eager per node (assumed)"
+    )
+    return point
+
+
+def restamped(point: dict[str, Any]) -> dict[str, Any]:
+    """A carried point keeps no stamp of this run: its modeled value is that file's."""
+    if point.get("carried_from"):
+        point["commit"] = point["triton"] = "not recorded: " + point["carried_from"]
+    return point
+
+
+def rehost(path: str, host_overhead: str) -> None:
+    """Re-model the eager points of a calibration file with another host_overhead.py file (the
+    GPU work is kept: it does not depend on the host)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cost_model import host_rows
+
+    points = json.loads(Path(path).read_text())
+    host, source = host_rows(host_overhead)
+    for p in points:
+        restamped(p)
+        if p.get("mode") == "eager":
+            finish(with_host(p, host.get((p["workload"], p["shape"]["B"])), source))
+    Path(path).write_text(json.dumps(points, indent=1))
 
 
 def finish(point: dict[str, Any]) -> dict[str, Any]:
@@ -150,19 +236,50 @@ def finish(point: dict[str, Any]) -> dict[str, Any]:
     return point
 
 
+def stamp() -> dict[str, str]:
+    """The commit and Triton version the modeled values come from."""
+    import triton
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    dirty = "-dirty" if git("status", "--porcelain", "spec_samplers") else ""
+    return {"commit": git("rev-parse", "--short", "HEAD") + dirty, "triton": triton.__version__}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the points here (a JSON list)")
     ap.add_argument("--old-vllm", help=f"vLLM {OLD_VLLM}'s rejection_sampler.py or its wheel (default: fetched)")
     ap.add_argument("--gpu-check", help="a gpu_check.py --quick JSON whose rows join the points")
+    ap.add_argument("--host-overhead", help="host_overhead.py results for the eager points (default: newest)")
+    ap.add_argument("--rehost", metavar="JSON", help="only re-model the eager points of this calibration file")
+    ap.add_argument(
+        "--carry",
+        metavar="JSON",
+        help="take the published points from this calibration file instead of profiling them again (their "
+        "kernel's time-model inputs are kept; tests/test_cost_calibration.py re-evaluates them with the current "
+        "constants). Profiling vLLM 0.15.1's kernel compiles 27,316 spill instructions: many CPU minutes",
+    )
     args = ap.parse_args(argv)
-    os.environ[OLD_VLLM_ENV] = str(old_vllm_file(args.old_vllm))
+    if args.rehost:
+        rehost(args.rehost, args.host_overhead)
+        return 0
+    carried = {p["source"]: p for p in json.loads(Path(args.carry).read_text())} if args.carry else {}
+    if not carried:
+        os.environ[OLD_VLLM_ENV] = str(old_vllm_file(args.old_vllm))
     points = []
     for point in PUBLISHED:
-        points.append(finish(modeled_point(point) if point["workload"] else dict(point)))
+        if point["source"] in carried:
+            old = carried[point["source"]]
+            derived = ("date", "band", "ratio_modeled_over_measured", "within_band")
+            kept = {k: v for k, v in old.items() if k not in derived}
+            points.append(finish({**kept, **point, "carried_from": f"{args.carry} (modeled {old.get('date')})"}))
+        else:
+            points.append(finish(modeled_point(point) if point["workload"] else dict(point)))
         print(json.dumps({k: v for k, v in points[-1].items() if k not in ("time_model_inputs",)}), flush=True)
     if args.gpu_check:
-        points += [finish(p) for p in gpu_check_points(args.gpu_check)]
+        points += [finish(p) for p in gpu_check_points(args.gpu_check, args.host_overhead)]
     for p in points:
         ratio = p.get("ratio_modeled_over_measured")
         print(
@@ -171,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         date = datetime.date.today().isoformat()
-        Path(args.json).write_text(json.dumps([{**p, "date": date, "band": BAND} for p in points], indent=1))
+        stamped = stamp()
+        Path(args.json).write_text(
+            json.dumps([restamped({**p, "date": date, **stamped, "band": BAND}) for p in points], indent=1)
+        )
     return 0
 
 

@@ -27,6 +27,45 @@ ENTRIES = {"ours-probs": ("ours", "probs")}
 BATCHES = (1, 8, 64, 256)
 
 
+#: the benchmarks/host_overhead.py row measuring each workload's host time (entry, impl)
+HOST_ROWS = {
+    "ours": "RejectionSampler.forward_ragged_from_logits",
+    "ours-probs": "RejectionSampler.forward_ragged",
+    "ours-v1-seam": ("v1_seam", "ours"),
+    "ours-v2-seam": ("mrv2_seam", "ours"),
+    "vllm-v1": ("v1_seam", "vllm"),
+    "vllm-mrv2": ("mrv2_seam", "vllm"),
+}
+
+
+def host_rows(path: str | None) -> tuple[dict[tuple[str, int], dict], str | None]:
+    """{(workload, B): host row} from a host_overhead.py JSON (default: the newest committed
+    benchmarks/results/*-host-overhead*.json), and that file's name with its commit."""
+    files = [Path(path)] if path else sorted(Path(__file__).parent.glob("results/*-host-overhead*.json"))
+    if not files:
+        return {}, None
+    doc = json.loads(files[-1].read_text())
+    by = {(r["entry"], r["impl"], r["B"]): r for r in doc["rows"]}
+    out = {}
+    for workload, key in HOST_ROWS.items():
+        entry, impl = key if isinstance(key, tuple) else (key, "ours")
+        for (e, i, b), row in by.items():
+            if (e, i) == (entry, impl):
+                out[(workload, b)] = {**row, "source": f"{files[-1].name} (commit {doc['meta']['commit']})"}
+    return out, f"{files[-1].name} (commit {doc['meta']['commit']})"
+
+
+def commit() -> str:
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parents[1]).stdout
+
+    return git("rev-parse", "--short", "HEAD").strip() + (
+        "-dirty" if git("status", "--porcelain", "spec_samplers").strip() else ""
+    )
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in ("spec-samplers", "torch", "triton", "vllm", "flashinfer-python"):
@@ -156,7 +195,9 @@ def render(doc: dict) -> str:
     md = [
         f"# Cost model, {doc['date']}: ours vs vLLM vs FlashInfer (all times MODELED, not measured)",
         "",
-        "Regenerate: `python benchmarks/cost_model.py`. Model and constants: docs/cost-model.md.",
+        "Regenerate: `python benchmarks/cost_model.py`. Model and constants: docs/cost-model.md. The model's error",
+        "on the calls a GPU measured: docs/performance.md (benchmarks/results/*-cost-calibration.json).",
+        f"Modeled from commit {doc.get('commit', 'not recorded')}; host times from {doc.get('host_overhead')}.",
         "V = 128256, bf16 logits, k = 4, temperature 0.7, probabilistic drafts, every request rejecting its",
         "first draft (the worst case). Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".",
         "",
@@ -207,19 +248,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 8 64 256)")
     p.add_argument("--workload", action="append", choices=WORKLOADS, help="workloads (default all)")
     p.add_argument("--render", metavar="JSON", help="only rewrite the .md next to an existing .json")
+    p.add_argument("--host-overhead", metavar="JSON", help="host_overhead.py results (default: newest committed)")
     args = p.parse_args(argv)
     if args.render:
         path = Path(args.render)
         path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
         return 0
     counts: dict = {}
+    host, host_source = host_rows(args.host_overhead)
     results, failures = [], []
     for workload in args.workload or WORKLOADS:
         for b in args.batch or BATCHES:
             name, entry = ENTRIES.get(workload, (workload, "logits"))
             shape = Shape(b, 4, 128256, "bfloat16", entry=entry)
             try:
-                result = trimmed(report.profile(name, shape, counts=counts))
+                result = trimmed(report.profile(name, shape, counts=counts, host=host.get((workload, b))))
                 result["workload"] = workload
                 results.append(result)
             except Exception as exc:  # a peer that cannot be profiled is reported, not dropped
@@ -229,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     doc = {
         "date": date,
+        "commit": commit(),
+        "host_overhead": host_source,
         "versions": versions(),
         "constants": model.constants(),
         "results": results,

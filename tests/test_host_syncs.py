@@ -17,47 +17,19 @@ same quantities.
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import spec_samplers.sampling as sampling
 from spec_samplers import RejectionSampler, SamplingParams
+from spec_samplers.bench.cost.trace import OpCounter
 from spec_samplers.kernels import backend, launch_common
 from spec_samplers.sampling_params import sampling_tensors
 
-_NOT_LAUNCHES = {
-    "view", "_unsafe_view", "expand", "select", "slice", "reshape", "unsqueeze", "squeeze", "permute", "t",
-    "transpose", "unbind", "alias", "as_strided", "detach", "lift_fresh", "split", "diagonal", "empty",
-    "empty_strided", "empty_like",
-}  # fmt: skip
-
-
-class _Counter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.eager: collections.Counter[str] = collections.Counter()
-        self.syncs: list[str] = []
-        self.copies: list[bool] = []  # host-to-device copies: non_blocking?
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        if name == "_local_scalar_dense":
-            self.syncs.append(name)
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if name in ("copy_", "_to_copy") and any(t.device.type == "cpu" for t in tensors):
-            target = args[0].device if name == "copy_" else torch.device(kwargs.get("device") or "cpu")
-            if target.type == "cuda":
-                blocking = not (kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2]))
-                self.copies.append(not blocking)
-        if func.namespace == "aten" and name not in _NOT_LAUNCHES:
-            self.eager[name] += 1
-        return func(*args, **kwargs)
+_Counter = OpCounter  # (shared with benchmarks/host_overhead.py: one definition of an eager launch)
 
 
 def _count(make: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[_Counter, list[str]]:

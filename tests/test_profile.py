@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_samplers.bench.cost import counting, report, sass, trace
+from spec_samplers.bench.cost import counting, model, report, sass, trace
 from spec_samplers.bench.cost import workloads as wl
 
 #: the byte counter hooks Triton's interpreter. conftest sets TRITON_INTERPRET=1 where there is no
@@ -348,8 +348,13 @@ def test_profile_cli_runs_at_a_small_shape(tmp_path):
     assert tails == {"softmax_tail": [2, 3], "rejection_tail": [2]}
     assert names[names.index("softmax_tail") - 1] == "softmax_partials_kernel"
     assert names[names.index("rejection_tail") - 1] == "residual_partials_kernel"
-    h100 = result["modeled"]["H100"]
-    assert h100["graph_s"] == pytest.approx(h100["kernels_s"] + 2 * 1e-6)
+    # a graph: one replay, then per node (our 2 launches and every eager op that launches a
+    # kernel, traced on the device path) its node cost and its kernel
+    h100, lat = result["modeled"]["H100"], model.LATENCIES["central"]
+    nodes = 2 + result["eager_ops"]["count"]
+    assert result["nodes"] == nodes
+    expected = lat.graph_replay + nodes * lat.launch_graph + h100["kernels_s"] + h100["eager_ops_s"]
+    assert h100["graph_s"] == pytest.approx(expected)
 
 
 def _traffic(fn, vocab=1024):
@@ -406,7 +411,6 @@ def test_time_model_latency_terms():
     which runs inside its launch), issue at half rate with one warp per scheduler, Little's law on
     the bytes a few warps keep in flight, spills beyond L1 through DRAM, a tail's dependent L2
     round trips, and an eager row softmax charged at the bandwidth its one block per row draws."""
-    from spec_samplers.bench.cost import model
 
     hw, lat = model.H100, model.LATENCIES["central"]
     tiny = model.launch_time(hw, 1e3, 10.0, 1, 1)

@@ -14,13 +14,22 @@ from typing import Any
 class Latency:
     """The model's latency constants, at one end of their range (:data:`LATENCIES`)."""
 
-    #: host cost of one eager launch (a PyTorch op or a Triton kernel call from Python):
-    #: assumed, the usual 4-6 us of PyTorch eager dispatch plus the driver (benchmarks/gpu_check.py
-    #: --quick measures it: ``launch.eager_tiny_kernel_us``)
+    #: host cost of one eager launch (a PyTorch op or a Triton kernel call from Python) where the
+    #: call's host time was not measured (:func:`eager_host`): assumed, the usual 4-6 us of
+    #: PyTorch eager dispatch plus the driver
     launch_eager: float
-    #: per kernel node of a CUDA graph replay (back-to-back dependent kernels): assumed (gpu_check
-    #: --quick measures it: ``launch.graph_per_node_us``)
+    #: per kernel node of a CUDA graph replay (back-to-back dependent kernels), on top of the
+    #: kernel's own time: measured, 0.73 us on the H200 (benchmarks/gpu_check.py --quick,
+    #: ``launch.graph_per_node_us``, 2026-11-28: 20 tiny nodes 24.3 us, 1 node 10.4 us); the
+    #: range +-25% (one measurement, one GPU)
     launch_graph: float
+    #: fixed cost of one CUDA-graph replay (launch of the graph, the first node's start):
+    #: measured, 10.4 us for a one-node graph less its node, 9.7 us (same run); range +-15%
+    graph_replay: float
+    #: driver cost of one launch on the host (``cudaLaunchKernel``), added to the measured host
+    #: time of a call whose launches were recorded, not run (benchmarks/host_overhead.py):
+    #: assumed, 2-4 us (public microbenchmarks of cudaLaunchKernel on x86 hosts)
+    driver_launch: float
     #: the least time a kernel occupies the GPU however little it does (block scheduling, the
     #: drain at its end): assumed, what profilers show for one-block kernels on Hopper; a lead
     min_kernel: float
@@ -35,9 +44,33 @@ class Latency:
 
 #: (low, central, high): the ends of each assumed constant's plausible range and its middle
 LATENCIES = {
-    "low": Latency(launch_eager=4e-6, launch_graph=0.5e-6, min_kernel=1.0e-6, l2_cycles=200, dram_cycles=500),
-    "central": Latency(launch_eager=5e-6, launch_graph=1.0e-6, min_kernel=1.5e-6, l2_cycles=260, dram_cycles=600),
-    "high": Latency(launch_eager=6e-6, launch_graph=2.0e-6, min_kernel=2.5e-6, l2_cycles=400, dram_cycles=800),
+    "low": Latency(
+        launch_eager=4e-6,
+        launch_graph=0.55e-6,
+        graph_replay=8.2e-6,
+        driver_launch=2e-6,
+        min_kernel=1.0e-6,
+        l2_cycles=200,
+        dram_cycles=500,
+    ),
+    "central": Latency(
+        launch_eager=5e-6,
+        launch_graph=0.73e-6,
+        graph_replay=9.7e-6,
+        driver_launch=2.5e-6,
+        min_kernel=1.5e-6,
+        l2_cycles=260,
+        dram_cycles=600,
+    ),
+    "high": Latency(
+        launch_eager=6e-6,
+        launch_graph=0.91e-6,
+        graph_replay=11.2e-6,
+        driver_launch=4e-6,
+        min_kernel=2.5e-6,
+        l2_cycles=400,
+        dram_cycles=800,
+    ),
 }
 
 
@@ -68,8 +101,6 @@ class Hardware:
     #: point is no independent check of it (benchmarks/results/*-cost-calibration.json); a lead
     #: for gpu_check --quick at B = 1
     sm_bandwidth_factor: float = 1.8
-    launch_eager: float = LATENCIES["central"].launch_eager
-    launch_graph: float = LATENCIES["central"].launch_graph
 
 
 H100 = Hardware(

@@ -106,11 +106,18 @@ def latency_inputs(variant: dict[str, Any], sites: list[dict[str, Any]], tail: b
     }
 
 
-def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, Any] | None = None) -> dict[str, Any]:
+def profile(
+    workload: str,
+    shape: Shape,
+    sass: bool = True,
+    counts: dict[Any, Any] | None = None,
+    host: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Launches, bytes, instructions and modeled times of one call of ``workload`` at ``shape``.
 
     ``counts`` caches the interpreter's small-shape counts across calls that differ only in B and
-    V (a sweep counts once per workload)."""
+    V (a sweep counts once per workload). ``host``: the call's measured host row
+    (benchmarks/host_overhead.py), for the eager time (:func:`.totals.summarize`)."""
     if workload == "flashinfer-chain":
         from spec_samplers.bench.cost import flashinfer_peer
 
@@ -150,7 +157,7 @@ def profile(workload: str, shape: Shape, sass: bool = True, counts: dict[Any, An
             for name, hw in model.HARDWARE.items()
         }
         launches.append(row)
-    return summarize(workload, shape, launches, full["eager"])
+    return summarize(workload, shape, launches, full["eager"], host)
 
 
 def _us(seconds: float) -> str:

@@ -14,6 +14,7 @@ of each load (the SASS line table) ties the loop to the interpreter's per-line l
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -44,16 +45,23 @@ def triton_tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def variant(launch: Any) -> tuple[Any, dict[str, Any], dict[Any, Any], dict[Any, Any], Any]:
-    """(fn, signature, constexprs, attrs, options) of a recorded launch, specialised by Triton's
-    own binder for an sm_90 target."""
+@functools.cache
+def sm90_binder(kernel: Any) -> tuple[Any, Any]:
+    """(backend, binder) of a Triton kernel for an sm_90 target: what ``JITFunction.run`` builds
+    per device (``create_binder``), without a driver (Triton 3.6 to 3.9)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    kernel = launch.kernel
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    return backend, create_function_from_signature(kernel.signature, kernel.params, backend)
+
+
+def variant(launch: Any) -> tuple[Any, dict[str, Any], dict[Any, Any], dict[Any, Any], Any]:
+    """(fn, signature, constexprs, attrs, options) of a recorded launch, specialised by Triton's
+    own binder for an sm_90 target."""
+    kernel = launch.kernel
+    backend, binder = sm90_binder(kernel)
     kwargs = {**launch.args, "num_warps": launch.num_warps, **launch.options}
     bound, specialization, options = binder(**kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)

@@ -16,12 +16,17 @@ way to the launch, and cannot skip it; meta tensors cannot be launched). A spec_
 that reaches it while :func:`tracing` is an error: its launcher ignored ``config.launches``.
 
 :class:`EagerOps` is a dispatch mode that records every PyTorch op with its bytes read and
-written; ops whose tensors hold at least a vocabulary row are flagged.
+written; ops whose tensors hold at least a vocabulary row are flagged. :class:`OpCounter` counts
+the ops of a call that launch a kernel on a GPU (:func:`launches_kernel`) and its host
+synchronisations (tests/test_host_syncs.py, benchmarks/host_overhead.py); the cost model counts
+the same ops as launches.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -55,7 +60,7 @@ class Launch:
 
     @property
     def module(self) -> str:
-        return self.kernel.fn.__module__
+        return _module_of(self.kernel)
 
     @property
     def programs(self) -> int:
@@ -78,6 +83,12 @@ class Launch:
         for name, value in self.args.items():
             walk(name, value)
         return found
+
+
+def _module_of(kernel: Any) -> str:
+    """The module of a kernel's Python function; "" where Triton 3.9 or an ``exec``-built kernel
+    (an older vLLM's, :func:`.workloads._old_vllm_kernel`) leaves ``__module__`` None."""
+    return getattr(kernel.fn, "__module__", None) or ""
 
 
 def planned(launch: Any, after_op: int = -1) -> Launch:
@@ -121,9 +132,14 @@ def tracing(num_sms: int, ops: EagerOps | None = None, peers: bool = False) -> I
         yield sink
 
 
+@functools.cache
+def _signature(fn: Any) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
 def _bound(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the kernel's parameters by name, defaults filled; the launch options) of ``kernel[grid](*args, **kwargs)``."""
-    signature = inspect.signature(kernel.fn)
+    signature = _signature(kernel.fn)  # (cached: host_overhead.py times calls with peers' launches recorded)
     named = dict(zip(signature.parameters, args))
     named.update({k: v for k, v in kwargs.items() if k in signature.parameters})
     for name, param in signature.parameters.items():
@@ -156,9 +172,10 @@ def recording(execute: bool, ops: EagerOps | None = None, into: list[Launch] | N
             if warmup:
                 return original(self, *args, grid=grid, warmup=warmup, **kwargs)
             planning = backend.launch_config()
-            if self.fn.__module__.split(".")[0] == "spec_samplers" and planning and planning.launches is not None:
+            module = _module_of(self)
+            if module.split(".")[0] == "spec_samplers" and planning and planning.launches is not None:
                 raise RuntimeError(
-                    f"{self.fn.__module__}.{self.fn.__name__} was launched while its launches were "
+                    f"{module}.{self.fn.__name__} was launched while its launches were "
                     "being planned: its launcher ignored LaunchConfig.launches"
                 )
             named, options = _bound(self, args, kwargs)
@@ -198,6 +215,8 @@ class EagerOp:
     #: CUDA blocks of the kernel PyTorch launches for it when that is fewer than a full grid
     #: (a row softmax: one per row); None: enough blocks to fill the GPU
     blocks: int | None = None
+    #: it launches a kernel on a GPU (:func:`launches_kernel`: what :class:`OpCounter` counts)
+    launches: bool = True
 
 
 #: ops that move no data (views, metadata, allocation without initialisation)
@@ -303,6 +322,7 @@ class EagerOps(TorchDispatchMode):
                 creates_vocab_tensor=any(t.numel() >= self.vocab_bar for t in created),
                 vocab_sized=bool(traffic_in or traffic_out) and largest >= self.vocab_bar,
                 blocks=blocks,
+                launches=launches_kernel(func),
             )
         )
         is_half_cast = name == "aten::_to_copy" and ins and ins[0].dtype == torch.float16
@@ -310,3 +330,49 @@ class EagerOps(TorchDispatchMode):
         if is_half_cast and outs and outs[0].dtype != torch.float32:
             self._half_cast = None
         return out
+
+
+#: aten ops that launch no kernel on a GPU: views, metadata, allocation without initialisation
+NOT_LAUNCHES = frozenset(
+    {
+        "view", "_unsafe_view", "expand", "select", "slice", "reshape", "unsqueeze", "squeeze", "permute", "t",
+        "transpose", "unbind", "alias", "as_strided", "detach", "lift_fresh", "split", "diagonal", "empty",
+        "empty_strided", "empty_like", "new_empty", "new_empty_strided", "set_",
+    }
+)  # fmt: skip
+
+
+def launches_kernel(func: Any) -> bool:
+    """Whether an aten op (an ``OpOverload``) launches a kernel on a GPU: any but :data:`NOT_LAUNCHES`."""
+    return func.namespace == "aten" and func.overloadpacket.__name__ not in NOT_LAUNCHES
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the eager ops of a call that launch a kernel on a GPU (:func:`launches_kernel`), its
+    host synchronisations (``aten._local_scalar_dense``: ``.item()``, ``bool(t)``) and its
+    host-to-device copies (whether each is non-blocking)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eager: collections.Counter[str] = collections.Counter()
+        self.syncs: list[str] = []
+        self.copies: list[bool] = []  # host-to-device copies: non_blocking?
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == "_local_scalar_dense":
+            self.syncs.append(name)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if name in ("copy_", "_to_copy") and any(t.device.type == "cpu" for t in tensors):
+            target = args[0].device if name == "copy_" else torch.device(kwargs.get("device") or "cpu")
+            if target.type == "cuda":
+                blocking = not (kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2]))
+                self.copies.append(not blocking)
+        if launches_kernel(func):
+            self.eager[name] += 1
+        return func(*args, **kwargs)
+
+    @property
+    def launches(self) -> int:
+        return sum(self.eager.values())

@@ -2,8 +2,9 @@
 STAGE CONFIG_JSON`` (the mode is fixed when triton is first imported, so each runs in its own
 process); prints one JSON document.
 
-* ``compiled`` (TRITON_INTERPRET unset): the full-shape trace on meta tensors (launches, eager
-  ops: :func:`.trace.tracing`, our launches planned for an H100's multiprocessors) and every
+* ``compiled`` (TRITON_INTERPRET unset): the full-shape trace on CPU tensors, values
+  uninitialised (launches, eager ops: :func:`.trace.tracing`, our launches planned for an H100's
+  multiprocessors and recorded, the peers' caught and not run) and every
   distinct launched variant compiled for sm_90 and read (:mod:`.sass`);
 * ``interpreted`` (TRITON_INTERPRET=1): the call run at a small batch and two small vocabulary
   sizes with the interpreter's traffic counted (:mod:`.counting`), tails apart (:mod:`.tails`).
@@ -34,11 +35,14 @@ def compiled(config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from spec_samplers.bench.cost import sass, tails, trace
-    from spec_samplers.bench.cost.workloads import PEER_WORKLOADS, build
+    from spec_samplers.bench.cost.workloads import PEER_WORKLOADS, build, shapes_only
 
     _prepare(config["workload"])
     shape = _shape(config)
-    call = build(config["workload"], shape, torch.device("meta"))
+    # CPU tensors, not meta: the path a GPU takes (the samplers' acceptance counters skip meta
+    # tensors); planned for a GPU, nothing of ours launched, vocabulary-sized eager ops run once
+    with shapes_only():
+        call = build(config["workload"], shape, torch.device("cpu"))
     ops = trace.EagerOps(shape.vocab_size)
     peers = config["workload"] in PEER_WORKLOADS
     # the steady state of an engine step: what the first call alone allocates and caches

@@ -1,7 +1,8 @@
 """The calls the cost model traces: one verification step from what the engine holds to tokens.
 
-Each workload is built for a :class:`Shape` on a device: ``meta`` (full-shape tracing: shapes
-only) or ``cpu`` (the interpreter's byte counting at small shapes, with random values). All of a
+Each workload is built for a :class:`Shape` on a device: ``cpu`` inside :func:`shapes_only`
+(full-shape tracing: shapes only, the device path a GPU takes), ``cpu`` (the interpreter's byte
+counting at small shapes, with random values) or ``meta`` (shapes only). All of a
 step's requests have k drafts and temperature :data:`TEMPERATURE`; draft ids are uniform over the
 vocabulary, so nearly every request rejects its first draft and pays a recovery pass (the worst
 case of docs/design.md section 6). On CPU each draft is its target row's least likely token, so
@@ -30,8 +31,9 @@ every request rejects its first draft (deterministic: the small-shape counts sca
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -62,13 +64,29 @@ class Shape:
         return Shape(batch_size, self.k, vocab_size, self.dtype, self.sampler, self.entry, self.drafts)
 
 
+_SHAPES_ONLY: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Workloads built inside the block leave their floating-point inputs uninitialised and their
+    token ids 0 (valid indices), on any device: a full-shape trace on CPU tensors (the device path
+    a GPU takes, ``worker.compiled``; ``benchmarks/host_overhead.py``) reads shapes, not values."""
+    _SHAPES_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.pop()
+
+
 class Inputs:
-    """Tensors on ``device``: random values drawn on the CPU (seeded) and moved there, shapes
-    only on meta."""
+    """Tensors on ``device``: random values drawn on the CPU (seeded) and moved there; shapes
+    only on meta and inside :func:`shapes_only`."""
 
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
-        self.gen = torch.Generator().manual_seed(seed) if device.type != "meta" else None
+        values = device.type != "meta" and not _SHAPES_ONLY[-1]
+        self.gen = torch.Generator().manual_seed(seed) if values else None
 
     def normal(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.gen is None:
@@ -82,13 +100,13 @@ class Inputs:
 
     def ids(self, n: int, vocab: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         if self.gen is None:
-            return torch.empty(n, dtype=dtype, device=self.device)
+            return torch.zeros(n, dtype=dtype, device=self.device)
         return torch.randint(0, vocab, (n,), generator=self.gen, dtype=dtype).to(self.device)
 
     def rejected(self, target: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """[rows] the least likely token of each target row: a draft the verifier rejects."""
         if self.gen is None:
-            return torch.empty(target.shape[0], dtype=dtype, device=self.device)
+            return torch.zeros(target.shape[0], dtype=dtype, device=self.device)
         return target.float().argmin(-1).to(dtype)
 
     def arange(self, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
