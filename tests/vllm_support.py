@@ -27,7 +27,6 @@ import torch  # noqa: E402
 # No import of vLLM here: these modules are collected in the light environment too (no vLLM),
 # where the quick tier deselects them (tests/conftest.py); the full tier needs the vllm extra
 # (tools/install_test_env.sh) and fails without it, it does not skip.
-
 import spec_samplers.integrations.vllm as plugin  # noqa: E402
 
 
