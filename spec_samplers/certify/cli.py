@@ -93,6 +93,17 @@ def _prompts(text: str | None) -> list[list[int]]:
     return prompts
 
 
+def _check_prompt_ids(prompts: list[list[int]], vocab_size: int) -> None:
+    """Every prompt id in the target's vocabulary (an id outside it would index past the embedding)."""
+    for b, prompt in enumerate(prompts):
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"--prompts: expected token ids in [0, {vocab_size}) (the target's vocabulary), "
+                f"got {bad[0]} in prompt {b}"
+            )
+
+
 def _table(verdict: Any) -> list[str]:
     lines = [f"{'test':<20} {'TV':>7} {'CI (1-alpha)':>17} {'noise TV':>9} {'chi2/df':>13} {'p':>9}  verdict"]
     for t in verdict.tests:
@@ -144,6 +155,7 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
     model = load_causal_lm(target_dir)
     processing = PROCESSING[args.engine]
     vocab = int(model.config.vocab_size)
+    _check_prompt_ids(prompts, vocab)
 
     def laws_at(min_prob: float) -> list[Any]:
         return [target_law(model, p, m, params, processing, min_prob) for p in prompts]
