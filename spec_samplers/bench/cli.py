@@ -342,7 +342,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "(needs matplotlib); e.g. --json bench.json --plot bench.png"
         )
     if args.json:
-        report.write_json(args.json, document)
+        report.write_json(args.json, {**document, "summary": report.sampler_summary(document)})
         print(f"\nwrote {args.json}")
     if args.plot:
         from spec_samplers.bench.plot import write_plot
