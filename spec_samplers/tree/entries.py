@@ -38,7 +38,8 @@ from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, ch
 
 
 def _check(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: Any) -> None:
-    if tuple(require_tensor(name, t).shape) != shape:
+    t = require_tensor(name, t)
+    if tuple(t.shape) != shape:
         raise input_error(name, f"shape {shape}", f"shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
         raise input_error(name, "dtype in " + ", ".join(str(d) for d in dtypes), t.dtype)
