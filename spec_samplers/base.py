@@ -395,6 +395,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         if processing is not None:
             _check_one_of(processing.temperature, processing.sampling_params)
         self._check_draft_options(drafts, processing)
+        # the target is read below (its device) before _batch checks the rest
+        validation.require_tensor(_argument_names(ragged is not None, processing is not None, drafts.kind)[0], target)
         # value checks read the tensors: on meta tensors the pipeline below refuses them by name
         checks_values = self._strict_mode or self._check_values
         # on meta tensors a tool planning our launches (kernels.backend.planned_for) gets the launch plan
@@ -457,8 +459,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         draft_is_probs = logits and drafts.kind == "probs"
         if ragged is not None:
             cu, max_spec_len = ragged
-            draft_name = "draft_logits" if logits and not draft_is_probs else "draft_probs"
-            names = ("target_logits" if logits else "target_probs", draft_name)
+            names = _argument_names(True, logits, drafts.kind)
             shapes = validation.check_ragged_metadata(
                 target, bonus_token_ids, draft, draft_token_ids, cu, max_spec_len, *names, drafts.rows
             )
@@ -534,7 +535,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         draft_token_ids: torch.Tensor,  # [B, k]
         logits: bool = False,  # the float tensors are target_logits / draft_logits
     ) -> Shapes:
-        names = ("target_logits", "draft_logits") if logits else ("target_with_bonus_probs", "draft_probs")
+        names = _argument_names(False, logits, "logits" if logits else "probs")
         shapes = validation.check_metadata(
             target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, *names
         )
@@ -627,6 +628,15 @@ def _forward_of(cls: type) -> Callable[..., Any]:
 # never silently ignored; the stochastic samplers' take ``seeded_seqs`` (by position too, after the
 # entry's own positional arguments), ``seeds`` and ``offsets``, and the probability entries
 # ``is_greedy``.
+
+
+def _argument_names(ragged: bool, logits: bool, draft_kind: str) -> tuple[str, str]:
+    """The entry's own names of its target and draft tensors (what its errors name)."""
+    if ragged:
+        target_name = "target_logits" if logits else "target_probs"
+    else:
+        target_name = "target_logits" if logits else "target_with_bonus_probs"
+    return target_name, "draft_logits" if logits and draft_kind != "probs" else "draft_probs"
 
 
 class Ragged(NamedTuple):

@@ -38,8 +38,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from spec_samplers.bench.presets import print_demo, run_demo
+    from spec_samplers.bench.presets import check_demo, print_demo, run_demo
 
+    try:
+        check_demo(args.trials, args.k)
+    except ValueError as exc:
+        print(f"spec-samplers demo: error: {exc}", file=sys.stderr)
+        return 2
     rows = run_demo(trials=args.trials, k=args.k)
     print_demo(rows, args.trials, args.k)
     return 0
@@ -86,6 +91,37 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=positive_int, default=4, help="draft tokens per row (default 4)")
 
 
+def add_tiny_pair_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", metavar="DIR", help="where to write target/ and draft/")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR/target and DIR/draft if they hold files")
+
+
+def cmd_tiny_pair(args: argparse.Namespace) -> int:
+    def error(message: str) -> int:
+        print(f"spec-samplers tiny-pair: error: {message}", file=sys.stderr)
+        return 2
+
+    if os.path.exists(args.directory) and not os.path.isdir(args.directory):
+        return error(f"DIR {args.directory!r}: expected a directory, got a file")
+    for name in ("target", "draft"):
+        path = os.path.join(args.directory, name)
+        if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)) and not args.overwrite:
+            return error(f"DIR {args.directory!r}: {path!r} exists and is not empty; pass --overwrite or another DIR")
+    try:
+        from spec_samplers.certify.tiny_models import tiny_pair_with_tokenizer
+
+        pair = tiny_pair_with_tokenizer(args.directory, seed=args.seed)
+    except ImportError as exc:
+        return error(f'needs transformers (pip install -e ".[transformers]"): {exc}')
+    except OSError as exc:
+        return error(f"DIR {args.directory!r}: {exc}")
+    print(f"wrote a random Llama pair with a character tokenizer (vocabulary {pair.vocab_size}, seed {pair.seed}):")
+    print(f"  target {pair.target} (2 layers), draft {pair.draft} (1 layer)")
+    print(f"try: spec-samplers generate --target {pair.target} --draft {pair.draft} --prompt 'hello world'")
+    return 0
+
+
 #: subcommand -> (help line, description (None: the one its argument builder sets), argument
 #: builder (None: no options), command). A new subcommand is one more entry here.
 COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None] | None, Command | None]] = {
@@ -129,6 +165,15 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         None,
         _builder("spec_samplers.certify.cli:add_arguments"),
         cmd_certify,
+    ),
+    "tiny-pair": (
+        "write a small random target/draft pair with a tokenizer to DIR/target and DIR/draft",
+        "A random 2-layer Llama target and its 1-layer draft (the target's weights plus noise), with a "
+        "character tokenizer (vocabulary 25), saved with save_pretrained: a model pair to try generate, "
+        "certify, bench models and the transformers examples on without downloading anything. Needs "
+        "transformers.",
+        add_tiny_pair_arguments,
+        cmd_tiny_pair,
     ),
 }
 

@@ -37,9 +37,22 @@ class Shapes:
     vocab_size: int
 
 
+def type_name(value: object) -> str:
+    """``value``'s type as a user wrote it: ``numpy.ndarray``, ``list`` (builtins unqualified)."""
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def require_tensor(name: str, value: object) -> torch.Tensor:
+    """The check that argument ``name`` is a tensor, run by every public entry and operation
+    before it reads the argument (a numpy array or a list fails here, by name, not deeper in)."""
+    if not isinstance(value, torch.Tensor):
+        raise input_error(name, "a torch.Tensor", type_name(value))
+    return value
+
+
 def _check_tensor(name: str, t: object, rank: int, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise input_error(name, "a torch.Tensor", type(t).__name__)
+    t = require_tensor(name, t)
     if t.dim() != rank:
         raise input_error(name, f"a {rank}-d tensor", f"shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
@@ -282,12 +295,8 @@ def check_ragged_metadata(
     _check_tensor(target_name, target_probs, 2, PROBS_DTYPES)
     _check_tensor("draft_token_ids", draft_token_ids, 1, ID_DTYPES)
     _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, ID_DTYPES)
-    if not isinstance(bonus_token_ids, torch.Tensor) or bonus_token_ids.dim() not in (1, 2):
-        raise input_error(
-            "bonus_token_ids",
-            "a [B] or [B, 1] tensor",
-            getattr(bonus_token_ids, "shape", type(bonus_token_ids).__name__),
-        )
+    if require_tensor("bonus_token_ids", bonus_token_ids).dim() not in (1, 2):
+        raise input_error("bonus_token_ids", "a [B] or [B, 1] tensor", f"shape {tuple(bonus_token_ids.shape)}")
     _check_tensor("bonus_token_ids", bonus_token_ids, bonus_token_ids.dim(), ID_DTYPES)
     T, V = target_probs.shape
     B = cu_num_draft_tokens.shape[0]

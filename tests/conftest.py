@@ -87,11 +87,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if name.startswith(prefixes):
                 item.add_marker(marker)
         # the quick tier (README, "Development"): every test function once, at its first parameter
-        # set (the parametrizations list their smallest shapes first), none of the slow ones
+        # set (the parametrizations list their smallest shapes first), none of the slow ones, and
+        # none that needs vLLM: the quick tier runs in a light environment (CPU torch, no vLLM;
+        # README, "Run the tests"), the full tier (what CI runs) has vLLM and runs them
         function = (name, getattr(item, "originalname", item.name))
         if function not in first_instances and item.get_closest_marker("slow") is None:
             first_instances.add(function)
-            if item.get_closest_marker("not_quick") is None:
+            if item.get_closest_marker("not_quick") is None and item.get_closest_marker("vllm") is None:
                 item.add_marker("quick")
 
 

@@ -197,3 +197,115 @@ def test_draft_probs_shape_error_names_what_differs(draft_shape, hint):
     with pytest.raises(SpecSamplerInputError) as exc:
         RejectionSampler()(target, torch.zeros(2, 1, dtype=torch.long), draft, torch.zeros(2, 3, dtype=torch.long))
     assert str(exc.value) == f"draft_probs: expected shape (2, 3, 10), got shape {draft_shape} {hint}"
+
+
+def _entry_calls():
+    """(label, callable, kwargs): a valid call of every public entry and operation, every tensor
+    argument by its name (tests/test_bad_input.py: each is then replaced by a non-tensor)."""
+    from spec_samplers import BlockVerificationSampler, sampling
+    from spec_samplers.logits_processor import LogitsPipe, Sample, Softmax, Temperature
+
+    gen = torch.Generator().manual_seed(3)
+    target, bonus, draft, ids = good()
+    T = B * K
+    cu = torch.arange(1, B + 1) * K
+    ragged = {
+        "bonus_token_ids": bonus[:, 0],
+        "draft_token_ids": ids.reshape(T),
+        "cu_num_draft_tokens": cu,
+        "max_spec_len": K,
+    }
+    seeds = {"seeds": torch.arange(B)}
+    calls = []
+    for cls in (RejectionSampler, TypicalAcceptanceSampler, BlockVerificationSampler):
+        s = cls()
+        d = {} if cls is TypicalAcceptanceSampler else seeds
+        padded = {"bonus_token_ids": bonus, "draft_token_ids": ids, **d}
+        draft_kw = {"draft_probs": draft} if cls is not TypicalAcceptanceSampler else {"draft_probs": None}
+        calls += [
+            (f"{cls.__name__}.forward", s.forward, {"target_with_bonus_probs": target, **draft_kw, **padded}),
+            (
+                f"{cls.__name__}.forward_ragged",
+                s.forward_ragged,
+                {"target_probs": target[:, :K].reshape(T, V), "draft_probs": None, **ragged, **d},
+            ),
+            (
+                f"{cls.__name__}.forward_from_logits",
+                s.forward_from_logits,
+                {"target_logits": target.log(), "draft_logits": None, "temperature": torch.ones(B), **padded},
+            ),
+            (
+                f"{cls.__name__}.forward_ragged_from_logits",
+                s.forward_ragged_from_logits,
+                {
+                    "target_logits": target[:, :K].reshape(T, V).log(),
+                    "draft_logits": None,
+                    "temperature": torch.ones(B),
+                    **ragged,
+                    **d,
+                },
+            ),  # fmt: skip
+        ]
+    N = 3
+    tree_t = torch.softmax(torch.randn(B, N + 1, V, generator=gen), -1)
+    tree_ids = torch.randint(0, V, (B, N), generator=gen)
+    parents = torch.tensor([0, 0, 1])
+    tree = RejectionSampler()
+    flat_t = tree_t.reshape(B * (N + 1), V)
+    tree_ragged = {
+        "draft_token_ids": tree_ids.reshape(B * N),
+        "parents": parents.repeat(B),
+        "cu_num_nodes": torch.arange(1, B + 1) * N,
+        "max_nodes": N,
+        **seeds,
+    }
+    calls += [
+        ("forward_tree", tree.forward_tree,
+         {"target_probs": tree_t, "draft_probs": tree_t, "draft_token_ids": tree_ids, "parents": parents, **seeds}),
+        ("forward_tree_ragged", tree.forward_tree_ragged,
+         {"target_probs": flat_t, "draft_probs": flat_t, **tree_ragged}),
+        ("forward_tree_from_logits", tree.forward_tree_from_logits,
+         {"target_logits": tree_t.log(), "draft_logits": tree_t.log(), "draft_token_ids": tree_ids,
+          "parents": parents, "temperature": torch.ones(B), **seeds}),
+        ("forward_tree_ragged_from_logits", tree.forward_tree_ragged_from_logits,
+         {"target_logits": flat_t.log(), "draft_logits": flat_t.log(), "temperature": torch.ones(B), **tree_ragged}),
+    ]  # fmt: skip
+    probs = torch.softmax(torch.randn(B, V, generator=gen), -1)
+    ops = {
+        "sampling_from_probs": {"probs": probs},
+        "sampling_from_logits": {"logits": probs.log()},
+        "softmax": {"logits": probs.log()},
+        "top_p_sampling_from_probs": {"probs": probs, "top_p": 0.9},
+        "top_k_sampling_from_probs": {"probs": probs, "top_k": 3},
+        "min_p_sampling_from_probs": {"probs": probs, "min_p": 0.1},
+        "top_k_top_p_sampling_from_logits": {"logits": probs.log(), "top_k": 3, "top_p": 0.9},
+        "top_k_top_p_sampling_from_probs": {"probs": probs, "top_k": 3, "top_p": 0.9},
+        "top_p_renorm_probs": {"probs": probs, "top_p": 0.9},
+        "top_k_renorm_probs": {"probs": probs, "top_k": 3},
+        "top_k_mask_logits": {"logits": probs.log(), "top_k": 3},
+        "chain_speculative_sampling": {"draft_probs": draft, "draft_token_ids": ids, "target_probs": target},
+    }
+    calls += [(name, getattr(sampling, name), kwargs) for name, kwargs in ops.items()]
+    pipe = LogitsPipe([Temperature(), Softmax(), Sample()])
+    calls.append(("LogitsPipe", lambda x: pipe(x, temperature=1.0), {"x": probs.log()}))
+    return calls
+
+
+def test_every_entry_names_a_non_tensor_argument():
+    """Issue 39: a numpy array or a list where a tensor belongs fails at the edge with the
+    argument's own name (``target_with_bonus_probs: expected a torch.Tensor, got
+    numpy.ndarray``), for every sampler entry, tree entry, sampling operation and LogitsPipe,
+    never deeper in (an AttributeError on ``.device``)."""
+    checked = 0
+    for label, fn, kwargs in _entry_calls():
+        fn(**kwargs)  # the call is valid as given
+        for name, value in kwargs.items():
+            if not isinstance(value, torch.Tensor) or name == "parents":  # parents may be a list
+                continue
+            expected_any = "a torch.Tensor or TaggedTensor" if label == "LogitsPipe" else "a torch.Tensor"
+            for bad, shown in ((value.numpy(), "numpy.ndarray"), (value.tolist(), "list")):
+                with pytest.raises(SpecSamplerInputError) as info:
+                    fn(**{**kwargs, name: bad})
+                assert str(info.value) == f"{name}: expected {expected_any}, got {shown}", label
+                checked += 1
+    assert checked >= 100

@@ -83,6 +83,14 @@ def test_json_schema(quick_run):
     names = {s["name"] for s in doc["samplers"]}
     assert {"rejection_sampler", "typical_acceptance_sampler"} <= names
     assert len(doc["acceptance"]) == len(doc["samplers"]) * len(doc["settings"])
+    # the per-sampler verdicts of the printed summary (issue 39: they were only in the terminal)
+    verdicts = {s["sampler"]: s for s in doc["summary"]}
+    assert set(verdicts) == {s["label"] for s in doc["samplers"]}
+    assert verdicts["rejection_sampler"]["lossless_declared"] and verdicts["rejection_sampler"]["lossless_measured"]
+    assert verdicts["rejection_sampler"]["verdict"] == "yes"
+    typical = verdicts["typical_acceptance_sampler"]
+    assert typical["lossless_declared"] is False and typical["verdict"].startswith("NO")
+    assert typical["settings_off_target"] == len(typical["off_examples"]) or len(typical["off_examples"]) == 3
     for e in doc["acceptance"]:
         for key in ("acceptance", "acceptance_stderr", "emitted", "emitted_stderr", "tv_draft_target", "rows"):
             _check_number(e, key)

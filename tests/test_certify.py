@@ -230,3 +230,28 @@ def test_n_for_a_smaller_detectable_tv_grows_as_its_inverse_square(target):
     laws = [target_law(target, p, 2, SamplingParams(temperature=0.7, top_p=0.9)) for p in TINY_PROMPTS]
     n1, n2 = samples_needed(laws, 0.1), samples_needed(laws, 0.05)
     assert 2.5 < n2 / n1 < 6 and math.isfinite(n2)
+
+
+@pytest.mark.parametrize("prompts", ["1,2,99999", "1,2,-5"])
+def test_prompt_ids_outside_the_vocabulary_exit_2(tmp_path, capsys, prompts):
+    """Issue 39: a bad id is a usage error (exit 2, one line), not a traceback read as exit 1."""
+    assert main(["certify", "--engine", "spec-samplers", "--prompts", prompts, "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "--prompts: expected token ids in [0, 16)" in err and prompts.split(",")[-1] in err
+
+
+def test_table_prints_p_and_threshold_apart_and_untested_positions():
+    """Issue 39: the p-value and the threshold sit in columns of their own ("ok" at p = 0.967 no
+    longer reads "ok (p < 0.0033)"), and a test whose cells all pooled away reads "untested"."""
+    from spec_samplers.certify.cli import _table
+    from spec_samplers.certify.law import LawTest, Verdict
+
+    passed = LawTest("joint (tokens 1-2)", 0.01, 0.0, 0.05, 0.02, 3.0, 4, 0.967, 5, 0.0033)
+    empty = LawTest("token 1", 0.0, 0.0, 0.0, 0.0, 0.0, 0, 1.0, 1, 0.0033)
+    failed = LawTest("token 2", 0.3, 0.2, 0.4, 0.02, 90.0, 4, 1e-9, 5, 0.0033)
+    header, *rows = _table(Verdict(False, 0.01, 100, 0, [], passed, [empty, failed]))
+    assert "rejects if p <" in header and "(p <" not in "".join(rows)
+    assert rows[0].endswith("  ok") and " 0.967 " in rows[0] and " 0.0033 " in rows[0]
+    assert "untested" in rows[1] and " ok" not in rows[1] and "p=1" not in rows[1]
+    assert rows[2].endswith("  REJECTS") and " 1e-09 " in rows[2]

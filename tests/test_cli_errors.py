@@ -96,3 +96,76 @@ def test_generate_refuses_models_that_do_not_fit(tmp_path: Path) -> None:
     args = argparse.Namespace(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), model_dtype="auto")
     with pytest.raises(MemoryBudgetError, match="--target / --draft / --model-dtype"):
         check_models_fit(args, __import__("torch").device("cpu"))
+
+
+def test_from_file_directory(capsys, tmp_path: Path) -> None:
+    err = _error(capsys, "bench", "--from-file", str(tmp_path), "--quick")
+    assert "--from-file" in err and "expected a file" in err and "got a directory" in err
+
+
+def test_demo_refuses_what_does_not_fit(capsys) -> None:
+    """Issue 39: --trials 10^8 ran past 2 minutes at 5 GB, 10^9 ended in an allocation traceback."""
+    assert "--trials: expected at most 10000000" in _error(capsys, "demo", "--trials", "1000000000")
+    err = _error(capsys, "demo", "--trials", "10000000", "--k", "100000")
+    assert "--trials / --k" in err and "needs about" in err
+
+
+def test_tiny_pair_refuses_to_overwrite(capsys, tmp_path: Path) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    assert "pass --overwrite" in _error(capsys, "tiny-pair", str(tmp_path))
+    assert "got a file" in _error(capsys, "tiny-pair", str(tmp_path / "target" / "config.json"))
+
+
+#: the commands of issue 39's defects, each ending in exit 2 (or exit 0 for generate) with no
+#: traceback under a 4 GB address-space cap ({pair}: a tiny pair written by spec-samplers tiny-pair)
+CAPPED = [
+    (["certify", "--engine", "spec-samplers", "--prompts", "1,2,99999", "--work-dir", "{tmp}/w"], 2),
+    (["demo", "--trials", "1000000000"], 2),
+    (["demo", "--trials", "100000000"], 2),
+    (["generate", "--target", "{pair}/target", "--draft", "{pair}/draft", "--prompt", "hello",
+      "--max-new-tokens", "1000000000", "--device", "cpu", "--seed", "0"], 0),
+]  # fmt: skip
+
+NUMPY_INTO_A_SAMPLER = """
+import torch
+from spec_samplers import RejectionSampler
+t = torch.softmax(torch.randn(2, 4, 8), -1)
+ids, bonus = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long)
+try:
+    RejectionSampler()(t.numpy(), bonus, t[:, :3], ids)
+except ValueError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.not_quick  # five fresh interpreters (torch, transformers), a tiny pair written and generated from
+def test_issue_39_defects_under_a_4gb_address_space_cap(tmp_path: Path) -> None:
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, 4_000_000 * 1024))
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TRITON_INTERPRET", None)  # as a user runs it
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, *argv]
+        return subprocess.run(command, env=env, capture_output=True, text=True, preexec_fn=capped, cwd=tmp_path)
+
+    made = run("-m", "spec_samplers.cli", "tiny-pair", str(tmp_path / "pair"))
+    assert made.returncode == 0, made.stderr[-2000:]
+    for argv, code in CAPPED:
+        argv = [a.format(tmp=tmp_path, pair=tmp_path / "pair") for a in argv]
+        proc = run("-m", "spec_samplers.cli", *argv)
+        assert proc.returncode == code and "Traceback" not in proc.stderr, (argv, proc.stderr[-2000:])
+        if code == 2:
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        else:
+            assert "tokens in" in proc.stdout and "stopped at EOS" in proc.stdout
+    proc = run("-c", NUMPY_INTO_A_SAMPLER)
+    assert proc.stdout.strip() == "target_with_bonus_probs: expected a torch.Tensor, got numpy.ndarray", proc.stderr

@@ -134,16 +134,41 @@ def test_eos_and_max_new_tokens_per_request(pair):
         HFLanguageModel(target, eos_token_id=eos), HFLanguageModel(draft), num_speculative_tokens=4
     )
     out = decoder.generate(prompts, max_new_tokens=9, sampling_params=greedy)
+    # token_ids is as wide as the longest request (no [B, max_new_tokens] allocation up front)
+    width = max(s.num_generated for s in out.stats)
+    assert out.token_ids.shape == (3, width)
     for b in range(3):
         ref = free.token_ids[b].tolist()
         n = ref.index(eos) + 1 if eos in ref else 9
-        assert out.token_ids[b].tolist() == ref[:n] + [-1] * (9 - n)
+        assert out.token_ids[b].tolist() == ref[:n] + [-1] * (width - n)
         assert out.stats[b].num_generated == n and out.stats[b].finished_by_eos == (eos in ref)
     assert out.stats[0].num_generated == stop_at + 1 < 9
     # max_new_tokens cuts the last round short (k + 1 = 5 tokens per round at most)
     short = plain.generate(prompts, max_new_tokens=3, sampling_params=greedy)
     assert torch.equal(short.token_ids, free.token_ids[:, :3])
     assert plain.generate(prompts, max_new_tokens=0).token_ids.shape == (3, 0)
+
+
+def test_output_grows_with_what_is_generated():
+    """Issue 39: a huge max_new_tokens allocates nothing up front; the output grows (doubling)
+    with the tokens generated, and a request stopped at EOS leaves it that short."""
+    from spec_samplers.decoding.output import TokenBuffer
+
+    buffer = TokenBuffer(2, 10**12, eos_token_ids=[7])
+    assert buffer._storage.numel() <= 2 * TokenBuffer.INITIAL_WIDTH
+    rows, widths = torch.arange(2), []
+    for _ in range(40):  # 40 rounds of 5 tokens, no EOS among them
+        new = torch.arange(5).repeat(2, 1) + 10
+        assert not buffer.append(rows, new, torch.full((2,), 5)).any()
+        widths.append(buffer._storage.shape[1])
+    assert buffer.token_ids.shape == (2, 200) and widths[-1] == 256  # 64 -> 128 -> 256
+    assert buffer.token_ids[:, :5].tolist() == [[10, 11, 12, 13, 14]] * 2
+    finished = buffer.append(rows, torch.tensor([[1, 7, 3], [4, 5, 6]]), torch.tensor([3, 2]))
+    assert finished.tolist() == [True, False] and buffer.num_tokens.tolist() == [202, 202]
+    assert buffer.token_ids[0, 200:].tolist() == [1, 7] and buffer.token_ids.shape == (2, 202)
+    small = TokenBuffer(1, 3, eos_token_ids=[])
+    assert small.append(torch.arange(1), torch.tensor([[1, 2, 3, 4]]), torch.tensor([4])).tolist() == [True]
+    assert small.token_ids.tolist() == [[1, 2, 3]] and small._storage.shape == (1, 3)
 
 
 def test_model_without_eos_generates_to_max_new_tokens(pair):

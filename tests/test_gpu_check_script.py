@@ -71,13 +71,13 @@ def test_gpu_check_equality_and_report_code_runs_on_tiny_cpu_shapes(monkeypatch)
     assert "| spec_samplers | rejection | 130 | 3 | 2 | float32 |" in md and "1/1 shapes equal" in md
 
 
+@pytest.mark.vllm  # the exported copy of vLLM's kernels is taken from the installed vLLM
 def test_gpu_check_quick_runs_on_tiny_cpu_shapes(monkeypatch, tmp_path):
     """--quick's code on CPU through the interpreter: ours, our MRv2 seam and vLLM's MRv2 built
     from the cost model's workloads (vLLM's kernels imported from an exported copy of its files,
     as on a GPU machine without vLLM), timed, and laid out next to the modeled values."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the script itself runs this at real sizes")
-    pytest.importorskip("vllm")  # the exported copy is taken from the installed vLLM
     from triton.language.extra import libdevice
 
     from spec_samplers.bench import vllm_source

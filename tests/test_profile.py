@@ -238,6 +238,7 @@ VOCAB, REQUESTS, STEPS = 4096, 8, 3  # issue 19 counted "about 265" at V = 4096,
 META = torch.device("meta")
 
 
+@pytest.mark.vllm  # vLLM's own seams: the full tier
 def test_engine_seams_vocabulary_sized_eager_tensors():
     """Structural: vocabulary-sized tensors created by eager ops per seam call (meta tensors: our
     kernels planned, not run). Issue 19 wants at most 2 per call on either seam. Model Runner V2's
@@ -288,6 +289,7 @@ def test_engine_seams_vocabulary_sized_eager_tensors():
     assert _allocated_vocab_tensors(functools.partial(plain, draft_probs=a.draft_probs)) == 0
 
 
+@pytest.mark.vllm  # vLLM's own seams: the full tier
 def test_v2_plain_chunk_creates_no_vocabulary_sized_eager_tensor():
     """Structural: Model Runner V2's ``_verify`` as the plugin wraps it, on a plain chunk
     (temperature only): vLLM's glue (the chunk's fp32 copy and its division by T) is skipped and

@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
 MODEL_PATH = re.compile(r"/models/[\w.\-]+")
+#: the model pair the pages write with `spec-samplers tiny-pair pair`
+TINY_PAIR_DIR = re.compile(r"[\"']pair/(target|draft)[\"']")
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +53,11 @@ def test_the_pages_have_snippets():
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    from tiny_models import save_pair
+    """What ``spec-samplers tiny-pair DIR`` writes (the pages' examples use DIR = ``pair``)."""
+    from spec_samplers.certify.tiny_models import tiny_pair_with_tokenizer
 
-    return save_pair(tmp_path_factory.mktemp("snippet-models"), draft_noise=0.1)
+    pair = tiny_pair_with_tokenizer(tmp_path_factory.mktemp("snippet-models"))
+    return pair.target, pair.draft
 
 
 @pytest.mark.parametrize(("where", "code"), PYTHON, ids=[where for where, _ in PYTHON])
@@ -65,6 +69,8 @@ def test_python_snippet_runs_as_pasted(where, code, tmp_path, request):
         assert len(paths) <= 2, f"{where}: a snippet names at most a target and a draft, got {paths}"
         for path, tiny in zip(paths, request.getfixturevalue("tiny_pair"), strict=False):
             code = code.replace(path, tiny)
+    if TINY_PAIR_DIR.search(code):  # the pages' `spec-samplers tiny-pair pair`, run in the snippet's folder
+        (tmp_path / "pair").symlink_to(Path(request.getfixturevalue("tiny_pair")[0]).parent)
     script = tmp_path / "snippet.py"
     if code.lstrip().startswith(">>>"):
         script = tmp_path / "snippet.txt"

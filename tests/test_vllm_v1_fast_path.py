@@ -10,6 +10,7 @@ Sampler draws), and the bonus and first tokens by law (chi-square at CHI2_ALPHA,
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -218,9 +219,9 @@ FALLBACKS = {
     "thinking_budget": dict(
         metadata=dict(thinking_budget_state_holder=SimpleNamespace(has_tracked_requests=lambda: True))
     ),
-    "min_p": dict(metadata=dict(logitsprocs=processors("min_p"))),
-    "logit_bias": dict(metadata=dict(logitsprocs=processors("bias"))),
-    "min_tokens": dict(metadata=dict(logitsprocs=processors("min_tokens"))),
+    "min_p": dict(metadata=dict(logitsprocs=functools.partial(processors, "min_p"))),
+    "logit_bias": dict(metadata=dict(logitsprocs=functools.partial(processors, "bias"))),
+    "min_tokens": dict(metadata=dict(logitsprocs=functools.partial(processors, "min_tokens"))),
     "custom_processor": dict(
         metadata=dict(logitsprocs=SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[CustomProcessor()]))
     ),  # fmt: skip
@@ -240,7 +241,8 @@ def routed(case: dict, with_draft_probs: bool = True) -> str:
     q = torch.softmax(torch.randn(3, case.get("draft_vocab", 8)), -1) if with_draft_probs else None
     sm = sampling_metadata([1.0, 0.0])
     for key, value in case.get("metadata", {}).items():
-        setattr(sm, key, value)
+        # vLLM's processors are built here, not at import (the module is collected without vLLM)
+        setattr(sm, key, value() if isinstance(value, functools.partial) else value)
     sampler = SimpleNamespace(**{"synthetic_mode": False, "fly_window_size": None, **case.get("sampler", {})})
     taken = []
 

@@ -7,10 +7,11 @@ draft is the target with noise added to every weight, so acceptance is neither 0
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
-CHARS = "abcdefghijklmnopqrstuv "  # ids 2.. (0 = <unk>, 1 = <eos>)
+from spec_samplers.certify.tiny_models import CHARS, char_tokenizer  # noqa: F401  (CHARS: benchmarks use it)
 
 
 def tiny_llama(seed: int, vocab_size: int = 16, hidden: int = 16, layers: int = 2, eos_token_id: int | None = None):
@@ -43,25 +44,15 @@ def noisy_copy(model, scale: float, seed: int):
     return draft.eval()
 
 
-def char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
-
-
 def save_pair(directory, draft_noise: float = 0.5) -> tuple[str, str]:
     """Save a tiny target/draft pair with the character tokenizer (vocabulary 25, EOS id 1) under
-    ``directory``; returns the two model directories."""
+    ``directory`` (a path or a str); returns the two model directories. Users get a pair with
+    ``spec-samplers tiny-pair DIR``."""
     target = tiny_llama(0, vocab_size=len(CHARS) + 2, hidden=32, eos_token_id=1)
     draft = noisy_copy(target, draft_noise, seed=1)
     paths = []
     for name, model in (("target", target), ("draft", draft)):
-        path = directory / name
+        path = Path(directory) / name
         model.save_pretrained(path)
         char_tokenizer().save_pretrained(path)
         paths.append(str(path))

@@ -235,7 +235,6 @@ QUALITY_OVERHEAD = 3
 
 def check_memory(config) -> None:
     """Refuse a bench run whose estimated memory exceeds what is available (before allocating)."""
-    from spec_samplers.bench.quality import CHUNK_ELEMENTS
     from spec_samplers.memory_budget import check_fits
 
     k, V = config.k, config.timing_vocab
@@ -249,10 +248,16 @@ def check_memory(config) -> None:
         else:
             check_fits(timed, what, "--vocab / --batch-sizes / --k")
     pairs = sum(3 * s.contexts * s.vocab_size * 4 for s in config.settings)  # target, draft, counts (fp32)
-    # draft and bonus ids of one setting (int64), with torch.multinomial's temporaries
-    ids = max(s.contexts for s in config.settings) * config.rows * (k + 1) * 8 * 3
-    chunk = CHUNK_ELEMENTS * 4 * QUALITY_OVERHEAD
-    check_fits(pairs + ids + chunk, f"the quality runs at --rows {config.rows}, k = {k}", "--rows / --k")
+    rows = max(s.contexts for s in config.settings) * config.rows
+    check_fits(pairs + drawn_rows_bytes(rows, k), f"the quality runs at --rows {config.rows}, k = {k}", "--rows / --k")
+
+
+def drawn_rows_bytes(rows: int, k: int) -> int:
+    """Memory of verifying ``rows`` requests of k drafted tokens (the quality runs, the demo): draft
+    and bonus ids (int64) with torch.multinomial's temporaries, and one chunk of the sampler's rows."""
+    from spec_samplers.bench.quality import CHUNK_ELEMENTS
+
+    return rows * (k + 1) * 8 * 3 + CHUNK_ELEMENTS * 4 * QUALITY_OVERHEAD
 
 
 def _error(exc: Exception) -> int:
@@ -337,7 +342,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "(needs matplotlib); e.g. --json bench.json --plot bench.png"
         )
     if args.json:
-        report.write_json(args.json, document)
+        report.write_json(args.json, {**document, "summary": report.sampler_summary(document)})
         print(f"\nwrote {args.json}")
     if args.plot:
         from spec_samplers.bench.plot import write_plot

@@ -70,18 +70,41 @@ def _first_sampler(plain: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in plain if e["sampler"] == plain[0]["sampler"]] if plain else []
 
 
-def acceptance_panel(ax, plain: Sequence[dict[str, Any]]) -> None:
+def _sampler_points(
+    ax,
+    plain: Sequence[dict[str, Any]],
+    samplers: dict[str, dict[str, Any]],
+    measured: Callable[[dict[str, Any]], float],
+    expected: Callable[[dict[str, Any]], float],
+) -> None:
+    """Each sampler's measured points. A lossy sampler's are hollow red, marked LOSSY with the
+    output's TV from the target at each point (above the lossless curve is not a win there); a
+    sampler with a law of its own (block verification) gets its own expectation as dashes, since
+    the token-wise curve is not what it is measured against."""
+    for m, (label, group) in zip(MARKERS, _group(plain, "sampler").items()):
+        info = samplers.get(label, {})
+        xs = [e["tv_draft_target"] for e in group]
+        ys = [measured(e) for e in group]
+        if info.get("lossless") is False:
+            worst = max(_tv_out(e) for e in group)
+            name = f"{label} (LOSSY: output TV up to {worst:.2f})"
+            ax.scatter(xs, ys, marker=m, facecolors="none", edgecolors="r", label=name)
+            for x, y, e in zip(xs, ys, group):
+                ax.annotate(f"TV out {_tv_out(e):.2f}", (x, y), fontsize=5, color="r", xytext=(3, -7),
+                            textcoords="offset points")  # fmt: skip
+            continue
+        points = ax.scatter(xs, ys, marker=m, label=label, alpha=0.8)
+        if info.get("law", "token") != "token" and all(e["theory"] for e in group):
+            color = points.get_facecolor()[0]
+            theory = [expected(e) for e in group]
+            ax.scatter(xs, theory, marker="_", s=160, color=color, label=f"{label}: its own expectation")
+
+
+def acceptance_panel(ax, plain: Sequence[dict[str, Any]], samplers: dict[str, dict[str, Any]]) -> None:
     """Acceptance at the first position against TV(draft, target), with the lossless line 1 - TV."""
     xs = [i / 100 for i in range(101)]
     ax.plot(xs, [1 - x for x in xs], "k--", lw=1, label="lossless theory 1 - TV")
-    for m, (label, group) in zip(MARKERS, _group(plain, "sampler").items()):
-        ax.scatter(
-            [e["tv_draft_target"] for e in group],
-            [e["per_position"][0] for e in group],
-            marker=m,
-            label=label,
-            alpha=0.8,
-        )
+    _sampler_points(ax, plain, samplers, lambda e: e["per_position"][0], lambda e: e["theory"]["per_position"][0])
     _label_point_mass(ax, _first_sampler(plain), lambda e: e["per_position"][0])
     ax.set(
         xlabel="TV(draft, target)",
@@ -93,16 +116,13 @@ def acceptance_panel(ax, plain: Sequence[dict[str, Any]]) -> None:
     ax.legend(fontsize=7)
 
 
-def emitted_panel(ax, plain: Sequence[dict[str, Any]], k: int) -> None:
+def emitted_panel(ax, plain: Sequence[dict[str, Any]], k: int, samplers: dict[str, dict[str, Any]]) -> None:
     """Tokens emitted per step against TV(draft, target), with the lossless curve."""
     xs = [i / 100 for i in range(101)]
     ax.plot(
         xs, [sum((1 - x) ** i for i in range(k + 1)) for x in xs], "k--", lw=1, label=f"(1-a^{k + 1})/(1-a), a = 1 - TV"
     )
-    for m, (label, group) in zip(MARKERS, _group(plain, "sampler").items()):
-        ax.scatter(
-            [e["tv_draft_target"] for e in group], [e["emitted"] for e in group], marker=m, label=label, alpha=0.8
-        )
+    _sampler_points(ax, plain, samplers, lambda e: e["emitted"], lambda e: e["theory"]["emitted"])
     _label_point_mass(ax, _first_sampler(plain), lambda e: e["emitted"])
     ax.set(
         xlabel="TV(draft, target)",
@@ -185,9 +205,10 @@ def write_plot(path: str, document: dict[str, Any]) -> None:
     plain = [e for e in document["acceptance"] if e["sampler"] not in swept_labels]
     swept = [e for e in document["acceptance"] if e["sampler"] in swept_labels]
     panels: list[Callable[[Any], None]] = []
+    samplers = {s["label"]: s for s in document["samplers"]}
     if plain:
-        panels.append(lambda ax: acceptance_panel(ax, plain))
-        panels.append(lambda ax: emitted_panel(ax, plain, document["config"]["k"]))
+        panels.append(lambda ax: acceptance_panel(ax, plain, samplers))
+        panels.append(lambda ax: emitted_panel(ax, plain, document["config"]["k"], samplers))
     if swept:
         panels.append(lambda ax: sweep_panel(ax, swept, plain, document["samplers"]))
     if document["timing"]:

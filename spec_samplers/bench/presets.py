@@ -8,6 +8,26 @@ import torch
 from spec_samplers.bench.workloads import synthetic_pair
 from spec_samplers.rejection import RejectionSampler
 
+#: the most rows per setting ``demo`` runs: at 10^7 the acceptance's standard error is below 2e-4,
+#: under the 4 printed digits, and the time (linear in the rows) is already tens of seconds
+MAX_DEMO_TRIALS = 10_000_000
+
+
+def check_demo(trials: int, k: int) -> None:
+    """Refuse, before allocating, a demo past MAX_DEMO_TRIALS or one whose rows do not fit in
+    memory (the estimate of ``bench``'s quality runs)."""
+    from spec_samplers.bench.cli import drawn_rows_bytes
+    from spec_samplers.memory_budget import check_fits
+
+    if trials > MAX_DEMO_TRIALS:
+        raise ValueError(
+            f"--trials: expected at most {MAX_DEMO_TRIALS} (more rows change no printed digit and only take "
+            f"longer), got {trials}"
+        )
+    # one setting at a time: its output [rows, k + 1] int64 with its masks, and per-row seeds
+    outputs = trials * ((k + 1) * (8 + 4 + 1) + 8)
+    check_fits(drawn_rows_bytes(trials, k) + outputs, f"the demo at --trials {trials}, k = {k}", "--trials / --k")
+
 
 def run_demo(trials: int = 4000, vocab_size: int = 1000, k: int = 4, seed: int = 0) -> list[dict[str, float]]:
     """Measured acceptance of RejectionSampler vs theory 1 - TV(p, q), per divergence setting.

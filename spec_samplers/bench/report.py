@@ -41,6 +41,12 @@ JSON schema (``--json PATH``; ``"schema": "spec-samplers-bench/1"``)::
           "time_s": float (median), "time_min_s": float, "repeats": int,
           "timer": "cuda_events" | "perf_counter",
           "bytes": int, "floor_bytes": int, "gbps": float, "acceptance": float
+      }],
+      "summary": [{                          # one per sampler variant: sampler_summary() (the printed summary)
+        "sampler": str, "lossless_declared": bool | None, "lossless_measured": bool, "verdict": str,
+        "settings": int, "settings_off_target": int, "emitted": float, "theory_emitted": float | None,
+        "max_abs_z": float | None, "worst_tv_excess": float, "ms_per_call": float | None,
+        "ms_per_call_at": {"batch_size": int, "dtype": str} | None, "off_examples": [{...}]
       }]
     }
 
@@ -289,10 +295,61 @@ def _summary_shape(timing: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
     return min(sizes, key=lambda b: (abs(b - 16), b)), timing[0]["dtype"]
 
 
+def sampler_summary(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-sampler verdicts (``--json``'s ``summary``; :func:`summary` prints them): lossless
+    as declared and as measured (settings whose output is off the target), tokens per step against
+    the theory, the worst |z|, the worst TV out minus its floor, and ms per call at the summary's
+    shape. ``off_examples``: the worst off settings, for the notes."""
+    shape = _summary_shape(document["timing"])
+    declared = {s["label"]: s["lossless"] for s in document["samplers"]}
+    out = []
+    for label, group in _by_sampler(document["acceptance"]).items():
+        off = [e for e in group if _off_target(e["tv_output"])]
+        theories = [e["theory"]["emitted"] for e in group if e["theory"]]
+        zs = [abs(e["z"]["emitted"]) for e in group if e["z"]]
+        excess = [
+            e["tv_output"]["exact"] if e["tv_output"].get("exact") is not None else e["tv_output"]["excess"]
+            for e in group
+        ]
+        lossless = declared.get(label)
+        times = [
+            t["time_s"] * 1e3
+            for t in document["timing"]
+            if t["sampler"] == label and shape is not None and (t["batch_size"], t["dtype"]) == shape
+        ]
+        worst = sorted(off, key=lambda e: -(e["tv_output"].get("exact") or e["tv_output"]["estimate"]))[:3]
+        out.append(
+            {
+                "sampler": label,
+                "lossless_declared": lossless,
+                "settings": len(group),
+                "settings_off_target": len(off),
+                "lossless_measured": not off,
+                "verdict": ("yes" if lossless else "NO" if lossless is False else "?")
+                + (f", {len(off)}/{len(group)} off" if off or lossless is False else ""),
+                "emitted": sum(e["emitted"] for e in group) / len(group),
+                "theory_emitted": sum(theories) / len(theories) if len(theories) == len(group) else None,
+                "max_abs_z": max(zs) if zs else None,
+                "worst_tv_excess": max(excess),
+                "ms_per_call": times[0] if times else None,
+                "ms_per_call_at": None if shape is None else {"batch_size": shape[0], "dtype": shape[1]},
+                "off_examples": [
+                    {
+                        "setting": e["setting"]["name"],
+                        "acceptance": e["acceptance"],
+                        "tv_output": e["tv_output"].get("exact") or e["tv_output"]["estimate"],
+                    }
+                    for e in worst
+                ],
+            }
+        )
+    return out
+
+
 def summary(document: dict[str, Any]) -> str:
-    """One line per sampler variant: lossless or lossy (declared, and as this run measured it),
-    tokens per step against the lossless theory, the output's distance from the target against
-    its noise floor, and the time per call at one named shape."""
+    """One line per sampler variant (:func:`sampler_summary`): lossless or lossy (declared, and as
+    this run measured it), tokens per step against the lossless theory, the output's distance from
+    the target against its noise floor, and the time per call at one named shape."""
     shape = _summary_shape(document["timing"])
     config = document["config"]
     where = ""
@@ -301,45 +358,25 @@ def summary(document: dict[str, Any]) -> str:
         where = f"; ms/call: median time per call at B = {shape[0]}, V = {t0['vocab_size']}, {shape[1]}, {t0['device']}"
     rows = []
     notes = []
-    declared = {s["label"]: s["lossless"] for s in document["samplers"]}
-    for label, group in _by_sampler(document["acceptance"]).items():
-        off = [e for e in group if _off_target(e["tv_output"])]
-        emitted = sum(e["emitted"] for e in group) / len(group)
-        theories = [e["theory"]["emitted"] for e in group if e["theory"]]
-        theory = sum(theories) / len(theories) if len(theories) == len(group) else None
-        zs = [abs(e["z"]["emitted"]) for e in group if e["z"]]
-        excess = [
-            e["tv_output"]["exact"] if e["tv_output"].get("exact") is not None else e["tv_output"]["excess"]
-            for e in group
-        ]
-        lossless = declared.get(label)
-        verdict = "yes" if lossless else "NO" if lossless is False else "?"
-        verdict += f", {len(off)}/{len(group)} off" if off or lossless is False else ""
-        times = [
-            t["time_s"] * 1e3
-            for t in document["timing"]
-            if t["sampler"] == label and shape is not None and (t["batch_size"], t["dtype"]) == shape
-        ]
+    for s in sampler_summary(document):
+        zs = s["max_abs_z"]
         rows.append(
             [
-                label,
-                verdict,
-                _f(emitted, 2),
-                _f(theory, 2),
-                "-" if not zs else f"{max(zs):.1f}",
-                f"{max(excess):+.3f}",
-                _f(times[0], 2) if times else "-",
+                s["sampler"],
+                s["verdict"],
+                _f(s["emitted"], 2),
+                _f(s["theory_emitted"], 2),
+                "-" if zs is None else f"{zs:.1f}",
+                f"{s['worst_tv_excess']:+.3f}",
+                _f(s["ms_per_call"], 2),
             ]
         )
-        if off:
-            worst = sorted(off, key=lambda e: -(e["tv_output"].get("exact") or e["tv_output"]["estimate"]))[:3]
+        if s["off_examples"]:
             cells = ", ".join(
-                f"{e['setting']['name']} (accept {e['acceptance']:.3f}, TV out "
-                f"{e['tv_output'].get('exact') or e['tv_output']['estimate']:.2f})"
-                for e in worst
+                f"{e['setting']} (accept {e['acceptance']:.3f}, TV out {e['tv_output']:.2f})" for e in s["off_examples"]
             )
             note = (
-                f"{label}: its output is off the target on {len(off)} settings, e.g. {cells}: "
+                f"{s['sampler']}: its output is off the target on {s['settings_off_target']} settings, e.g. {cells}: "
                 "acceptance there is not a win, the tokens follow another distribution."
             )
             notes.append(textwrap.fill(note, WIDTH, initial_indent="  ", subsequent_indent="    "))

@@ -120,6 +120,8 @@ def load_pairs(path: str) -> tuple[Setting, torch.Tensor, torch.Tensor]:
 
     Returns (setting, target [N, V] fp32, draft [N, V] fp32) on the CPU.
     """
+    if os.path.isdir(path):
+        raise ValueError(f"--from-file {path!r}: expected a file (.pt or .safetensors), got a directory")
     if not os.path.isfile(path):
         raise ValueError(f"--from-file: no such file {path!r}")
     if path.endswith(".safetensors"):

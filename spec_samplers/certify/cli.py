@@ -93,12 +93,31 @@ def _prompts(text: str | None) -> list[list[int]]:
     return prompts
 
 
+def _check_prompt_ids(prompts: list[list[int]], vocab_size: int) -> None:
+    """Every prompt id in the target's vocabulary (an id outside it would index past the embedding)."""
+    for b, prompt in enumerate(prompts):
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"--prompts: expected token ids in [0, {vocab_size}) (the target's vocabulary), "
+                f"got {bad[0]} in prompt {b}"
+            )
+
+
 def _table(verdict: Any) -> list[str]:
-    lines = [f"{'test':<20} {'TV':>7} {'CI (1-alpha)':>17} {'noise TV':>9} {'chi2/df':>13} {'p':>9}  verdict"]
+    """One line per test: the p-value and the threshold it is compared with in columns of their
+    own; a test whose cells all pooled away (df = 0) reads "untested", not a pass."""
+    head = f"{'test':<20} {'TV':>7} {'CI (1-alpha)':>17} {'noise TV':>9} {'chi2/df':>13} {'p':>9}"
+    lines = [f"{head} {'rejects if p <':>14}  verdict"]
     for t in verdict.tests:
+        if t.df == 0:
+            chi2, p_value, outcome = f"{'-':>8}/{0:<4d}", f"{'-':>9}", "untested (no cell with an expected count of 5)"
+        else:
+            chi2, p_value = f"{t.chi2:8.1f}/{t.df:<4d}", f"{t.p_value:9.3g}"
+            outcome = "REJECTS" if t.rejects else "ok"
         lines.append(
             f"{t.name:<20} {t.tv:7.4f} [{t.tv_low:6.4f}, {t.tv_high:6.4f}] {t.noise_tv:9.4f} "
-            f"{t.chi2:8.1f}/{t.df:<4d} {t.p_value:9.3g}  {'REJECTS' if t.rejects else 'ok'} (p < {t.threshold:.2g})"
+            f"{chi2} {p_value} {t.threshold:14.2g}  {outcome}"
         )
     return lines
 
@@ -144,6 +163,7 @@ def certify(args: argparse.Namespace) -> dict[str, Any]:
     model = load_causal_lm(target_dir)
     processing = PROCESSING[args.engine]
     vocab = int(model.config.vocab_size)
+    _check_prompt_ids(prompts, vocab)
 
     def laws_at(min_prob: float) -> list[Any]:
         return [target_law(model, p, m, params, processing, min_prob) for p in prompts]

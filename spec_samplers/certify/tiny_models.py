@@ -5,8 +5,10 @@ The target has a small vocabulary (so its exact law of a few tokens has few cell
 initializer range (so its next-token laws are far from uniform). The draft is the target's
 embedding, first decoder layer, final norm and head, with noise added to every weight: it shares
 the vocabulary and agrees with the target in part, so acceptance is neither 0 nor 1. Head size 32
-is one the vLLM CPU attention backend supports. No tokenizer is saved: engines are given token-id
-prompts (vLLM with ``skip_tokenizer_init=True``).
+is one the vLLM CPU attention backend supports. :func:`build_tiny_pair` saves no tokenizer: engines
+are given token-id prompts (vLLM with ``skip_tokenizer_init=True``). :func:`tiny_pair_with_tokenizer`
+(``spec-samplers tiny-pair DIR``) saves a character tokenizer next to both models, so that text
+prompts work too (``generate``, the transformers examples).
 
 Example::
 
@@ -17,7 +19,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,8 @@ from spec_samplers.errors import input_error
 #: prompts (token ids) certify uses on the tiny pair; every id is below the smallest vocabulary allowed
 TINY_PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3), (4, 5), (6, 7, 8, 9))
 MIN_VOCAB = 10
+#: the character tokenizer's characters, ids 2.. (0 = <unk>, 1 = <eos>): one id per character
+CHARS = "abcdefghijklmnopqrstuv "
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,21 @@ class TinyPair:
 
 #: the saved dtype (transformers' config field, typed per version: passed by name)
 _FP32: dict[str, Any] = {"torch_dtype": "float32"}
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off (a tiny model saves and loads at once; the bars would only
+    crowd a command's one-line answer on stderr), restored after."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 def tiny_llama_config(
@@ -119,13 +140,38 @@ def build_tiny_pair(
     models: tuple[tuple[str, Any], ...] = (("target", target), ("draft", draft))
     for name, model in models:
         path = root / name
-        model.save_pretrained(path)
+        with _no_progress_bars():
+            model.save_pretrained(path)
         paths.append(str(path))
     return TinyPair(paths[0], paths[1], vocab_size, seed)
+
+
+def char_tokenizer() -> Any:
+    """A character tokenizer over :data:`CHARS` (a transformers ``PreTrainedTokenizerFast``):
+    vocabulary len(CHARS) + 2, ``<unk>`` 0 for any other character, ``<eos>`` 1."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def tiny_pair_with_tokenizer(directory: str | os.PathLike[str], seed: int = 0) -> TinyPair:
+    """``spec-samplers tiny-pair DIR``: :func:`build_tiny_pair` over the character tokenizer's
+    vocabulary (25 ids, EOS 1), the tokenizer saved next to both models, so that the pair loads
+    with ``AutoTokenizer`` / ``AutoModelForCausalLM`` and takes text prompts."""
+    pair = build_tiny_pair(directory, vocab_size=len(CHARS) + 2, seed=seed, eos_token_id=1)
+    for path in (pair.target, pair.draft):
+        char_tokenizer().save_pretrained(path)
+    return pair
 
 
 def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> Any:
     """A saved causal LM from a local directory (no download), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True).eval()
+    with _no_progress_bars():
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True).eval()

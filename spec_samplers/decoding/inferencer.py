@@ -90,7 +90,7 @@ def generate_autoregressive(
     seed: int | None = None,
 ) -> GenerationOutput:
     """Plain sampling with one model, in :class:`GenerationOutput` form (token_ids
-    [B, max_new_tokens], -1 after EOS; statistics count forward passes, no drafts)."""
+    [B, <= max_new_tokens], -1 after EOS; statistics count forward passes, no drafts)."""
     start = start_generation(model, prompt_ids, max_new_tokens, sampling_params)
     prompts, params, buffer, B = start.prompts, start.params, start.buffer, start.batch_size
     if B and max_new_tokens:

@@ -98,8 +98,12 @@ class RoundObserver(Protocol):
 
 
 class TokenBuffer:
-    """Host-side output [B, max_new_tokens] with per-request EOS and length limits (vectorised),
-    and an optional :class:`RoundObserver`."""
+    """Host-side output [B, <= max_new_tokens] with per-request EOS and length limits (vectorised),
+    and an optional :class:`RoundObserver`. The storage grows (doubling) with the longest request,
+    never allocated at max_new_tokens up front: a huge limit costs nothing until it is generated."""
+
+    #: initial width of the storage (tokens per request)
+    INITIAL_WIDTH = 64
 
     def __init__(
         self,
@@ -108,12 +112,31 @@ class TokenBuffer:
         eos_token_ids: Sequence[int],
         observer: RoundObserver | None = None,
     ) -> None:
-        self.token_ids = torch.full((batch_size, max_new_tokens), PAD_TOKEN_ID, dtype=torch.int64)
+        self._storage = torch.full(
+            (batch_size, min(max_new_tokens, self.INITIAL_WIDTH)), PAD_TOKEN_ID, dtype=torch.int64
+        )
         self.num_tokens = torch.zeros(batch_size, dtype=torch.int64)
         self.finished_by_eos = torch.zeros(batch_size, dtype=torch.bool)
         self.max_new_tokens = max_new_tokens
         self.eos = torch.tensor(list(eos_token_ids), dtype=torch.int64)
         self.observer = observer
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """[B, L] int64, L the longest request's token count: -1 after each request's last token."""
+        longest = int(self.num_tokens.max()) if self.num_tokens.numel() else 0
+        return self._storage[:, :longest]
+
+    def _reserve(self, width: int) -> None:
+        """Storage for ``width`` tokens per request (at most max_new_tokens), doubling."""
+        have = self._storage.shape[1]
+        if width <= have:
+            return
+        grown = torch.full(
+            (self._storage.shape[0], min(max(width, 2 * have), self.max_new_tokens)), PAD_TOKEN_ID, dtype=torch.int64
+        )
+        grown[:, :have] = self._storage
+        self._storage = grown
 
     def append(
         self, rows: torch.Tensor, new: torch.Tensor, num_new: torch.Tensor, target: RoundTarget | None = None
@@ -131,8 +154,10 @@ class TokenBuffer:
         stopped = torch.zeros(M, dtype=torch.bool)
         if self.observer is not None:
             keep, stopped = self.observer(rows, new, keep, have, target)
+        if M:
+            self._reserve(int((have + keep).max()))
         mask = j < keep[:, None]
-        self.token_ids[rows[:, None].expand(M, W)[mask], (have[:, None] + j)[mask]] = new[mask]
+        self._storage[rows[:, None].expand(M, W)[mask], (have[:, None] + j)[mask]] = new[mask]
         self.num_tokens[rows] = have + keep
         eos_hit = first_eos < keep
         self.finished_by_eos[rows] = eos_hit
@@ -142,7 +167,7 @@ class TokenBuffer:
 @dataclass
 class GenerationStart:
     """What both generate loops start from: the validated prompts, one SamplingParams per request
-    and the output buffer (max_new_tokens wide, stopping at the model's EOS)."""
+    and the output buffer (up to max_new_tokens per request, stopping at the model's EOS)."""
 
     prompts: list[list[int]]
     params: list[SamplingParams]
@@ -219,8 +244,9 @@ class RequestStats:
 
 @dataclass
 class GenerationOutput:
-    """``token_ids`` [B, max_new_tokens] int64, -1 after a request's EOS (the EOS itself is kept)
-    or after its last token; ``stats`` one :class:`RequestStats` per request."""
+    """``token_ids`` [B, L] int64, L the longest request's token count (<= max_new_tokens), -1
+    after a request's EOS (the EOS itself is kept) or after its last token; ``stats`` one
+    :class:`RequestStats` per request."""
 
     token_ids: torch.Tensor
     stats: list[RequestStats]

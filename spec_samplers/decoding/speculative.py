@@ -162,7 +162,7 @@ class SpeculativeDecoder:
                 integration's stopping criteria, streamer and scores).
 
         Returns:
-            :class:`GenerationOutput`: token_ids [B, max_new_tokens] (-1 after EOS) and
+            :class:`GenerationOutput`: token_ids [B, L] (L the longest request, <= max_new_tokens; -1 after EOS) and
             per-request statistics.
         """
         k = self.num_speculative_tokens

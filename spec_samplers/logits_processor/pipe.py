@@ -131,7 +131,7 @@ class LogitsPipe:
         elif isinstance(x, torch.Tensor):
             tensor = TaggedTensor(x, self._initial_type)
         else:
-            raise input_error("x", "a torch.Tensor or TaggedTensor", type(x).__name__)
+            raise input_error("x", "a torch.Tensor or TaggedTensor", validation.type_name(x))
         for op in self.ops:
             tensor = op(tensor, **kwargs)
         return tensor

@@ -16,7 +16,7 @@ import torch
 from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from spec_samplers.errors import input_error
 from spec_samplers.rng import SEED_HIGH  # seeds drawn for seed=None lie in [0, SEED_HIGH)
-from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, require_tensor, type_name
 
 #: the input dtypes (the verification samplers' probability dtypes) and the index dtypes, defined
 #: once in validation; the per-request parameter tensors may also be fp64
@@ -32,8 +32,7 @@ def _shape(t: torch.Tensor) -> str:
 
 def check_matrix(name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
     """A [N, V] tensor of one of ``dtypes`` with 1 <= V < MAX_VOCAB_SIZE."""
-    if not isinstance(t, torch.Tensor):
-        raise input_error(name, "a torch.Tensor", type(t).__name__)
+    t = require_tensor(name, t)
     if t.dim() != 2:
         raise input_error(name, "a 2-d tensor (batch_size, vocab_size)", _shape(t))
     if t.dtype not in dtypes:
@@ -58,7 +57,7 @@ def resolve_rows(
     if indices is None:
         return None, num_input_rows, torch.int32
     if not isinstance(indices, torch.Tensor):
-        raise input_error("indices", "a torch.Tensor or None", type(indices).__name__)
+        raise input_error("indices", "a torch.Tensor or None", type_name(indices))
     if indices.dim() != 1:
         raise input_error("indices", "a 1-d tensor (batch_size,)", _shape(indices))
     if indices.dtype not in INT_DTYPES:
@@ -108,7 +107,7 @@ def _param_tensor(name: str, t: torch.Tensor, batch_size: int, device: torch.dev
 
 def _float_scalar(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise input_error(name, "a float or a tensor", type(value).__name__)
+        raise input_error(name, "a float or a tensor", type_name(value))
     return float(value)
 
 
@@ -124,7 +123,7 @@ def canonical_top_k(top_k: object, batch_size: int, vocab_size: int, device: tor
         t = t.to(torch.int64)
         return torch.where((t <= 0) | (t >= vocab_size), 0, t)
     if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise input_error("top_k", "an int or a tensor", type(top_k).__name__)
+        raise input_error("top_k", "an int or a tensor", type_name(top_k))
     # (a Python int: the same rule on the host, one fill on the device)
     return torch.full((batch_size,), top_k if 0 < top_k < vocab_size else 0, dtype=torch.int64, device=device)
 
@@ -190,7 +189,7 @@ def check_filter_order(filter_apply_order: object) -> bool:
 
 def _int64_scalar(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise input_error(name, "an int, an int64 tensor or None", type(value).__name__)
+        raise input_error(name, "an int, an int64 tensor or None", type_name(value))
     if not -(2**63) <= value < 2**64:
         raise input_error(name, "a value in [-2**63, 2**64)", value)
     return value - 2**64 if value >= 2**63 else value  # uint64 seeds as their int64 bit pattern
@@ -227,7 +226,7 @@ def resolve_seeds(
     A missing offset is 0 (FlashInfer draws both from the generator when either is None).
     """
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise input_error("generator", "a torch.Generator or None", type(generator).__name__)
+        raise input_error("generator", "a torch.Generator or None", type_name(generator))
     if offset is None:
         offsets = torch.zeros((1,), dtype=torch.int64, device=device)
     elif isinstance(offset, torch.Tensor):

@@ -50,10 +50,9 @@ def chain_speculative_sampling(
     """
     from spec_samplers.layout import VerifyBatch
     from spec_samplers.reference import rejection_accepts_reference
-    from spec_samplers.validation import check_metadata
+    from spec_samplers.validation import check_metadata, require_tensor
 
-    if not isinstance(draft_token_ids, torch.Tensor):
-        raise input_error("draft_token_ids", "a torch.Tensor", type(draft_token_ids).__name__)
+    require_tensor("draft_token_ids", draft_token_ids)
     device = target_probs.device if isinstance(target_probs, torch.Tensor) else draft_token_ids.device
     B = draft_token_ids.shape[0] if draft_token_ids.dim() >= 1 else 0
     bonus = torch.full((B, 1), -1, dtype=torch.int64, device=device)  # none given: sample the bonus row

@@ -34,12 +34,11 @@ from spec_samplers.tree.layout import (
     static_max_depth,
 )
 from spec_samplers.tree.output import TreeOutput
-from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_temperature
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_temperature, require_tensor
 
 
 def _check(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: Any) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise input_error(name, "a torch.Tensor", type(t).__name__)
+    t = require_tensor(name, t)
     if tuple(t.shape) != shape:
         raise input_error(name, f"shape {shape}", f"shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
@@ -232,9 +231,8 @@ class TreeEntries(SpecDecodeBaseSampler):
 
     def _check_padded(self, target: Any, draft: Any, tokens: Any, target_name: str, draft_name: str) -> tuple[int, int]:
         self._require_tree("forward_tree")
-        if not isinstance(target, torch.Tensor) or target.dim() != 3:
-            shape = tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__
-            raise input_error(target_name, "a [B, N+1, V] tensor", shape)
+        if require_tensor(target_name, target).dim() != 3:
+            raise input_error(target_name, "a [B, N+1, V] tensor", f"shape {tuple(target.shape)}")
         B, Np1, V = target.shape
         _check(target_name, target, (B, Np1, V), PROBS_DTYPES, None)
         if Np1 < 1 or V < 1:
@@ -255,15 +253,15 @@ class TreeEntries(SpecDecodeBaseSampler):
         names: tuple[str, str],
     ) -> None:
         self._require_tree("forward_tree_ragged")
-        if not isinstance(cu, torch.Tensor) or cu.dim() != 1:
-            raise input_error("cu_num_nodes", "a [B] int tensor", getattr(cu, "shape", type(cu).__name__))
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1:
-            raise input_error("draft_token_ids", "a [T] int tensor", getattr(tokens, "shape", type(tokens).__name__))
+        if require_tensor("cu_num_nodes", cu).dim() != 1:
+            raise input_error("cu_num_nodes", "a [B] int tensor", f"shape {tuple(cu.shape)}")
+        if require_tensor("draft_token_ids", tokens).dim() != 1:
+            raise input_error("draft_token_ids", "a [T] int tensor", f"shape {tuple(tokens.shape)}")
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
             raise input_error("max_nodes", "an int >= 0", repr(max_nodes))
         B, T = cu.shape[0], tokens.shape[0]
-        if not isinstance(target, torch.Tensor) or target.dim() != 2:
-            raise input_error(names[0], f"a [T+B, V] = [{T + B}, V] tensor", getattr(target, "shape", target))
+        if require_tensor(names[0], target).dim() != 2:
+            raise input_error(names[0], f"a [T+B, V] = [{T + B}, V] tensor", f"shape {tuple(target.shape)}")
         V = target.shape[1]
         _check(names[0], target, (T + B, V), PROBS_DTYPES, None)
         device = target.device
