@@ -40,7 +40,9 @@ def kernels() -> ModuleType | None:
     """The numba kernels module, or None (with a one-line warning, once) without numba."""
     try:
         module = importlib.import_module("spec_samplers.cpu._numba_kernels")
-    except ImportError as exc:  # numba missing or broken: the references run
+    # numba missing or broken (llvmlite's library fails to load under a small address-space cap,
+    # an OSError): the references run
+    except (ImportError, OSError) as exc:
         warnings.warn(
             f"spec_samplers: the compiled CPU path needs numba ({exc}); running the PyTorch references "
             "(pip install 'spec-samplers[cpu]')",
