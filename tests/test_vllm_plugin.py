@@ -148,7 +148,8 @@ def test_serve_cli_additional_config(model_dir, restore_seams):
     [
         (
             {"acceptance_method": "no_such_sampler"},
-            "available: block_verification, rejection_sampler, typical_acceptance_sampler",
+            "available: block_verification, multipath_block_verification, rejection_sampler, "
+            "typical_acceptance_sampler",
         ),
         (
             {"acceptance_method": "typical_acceptance_sampler", "posterior_alfa": 0.3},
