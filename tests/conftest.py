@@ -88,12 +88,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(marker)
         # the quick tier (README, "Development"): every test function once, at its first parameter
         # set (the parametrizations list their smallest shapes first), none of the slow ones, and
-        # none that needs vLLM: the quick tier runs in a light environment (CPU torch, no vLLM;
+        # none that needs vLLM or torch's CUDA build: the quick tier runs in a light environment (CPU torch, no vLLM;
         # README, "Run the tests"), the full tier (what CI runs) has vLLM and runs them
         function = (name, getattr(item, "originalname", item.name))
         if function not in first_instances and item.get_closest_marker("slow") is None:
             first_instances.add(function)
-            if item.get_closest_marker("not_quick") is None and item.get_closest_marker("vllm") is None:
+            light = all(item.get_closest_marker(m) is None for m in ("not_quick", "vllm", "cuda_build"))
+            if light:
                 item.add_marker("quick")
 
 

@@ -77,6 +77,7 @@ CASES = {
 }
 
 
+@pytest.mark.cuda_build
 @pytest.mark.parametrize("name", list(CASES))
 def test_call_makes_no_host_sync_and_few_launches(name, monkeypatch):
     make, max_eager, kernels = CASES[name]
@@ -87,6 +88,7 @@ def test_call_makes_no_host_sync_and_few_launches(name, monkeypatch):
     assert sum(counter.eager.values()) <= max_eager, f"{name}: eager ops {dict(counter.eager)}"
 
 
+@pytest.mark.cuda_build
 def test_sampling_tensors_copies_once_from_pinned_memory(monkeypatch):
     """The five per-row fields cross in one non-blocking copy (they took five blocking ones)."""
     pinned: list[bool] = []
@@ -97,6 +99,7 @@ def test_sampling_tensors_copies_once_from_pinned_memory(monkeypatch):
     assert counter.copies == [True] and pinned == [True]
 
 
+@pytest.mark.cuda_build
 def test_filtered_logits_verification_makes_no_host_sync(monkeypatch):
     """forward_from_logits with SamplingParams (the fused filters): no sync, no blocking copy."""
 

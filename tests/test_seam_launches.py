@@ -117,6 +117,7 @@ def _v1_step(B: int):
     return lambda: fast_path.verify_plain_step(verifier, metadata, None, logits, sm)
 
 
+@pytest.mark.vllm  # builds vLLM's SpecDecodeMetadata
 @pytest.mark.parametrize("B", [1, 64])
 def test_v1_plain_step_glue_is_two_launches_and_one_seed_draw(B, monkeypatch):
     launches, eager, syncs = _count(_v1_step(B), monkeypatch)
