@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"entry": str, "impl": str, "B": int, "launches": int, "host_us": float, "binder_us": float}
 
 
+@pytest.mark.vllm  # vLLM's own rows: the full tier, which has the vllm extra
 @pytest.mark.not_quick  # imports vLLM in a fresh interpreter (about 20 s)
 def test_host_overhead_writes_rows_of_the_schema(tmp_path):
-    pytest.importorskip("vllm", reason="needs the vllm extra: pip install -e '.[test,vllm]'")
     out = tmp_path / "host.json"
     # compiled Triton mode, as on a GPU machine (launches are planned and recorded, never run)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
