@@ -23,7 +23,7 @@ for which in "${@:-oldest newest}"; do
     "$venv/bin/pip" install -q --upgrade "$spec"
     "$venv/bin/python" -c 'import torch, transformers; print("transformers", transformers.__version__, "torch", torch.__version__)'
     # every test file that runs transformers models
-    PYTHONPATH="$PWD" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    PYTHONPATH="$PWD" "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto \
       tests/test_hf_generate.py tests/test_decoding.py tests/test_tree_decoding.py tests/test_kv_cache.py \
       tests/test_generate_cli.py tests/test_tree_cli.py
   done
