@@ -9,6 +9,7 @@ import torch
 
 from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.errors import input_error
+from spec_samplers.kernels.multipath_launch import multipath_tree_triton
 from spec_samplers.tree.layout import TreeBatch
 from spec_samplers.tree.multipath import multipath_tree_reference, paths_of
 
@@ -43,7 +44,7 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
     """
 
     tree_reference = staticmethod(multipath_tree_reference)  # type: ignore[assignment]  # takes num_paths=
-    tree_kernel = None  # no tree kernel yet: the reference on every device
+    tree_kernel = staticmethod(multipath_tree_triton)  # type: ignore[assignment]
     #: the decoding loop drafts K paths as the static tree [K, 1, .., 1] (level order) and hands
     #: this sampler the nodes path-major (spec_samplers.decoding.tree_drafting)
     tree_layout: ClassVar[str] = "paths"
