@@ -20,9 +20,10 @@ from spec_samplers.multipath import MultipathBlockVerificationSampler
 from spec_samplers.tree.multipath import path_parents
 
 
-def _both(call):
-    ref = call(MultipathBlockVerificationSampler(backend="torch"))
-    ker = call(MultipathBlockVerificationSampler(backend=KERNEL_BACKEND))
+def _both(entry, *args, **kwargs):
+    """The entry's output on the reference and on the kernels; the tokens and nodes must be equal."""
+    ref = getattr(MultipathBlockVerificationSampler(backend="torch"), entry)(*args, **kwargs)
+    ker = getattr(MultipathBlockVerificationSampler(backend=KERNEL_BACKEND), entry)(*args, **kwargs)
     assert torch.equal(ref.token_ids.cpu(), ker.token_ids.cpu()), (ref.token_ids, ker.token_ids)
     assert torch.equal(ref.node_ids.cpu(), ker.node_ids.cpu()), (ref.node_ids, ker.node_ids)
     return ref
@@ -63,7 +64,7 @@ def test_kernel_equals_reference(K, L):
     for seed in range(2):
         for V in (3, 11):
             q, p, ids, seeds = _dev(*_workload(5, K, L, V, seed=100 * K + 10 * L + seed + V))
-            _both(lambda s: s.forward_tree(q, p, ids, path_parents(K, L), seeds=seeds))
+            _both("forward_tree", q, p, ids, path_parents(K, L), seeds=seeds)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -71,7 +72,7 @@ def test_kernel_equals_reference(K, L):
 def test_kernel_equals_reference_low_precision_rows(K, L, dtype):
     """fp16 / bf16 rows are read as their fp32 values by both (rounding makes more ties)."""
     q, p, ids, seeds = _dev(*_workload(6, K, L, 9, seed=K + L))
-    _both(lambda s: s.forward_tree(q.to(dtype), p.to(dtype), ids, path_parents(K, L), seeds=seeds))
+    _both("forward_tree", q.to(dtype), p.to(dtype), ids, path_parents(K, L), seeds=seeds)
 
 
 def test_kernel_on_the_toy_pairs_drafts():
@@ -83,7 +84,7 @@ def test_kernel_on_the_toy_pairs_drafts():
         target, draft, tokens = sample_paths(pair, K, 48, gen)
         seeds = torch.randint(0, 2**62, (48,), generator=gen)
         target, draft, tokens, seeds = _dev(target, draft, tokens, seeds)
-        _both(lambda s: s.forward_tree(target, draft, tokens, path_parents(K, 2), seeds=seeds))
+        _both("forward_tree", target, draft, tokens, path_parents(K, 2), seeds=seeds)
 
 
 def test_kernel_wide_vocabulary_and_offsets():
@@ -91,7 +92,7 @@ def test_kernel_wide_vocabulary_and_offsets():
     K, L = 3, 3
     q, p, ids, seeds = _dev(*_workload(4, K, L, 600, seed=3, distance=0.5))
     offsets = torch.tensor([0, 5, 1 << 40, 7], device=DEVICE)
-    _both(lambda s: s.forward_tree(q, p, ids, path_parents(K, L), seeds=seeds, offsets=offsets))
+    _both("forward_tree", q, p, ids, path_parents(K, L), seeds=seeds, offsets=offsets)
 
 
 def test_kernel_greedy_ragged_and_logits():
@@ -99,13 +100,13 @@ def test_kernel_greedy_ragged_and_logits():
     q, p, ids, seeds = _dev(*_workload(B, K, L, V, seed=11))
     greedy = torch.tensor([True, False, False, True, False, False], device=DEVICE)
     parents = path_parents(K, L)
-    _both(lambda s: s.forward_tree(q, p, ids, parents, seeds=seeds, is_greedy=greedy))
+    _both("forward_tree", q, p, ids, parents, seeds=seeds, is_greedy=greedy)
     par = torch.tensor(parents, device=DEVICE)[None, :].expand(B, -1)
     t, d, tok, pr, cu = ragged_from_padded(q, p, ids, par, [K * L] * B)
-    _both(lambda s: s.forward_tree_ragged(t, d, tok, pr, cu, K * L, seeds=seeds))
+    _both("forward_tree_ragged", t, d, tok, pr, cu, K * L, seeds=seeds)
     temp = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0, 1.0], device=DEVICE)
     lq, lp = q.log().clamp(min=-40), p.log().clamp(min=-40)
-    _both(lambda s: s.forward_tree_from_logits(lq, lp, ids, parents, temp, seeds=seeds))
+    _both("forward_tree_from_logits", lq, lp, ids, parents, temp, seeds=seeds)
 
 
 def test_kernel_bad_values():
@@ -115,18 +116,20 @@ def test_kernel_bad_values():
     for trial in range(6):
         K, L, V, B = 1 + trial % 4, 2 + trial % 3, 5 + trial, 6
         q, p, ids, seeds = _workload(B, K, L, V, seed=200 + trial, share=False)
-        ids = torch.where(torch.rand(ids.shape, generator=gen) < 0.3, torch.randint(-3, V + 3, ids.shape, generator=gen), ids)
+        ids = torch.where(
+            torch.rand(ids.shape, generator=gen) < 0.3, torch.randint(-3, V + 3, ids.shape, generator=gen), ids
+        )
         q[0, 0] = float("nan")
         q[1] = 0.0
         p[2, :, 1] = float("inf")
         p[3] = -p[3]
         q[4, :, : V // 2] = 0.0
         q, p, ids, seeds = _dev(q, p, ids, seeds)
-        out = _both(lambda s: s.forward_tree(q, p, ids, path_parents(K, L), seeds=seeds))
+        out = _both("forward_tree", q, p, ids, path_parents(K, L), seeds=seeds)
         assert bool(((out.token_ids == -1) | ((out.token_ids >= 0) & (out.token_ids < V))).all())
     q, p, ids, seeds = _dev(*_workload(3, 2, 2, 9, seed=5))
     parents = torch.tensor(path_parents(2, 2), device=DEVICE)[None, :].expand(3, -1)
     t, d, tok, par, _ = ragged_from_padded(q, p, ids, parents, [4, 4, 4])
     bad_cu = torch.tensor([4, 8, 99], device=DEVICE)
-    out = _both(lambda s: s.forward_tree_ragged(t, d, tok, par, bad_cu, 4, seeds=seeds))
+    out = _both("forward_tree_ragged", t, d, tok, par, bad_cu, 4, seeds=seeds)
     assert bool((out.token_ids[2] == -1).all())

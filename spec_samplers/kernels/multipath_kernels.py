@@ -107,8 +107,12 @@ def multipath_pick_kernel(
         raw = tl.load(tokens_ptr + b * N + kk * L + m, mask=in_k, other=-1)
         valid = in_k & (raw >= 0) & (raw < V)
         cand = tl.where(valid, raw, 0)
-        q_c = kc.clean(tl.load(target_ptr + tl.maximum(t_row, 0) * stride_t + cand, mask=valid & (t_row >= 0), other=0.0))
-        p_c = kc.clean(tl.load(draft_ptr + tl.maximum(d_row, 0) * stride_d + cand, mask=valid & (d_row >= 0), other=0.0))
+        q_c = kc.clean(
+            tl.load(target_ptr + tl.maximum(t_row, 0) * stride_t + cand, mask=valid & (t_row >= 0), other=0.0)
+        )
+        p_c = kc.clean(
+            tl.load(draft_ptr + tl.maximum(d_row, 0) * stride_d + cand, mask=valid & (d_row >= 0), other=0.0)
+        )
         ok = alive & valid & (p_c > 0) & going
         drawn = tl.max(ok.to(tl.int32), axis=0) > 0
         length = tl.where(going, m, length)
