@@ -253,5 +253,5 @@ def multipath_verify_kernel(
     path = tl.load(path_ptr + b)
     stop = tl.where(tau > 0, tl.maximum(path, 0) * L + tau, 0)
     tl.store(stop_ptr + b, tl.where(alive, stop, -1))
-    tl.store(qok_ptr + b, (best > 0.0).to(tl.int8))
+    tl.store(qok_ptr + b, (best > 0.0).to(tl.int8))  # type: ignore[attr-defined]  # a tensor after the loop
     tl.store(amax_ptr + b, best_idx.to(tl.int64))  # type: ignore[attr-defined]

@@ -85,9 +85,9 @@ def multipath_tree_triton(tb: TreeBatch, num_paths: int, *, config: LaunchConfig
     B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
     L = N // num_paths
     device = tb.target.device
-    i64 = dict(dtype=torch.int64, device=device)
     planning = config is not None and config.launches is not None
-    picked = torch.empty(B * (L + 3), **i64)  # nodes [B, L+1], length [B], path [B] in one buffer
+    # nodes [B, L+1], length [B] and path [B] in one buffer
+    picked = torch.empty(B * (L + 3), dtype=torch.int64, device=device)
     if planning:  # the launches are recorded, not run: the steps between them index with zeros
         picked.zero_()
     nodes, length, path = picked[: B * (L + 1)].view(B, L + 1), picked[B * (L + 1) : B * (L + 2)], picked[B * (L + 2) :]
@@ -96,7 +96,7 @@ def multipath_tree_triton(tb: TreeBatch, num_paths: int, *, config: LaunchConfig
     f_eq, f_lt = visited_cdf(tb, nodes[:, :L])
     state = torch.empty(B, L + 1, 4, dtype=torch.float32, device=device)
     residual = torch.empty(B, V, dtype=torch.float32, device=device)
-    stop, q_argmax = torch.empty(B, **i64), torch.empty(B, **i64)
+    stop, q_argmax = torch.empty(B, dtype=torch.int64, device=device), torch.empty(B, dtype=torch.int64, device=device)
     q_ok = torch.empty(B, dtype=torch.int8, device=device)
     if planning:
         stop.fill_(-1)

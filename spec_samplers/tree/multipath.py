@@ -51,7 +51,9 @@ Random numbers: h_m tests the accept uniform of counter m - 1, the final draw is
 race at depth tau (:func:`spec_samplers.tree.output.final_draw`): with K = 1 these are the chain
 block verification's, token for token. Greedy rows follow the argmax walk of
 :func:`spec_samplers.tree.reference.rejection_tree_walk`. Cost: L sorts of a vocabulary row (the
-order's CDF) and O(K) vocabulary passes per position.
+order's CDF) and O(K) vocabulary passes per position. The Triton twin
+(:mod:`spec_samplers.kernels.multipath_launch`) shares :func:`visited_cdf` (the sorts) and
+:func:`finish_multipath` (the tail) with this reference.
 """
 
 from __future__ import annotations
