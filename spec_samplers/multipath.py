@@ -9,6 +9,7 @@ import torch
 
 from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.errors import input_error
+from spec_samplers.kernels.multipath_launch import multipath_tree_triton
 from spec_samplers.tree.layout import TreeBatch
 from spec_samplers.tree.multipath import multipath_tree_reference, paths_of
 
@@ -27,8 +28,9 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
     Chains (``forward`` and the other chain entries) are one path: block verification.
     Any other tree shape or sibling policy raises :class:`SpecSamplerInputError` naming the
     shape expected. The shape check reads ``parents`` on the host once per call when they are a
-    tensor (a Python list costs nothing). PyTorch reference on every device (L sorts of a
-    vocabulary row per request); no tree kernel yet.
+    tensor (a Python list costs nothing). Backends: the PyTorch reference, or on CUDA the Triton
+    kernels (:mod:`spec_samplers.kernels.multipath_launch`: the pick, a sort of each of the L
+    visited rows for the order's CDF, the verification), token-equal to the reference.
 
     Example::
 
@@ -43,7 +45,7 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
     """
 
     tree_reference = staticmethod(multipath_tree_reference)  # type: ignore[assignment]  # takes num_paths=
-    tree_kernel = None  # no tree kernel yet: the reference on every device
+    tree_kernel = staticmethod(multipath_tree_triton)
     #: the decoding loop drafts K paths as the static tree [K, 1, .., 1] (level order) and hands
     #: this sampler the nodes path-major (spec_samplers.decoding.tree_drafting)
     tree_layout: ClassVar[str] = "paths"

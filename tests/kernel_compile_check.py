@@ -29,6 +29,7 @@ from spec_samplers.layout import VerifyBatch  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 META = torch.device("meta")
 TYPES = {
+    torch.int8: "i8",
     torch.float64: "fp64",
     torch.float32: "fp32",
     torch.float16: "fp16",
@@ -192,7 +193,39 @@ def main():
         sig, consts = signature(launch.kernel, launch.args)
         seen.add((launch.name, tuple(sorted(sig.items()))))
         triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
+    for launch in multipath_launches():
+        sig, consts = signature(launch.kernel, launch.args)
+        seen.add((launch.name, tuple(sorted(sig.items()))))
+        triton.compile(
+            ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET, options=launch.options or None
+        )
     print(f"compiled all kernel variants for sm_90: {len(seen)} variants")
+
+
+def multipath_launches():
+    """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them,
+    fp32 / bf16 / fp16 rows (logits reach them as fp32 probabilities)."""
+    from spec_samplers.kernels.multipath_launch import plan_pick, plan_verify
+    from spec_samplers.tree.layout import TreeBatch
+
+    B, K, L, V = 4, 3, 4, 5000
+    N = K * L
+    i64 = dict(dtype=torch.int64, device=META)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        rows, probs = torch.empty(B, N + 1, **i64), torch.empty(B * (N + 1), V, dtype=dtype, device=META)
+        tb = TreeBatch(
+            target=probs, draft=probs,
+            target_rows=rows, draft_rows=rows, tokens=torch.empty(B, N, **i64), parents=torch.empty(B, N, **i64),
+            depth=rows, max_depth=L, policy="independent", seeds=torch.empty(B, **i64), offsets=torch.empty(B, **i64),
+            is_greedy=None,
+        )  # fmt: skip
+        picked = (torch.empty(B, L + 1, **i64), torch.empty(B, **i64), torch.empty(B, **i64))
+        cdf = (torch.empty(B, L, V, device=META), torch.empty(B, L, V, device=META))
+        f32 = dict(dtype=torch.float32, device=META)
+        out = (torch.empty(B, L + 1, 4, **f32), torch.empty(B, V, **f32), torch.empty(B, **i64),
+               torch.empty(B, dtype=torch.int8, device=META), torch.empty(B, **i64))  # fmt: skip
+        yield plan_pick(tb, K, *picked)
+        yield plan_verify(tb, K, picked, cdf, out)
 
 
 def bonus_row_launches():

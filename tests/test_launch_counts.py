@@ -104,3 +104,27 @@ def test_a_shared_seed_derives_the_row_seeds_in_a_kernel_on_cpu_tensors_too():
     call.kwargs.update(seed=1, backend="triton")
     row = dp.count_launches(call)
     assert row["triton"] == ["row_seeds", "race", "race_finalize"] and row["eager"] <= 3, row
+
+
+#: the GBV tree call's count (a regression guard, not the goal): its two kernels (the pick, the
+#: verification) plus eager ops. Most of the eager ops are the tree entries' own (depths, the
+#: final race, the output: rejection.forward_tree has about 250 of them); the sampler's share is
+#: the order's CDF of the L visited rows (a sort and a float64 suffix sum per row, about 25 ops).
+MULTIPATH_TREE_LIMIT = 368
+
+
+def test_multipath_tree_launches():
+    """``MultipathBlockVerificationSampler.forward_tree`` (K = 3 paths of L = 4, V = 64) under the
+    planning hook: the two GBV kernels, no host sync (parents as a list), at most the guard."""
+    from spec_samplers import MultipathBlockVerificationSampler
+    from spec_samplers.tree.multipath import path_parents
+
+    g = dp._gen(1)
+    B, V, K, L = 2, 64, 3, 4
+    N = K * L
+    sampler = MultipathBlockVerificationSampler(backend="triton")
+    args = (dp._probs((B, N + 1, V), g), dp._probs((B, N + 1, V), g), dp._ids((B, N), g, V), path_parents(K, L))
+    row = dp.count_launches(dp.Call("multipath.forward_tree", "forward_tree", sampler.forward_tree, args, dp._seeds(B)))
+    assert row["syncs"] == 0, row
+    assert row["triton"] == ["multipath_pick", "multipath_verify"], row
+    assert row["launches"] <= MULTIPATH_TREE_LIMIT, f"{row['triton']} + {row['eager_ops']}"

@@ -51,7 +51,9 @@ Random numbers: h_m tests the accept uniform of counter m - 1, the final draw is
 race at depth tau (:func:`spec_samplers.tree.output.final_draw`): with K = 1 these are the chain
 block verification's, token for token. Greedy rows follow the argmax walk of
 :func:`spec_samplers.tree.reference.rejection_tree_walk`. Cost: L sorts of a vocabulary row (the
-order's CDF) and O(K) vocabulary passes per position.
+order's CDF) and O(K) vocabulary passes per position. The Triton twin
+(:mod:`spec_samplers.kernels.multipath_launch`) shares :func:`visited_cdf` (the sorts) and
+:func:`finish_multipath` (the tail) with this reference.
 """
 
 from __future__ import annotations
@@ -292,10 +294,31 @@ def multipath_tree_reference(tb: TreeBatch, num_paths: int) -> TreeOutput:
     stop = torch.where(tau > 0, plan.path.clamp(min=0) * L + tau, 0)
     stop = torch.where(alive, stop, -1)
     q_row = _rows(tb.target, at(tb.target_rows, at(plan.row_nodes, tau)), torch.float32)
-    q_ok, q_argmax = q_row.amax(dim=-1) > 0, torch.argmax(q_row, dim=-1)
+    return finish_multipath(tb, stop, residual, q_row.amax(dim=-1) > 0, torch.argmax(q_row, dim=-1))
+
+
+def finish_multipath(
+    tb: TreeBatch, stop: torch.Tensor, residual: torch.Tensor, q_ok: torch.Tensor, q_argmax: torch.Tensor
+) -> TreeOutput:
+    """The tail shared with the kernel launcher: greedy rows follow the argmax walk of
+    :func:`spec_samplers.tree.reference.rejection_tree_walk`, then the final draw and the output
+    (:func:`spec_samplers.tree.output.finish_walk`)."""
     if tb.is_greedy is not None:
         g_stop, g_r, g_ok, g_arg = rejection_tree_walk(replace(tb, is_greedy=torch.ones_like(tb.is_greedy)))
         g = tb.is_greedy
         stop, residual = torch.where(g, g_stop, stop), torch.where(g[:, None], g_r, residual)
         q_ok, q_argmax = torch.where(g, g_ok, q_ok), torch.where(g, g_arg, q_argmax)
     return finish_walk(tb, stop, residual, q_ok, q_argmax)
+
+
+def visited_cdf(tb: TreeBatch, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F(x), F(x-)) [B, L, V] fp32 of the rows of ``nodes`` [B, L] (position m reads node
+    ``nodes[:, m]``'s rows), for the kernel launcher: :func:`order_cdf` of :func:`order_keys` on
+    the rows the reference reads at those positions, one sort per row."""
+    B, L = nodes.shape
+    V = tb.vocab_size
+    assert tb.draft is not None
+    q = _rows(tb.target, tb.target_rows.gather(1, nodes).reshape(-1), torch.float32)
+    p = _rows(tb.draft, tb.draft_rows.gather(1, nodes).reshape(-1), torch.float32)
+    f_eq, f_lt = order_cdf(order_keys(q, p), p)
+    return f_eq.view(B, L, V), f_lt.view(B, L, V)
