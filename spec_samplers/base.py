@@ -28,9 +28,8 @@ import torch
 
 from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
-from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, input_error
 from spec_samplers.cpu import compiled_op, run_compiled
-from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
@@ -607,7 +606,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         draft_probs: torch.Tensor | None = None,  # [B, k, V] or None
     ) -> None:
         """vLLM V0's strict-mode check: shapes, dtypes, devices and token ids in [0, V). Raises
-        :class:`~spec_samplers.errors.SpecSamplerInputError` (an AssertionError, as V0's asserts)
+        :class:`~spec_samplers.constants.SpecSamplerInputError` (an AssertionError, as V0's asserts)
         naming the argument."""
         shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
         validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)

@@ -1,4 +1,5 @@
-"""Constants shared by the PyTorch references, the Triton kernels and the engine adapters.
+"""Constants shared by the PyTorch references, the Triton kernels and the engine adapters, and the
+package's error type.
 
 Dependency-free on purpose: every layer may import it, so a value lives here once.
 """
@@ -49,3 +50,19 @@ SAMPLING_MASS_BITS = 40
 SAMPLING_MAX_VOCAB_SIZE = 2 ** (63 - SAMPLING_MASS_BITS)
 #: the largest finite fp32, which +inf logits become in the sampling operations
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+# --- the error every argument check raises ---
+
+
+class SpecSamplerInputError(ValueError, AssertionError):
+    """Bad sampler input.
+
+    Derives from ValueError (what new code should catch) and AssertionError (what code written
+    against vLLM V0's strict-mode asserts catches).
+    """
+
+
+def input_error(argument: str, expected: str, actual: object) -> SpecSamplerInputError:
+    """Error naming the argument, what was expected and what was given."""
+    return SpecSamplerInputError(f"{argument}: expected {expected}, got {actual}")

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from spec_samplers.block import BlockVerificationSampler
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.tree.layout import TreeBatch
 from spec_samplers.tree.multipath import multipath_tree_reference, paths_of
 

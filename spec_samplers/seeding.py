@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.rng import SEED_HIGH
 from spec_samplers.validation import check_seed_tensor
 

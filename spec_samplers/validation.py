@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec_samplers.constants import MAX_SPEC_LEN
-from spec_samplers.errors import input_error
+from spec_samplers.constants import MAX_SPEC_LEN, input_error
 
 PROBS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ID_DTYPES = (torch.int32, torch.int64)

@@ -14,7 +14,7 @@ import math
 import torch
 
 from spec_samplers.constants import SAMPLING_MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.rng import SEED_HIGH  # seeds drawn for seed=None lie in [0, SEED_HIGH)
 from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, require_tensor, type_name
 

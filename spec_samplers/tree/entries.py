@@ -18,7 +18,7 @@ import torch
 
 from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _sampling_filters
 from spec_samplers.chunking import run_tree_chunked
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.torch_ops import probs_from_logits

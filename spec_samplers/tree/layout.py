@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.layout import request_spans
 from spec_samplers.torch_ops import probs_from_logits
 

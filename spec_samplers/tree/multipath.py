@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.reference import block_thresholds
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import valid_ids

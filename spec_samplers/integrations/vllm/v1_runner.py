@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.engine_seam import replace_engine_function
-from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.fast_path import plain_step, verify_plain_step
 from spec_samplers.integrations.vllm.min_p_logit_bias import (  # noqa: F401 (their home before the move: still importable here)
     add_logit_bias_to_draft_rows,
