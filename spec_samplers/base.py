@@ -33,8 +33,8 @@ from spec_samplers.cpu import compiled_op, run_compiled
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.rng import row_seeds
 from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
-from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import Shapes
 
 #: positions the counters' buffer has room for at construction (a larger k grows it once)

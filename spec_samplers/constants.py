@@ -37,6 +37,10 @@ ENTROPY_EPS = 1e-5
 #: ENTROPY_EPS as the fp32 value both backends add (V0 adds it to fp32 probabilities)
 ENTROPY_EPS_FP32 = fp32_value(ENTROPY_EPS)
 
+#: seeds drawn for unseeded rows lie in [0, SEED_HIGH) (spec_samplers.rng.row_seeds and the
+#: sampling operations' seed=None)
+SEED_HIGH = 2**62
+
 #: largest ``max_spec_len`` the ragged entries accept: the kernels hold a request's positions in
 #: one vector, and no speculative method drafts more tokens per step
 MAX_SPEC_LEN = 1024

@@ -20,7 +20,7 @@ import torch
 from spec_samplers import custom_ops
 from spec_samplers.kernels import sampling_launch
 from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
-from spec_samplers.rng_sampling import derive_row_seeds
+from spec_samplers.rng import derive_row_seeds
 from spec_samplers.sampling import checks, reference
 
 SampleResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]

@@ -211,7 +211,7 @@ def resolve_seeds(
     """(seeds, offsets [B] int64, shared offset) on ``device``, without host synchronisation.
     When the shared offset is None, row b uses (seeds[b], offsets[b]); otherwise ``seeds`` is one
     [1] seed for the batch, and row b's seed is derived from (seeds, shared offset [1], b)
-    (:func:`spec_samplers.rng_sampling.derive_row_seeds`, or its kernel twin
+    (:func:`spec_samplers.rng.derive_row_seeds`, or its kernel twin
     ``sampling_launch.row_seeds_triton``: the caller runs one or the other).
 
     * seed and offset as [B] tensors: row b uses (seed[b], offset[b]), so its token depends on

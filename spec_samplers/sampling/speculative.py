@@ -12,7 +12,7 @@ import torch
 from spec_samplers.constants import input_error
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.kernels.sampling_launch import row_seeds_triton
-from spec_samplers.rng_sampling import derive_row_seeds
+from spec_samplers.rng import derive_row_seeds
 from spec_samplers.sampling import checks
 
 

@@ -44,7 +44,7 @@ from spec_samplers.integrations.vllm.ragged import (
     seam_verifier,
     well_formed_requests,
 )
-from spec_samplers.seeding import row_seeds
+from spec_samplers.rng import row_seeds
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., torch.Tensor]):
