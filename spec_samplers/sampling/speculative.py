@@ -13,7 +13,7 @@ from spec_samplers.constants import input_error
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.kernels.sampling_launch import row_seeds_triton
 from spec_samplers.rng import derive_row_seeds
-from spec_samplers.sampling import checks
+from spec_samplers.validation import resolve_seeds
 
 
 def chain_speculative_sampling(
@@ -69,7 +69,7 @@ def chain_speculative_sampling(
                 name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__)
             )
         counters.append(t)
-    seeds, offsets, shared_offset = checks.resolve_seeds(seed, offset, generator, B, device)
+    seeds, offsets, shared_offset = resolve_seeds(seed, offset, generator, B, device)
     if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
         config = launch_config()
         if use_triton(check_backend(backend), device, config):  # the kernels' path: the kernel twin
