@@ -9,7 +9,7 @@ import torch
 
 from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.constants import input_error
-from spec_samplers.tree.layout import TreeBatch
+from spec_samplers.layout import TreeBatch
 from spec_samplers.tree.multipath import multipath_tree_reference, paths_of
 
 
