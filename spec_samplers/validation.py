@@ -192,21 +192,11 @@ def check_logits_values(name: str, logits: torch.Tensor) -> None:
         raise input_error(name, "rows with a finite logit (a distribution)", f"row {_where(index)} all -inf")
 
 
-def check_temperature(temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
-    """[B] float tensor on ``device``; in strict mode also finite and >= 0 (0 = greedy request)."""
-    _check_temperatures("temperature", temperature, batch_size, device, strict, greedy=True)
-
-
-def check_draft_temperature(draft_temperature: object, batch_size: int, device: torch.device, strict: bool) -> None:
-    """[B] float tensor on ``device``: the temperature of the draft rows. In strict mode also
-    finite and > 0 (without it a T that is not > 0, or NaN, counts as 1, as for ``temperature``)."""
-    _check_temperatures("draft_temperature", draft_temperature, batch_size, device, strict, greedy=False)
-
-
-def _check_temperatures(
-    name: str, t: object, batch_size: int, device: torch.device, strict: bool, greedy: bool
-) -> None:
-    """[B] float tensor ``name`` on ``device``; strict: finite and > 0 (>= 0 where 0 marks greedy)."""
+def check_temperature(t: object, batch_size: int, device: torch.device, strict: bool, *, draft: bool = False) -> None:
+    """[B] float tensor on ``device``: ``temperature`` (0 = greedy request) or, ``draft``, the
+    ``draft_temperature`` of the draft rows. In strict mode also finite and >= 0, > 0 for the draft
+    rows (without it a draft T that is not > 0, or NaN, counts as 1, as for ``temperature``)."""
+    name = "draft_temperature" if draft else "temperature"
     _check_tensor(name, t, 1, PROBS_DTYPES)
     assert isinstance(t, torch.Tensor)
     if t.shape[0] != batch_size:
@@ -215,10 +205,10 @@ def _check_temperatures(
         raise input_error(name, f"device {device}", f"device {t.device}")
     if strict and batch_size:
         require_data(name, t, "strict_mode")
-        bad = ~(torch.isfinite(t) & ((t >= 0) if greedy else (t > 0)))
+        bad = ~(torch.isfinite(t) & ((t > 0) if draft else (t >= 0)))
         if bool(bad.any()):
             index = _first_index(bad)
-            expected = "finite values >= 0 (0 = greedy)" if greedy else "finite values > 0"
+            expected = "finite values > 0" if draft else "finite values >= 0 (0 = greedy)"
             raise input_error(name, expected, f"{float(t[index])} at {_where(index)}")
 
 
