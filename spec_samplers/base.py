@@ -390,11 +390,13 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         validation.require_tensor(names[0], target)
         # value checks read the tensors: on meta tensors the pipeline below refuses them by name
         checks_values = self._strict_mode or self._check_values
+        meta = target.device.type == "meta"
         # on meta tensors a tool planning our launches (kernels.backend.planned_for) gets the launch plan
-        meta_plans = target.device.type == "meta" and use_triton(self.backend, target.device, launch_config())
+        meta_plans = meta and use_triton(self.backend, target.device, launch_config())
         call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
-        if custom_ops.routed(target) and not meta_plans and not (checks_values and target.device.type == "meta"):
-            return self._run_as_op(entry, call)  # Dynamo traces, or meta tensors: one op with a fake implementation
+        # custom_ops.routed's rule: while Dynamo traces, or on meta tensors, one op with a fake implementation
+        if (meta or torch.compiler.is_compiling()) and not meta_plans and not (checks_values and meta):
+            return self._run_as_op(entry, call)
         batch = self._batch(call, names)
         out = self._op_for(batch)(batch)
         num_draft_tokens = target.shape[0] if ragged is not None else None
