@@ -17,7 +17,7 @@ if TYPE_CHECKING:
         SpecDecodeStochasticBaseSampler,
     )
     from spec_samplers.block import BlockVerificationSampler
-    from spec_samplers.errors import SpecSamplerInputError
+    from spec_samplers.constants import SpecSamplerInputError
     from spec_samplers.multipath import MultipathBlockVerificationSampler
     from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output
     from spec_samplers.registry import UnknownSamplerError, available_samplers, get_sampler
@@ -31,7 +31,7 @@ _EXPORTS = {
     "SpecDecodeDeterministicBaseSampler": "spec_samplers.base",
     "SpecDecodeStochasticBaseSampler": "spec_samplers.base",
     "BlockVerificationSampler": "spec_samplers.block",
-    "SpecSamplerInputError": "spec_samplers.errors",
+    "SpecSamplerInputError": "spec_samplers.constants",
     "MultipathBlockVerificationSampler": "spec_samplers.multipath",
     "PLACEHOLDER_TOKEN_ID": "spec_samplers.output",
     "build_output": "spec_samplers.output",

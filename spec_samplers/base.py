@@ -28,14 +28,13 @@ import torch
 
 from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
-from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, input_error
 from spec_samplers.cpu import compiled_op, run_compiled
-from spec_samplers.errors import input_error
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
+from spec_samplers.rng import row_seeds
 from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
-from spec_samplers.seeding import row_seeds
 from spec_samplers.validation import Shapes
 
 #: positions the counters' buffer has room for at construction (a larger k grows it once)
@@ -57,14 +56,6 @@ def _load(target: str) -> Callable[..., torch.Tensor]:
     module, _, name = target.partition(":")
     fn: Callable[..., torch.Tensor] = getattr(importlib.import_module(module), name)
     return fn
-
-
-def _check_one_of(temperature: torch.Tensor | None, sampling_params: object) -> None:
-    """The logits entries take ``temperature`` or ``sampling_params``, exactly one."""
-    if temperature is None and sampling_params is None:
-        raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params=", None)
-    if temperature is not None and sampling_params is not None:
-        raise input_error("sampling_params", "None when temperature is given (pass one or the other)", "both")
 
 
 def _process_sampling_params(
@@ -237,8 +228,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         it, a larger k grows it, a counter a caller assigned is folded into it (eager ops then);
         the steady state runs no op here."""
         counts = self._counts
-        views = (self.num_accepted_tokens, self.num_emitted_tokens, self.num_accepted_per_position)
-        if any(t._base is not counts for t in views):  # assigned by a caller: its values are kept
+        assigned = self.num_accepted_tokens._base is not counts or self.num_emitted_tokens._base is not counts
+        if assigned or self.num_accepted_per_position._base is not counts:  # by a caller: its values are kept
             per_position = self.num_accepted_per_position
             counts = torch.zeros(2 + max(COUNTER_POSITIONS, per_position.shape[0]), dtype=torch.long)
             counts = counts.to(self.num_accepted_tokens.device)
@@ -358,18 +349,11 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         """(seeds [B] int64, offsets [B] int64 or None): the per-request keys of the counter RNG
         from ``seeds=`` / ``offsets=`` or V0's ``seeded_seqs``, drawn from torch's default
         generator for the other rows (chain and tree entries alike)."""
-        validation.check_seed_tensor("offsets", randomness.offsets, batch_size, device)
+        if randomness.offsets is not None:
+            validation.check_seed_tensor("offsets", randomness.offsets, batch_size, device)
         seeds = row_seeds(batch_size, device, randomness.seeded_seqs, randomness.seeds)
         offsets = None if randomness.offsets is None else randomness.offsets.to(torch.int64)
         return seeds, offsets
-
-    def _require_op(self, entry: str) -> None:
-        if not self.has_op():
-            raise NotImplementedError(
-                f"{type(self).__name__}.{entry}: this sampler implements only vLLM V0's padded forward(); "
-                f"{', '.join(e for e in ENTRIES if e != 'forward')} need the one op: declare reference_op "
-                "(and optionally kernel_op) or override verify(batch) (see spec_samplers.base)"
-            )
 
     # -- the pipeline, run once for every entry ----------------------------------------------------
 
@@ -388,23 +372,32 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         """The one pipeline of every chain entry: the entry's arguments arrive typed (which
         layout, target law and draft law is explicit); validated, they become a
         :class:`~spec_samplers.layout.VerifyBatch`, the op runs on it, the counters follow."""
-        self._require_op(entry)
+        if not self.has_op():
+            raise NotImplementedError(
+                f"{type(self).__name__}.{entry}: this sampler implements only vLLM V0's padded forward(); "
+                f"{', '.join(e for e in ENTRIES if e != 'forward')} need the one op: declare reference_op "
+                "(and optionally kernel_op) or override verify(batch) (see spec_samplers.base)"
+            )
         if ragged is not None and ragged.max_spec_len is None:
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
         drafts = drafts if drafts is not None else DraftRows(None, None, "probs" if processing is None else "logits")
-        if processing is not None:
-            _check_one_of(processing.temperature, processing.sampling_params)
-        self._check_draft_options(drafts, processing)
+        if processing is not None and (processing.temperature is None) == (processing.sampling_params is None):
+            if processing.temperature is None:  # the logits entries take one of the two
+                raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params=", None)
+            raise input_error("sampling_params", "None when temperature is given (pass one or the other)", "both")
+        names = _argument_names(ragged is not None, processing is not None, drafts.kind)
         # the target is read below (its device) before _batch checks the rest
-        validation.require_tensor(_argument_names(ragged is not None, processing is not None, drafts.kind)[0], target)
+        validation.require_tensor(names[0], target)
         # value checks read the tensors: on meta tensors the pipeline below refuses them by name
         checks_values = self._strict_mode or self._check_values
+        meta = target.device.type == "meta"
         # on meta tensors a tool planning our launches (kernels.backend.planned_for) gets the launch plan
-        meta_plans = target.device.type == "meta" and use_triton(self.backend, target.device, launch_config())
+        meta_plans = meta and use_triton(self.backend, target.device, launch_config())
         call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
-        if custom_ops.routed(target) and not meta_plans and not (checks_values and target.device.type == "meta"):
-            return self._run_as_op(entry, call)  # Dynamo traces, or meta tensors: one op with a fake implementation
-        batch = self._batch(call)
+        # custom_ops.routed's rule: while Dynamo traces, or on meta tensors, one op with a fake implementation
+        if (meta or torch.compiler.is_compiling()) and not meta_plans and not (checks_values and meta):
+            return self._run_as_op(entry, call)
+        batch = self._batch(call, names)
         out = self._op_for(batch)(batch)
         num_draft_tokens = target.shape[0] if ragged is not None else None
         if batch.counters is None:
@@ -450,7 +443,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             DraftRows(drafts[0], drafts[1], kind),
         )
 
-    def _batch(self, call: ChainCall) -> VerifyBatch:
+    def _batch(self, call: ChainCall, names: tuple[str, str]) -> VerifyBatch:
         """The validated :class:`~spec_samplers.layout.VerifyBatch` of a chain entry's arguments:
         metadata checks (always), value checks (strict mode, ``check_values``), seeds, the row
         layout, and the target's processing (fused filters, or probabilities first)."""
@@ -459,32 +452,32 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         draft_is_probs = logits and drafts.kind == "probs"
         if ragged is not None:
             cu, max_spec_len = ragged
-            names = _argument_names(True, logits, drafts.kind)
             shapes = validation.check_ragged_metadata(
                 target, bonus_token_ids, draft, draft_token_ids, cu, max_spec_len, *names, drafts.rows
             )
             if self._strict_mode:
                 validation.check_ragged_values(cu, target.shape[0], max_spec_len)
-                validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
-                if drafts.rows is not None and draft is not None:
-                    validation.check_draft_rows_values(drafts.rows, draft.shape[0])
-            if self._check_values:
-                validation.check_float_values(target, None if draft_is_probs else draft, *names, logits)
-                if draft_is_probs and draft is not None:
-                    validation.check_float_values(draft, None, names[1], names[1], logits=False)
-            layout = RowLayout.ragged_from(cu, target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
         else:
-            shapes = self._validate(target, bonus_token_ids, draft, draft_token_ids, logits)
-            layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
+            shapes = validation.check_metadata(target, bonus_token_ids, draft, draft_token_ids, *names)
+        if self._strict_mode:
+            validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
+            if drafts.rows is not None and draft is not None:
+                validation.check_draft_rows_values(drafts.rows, draft.shape[0])
+        if self._check_values:
+            validation.check_float_values(target, None if draft_is_probs else draft, *names, logits)
+            if draft_is_probs and draft is not None:
+                validation.check_float_values(draft, None, names[1], names[1], logits=False)
+        B, K, V = shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size
+        layout = RowLayout.padded(B, K, V) if ragged is None else RowLayout.ragged_from(cu, target.shape[0], K, V)
         device = target.device
-        B = shapes.batch_size
         temperature = None if processing is None else processing.temperature
         if temperature is not None:
-            self._validate_temperature(temperature, shapes, device)
+            validation.check_temperature(temperature, B, device, self._strict_mode)
         if drafts.temperature is not None:
-            validation.check_draft_temperature(drafts.temperature, B, device, self._strict_mode)
+            validation.check_temperature(drafts.temperature, B, device, self._strict_mode, draft=True)
         is_greedy = None if randomness is None else randomness.is_greedy
-        validation.check_row_mask("is_greedy", is_greedy, B, device)
+        if is_greedy is not None:
+            validation.check_row_mask("is_greedy", is_greedy, B, device)
         seeds, offsets = (None, None) if randomness is None else self._seeds(B, device, randomness)
         filters: dict[str, torch.Tensor] = {}
         sampling_params = None if processing is None else processing.sampling_params
@@ -512,21 +505,6 @@ class SpecDecodeBaseSampler(torch.nn.Module):
 
     # -- checks and counters (also V0-style subclasses call these) --------------------------------
 
-    def _check_draft_options(self, drafts: DraftRows, processing: Processing | None) -> None:
-        """The ragged logits entry's indexed draft rows and draft probabilities: only with
-        ``temperature=`` and, for the rows, a sampler whose ops read them (``takes_draft_rows``)."""
-        sampling_params = None if processing is None else processing.sampling_params
-        for name, value in (("draft_rows", drafts.rows), ("draft_temperature", drafts.temperature)):
-            if value is None:
-                continue
-            if not type(self).takes_draft_rows:
-                expected = f"None for {type(self).__name__} (its ops read [T, V] draft rows: takes_draft_rows)"
-                raise input_error(name, expected, "a tensor")
-            if sampling_params is not None:
-                raise input_error(name, "None with sampling_params (pass temperature=)", "a tensor")
-        if processing is not None and drafts.kind == "probs" and sampling_params is not None:
-            raise input_error("draft_probs", "None with sampling_params (pass temperature=)", "a tensor")
-
     def _validate(
         self,
         target_with_bonus_probs: torch.Tensor,  # [B, k+1, V]
@@ -544,9 +522,6 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         if self._check_values:
             validation.check_float_values(target_with_bonus_probs, draft_probs, *names, logits)
         return shapes
-
-    def _validate_temperature(self, temperature: torch.Tensor, shapes: Shapes, device: torch.device) -> None:
-        validation.check_temperature(temperature, shapes.batch_size, device, self._strict_mode)
 
     def _update_counters(self, output_token_ids: torch.Tensor, num_draft_tokens: int | None = None) -> None:
         """output_token_ids: [B, k+1] in the standard layout; num_draft_tokens defaults to B * k
@@ -607,7 +582,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         draft_probs: torch.Tensor | None = None,  # [B, k, V] or None
     ) -> None:
         """vLLM V0's strict-mode check: shapes, dtypes, devices and token ids in [0, V). Raises
-        :class:`~spec_samplers.errors.SpecSamplerInputError` (an AssertionError, as V0's asserts)
+        :class:`~spec_samplers.constants.SpecSamplerInputError` (an AssertionError, as V0's asserts)
         naming the argument."""
         shapes = validation.check_metadata(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
         validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
@@ -665,13 +640,27 @@ class DraftRows(NamedTuple):
 
 
 def _draft_rows(
+    sampler: SpecDecodeBaseSampler,
+    sampling_params: object,
     draft_logits: torch.Tensor | None,
     draft_probs: torch.Tensor | None,
     draft_rows: torch.Tensor | None,
     draft_temperature: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, DraftRows]:
     """(the draft tensor, what it holds) of a ragged logits entry: ``draft_logits`` or, instead,
-    ``draft_probs`` (probabilities read as given: no temperature)."""
+    ``draft_probs`` (probabilities read as given: no temperature). Indexed draft rows and draft
+    probabilities come only with ``temperature=`` and, for the rows, a sampler whose ops read them
+    (``takes_draft_rows``)."""
+    for name, value in (("draft_rows", draft_rows), ("draft_temperature", draft_temperature)):
+        if value is None:
+            continue
+        if not type(sampler).takes_draft_rows:
+            expected = f"None for {type(sampler).__name__} (its ops read [T, V] draft rows: takes_draft_rows)"
+            raise input_error(name, expected, "a tensor")
+        if sampling_params is not None:
+            raise input_error(name, "None with sampling_params (pass temperature=)", "a tensor")
+    if draft_probs is not None and sampling_params is not None:
+        raise input_error("draft_probs", "None with sampling_params (pass temperature=)", "a tensor")
     if draft_probs is None:
         return draft_logits, DraftRows(draft_rows, draft_temperature, "logits")
     if draft_logits is not None:
@@ -858,7 +847,7 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):
         """
         ragged = Ragged(cu_num_draft_tokens, max_spec_len)
         processing = Processing(temperature, sampling_params)
-        draft, drafts = _draft_rows(draft_logits, draft_probs, draft_rows, draft_temperature)
+        draft, drafts = _draft_rows(self, sampling_params, draft_logits, draft_probs, draft_rows, draft_temperature)
         inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
         return self._run("forward_ragged_from_logits", *inputs, ragged, processing, drafts=drafts)
 
@@ -1091,6 +1080,6 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         ragged = Ragged(cu_num_draft_tokens, max_spec_len)
         processing = Processing(temperature, sampling_params)
         randomness = Randomness(seeded_seqs, seeds, offsets)
-        draft, drafts = _draft_rows(draft_logits, draft_probs, draft_rows, draft_temperature)
+        draft, drafts = _draft_rows(self, sampling_params, draft_logits, draft_probs, draft_rows, draft_temperature)
         inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
         return self._run("forward_ragged_from_logits", *inputs, ragged, processing, randomness, drafts)

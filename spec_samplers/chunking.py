@@ -27,8 +27,8 @@ import torch
 from spec_samplers.layout import VerifyBatch, request_slice
 
 if TYPE_CHECKING:  # spec_samplers.tree imports the base classes, which import this module
-    from spec_samplers.tree.layout import TreeBatch
-    from spec_samplers.tree.output import TreeOutput
+    from spec_samplers.layout import TreeBatch
+    from spec_samplers.output import TreeOutput
 
 #: vocabulary entries of target rows per chunk: 2**18, 1 MB of fp32 rows (at V = 4096 and K = 1,
 #: 32 requests). The references' temporaries peak near 14x a chunk; measured at B = 4096, V = 4096,
@@ -109,7 +109,7 @@ def run_tree_chunked(op: Callable[..., TreeOutput], tb: TreeBatch, **options: ob
     are the range its row maps span, read from them: free on the CPU, a synchronisation
     elsewhere). Target and draft rows are sliced alike, as flat indices they may share (the
     temperature of a logits row)."""
-    from spec_samplers.tree.output import TreeOutput
+    from spec_samplers.output import TreeOutput
 
     B = tb.batch_size
     step = requests_per_chunk(tb.num_nodes + 1, tb.vocab_size)

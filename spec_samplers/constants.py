@@ -1,4 +1,5 @@
-"""Constants shared by the PyTorch references, the Triton kernels and the engine adapters.
+"""Constants shared by the PyTorch references, the Triton kernels and the engine adapters, and the
+package's error type.
 
 Dependency-free on purpose: every layer may import it, so a value lives here once.
 """
@@ -36,6 +37,10 @@ ENTROPY_EPS = 1e-5
 #: ENTROPY_EPS as the fp32 value both backends add (V0 adds it to fp32 probabilities)
 ENTROPY_EPS_FP32 = fp32_value(ENTROPY_EPS)
 
+#: seeds drawn for unseeded rows lie in [0, SEED_HIGH) (spec_samplers.rng.row_seeds and the
+#: sampling operations' seed=None)
+SEED_HIGH = 2**62
+
 #: largest ``max_spec_len`` the ragged entries accept: the kernels hold a request's positions in
 #: one vector, and no speculative method drafts more tokens per step
 MAX_SPEC_LEN = 1024
@@ -49,3 +54,19 @@ SAMPLING_MASS_BITS = 40
 SAMPLING_MAX_VOCAB_SIZE = 2 ** (63 - SAMPLING_MASS_BITS)
 #: the largest finite fp32, which +inf logits become in the sampling operations
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+# --- the error every argument check raises ---
+
+
+class SpecSamplerInputError(ValueError, AssertionError):
+    """Bad sampler input.
+
+    Derives from ValueError (what new code should catch) and AssertionError (what code written
+    against vLLM V0's strict-mode asserts catches).
+    """
+
+
+def input_error(argument: str, expected: str, actual: object) -> SpecSamplerInputError:
+    """Error naming the argument, what was expected and what was given."""
+    return SpecSamplerInputError(f"{argument}: expected {expected}, got {actual}")

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import torch
 
 from spec_samplers.block import BlockVerificationSampler
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.kernels.multipath_launch import multipath_tree_triton
-from spec_samplers.tree.layout import TreeBatch
+from spec_samplers.layout import TreeBatch
 from spec_samplers.tree.multipath import multipath_tree_reference, paths_of
 
 

@@ -17,8 +17,14 @@ from collections.abc import Callable
 import torch
 
 from spec_samplers import rng
-from spec_samplers.constants import ENTROPY_EPS, ENTROPY_EPS_FP32, PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS, fp32_value
-from spec_samplers.errors import input_error
+from spec_samplers.constants import (
+    ENTROPY_EPS,
+    ENTROPY_EPS_FP32,
+    PLACEHOLDER_TOKEN_ID,
+    RESIDUAL_MASS_EPS,
+    fp32_value,
+    input_error,
+)
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.sampling.reference import filtered_softmax_reference

@@ -27,7 +27,8 @@ The streams (docs/design.md section 4), all numbered here so that no two uses sh
 * ``STREAM_ACCEPT``: counter = position i; words (0, 1) give the accept uniform of position i.
 * ``STREAM_RECOVER``: the two-level race (below) of the recovery and bonus draws, counter base
   position * 2**32.
-* ``STREAM_SAMPLE`` / ``STREAM_ROW_SEED``: the sampling operations (:mod:`spec_samplers.rng_sampling`).
+* ``STREAM_SAMPLE`` / ``STREAM_ROW_SEED``: the sampling operations (:func:`sample_race`,
+  :func:`derive_row_seeds`, below).
 * ``STREAM_DECODE_DRAFT`` / ``STREAM_DECODE_BONUS`` / ``STREAM_DECODE_STEP``: the decoding loop's
   draft tokens, bonus tokens and plain autoregressive steps (:mod:`spec_samplers.decoding`), laid
   out as ``STREAM_RECOVER`` (:func:`recovery_race` with ``stream=``).
@@ -108,6 +109,9 @@ import math
 
 import torch
 
+from spec_samplers.constants import SEED_HIGH, input_error
+from spec_samplers.validation import check_seed_tensor
+
 MASK32 = 0xFFFFFFFF
 
 #: Philox4x32 multipliers and Weyl key increments (Random123)
@@ -134,8 +138,6 @@ STREAM_DECODE_DRAFT = 4
 STREAM_DECODE_BONUS = 5
 STREAM_DECODE_STEP = 6
 
-#: seeds drawn for unseeded rows lie in [0, SEED_HIGH)
-SEED_HIGH = 2**62
 
 # --- precision constants (see the module docstring; tests/test_rng.py checks each) -------------
 #: random bits per accept uniform and per race exponential
@@ -578,3 +580,78 @@ def recovery_race(
 # node j's post-order test is accept_uniforms(seeds, offsets, N)[:, j - 1] (each node tested at
 # most once), its final draw the recovery race at the stop node's depth; on a chain these are
 # block verification's numbers (its h_m tests u_{m-1}).
+
+
+# --- The sampling operations (spec_samplers.sampling) ----------------------------------------------
+# The counter RNG as the FlashInfer-compatible sampling
+# operations use it (PyTorch side).
+#
+# Every token of :mod:`spec_samplers.sampling` is drawn by the package's one rule, the two-level
+# race (:func:`two_level_race`), keyed by (output row's seed, output row's offset)
+# on its own stream, STREAM_SAMPLE, with counter base 0, so sampling never reuses the verification
+# samplers' streams (STREAM_ACCEPT, STREAM_RECOVER), a row's token never depends on its batch
+# neighbours or on its row index, and the Triton kernels (``race_kernel`` and its finalize in
+# :mod:`spec_samplers.kernels.sampling_kernels`) reproduce it bit for bit.
+#
+# Seeds given as one scalar for the whole batch (FlashInfer's form) become per-row seeds here
+# (:func:`derive_row_seeds`): row r's seed is words (0, 1) of (seed, offset, counter r) on
+# STREAM_ROW_SEED, so rows sharing a scalar seed still draw independent streams, as FlashInfer's
+# per-row Philox subsequences do.
+
+
+def sample_race(
+    weights: torch.Tensor,  # [N, V] fp32: >= 0 for the kept tokens, 0 for the others
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+) -> torch.Tensor:
+    """[N] int64: a sample of each row of ``weights`` by the two-level race
+    (:func:`two_level_race`) on STREAM_SAMPLE with counter base 0 (level 1 at
+    counters LEVEL1_COUNTER + group // 2, level 2 at index-in-group // 2)."""
+    return two_level_race(weights, seeds, offsets, torch.zeros_like(seeds), STREAM_SAMPLE)
+
+
+def derive_row_seeds(seed: torch.Tensor, offset: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[num_rows] int64 seeds of rows sharing one scalar ``seed`` and ``offset`` (0-d or [1] int64
+    tensors): row r's seed is words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED."""
+    seeds = seed.reshape(1).to(torch.int64)
+    offsets = offset.reshape(1).to(torch.int64)
+    r = torch.arange(num_rows, device=seeds.device, dtype=torch.int64)
+    return derive_seeds(seeds, offsets, r, STREAM_ROW_SEED)
+
+
+def derive_seeds(seeds: torch.Tensor, offsets: torch.Tensor, counters: torch.Tensor, stream: int) -> torch.Tensor:
+    """int64 seeds (broadcast shape) made of words (0, 1) of (seed, offset, counter) on ``stream``."""
+    w0, w1, _, _ = philox_words(seeds, offsets, counters, stream)
+    hi = w1 - ((w1 >> 31) << 32)  # as a signed 32-bit value, so the product cannot overflow
+    return (hi * 2**32) | w0
+
+
+# --- Per-request seeds of the samplers (docs/design.md section 4) ------------------------------------
+def row_seeds(
+    batch_size: int,
+    device: torch.device,
+    seeded_seqs: dict[int, torch.Generator] | None = None,
+    seeds: torch.Tensor | None = None,  # [B] int64 on device
+) -> torch.Tensor:
+    """[B] int64 seeds: ``seeds`` if given, else drawn from torch's default generator; rows in
+    ``seeded_seqs`` draw theirs from their own generator, so re-seeding it reproduces the row.
+    No host synchronisation (the loop runs over the seeded rows, not the batch)."""
+    check_seed_tensor("seeds", seeds, batch_size, device)
+    if seeds is None:
+        out = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, device=device)
+    else:
+        out = seeds.to(torch.int64)
+    if not seeded_seqs:
+        return out
+    if seeds is not None:
+        out = out.clone()
+    rows, drawn = [], []
+    for row, gen in seeded_seqs.items():
+        if not isinstance(row, int) or not 0 <= row < batch_size:
+            raise input_error("seeded_seqs", f"row indices in [0, {batch_size})", repr(row))
+        if not isinstance(gen, torch.Generator):
+            raise input_error(f"seeded_seqs[{row}]", "a torch.Generator", type(gen).__name__)
+        rows.append(row)
+        drawn.append(torch.randint(0, SEED_HIGH, (1,), dtype=torch.int64, generator=gen, device=gen.device))
+    out[torch.tensor(rows, device=device)] = torch.cat([d.to(device) for d in drawn])
+    return out

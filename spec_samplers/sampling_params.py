@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.logits_processor import LogitsPipe, LogitsProcessor, MinP, Softmax, Temperature, TopK, TopP
 
 #: vLLM's _SAMPLING_EPS: a temperature below this is greedy sampling
@@ -62,7 +62,7 @@ class SamplingParams:
         >>> SamplingParams(top_p=0)
         Traceback (most recent call last):
         ...
-        spec_samplers.errors.SpecSamplerInputError: top_p: expected a number in (0, 1], got 0
+        spec_samplers.constants.SpecSamplerInputError: top_p: expected a number in (0, 1], got 0
     """
 
     temperature: float = 1.0

@@ -206,7 +206,7 @@ def multipath_launches():
     """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them,
     fp32 / bf16 / fp16 rows (logits reach them as fp32 probabilities)."""
     from spec_samplers.kernels.multipath_launch import plan_pick, plan_verify
-    from spec_samplers.tree.layout import TreeBatch
+    from spec_samplers.layout import TreeBatch
 
     B, K, L, V = 4, 3, 4, 5000
     N = K * L

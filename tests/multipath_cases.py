@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from spec_samplers.tree.layout import TreeBatch, node_depths, padded_maps
+from spec_samplers.layout import TreeBatch, node_depths, padded_maps
 from spec_samplers.tree.multipath import MultipathPlan, multipath_plan, path_parents
 
 

@@ -10,7 +10,7 @@ import torch
 
 import spec_samplers.sampling as sampling
 from spec_samplers import RejectionSampler, SamplingParams, TypicalAcceptanceSampler, custom_ops
-from spec_samplers.errors import SpecSamplerInputError
+from spec_samplers.constants import SpecSamplerInputError
 
 B, K, V = 3, 2, 40
 

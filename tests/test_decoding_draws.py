@@ -8,7 +8,7 @@ import torch
 
 from spec_samplers.bench.cost import trace
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, draw
-from spec_samplers.rng_sampling import derive_seeds
+from spec_samplers.rng import derive_seeds
 from spec_samplers.sampling.api import sampling_from_probs
 
 

@@ -8,9 +8,9 @@ import torch
 
 from spec_samplers import RejectionSampler, TypicalAcceptanceSampler, engine_seam
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
+from spec_samplers.constants import SpecSamplerInputError
 from spec_samplers.decoding.speculative import SpeculativeDecoder
 from spec_samplers.engine_seam import ENTRIES, bind, replace_engine_function
-from spec_samplers.errors import SpecSamplerInputError
 from spec_samplers.integrations.vllm.ragged import RaggedVerifier
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.logits_processor import LogitsPipe, Softmax, Temperature

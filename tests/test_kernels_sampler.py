@@ -9,7 +9,7 @@ from conftest import DEVICE, KERNEL_BACKEND  # noqa: E402
 from kernel_cases import make_case, ragged_view  # noqa: E402
 
 from spec_samplers import RejectionSampler, TypicalAcceptanceSampler  # noqa: E402
-from spec_samplers.errors import SpecSamplerInputError  # noqa: E402
+from spec_samplers.constants import SpecSamplerInputError  # noqa: E402
 from spec_samplers.registry import sampler_options  # noqa: E402
 
 

@@ -204,3 +204,32 @@ def test_the_table_is_read_from_the_architecture_page():
     assert (
         layer_of("spec_samplers.kernels.backend") < layer_of("spec_samplers.base") < layer_of("spec_samplers.rejection")
     )
+
+
+def test_tooling_stays_off_the_samplers_import_path():
+    """Importing the package, every sampler and the sampling operations loads none of the tooling
+    (bench/, certify/, the CLIs: layers 8-9 but the namespace), in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, spec_samplers\n"
+        "from spec_samplers import BlockVerificationSampler, MultipathBlockVerificationSampler\n"
+        "from spec_samplers import RejectionSampler, TypicalAcceptanceSampler, get_sampler\n"
+        "import spec_samplers.sampling, spec_samplers.tree\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('spec_samplers'))))\n"
+    )
+    env_path = str(PACKAGE.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=env_path),
+    )
+    loaded = out.stdout.split()
+    assert "spec_samplers.rejection" in loaded and "spec_samplers.sampling.api" in loaded
+    tooling = ("spec_samplers.bench", "spec_samplers.certify", "spec_samplers.cli", "spec_samplers.generate_cli")
+    tooling += ("spec_samplers.profile_cli",)
+    assert [m for m in loaded if m.startswith(tooling)] == []

@@ -230,7 +230,7 @@ def test_fp32_law_matches_float64_for_large_k(K):
     float64 up to K = 64 (peaked rows, many ties at the cap)."""
     from dataclasses import replace
 
-    from spec_samplers.tree.layout import TreeBatch, node_depths, padded_maps
+    from spec_samplers.layout import TreeBatch, node_depths, padded_maps
     from spec_samplers.tree.multipath import multipath_plan
 
     B, L, V = 6, 3, 50

@@ -12,8 +12,8 @@ from test_hf_generate import spec_kwargs
 from tiny_models import noisy_copy, tiny_llama
 
 from spec_samplers import SamplingParams
+from spec_samplers.constants import SpecSamplerInputError
 from spec_samplers.decoding import SpeculativeDecoder
-from spec_samplers.errors import SpecSamplerInputError
 from spec_samplers.integrations.transformers import HFLanguageModel
 from spec_samplers.sampling_params import process_logits
 

@@ -16,7 +16,7 @@ from sampling_cases import FILTERS, filter_kwargs
 from stats_helpers import CHI2_ALPHA, binomial_bound, chi2_pvalue
 
 import spec_samplers.sampling as sampling
-from spec_samplers.errors import SpecSamplerInputError
+from spec_samplers.constants import SpecSamplerInputError
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.reference import rejection_reference
 from spec_samplers.sampling import reference as ref

@@ -232,8 +232,7 @@ def test_every_sampling_kernel_variant_compiles_for_sm90(tmp_path):
 @pytest.mark.parametrize("seed", [0, 7, -(2**63), 2**63 - 1])
 def test_row_seeds_kernel_equals_pytorch_philox(seed):
     """derive_row_seeds on CUDA runs one kernel; its seeds are the PyTorch Philox's, bit for bit."""
-    from spec_samplers.rng import STREAM_ROW_SEED
-    from spec_samplers.rng_sampling import derive_seeds
+    from spec_samplers.rng import STREAM_ROW_SEED, derive_seeds
 
     s = torch.tensor([seed], dtype=torch.int64)
     o = torch.tensor([(seed * 31 + 5) % 2**62], dtype=torch.int64)

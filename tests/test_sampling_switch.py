@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import spec_samplers.sampling as sampling
-from spec_samplers.errors import SpecSamplerInputError
+from spec_samplers.constants import SpecSamplerInputError
 
 B, V = 5, 40
 

@@ -26,7 +26,7 @@ from tree_cases import (
 )
 
 from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingParams, TypicalAcceptanceSampler
-from spec_samplers.errors import SpecSamplerInputError
+from spec_samplers.constants import SpecSamplerInputError
 
 B = 12000
 #: the exact tree rules: the entry tests run on each (their laws: here and tests/test_tree_block.py)

@@ -10,9 +10,9 @@ from stats_helpers import CHI2_ALPHA, chi2_pvalue
 from tiny_models import noisy_copy, tiny_llama
 
 from spec_samplers import SamplingParams
+from spec_samplers.constants import SpecSamplerInputError
 from spec_samplers.decoding import SpeculativeDecoder
 from spec_samplers.decoding.tree_drafting import NodeBudget, as_tree_shape, static_parents
-from spec_samplers.errors import SpecSamplerInputError
 from spec_samplers.integrations.transformers import HFLanguageModel
 from spec_samplers.sampling_params import process_logits
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers.tree.layout import clean_parents, node_depths
+from spec_samplers.layout import clean_parents, node_depths
 
 #: tree shapes of the exactness tests (parent of node j = 1..N)
 SHAPES = {

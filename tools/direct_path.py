@@ -3,19 +3,24 @@
 
 Subcommands (run from the checkout root with ``PYTHONPATH=$PWD``):
 
-* ``levels [--json F]``: for a fixed list of calls on small CPU tensors, run with
-  ``backend="triton"`` under ``TRITON_INTERPRET=1``, the Python stack at every Triton kernel launch,
-  caught with ``sys.setprofile`` at the call of Triton's ``InterpretedFunction.run`` (what
-  ``kernel[grid](...)`` calls under the interpreter), without patching anything. Kept: the
-  spec_samplers frames (files under the package directory) from the public entry down to the
-  frame that made the launch. Per call: levels (those frames, the entry included; max over the
-  call's launches), their qualified names, the distinct files on the path, the launches (kernel
-  names in order) and the package files whose functions ran during the call ("touched").
+* ``levels [--json F] [--detail] [--call NAME]``: for a fixed list of calls on small CPU tensors, run
+  with ``backend="triton"`` under ``TRITON_INTERPRET=1``, what a reader follows per call, on a warm
+  call (the second: imports and once-per-process work done), caught with ``sys.setprofile``
+  without patching anything: the package files and functions the call executes on the host
+  ("touched", "functions"; what runs inside a launch is the kernel, interpreted, and is not
+  counted), and the Python stack at every Triton launch (the call of Triton's
+  ``InterpretedFunction.run``, what ``kernel[grid](...)`` calls under the interpreter): the
+  spec_samplers frames from the public entry down to the frame that made the launch. Per call:
+  levels (those frames, the entry included; max over the call's launches), their qualified names,
+  the distinct files on the path, the launches (kernel names in order); ``--detail`` lists the
+  functions. The last line: files and functions per call over the sampler entries, and the
+  targets (issue 40: mean files <= 5, functions <= 15).
 * ``launches [--json F] [--time N]``: per level call, the launches a GPU would run, counted on the same CPU
   tensors planned as for a 132-SM GPU (``planned_for(LaunchConfig(num_sms=132, kernels=True,
   launches=[...]))``: the Triton launches are recorded, not run) plus the eager PyTorch ops the call
-  runs (:class:`EagerCounter`, a dispatch mode: every aten op but views and allocations), and the
-  host syncs; with ``--time``, the host microseconds per call with the launches recorded (median).
+  runs (``spec_samplers.bench.cost.trace.OpCounter``, a dispatch mode: every aten op but views and
+  allocations; the counter of tests/test_host_syncs.py and benchmarks/host_overhead.py), and the host
+  syncs; with ``--time``, the host microseconds per call with the launches recorded (median).
 * ``params [--json F]``: the largest function parameter counts in spec_samplers (ast).
 * ``dups [--json F]``: the ``duplicates`` tool over spec_samplers/ (pair count and pairs).
 * ``signatures --out F``: ``inspect.signature`` of every public name, as sorted JSON.
@@ -120,13 +125,20 @@ def package_path(frame: Any, anchor: Any, package_dir: Path = PKG_DIR) -> list[F
 
 
 def record(fn: Callable[..., Any], *args: Any, package_dir: Path = PKG_DIR, **kwargs: Any) -> tuple[Any, Recording]:
-    """Run ``fn(*args, **kwargs)``; return its result and the stack of each Triton launch."""
+    """Run ``fn(*args, **kwargs)``; return its result, the stack of each Triton launch and the host
+    code it ran: package functions called outside the launches (what runs inside one is the kernel,
+    interpreted: device code, not counted as host functions)."""
     launch_codes = _launch_codes()
     rec = Recording()
     seen: set[Any] = set()
     anchor = sys._getframe()
+    launching: list[Any] = []  # the launch frame while a kernel runs
 
     def profile(frame: Any, event: str, arg: Any) -> None:
+        if launching:
+            if event == "return" and frame is launching[0]:
+                launching.clear()
+            return
         if event != "call":
             return
         code = frame.f_code
@@ -136,6 +148,7 @@ def record(fn: Callable[..., Any], *args: Any, package_dir: Path = PKG_DIR, **kw
             kernel = frame.f_locals["self"]
             name = getattr(getattr(kernel, "fn", None), "__name__", type(kernel).__name__)
             rec.launches.append(Launch(name, package_path(frame.f_back, anchor, package_dir)))
+            launching.append(frame)
         elif code not in seen:
             seen.add(code)
             if in_package(code.co_filename, package_dir):
@@ -384,6 +397,7 @@ def measure_levels(calls: list[Call] | None = None, package_dir: Path = PKG_DIR)
     rows = []
     for call in level_calls() if calls is None else calls:
         t0 = time.perf_counter()
+        call.fn(*call.args, **call.kwargs)  # a warm call: imports and once-per-process work done
         _, rec = record(call.fn, *call.args, package_dir=package_dir, **call.kwargs)
         deepest = rec.deepest()
         rows.append(
@@ -407,6 +421,11 @@ def measure_levels(calls: list[Call] | None = None, package_dir: Path = PKG_DIR)
 #: the most package frames from a public entry (included) to a launch (issue 28)
 LIMIT = 3
 
+#: what a reader should follow per call (issue 40): files executed per call (mean over the sampler
+#: entries) and package functions executed per call (each sampler entry)
+FILES_TARGET = 5
+FUNCTIONS_TARGET = 15
+
 
 def violations(rows: list[dict[str, Any]], limit: int = LIMIT) -> list[str]:
     """What breaks the direct-path rule in ``measure_levels`` rows: more than ``limit`` package
@@ -424,7 +443,20 @@ def violations(rows: list[dict[str, Any]], limit: int = LIMIT) -> list[str]:
     return found
 
 
-def levels_text(rows: list[dict[str, Any]]) -> str:
+def sampler_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the chain sampler entries (not the tree entries, not the sampling operations)."""
+    return [r for r in rows if not r["call"].startswith("sampling.") and "tree" not in r["entry"]]
+
+
+def per_call(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Files and functions executed per call over ``rows``: the mean and the largest of each."""
+    files = [len(r["touched"]) for r in rows]
+    funcs = [len(r["functions"]) for r in rows]
+    return dict(mean_files=sum(files) / len(rows), max_files=max(files),
+                mean_functions=sum(funcs) / len(rows), max_functions=max(funcs))  # fmt: skip
+
+
+def levels_text(rows: list[dict[str, Any]], detail: bool = False) -> str:
     lines = ["call | levels | files on path | launches | files touched | functions run | path"]
     for r in rows:
         kernels = ", ".join(r["launches"]) or "(none)"
@@ -432,56 +464,20 @@ def levels_text(rows: list[dict[str, Any]]) -> str:
             f"{r['call']} | {r['levels']} | {len(r['files'])} | {len(r['launches'])}: {kernels} | "
             f"{len(r['touched'])} | {len(r['functions'])} | {' -> '.join(r['path'])}"
         )
-    sampler = [r for r in rows if not r["call"].startswith("sampling.") and "tree" not in r["entry"]]
+        if detail:
+            lines += [f"    {f}" for f in r["functions"]]
+    sampler = sampler_rows(rows)
     if sampler:
-        files = sum(len(r["touched"]) for r in sampler) / len(sampler)
-        funcs = sum(len(r["functions"]) for r in sampler) / len(sampler)
-        n = len(sampler)
-        lines.append(f"sampler entries ({n}): mean files touched {files:.1f}, mean functions run {funcs:.1f}")
+        m = per_call(sampler)
+        lines.append(
+            f"sampler entries ({len(sampler)}): mean files touched {m['mean_files']:.1f} (max {m['max_files']}), "
+            f"mean functions run {m['mean_functions']:.1f} (max {m['max_functions']}); "
+            f"targets: mean files <= {FILES_TARGET}, functions <= {FUNCTIONS_TARGET} per call"
+        )
     return "\n".join(lines)
 
 
 # -- launches -----------------------------------------------------------------------------------------
-
-#: aten ops that launch nothing on a GPU: views and allocations
-NOT_LAUNCHES = {
-    "view", "_unsafe_view", "expand", "select", "slice", "reshape", "unsqueeze", "squeeze", "permute", "t",
-    "transpose", "unbind", "alias", "as_strided", "detach", "lift_fresh", "split", "diagonal", "empty",
-    "empty_strided", "empty_like",
-}  # fmt: skip
-
-
-def _dispatch_mode() -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    return TorchDispatchMode
-
-
-class EagerCounter(_dispatch_mode()):  # type: ignore[misc]
-    """Counts what a call runs besides its Triton launches: eager ops (every aten op that is not a
-    view or an allocation: each is a kernel launch on a GPU), host syncs (``_local_scalar_dense``:
-    ``.item()``, ``bool(t)``) and host-to-device copies (``copies``: non_blocking or not)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.eager: dict[str, int] = {}
-        self.syncs: list[str] = []
-        self.copies: list[bool] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        if name == "_local_scalar_dense":
-            self.syncs.append(name)
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if name in ("copy_", "_to_copy") and any(t.device.type == "cpu" for t in tensors):
-            target = args[0].device if name == "copy_" else torch.device(kwargs.get("device") or "cpu")
-            if target.type == "cuda":
-                blocking = not (kwargs.get("non_blocking") or (name == "copy_" and len(args) > 2 and args[2]))
-                self.copies.append(not blocking)
-        if func.namespace == "aten" and name not in NOT_LAUNCHES:
-            self.eager[name] = self.eager.get(name, 0) + 1
-        return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -500,8 +496,10 @@ def count_launches(call: Call) -> dict[str, Any]:
     written."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from spec_samplers.bench.cost.trace import OpCounter
+
     recorded: list[Any] = []
-    counter = EagerCounter()
+    counter = OpCounter()
     with FakeTensorMode(allow_non_fake_inputs=True), planned_gpu(recorded):
         call.fn(*call.args, **call.kwargs)
         recorded.clear()
@@ -844,6 +842,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name in ("levels", "params", "dups", "launches"):
         sub.add_parser(name).add_argument("--json", help="also write the rows to this file")
+    sub.choices["levels"].add_argument("--detail", action="store_true", help="list each call's functions")
+    sub.choices["levels"].add_argument("--call", action="append", help="only this call (repeatable)")
     sub.choices["launches"].add_argument("--time", type=int, default=0, help="median host us over N more calls")
     sub.add_parser("signatures").add_argument("--out", required=True)
     sub.add_parser("corpus").add_argument("--out", required=True)
@@ -856,8 +856,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with _quiet_warnings():
         if args.cmd == "levels":
-            rows: Any = measure_levels()
-            print(levels_text(rows))
+            names = set(args.call or ())
+            rows: Any = measure_levels([c for c in level_calls() if c.name in names] if names else None)
+            print(levels_text(rows, detail=args.detail))
         elif args.cmd == "launches":
             rows = measure_launches(repeat=args.time)
             print(launches_text(rows))

@@ -22,13 +22,13 @@ from typing import Any, ClassVar
 import torch
 
 from spec_samplers.block import BlockVerificationSampler
+from spec_samplers.layout import TreeBatch, as_probabilities
+from spec_samplers.output import TreeOutput, finish_walk
+from spec_samplers.output import at as _at
+from spec_samplers.output import seeds_of as _seeds
 from spec_samplers.rejection import RejectionSampler
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import valid_ids
-from spec_samplers.tree.layout import TreeBatch, as_probabilities
-from spec_samplers.tree.output import TreeOutput, finish_walk
-from spec_samplers.tree.output import at as _at
-from spec_samplers.tree.output import seeds_of as _seeds
 from spec_samplers.tree.reference import gather_rows
 
 

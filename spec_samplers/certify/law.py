@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.sampling_params import SamplingParams, process_logits
 
 PROCESSINGS = ("vllm", "transformers")

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 
 #: prompts (token ids) certify uses on the tiny pair; every id is below the smallest vocabulary allowed
 TINY_PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3), (4, 5), (6, 7, 8, 9))

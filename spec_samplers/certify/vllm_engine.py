@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.sampling_params import SamplingParams
 
 #: vLLM's draft_sample_method values (V1 runner): the drafter's argmax, or a sample of its softmax at T

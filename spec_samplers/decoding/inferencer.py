@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.interfaces import (
     PAD_TOKEN_ID,
     DecodeOutput,
@@ -24,7 +25,6 @@ from spec_samplers.decoding.output import (
     stop_token_ids,
 )
 from spec_samplers.decoding.strategy import SampleStrategy, request_seeds
-from spec_samplers.errors import input_error
 from spec_samplers.sampling_params import SamplingParams
 
 

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.interfaces import PAD_TOKEN_ID, KVState
-from spec_samplers.errors import input_error
 
 
 class QueryLayout(NamedTuple):

@@ -8,8 +8,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.interfaces import PAD_TOKEN_ID, LanguageModel
-from spec_samplers.errors import input_error
 from spec_samplers.sampling_params import SamplingParams, as_params_list
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.interfaces import KVCache, KVState
 from spec_samplers.decoding.kv_cache import TensorKVCache
-from spec_samplers.errors import input_error
 
 
 def lookup_next(history: list[int], max_ngram_size: int) -> int:

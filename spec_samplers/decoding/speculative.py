@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, input_error
 from spec_samplers.decoding.interfaces import LanguageModel
 from spec_samplers.decoding.output import (
     GenerationOutput,
@@ -36,10 +36,9 @@ from spec_samplers.decoding.rounds import begin_rounds, fit_vocab, for_draft
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, derive_seed
 from spec_samplers.decoding.tree_drafting import NodeBudget, as_tree_shape, generate_tree
 from spec_samplers.engine_seam import bind
-from spec_samplers.errors import input_error
+from spec_samplers.layout import check_policy
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams
-from spec_samplers.tree.layout import check_policy
 
 
 class SpeculativeDecoder:

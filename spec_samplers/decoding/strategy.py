@@ -17,7 +17,7 @@ from typing import cast
 import torch
 
 from spec_samplers import rng as _rng
-from spec_samplers.rng_sampling import derive_seeds
+from spec_samplers.rng import derive_seeds
 from spec_samplers.sampling_params import (
     SamplingParams,
     SamplingTensors,

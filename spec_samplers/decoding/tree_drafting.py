@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.output import RoundTarget, left_pad, model_device
 from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
 from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy
-from spec_samplers.errors import input_error
 
 if TYPE_CHECKING:
     from spec_samplers.decoding.output import GenerationOutput, GenerationStart

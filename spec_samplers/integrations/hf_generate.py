@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.output import RoundTarget
 from spec_samplers.decoding.prompt_lookup import PromptLookupDrafter
 from spec_samplers.decoding.speculative import SpeculativeDecoder
 from spec_samplers.decoding.tree_drafting import NodeBudget
-from spec_samplers.errors import input_error
 from spec_samplers.sampling_params import SamplingParams
 
 #: the warpers read back into SamplingParams, by transformers class name

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.decoding.interfaces import KVCache, KVState
 from spec_samplers.decoding.kv_cache import SlotKVCache, _gather_slots
-from spec_samplers.errors import input_error
 from spec_samplers.integrations.hf_generate import SpeculativeGenerate
 
 __all__ = [

@@ -18,7 +18,7 @@ Two launches, grid (B,), one program per request, around the one step that needs
    accumulated in float64 and rounded once), the scalar recursions of rho, a and r at the picked
    token, the accept tests with the chain's uniforms, then one more pass that writes the
    residual at the accepted length tau and the argmax of its target row. The launcher draws the
-   final token with the package's race (:func:`spec_samplers.tree.output.finish_walk`).
+   final token with the package's race (:func:`spec_samplers.output.finish_walk`).
 
 ``enable_fp_fusion=False`` at launch: a + r F and rho q - p~ must round like the reference's
 separate multiply and add (an FMA would change the last bit and, rarely, a token).

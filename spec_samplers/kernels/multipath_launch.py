@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.kernels.backend import LaunchConfig, launches_to_run
 from spec_samplers.kernels.launch_common import KernelLaunch, vocab_contiguous
-from spec_samplers.tree.layout import TreeBatch, as_probabilities
+from spec_samplers.layout import TreeBatch, as_probabilities
+from spec_samplers.output import TreeOutput, seeds_of
 from spec_samplers.tree.multipath import finish_multipath, multipath_tree_reference, visited_cdf
-from spec_samplers.tree.output import TreeOutput, seeds_of
 
 #: vocabulary block of the per-request passes
 MULTIPATH_BLOCK_V = 256

@@ -53,7 +53,7 @@ from spec_samplers.kernels.common import (
 )
 from spec_samplers.kernels.rng import group_tile, pick_group, precise_exp, race_in_group, random_words
 from spec_samplers.kernels.softmax_kernels import row_partials
-from spec_samplers.rng_sampling import STREAM_ROW_SEED, STREAM_SAMPLE
+from spec_samplers.rng import STREAM_ROW_SEED, STREAM_SAMPLE
 
 _MASS_SCALE = tl.constexpr(float(2**SAMPLING_MASS_BITS))
 _FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)
@@ -795,7 +795,7 @@ def row_seeds_kernel(
     BLOCK: tl.constexpr,
 ):
     """Row r's seed: words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED, as one int64
-    (:func:`spec_samplers.rng_sampling.derive_row_seeds`, in one launch)."""
+    (:func:`spec_samplers.rng.derive_row_seeds`, in one launch)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     w0, w1, _, _ = random_words(tl.load(seed_ptr), tl.load(offset_ptr), r.to(tl.int64), _STREAM_ROW_SEED)
     seed = (w1.to(tl.uint64) << 32) | w0.to(tl.uint64)

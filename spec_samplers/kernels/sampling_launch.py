@@ -89,7 +89,7 @@ def _blocks(split: VocabSplit) -> dict[str, object]:
 def row_seeds_triton(
     seed: torch.Tensor, offset: torch.Tensor, num_rows: int, *, config: LaunchConfig | None = None
 ) -> torch.Tensor:
-    """Kernel twin of :func:`spec_samplers.rng_sampling.derive_row_seeds` (seed, offset: [1]
+    """Kernel twin of :func:`spec_samplers.rng.derive_row_seeds` (seed, offset: [1]
     int64): one launch where the PyTorch path runs Philox as ~90 small ops."""
     from spec_samplers.kernels import sampling_kernels as sk
     from spec_samplers.kernels.launch_common import KernelLaunch

@@ -10,7 +10,7 @@ Each tried child costs gathered scalars; a rejected one one vocabulary pass (the
 its float64 mass); an accepted one none (greedy rows: one argmax pass at the new node). At the
 end the program writes the stop node, the residual there, whether its target row has mass and
 its argmax; the launcher draws the final token from that residual with the package's race
-(:func:`spec_samplers.tree.output.final_draw`), so the draw follows the one rule of rng.py.
+(:func:`spec_samplers.output.final_draw`), so the draw follows the one rule of rng.py.
 Logits inputs (``temp_ptr`` given) are read through the softmax rule of
 :func:`spec_samplers.torch_ops.probs_from_logits`, with each visited row's statistics computed on
 entering its node (two vocabulary passes), so no probability tensor is written.

@@ -1,6 +1,6 @@
 """Launchers of the tree kernels (:mod:`spec_samplers.kernels.tree_kernels`): shapes, strides,
 scratch, one launch by keyword, then the final draw and output through
-:func:`spec_samplers.tree.output.finish_walk` (the same code the reference finishes with).
+:func:`spec_samplers.output.finish_walk` (the same code the reference finishes with).
 
 This module does not import triton: each launcher imports its kernel, so a sampler can name the
 launcher (``tree_kernel = staticmethod(rejection_tree_triton)``) and ``import spec_samplers``
@@ -13,8 +13,8 @@ import torch
 from spec_samplers.constants import fp32_value
 from spec_samplers.kernels.backend import LaunchConfig, interpreting, launches_to_run
 from spec_samplers.kernels.launch_common import KernelLaunch
-from spec_samplers.tree.layout import TreeBatch, as_probabilities
-from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
+from spec_samplers.layout import TreeBatch, as_probabilities
+from spec_samplers.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
 
 #: vocabulary block of the per-request loops
 TREE_BLOCK_V = 256

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from spec_samplers import rng
-from spec_samplers.constants import fp32_value
-from spec_samplers.errors import input_error
+from spec_samplers.constants import fp32_value, input_error
 from spec_samplers.kernels import block_kernels as bk
 from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels import rejection_kernels as rk

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
 from spec_samplers.logits_processor.op import Op
 from spec_samplers.logits_processor.types import TaggedTensor, TensorType
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from spec_samplers import validation
+from spec_samplers.constants import input_error
 from spec_samplers.engine_seam import BoundSampler, bind
-from spec_samplers.errors import input_error
 from spec_samplers.layout import RowLayout
 from spec_samplers.logits_processor.compiler import (
     FusionRule,

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from spec_samplers import custom_ops
+from spec_samplers import validation as checks  # the sampling operations' checks (second part)
 from spec_samplers.kernels import sampling_launch
 from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
-from spec_samplers.rng_sampling import derive_row_seeds
-from spec_samplers.sampling import checks, reference
+from spec_samplers.rng import derive_row_seeds
+from spec_samplers.sampling import reference
 
 SampleResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 

@@ -23,7 +23,7 @@ finds exactly the same kept set, whatever order it visits the vocabulary in:
   (:func:`spec_samplers.rng.two_level_race`): a group of RACE_GROUP tokens by its fp64 sum of
   kept weights, then a token of that group, argmax_x (w_x * 2**32) / E_x, with Exp(1) variables
   from 64 random bits keyed by (row seed, row offset) on the sampling stream of the Philox
-  generator (:mod:`spec_samplers.rng_sampling`), ties to the lowest index. It reads no running
+  generator (:mod:`spec_samplers.rng`), ties to the lowest index. It reads no running
   sum, so it too is independent of the visiting order.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_samplers import rng_sampling
+from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX
 from spec_samplers.constants import SAMPLING_MASS_BITS as MASS_BITS
 from spec_samplers.torch_ops import clean_probs, probs_from_logits, reciprocal_sum, scaled_exp
@@ -239,11 +239,11 @@ def race(
     offsets: torch.Tensor,  # [B] int64
 ) -> torch.Tensor:
     """[B] int64: a sample of the kept weights, normalised, by the two-level race
-    (:func:`spec_samplers.rng_sampling.sample_race`). Rows without kept mass give some index
+    (:func:`spec_samplers.rng.sample_race`). Rows without kept mass give some index
     (callers mark them invalid)."""
     # a token left out weighs 0: it never wins level 1 (its group's sum leaves it out) nor
     # level 2 against a kept token of positive weight
-    return rng_sampling.sample_race(torch.where(kept, weights, 0.0), seeds, offsets)
+    return rng.sample_race(torch.where(kept, weights, 0.0), seeds, offsets)
 
 
 def sample_reference(
@@ -275,7 +275,7 @@ def sample_reference(
     row_ok = (rows >= 0) & (rows < R)
     values, weights = values_and_weights(x[rows.clamp(0, R - 1)], logits, owned=True)
     if top_k is None and top_p is None and min_p is None:  # no filter: every token is kept
-        tokens = rng_sampling.sample_race(weights, seeds, offsets)
+        tokens = rng.sample_race(weights, seeds, offsets)
     else:
         tau, _ = filter_threshold(values, weights, top_k, top_p, min_p, joint, fast)
         tokens = race(weights, values >= tau[:, None], seeds, offsets)

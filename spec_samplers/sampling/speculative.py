@@ -1,19 +1,21 @@
 """FlashInfer's ``chain_speculative_sampling``, run by this package's lossless rejection sampler.
 
-Kept apart from :mod:`spec_samplers.sampling.api` because it sits above the samplers (it runs
-:class:`spec_samplers.RejectionSampler`'s op), while the sampling operations sit below them (the
-samplers' ``sampling_params=`` processing runs on those operations; see tests/test_layers.py).
+It runs the rejection sampler's op (its kernels, its reference's compiled CPU twin or its reference,
+chosen as :meth:`spec_samplers.base.SpecDecodeBaseSampler._choose_op` does) without the sampler
+class, so the sampling package stays below the samplers (their ``sampling_params=`` processing
+runs on its operations; see tests/test_layers.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.chunking import run_chunked
+from spec_samplers.constants import input_error
 from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
 from spec_samplers.kernels.sampling_launch import row_seeds_triton
-from spec_samplers.rng_sampling import derive_row_seeds
-from spec_samplers.sampling import checks
+from spec_samplers.rng import derive_row_seeds
+from spec_samplers.validation import resolve_seeds
 
 
 def chain_speculative_sampling(
@@ -48,8 +50,10 @@ def chain_speculative_sampling(
         >>> target = torch.softmax(torch.randn(B, n + 1, V), -1)
         >>> out, accepted, emitted = sampling.chain_speculative_sampling(draft, ids, target)
     """
+    from spec_samplers.cpu import compiled_op, run_compiled
+    from spec_samplers.kernels.rejection_launch import rejection_triton
     from spec_samplers.layout import VerifyBatch
-    from spec_samplers.reference import rejection_accepts_reference
+    from spec_samplers.reference import rejection_accepts_reference, rejection_reference
     from spec_samplers.validation import check_metadata, require_tensor
 
     require_tensor("draft_token_ids", draft_token_ids)
@@ -69,29 +73,24 @@ def chain_speculative_sampling(
                 name, f"None or a tensor of shape ({B},) on {device}", getattr(t, "shape", type(t).__name__)
             )
         counters.append(t)
-    seeds, offsets, shared_offset = checks.resolve_seeds(seed, offset, generator, B, device)
+    seeds, offsets, shared_offset = resolve_seeds(seed, offset, generator, B, device)
+    config = launch_config()
+    kernels = use_triton(check_backend(backend), device, config)
     if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
-        config = launch_config()
-        if use_triton(check_backend(backend), device, config):  # the kernels' path: the kernel twin
+        if kernels:  # the kernels' path: the kernel twin
             seeds = row_seeds_triton(seeds, shared_offset, B, config=config)
         else:
             seeds = derive_row_seeds(seeds, shared_offset, B)
     batch = VerifyBatch.padded(target_probs, bonus, draft_probs, draft_token_ids, seeds=seeds, offsets=offsets)
-    out = _rejection_sampler(backend).verify(batch)
+    compiled = compiled_op(rejection_reference, device) if backend == "auto" else None
+    if kernels:
+        out = rejection_triton(batch, config=config)
+    elif compiled is not None:  # CPU tensors: the reference's compiled twin (spec_samplers.cpu)
+        out = run_compiled(compiled, batch)
+    else:
+        out = run_chunked(rejection_reference, batch)
     accepted = rejection_accepts_reference(batch).sum(dim=1)
     emitted = (out != -1).sum(dim=1) - 1
     counters[0].add_(accepted.to(counters[0].dtype))
     counters[1].add_(emitted.to(counters[1].dtype))
     return out.to(torch.int32), counters[0], counters[1]
-
-
-_REJECTION_SAMPLERS: dict[str, torch.nn.Module] = {}
-
-
-def _rejection_sampler(backend: str):  # -> RejectionSampler
-    """One RejectionSampler per backend: its op (reference or kernels) verifies the chain."""
-    if backend not in _REJECTION_SAMPLERS:
-        from spec_samplers.rejection import RejectionSampler
-
-        _REJECTION_SAMPLERS[backend] = RejectionSampler(backend=check_backend(backend))
-    return _REJECTION_SAMPLERS[backend]

@@ -2,10 +2,10 @@
 
 ``forward_tree`` (padded), ``forward_tree_ragged`` (flattened trees with cumulative node
 counts) and their ``*_from_logits`` twins (``temperature`` or ``sampling_params=``) validate,
-resolve seeds, describe the call as a :class:`~spec_samplers.tree.layout.TreeBatch`, run the
+resolve seeds, describe the call as a :class:`~spec_samplers.layout.TreeBatch`, run the
 sampler's tree op (``tree_kernel`` when the Triton backend runs, else ``tree_reference``) and
 update the counters (``num_accepted_per_position`` counts per depth). Layout:
-:mod:`spec_samplers.tree.layout`; rules and their exactness: :mod:`spec_samplers.tree.reference`.
+:mod:`spec_samplers.layout`; rules and their exactness: :mod:`spec_samplers.tree.reference`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ import torch
 
 from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _sampling_filters
 from spec_samplers.chunking import run_tree_chunked
-from spec_samplers.errors import input_error
-from spec_samplers.sampling.reference import filtered_softmax_reference
-from spec_samplers.sampling_params import SamplingParams
-from spec_samplers.torch_ops import probs_from_logits
-from spec_samplers.tree.layout import (
+from spec_samplers.constants import input_error
+from spec_samplers.layout import (
     TreeBatch,
     as_parents,
     check_parents_values,
@@ -33,7 +30,10 @@ from spec_samplers.tree.layout import (
     ragged_maps,
     static_max_depth,
 )
-from spec_samplers.tree.output import TreeOutput
+from spec_samplers.output import TreeOutput
+from spec_samplers.sampling.reference import filtered_softmax_reference
+from spec_samplers.sampling_params import SamplingParams
+from spec_samplers.torch_ops import probs_from_logits
 from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_temperature, require_tensor
 
 
@@ -74,7 +74,7 @@ class TreeEntries(SpecDecodeBaseSampler):
     sampler without a tree rule sets ``tree_unsupported`` to the reason; its entries raise
     :class:`NotImplementedError` with it.
 
-    Every entry returns :class:`~spec_samplers.tree.output.TreeOutput` ``(token_ids [B, D+1],
+    Every entry returns :class:`~spec_samplers.output.TreeOutput` ``(token_ids [B, D+1],
     node_ids [B, D])`` int64, -1 padded, D = ``max_depth`` (default: the trees' depth, read from
     ``parents``; that is a host read when ``parents`` is a device tensor, so engines pass it).
     """
@@ -104,7 +104,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         seeded_seqs: dict[int, torch.Generator] | None = None,
         is_greedy: torch.Tensor | None = None,  # [B] bool
     ) -> TreeOutput:
-        """Verify one draft tree per request (layout: :mod:`spec_samplers.tree.layout`).
+        """Verify one draft tree per request (layout: :mod:`spec_samplers.layout`).
 
         ``draft_sampling`` says how each node's children were drawn from its draft row:
         ``"independent"`` (i.i.d.), ``"without_replacement"`` (sequentially, drawn tokens
@@ -146,7 +146,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         seeded_seqs: dict[int, torch.Generator] | None = None,
         is_greedy: torch.Tensor | None = None,
     ) -> TreeOutput:
-        """Trees of different sizes, flattened (layout: :mod:`spec_samplers.tree.layout`). Same
+        """Trees of different sizes, flattened (layout: :mod:`spec_samplers.layout`). Same
         tokens as :meth:`forward_tree` on the same trees padded (and seeds)."""
         tb = self._ragged_batch(
             target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling,
@@ -380,7 +380,7 @@ class TreeEntries(SpecDecodeBaseSampler):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(is_greedy [B], target rows, draft rows, temperature per row [R] or None). Without
         SamplingParams filters the rows stay logits (the kernels apply the softmax as they read;
-        the references call :func:`~spec_samplers.tree.layout.as_probabilities`); with filters
+        the references call :func:`~spec_samplers.layout.as_probabilities`); with filters
         they are processed into probabilities here."""
         if (temperature is None) == (sampling_params is None):
             raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params= (one of them)", None)

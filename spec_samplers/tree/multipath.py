@@ -48,7 +48,7 @@ child among equal keys, while the CDF orders ties by token id) the picked path n
 law p~ and the output is lossy (``tests/test_multipath.py`` shows both by exact enumeration).
 
 Random numbers: h_m tests the accept uniform of counter m - 1, the final draw is the recovery
-race at depth tau (:func:`spec_samplers.tree.output.final_draw`): with K = 1 these are the chain
+race at depth tau (:func:`spec_samplers.output.final_draw`): with K = 1 these are the chain
 block verification's, token for token. Greedy rows follow the argmax walk of
 :func:`spec_samplers.tree.reference.rejection_tree_walk`. Cost: L sorts of a vocabulary row (the
 order's CDF) and O(K) vocabulary passes per position. The Triton twin
@@ -63,12 +63,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from spec_samplers.errors import input_error
+from spec_samplers.constants import input_error
+from spec_samplers.layout import TreeBatch, as_probabilities
+from spec_samplers.output import TreeOutput, at, finish_walk
 from spec_samplers.reference import block_thresholds
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import valid_ids
-from spec_samplers.tree.layout import TreeBatch, as_probabilities
-from spec_samplers.tree.output import TreeOutput, at, finish_walk
 from spec_samplers.tree.reference import rejection_tree_walk
 
 
@@ -302,7 +302,7 @@ def finish_multipath(
 ) -> TreeOutput:
     """The tail shared with the kernel launcher: greedy rows follow the argmax walk of
     :func:`spec_samplers.tree.reference.rejection_tree_walk`, then the final draw and the output
-    (:func:`spec_samplers.tree.output.finish_walk`)."""
+    (:func:`spec_samplers.output.finish_walk`)."""
     if tb.is_greedy is not None:
         g_stop, g_r, g_ok, g_arg = rejection_tree_walk(replace(tb, is_greedy=torch.ones_like(tb.is_greedy)))
         g = tb.is_greedy

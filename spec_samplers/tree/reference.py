@@ -42,7 +42,7 @@ for an accepted one; the final race reads one residual row.
 
 Random numbers: child j (node index) tests u_j = the accept uniform of counter j - 1 (stream
 STREAM_ACCEPT; each node is tried at most once); the final draw is the recovery race at the stop
-node's depth (:func:`spec_samplers.tree.output.final_draw`). For a chain (parents 0, 1, .., k-1)
+node's depth (:func:`spec_samplers.output.final_draw`). For a chain (parents 0, 1, .., k-1)
 these are the chain sampler's numbers, so the chain given as a tree emits the chain entry's
 tokens (with an out-of-range bonus id, which makes the chain sample its bonus row).
 
@@ -57,13 +57,13 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, RESIDUAL_MASS_EPS
+from spec_samplers.layout import TreeBatch, as_probabilities
+from spec_samplers.output import TreeOutput, finish_walk, path_to, tree_output
+from spec_samplers.output import at as _at
+from spec_samplers.output import seeds_of as _seeds
 from spec_samplers.reference import typical_accepts
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import clean_probs, valid_ids
-from spec_samplers.tree.layout import TreeBatch, as_probabilities
-from spec_samplers.tree.output import TreeOutput, finish_walk, path_to, tree_output
-from spec_samplers.tree.output import at as _at
-from spec_samplers.tree.output import seeds_of as _seeds
 
 
 def gather_rows(flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -56,11 +56,11 @@ from dataclasses import replace
 import torch
 
 from spec_samplers.constants import RESIDUAL_MASS_EPS
+from spec_samplers.layout import TreeBatch, as_probabilities
+from spec_samplers.output import TreeOutput, at, finish_walk, seeds_of
 from spec_samplers.reference import block_thresholds
 from spec_samplers.rng import accept_uniforms
 from spec_samplers.torch_ops import valid_ids
-from spec_samplers.tree.layout import TreeBatch, as_probabilities
-from spec_samplers.tree.output import TreeOutput, at, finish_walk, seeds_of
 from spec_samplers.tree.reference import _mass, gather_rows, rejection_tree_walk
 
 

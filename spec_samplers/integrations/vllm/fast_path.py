@@ -43,7 +43,7 @@ from spec_samplers.integrations.vllm.ragged import (
     well_formed_requests,
 )
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
-from spec_samplers.seeding import row_seeds
+from spec_samplers.rng import row_seeds
 
 
 def bonus_row_verifiable(sampler: torch.nn.Module) -> bool:

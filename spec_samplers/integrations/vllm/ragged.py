@@ -28,8 +28,8 @@ import sys
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.engine_seam import bind
-from spec_samplers.errors import input_error
 from spec_samplers.layout import ragged_layout
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID, build_output, num_leading_accepted
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from spec_samplers.constants import input_error
 from spec_samplers.engine_seam import replace_engine_function
-from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.fast_path import plain_step, verify_plain_step
 from spec_samplers.integrations.vllm.min_p_logit_bias import (  # noqa: F401 (their home before the move: still importable here)
     add_logit_bias_to_draft_rows,
@@ -44,7 +44,7 @@ from spec_samplers.integrations.vllm.ragged import (
     seam_verifier,
     well_formed_requests,
 )
-from spec_samplers.seeding import row_seeds
+from spec_samplers.rng import row_seeds
 
 
 def make_rejection_sample(sampler: torch.nn.Module, vllm_rejection_sample: Callable[..., torch.Tensor]):

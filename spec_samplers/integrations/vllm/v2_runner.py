@@ -57,8 +57,8 @@ import torch
 
 from spec_samplers import rng
 from spec_samplers.bonus_rows import chunk_outputs_reference, well_formed_chunk
+from spec_samplers.constants import input_error
 from spec_samplers.engine_seam import replace_engine_function
-from spec_samplers.errors import input_error
 from spec_samplers.integrations.vllm.fast_path import (
     NEEDS_MORE_ATTRIBUTE,
     answers_of,
