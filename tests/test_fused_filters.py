@@ -139,5 +139,5 @@ def test_filtered_plan_runs_the_filter_kernel_and_writes_no_probabilities(gen):
         for name, arg in launch.args.items():
             if name == "scratch_ptr":  # the searches' candidates: at most SEARCH_SCRATCH a row, whatever V
                 assert arg.shape[-1] <= min(V, sampling_kernels.SEARCH_SCRATCH)
-            elif isinstance(arg, torch.Tensor) and name not in ("target_ptr", "draft_ptr", "x_ptr"):
+            elif isinstance(arg, torch.Tensor) and name not in ("target_ptr", "draft_ptr", "x_ptr", "d_ptr"):
                 assert arg.shape[-1] != V or arg.dim() < 2, f"{launch.name}.{name}: a [.., V] buffer"

@@ -47,6 +47,7 @@ def test_sampling_params_entries_run_no_eager_op():
         row = dp.count_launches(_CALLS[name])
         assert row["eager"] == 0 and row["triton"].count("filter_cut") == 1, (name, row["triton"], row["eager_ops"])
 
+
 #: the sampling operations' launches, exactly: the thresholds (every filter in one launch, the
 #: parameters normalised in its prologue) or the logits' row max, then the race and its finalize
 #: (which derives a shared seed's row seeds); or the thresholds / statistics, then the output
@@ -126,13 +127,22 @@ def _sampling_forms():
         "sampling_from_probs[seed=1]": (sp.sampling_from_probs, (probs,), dict(seed=1), 2),
         "sampling_from_probs[seed=None]": (sp.sampling_from_probs, (probs,), {}, 3),  # the draw: randint
         "sampling_from_logits[indices, seed, offset]": (
-            sp.sampling_from_logits, (logits,), dict(indices=idx, seed=5, offset=9), 3,
+            sp.sampling_from_logits,
+            (logits,),
+            dict(indices=idx, seed=5, offset=9),
+            3,
         ),
         "top_k_sampling_from_probs[5, seed tensor]": (
-            sp.top_k_sampling_from_probs, (probs, 5), dict(seed=torch.arange(3)), 3,
+            sp.top_k_sampling_from_probs,
+            (probs, 5),
+            dict(seed=torch.arange(3)),
+            3,
         ),
         "top_k_top_p_sampling_from_logits[int32, fp16]": (
-            sp.top_k_top_p_sampling_from_logits, (logits, k32, p16), dict(seed=3, offset=torch.arange(3)), 3,
+            sp.top_k_top_p_sampling_from_logits,
+            (logits, k32, p16),
+            dict(seed=3, offset=torch.arange(3)),
+            3,
         ),
         "min_p_sampling_from_probs[0.1]": (sp.min_p_sampling_from_probs, (probs, 0.1), dict(seed=2), 3),
         "softmax[None]": (sp.softmax, (logits,), {}, 2),
