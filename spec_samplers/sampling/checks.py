@@ -283,10 +283,10 @@ def kernel_seeds(
         offsets = _int64_scalar("offset", offset)
     if seed is None:
         gen_device = generator.device if generator is not None else device
-        seeds = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, generator=generator, device=gen_device)
-        return dict(seeds=seeds.to(device), offsets=offsets, derive=False)
+        drawn = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, generator=generator, device=gen_device)
+        return dict(seeds=drawn.to(device), offsets=offsets, derive=False)
     if isinstance(seed, torch.Tensor):
-        seeds: torch.Tensor | int = _seed_tensor("seed", seed, batch_size, device)
+        seeds = _seed_tensor("seed", seed, batch_size, device)
         return dict(seeds=seeds, offsets=offsets, derive=seed.shape[0] != batch_size)
     return dict(seeds=_int64_scalar("seed", seed), offsets=offsets, derive=True)
 
