@@ -5,9 +5,10 @@ Each search kernel is compiled for sm_90 here (no GPU: ``spec_samplers.bench.cos
 the issue cycles of each loop body read from its SASS; a PyTorch emulation of the search's
 decisions on the GPU profile's rows (V = 128256; bf16 randn logits) gives the trip counts (passes,
 candidates). Cost = sum of loop cycles x warps x trips (warp-issue cycles per row; straight-line
-code left out). The old kernels come from git (``--old-rev``, the commit before the change).
+code left out). Both kernels come from git (``--old-rev``, the commit before the change,
+``--new-rev``, a commit with it).
 
-    TRITON_INTERPRET= python benchmarks/search_cost_model.py [--old-rev 0e58db8]
+    TRITON_INTERPRET= python benchmarks/search_cost_model.py [--old-rev 0e58db8] [--new-rev 0ac3ec0]
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 
 from spec_samplers.bench.cost import sass  # noqa: E402
-from spec_samplers.kernels import sampling_kernels as new_sk  # noqa: E402
 
 V = 128256
 PIVOTS = 16
@@ -112,9 +112,12 @@ def trips(v: torch.Tensor, lo: float, hi: float, mode: int, k: int = 0, top_p: f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old-rev", default="0e58db8")
+    # (the scratch-row search as it landed: search_kernel has since become thresholds_kernel, which
+    # runs the same searches after a min/max pass of its own)
+    ap.add_argument("--new-rev", default="0ac3ec0")
     ap.add_argument("--rows", type=int, default=5)
     args = ap.parse_args()
-    old_sk = _old_module(args.old_rev)
+    old_sk, new_sk = _old_module(args.old_rev), _old_module(args.new_rev)
     g = torch.Generator().manual_seed(0)
     top_k, cut = [], []
     for _ in range(args.rows):

@@ -34,7 +34,7 @@ from spec_samplers.kernels.backend import check_backend, launch_config, use_trit
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.rng import row_seeds
-from spec_samplers.sampling_params import SamplingParams, process_logits, sampling_tensors
+from spec_samplers.sampling_params import SamplingParams, filter_tensors, process_logits, sampling_tensors
 from spec_samplers.validation import Shapes
 
 #: positions the counters' buffer has room for at construction (a larger k grows it once)
@@ -88,12 +88,9 @@ def _sampling_filters(
     sampling_params: SamplingParams | Sequence[SamplingParams], batch_size: int, device: torch.device
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(temperature [B] fp32, 0 on greedy requests; {top_k, top_p, min_p} [B] each, or {} when no
-    request filters): what a sampler that applies the filters itself reads from a VerifyBatch."""
-    params = sampling_tensors(sampling_params, batch_size, device)
-    temperature = torch.where(params.is_greedy, 0.0, params.temperature)
-    if not (params.any_min_p or params.any_top_k or params.any_top_p):
-        return temperature, {}
-    return temperature, dict(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+    request filters): what a sampler that applies the filters itself reads from a VerifyBatch
+    (no kernel: :func:`spec_samplers.sampling_params.filter_tensors`)."""
+    return filter_tensors(sampling_params, batch_size, device)
 
 
 class SpecDecodeBaseSampler(torch.nn.Module):

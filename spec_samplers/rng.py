@@ -104,7 +104,6 @@ gather; first call well under a second (``benchmarks/recovery_floor.py``).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -257,9 +256,19 @@ def _make_philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Te
     return mult[0], mult[1], weyl
 
 
-@functools.cache
+_CPU_PHILOX: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
 def _cpu_philox_constants() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _make_philox_constants(torch.device("cpu"))
+    global _CPU_PHILOX
+    if _CPU_PHILOX is not None:
+        return _CPU_PHILOX
+    consts = _make_philox_constants(torch.device("cpu"))
+    # Made under a fake-tensor mode (the launch counters plan calls on fake tensors), they hold no
+    # values: kept, they would give every later call garbage words. Keep only plain tensors.
+    if all(type(c) is torch.Tensor for c in consts):
+        _CPU_PHILOX = consts
+    return consts
 
 
 def _check_stream(stream: int) -> None:

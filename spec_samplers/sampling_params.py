@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from spec_samplers.constants import input_error
@@ -202,6 +203,35 @@ def sampling_tensors(
         any_greedy=any(greedy),
         all_greedy=all(greedy) and num_rows > 0,
     )
+
+
+def filter_tensors(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_rows: int, device: torch.device | str
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(temperature [N] fp32, 0 on greedy rows; {top_k [N] int64, top_p, min_p [N] fp32}, or {}
+    when no row filters): what a sampler that applies the filters itself reads (``VerifyBatch``).
+
+    Every field is final on the host (fp32 rounded as a device ``.to(torch.float32)`` rounds), in
+    one buffer, so the call costs one copy to the device and no kernel: the fields are views."""
+    rows = as_params_list(sampling_params, num_rows)
+    width = -(-num_rows // 4) * 4  # each field 16-byte aligned, as a tensor of its own would be
+    host = np.zeros(5 * width, dtype=np.float32)  # 3 fp32 fields, then top_k as int64 (2 words)
+    fields = host[: 3 * width].reshape(3, width)
+    fields[0, :num_rows] = [0.0 if p.is_greedy else p.temperature for p in rows]
+    fields[1, :num_rows] = [p.top_p for p in rows]
+    fields[2, :num_rows] = [p.min_p for p in rows]
+    host[3 * width :].view(np.int64)[:num_rows] = [max(p.top_k, 0) for p in rows]
+    packed = torch.from_numpy(host)
+    device = torch.device(device)
+    if device.type == "cuda":
+        packed = packed.pin_memory()  # the copy below then does not wait for the device
+    packed = packed.to(device, non_blocking=True)
+    floats = packed[: 3 * width].view(3, width)
+    temperature = floats[0, :num_rows]
+    if not any(p.min_p > 0 or p.top_k > 0 or p.top_p < 1 for p in rows):
+        return temperature, {}
+    top_k = packed[3 * width :].view(torch.int64)[:num_rows]
+    return temperature, dict(top_k=top_k, top_p=floats[1, :num_rows], min_p=floats[2, :num_rows])
 
 
 @functools.cache

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -403,9 +404,9 @@ def check_no_nan(name: str, t: torch.Tensor) -> None:
 def resolve_rows(
     indices: object, num_input_rows: int, device: torch.device, check_values: bool, input_name: str
 ) -> tuple[torch.Tensor | None, int, torch.dtype]:
-    """(rows [B] int64: the input row of each output, B, output dtype). Without ``indices`` the
-    outputs are the input rows (rows None: the kernels need no index tensor) and int32; with it,
-    one output per entry, of its dtype."""
+    """(rows [B]: the input row of each output, ``indices`` as given (int32 or int64), B, output
+    dtype). Without ``indices`` the outputs are the input rows (rows None: the kernels need no
+    index tensor) and int32; with it, one output per entry, of its dtype."""
     if indices is None:
         return None, num_input_rows, torch.int32
     if not isinstance(indices, torch.Tensor):
@@ -422,7 +423,7 @@ def resolve_rows(
             raise input_error(
                 "indices", f"row indices in [0, {num_input_rows}) ({input_name} rows)", lo if lo < 0 else hi
             )
-    return indices.to(torch.int64), indices.shape[0], indices.dtype
+    return indices, indices.shape[0], indices.dtype
 
 
 def flashinfer_shape_sentence(t: torch.Tensor, batch_size: int) -> str:
@@ -463,53 +464,109 @@ def _float_scalar(name: str, value: object) -> float:
     return float(value)
 
 
+# Each per-request parameter has two forms: ``*_arg`` checks it and leaves it as given (a [B]
+# tensor, any real dtype; a Python scalar made canonical on the host), which the kernels read and
+# normalise in their prologue (no eager op per call); ``canonical_*`` makes the [B] tensor the
+# PyTorch reference and the custom ops read. Both apply the same rules.
+
+
+def top_k_arg(top_k: object, batch_size: int, vocab_size: int, device: torch.device) -> torch.Tensor | int:
+    """top_k as the kernels read it: a checked [B] tensor, or an int with 0 meaning "keep every
+    token" (FlashInfer: top_k <= 0 or >= V disables)."""
+    if isinstance(top_k, torch.Tensor):
+        return _param_tensor("top_k", top_k, batch_size, device)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise input_error("top_k", "an int or a tensor", type_name(top_k))
+    return top_k if 0 < top_k < vocab_size else 0
+
+
 def canonical_top_k(top_k: object, batch_size: int, vocab_size: int, device: torch.device) -> torch.Tensor:
     """[B] int64 top_k; 0 means "keep every token" (FlashInfer: top_k <= 0 or >= V disables).
 
     A tensor of any real dtype is read as FlashInfer reads it (``.int()``): floating values are
     truncated toward zero, booleans are 0 / 1; NaN keeps every token."""
-    if isinstance(top_k, torch.Tensor):
-        t = _param_tensor("top_k", top_k, batch_size, device)
-        if t.is_floating_point():  # truncate as .int() does, with NaN / inf defined (never a huge int)
-            t = torch.nan_to_num(t.double(), nan=0.0, posinf=vocab_size, neginf=0.0).clamp(-1, vocab_size).trunc()
-        t = t.to(torch.int64)
-        return torch.where((t <= 0) | (t >= vocab_size), 0, t)
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise input_error("top_k", "an int or a tensor", type_name(top_k))
-    # (a Python int: the same rule on the host, one fill on the device)
-    return torch.full((batch_size,), top_k if 0 < top_k < vocab_size else 0, dtype=torch.int64, device=device)
+    t = top_k_arg(top_k, batch_size, vocab_size, device)
+    if isinstance(t, int):
+        return torch.full((batch_size,), t, dtype=torch.int64, device=device)
+    if t.is_floating_point():  # truncate as .int() does, with NaN / inf defined (never a huge int)
+        t = torch.nan_to_num(t.double(), nan=0.0, posinf=vocab_size, neginf=0.0).clamp(-1, vocab_size).trunc()
+    t = t.to(torch.int64)
+    return torch.where((t <= 0) | (t >= vocab_size), 0, t)
+
+
+def top_p_arg(top_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor | float:
+    """top_p as the kernels read it: a checked [B] tensor (its values checked in (0, 1] with
+    ``check_values``, a host synchronisation), or a float in (0, 1]."""
+    if isinstance(top_p, torch.Tensor):
+        t = _param_tensor("top_p", top_p, batch_size, device)
+        if check_values and batch_size:
+            f = t.to(torch.float32)
+            bad = ~((f > 0) & (f <= 1))
+            if bool(bad.any()):
+                raise input_error("top_p", "values in (0, 1]", float(f[bad][0]))
+        return t
+    value = _float_scalar("top_p", top_p)
+    if not 0.0 < value <= 1.0:
+        raise input_error("top_p", "a value in (0, 1]", value)
+    return value
 
 
 def canonical_top_p(top_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor:
     """[B] fp32 top_p in (0, 1]. Unchecked tensor values: NaN and values > 1 keep everything,
     values <= 0 keep only the most probable tokens."""
-    if isinstance(top_p, torch.Tensor):
-        t = _param_tensor("top_p", top_p, batch_size, device).to(torch.float32)  # any real dtype (.float())
+    t = top_p_arg(top_p, batch_size, device, check_values)
+    if not isinstance(t, torch.Tensor):
+        return torch.full((batch_size,), t, dtype=torch.float32, device=device)
+    t = t.to(torch.float32)  # any real dtype (.float())
+    return torch.where(torch.isnan(t) | (t > 1), 1.0, t)
+
+
+def min_p_arg(min_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor | float:
+    """min_p as the kernels read it: a checked [B] tensor (values checked in [0, 1] with
+    ``check_values``), or a float in [0, 1]."""
+    if isinstance(min_p, torch.Tensor):
+        t = _param_tensor("min_p", min_p, batch_size, device)
         if check_values and batch_size:
-            bad = ~((t > 0) & (t <= 1))
+            f = t.to(torch.float32)
+            bad = ~((f >= 0) & (f <= 1))
             if bool(bad.any()):
-                raise input_error("top_p", "values in (0, 1]", float(t[bad][0]))
-        return torch.where(torch.isnan(t) | (t > 1), 1.0, t)
-    value = _float_scalar("top_p", top_p)
-    if not 0.0 < value <= 1.0:
-        raise input_error("top_p", "a value in (0, 1]", value)
-    return torch.full((batch_size,), value, dtype=torch.float32, device=device)
+                raise input_error("min_p", "values in [0, 1]", float(f[bad][0]))
+        return t
+    value = _float_scalar("min_p", min_p)
+    if not 0.0 <= value <= 1.0:
+        raise input_error("min_p", "a value in [0, 1]", value)
+    return value
 
 
 def canonical_min_p(min_p: object, batch_size: int, device: torch.device, check_values: bool) -> torch.Tensor:
     """[B] fp32 min_p in [0, 1]. Unchecked tensor values: NaN counts as 0 (keep everything);
     values > 1 keep only the most probable tokens, negative values keep everything."""
-    if isinstance(min_p, torch.Tensor):
-        t = _param_tensor("min_p", min_p, batch_size, device).to(torch.float32)  # any real dtype (.float())
+    t = min_p_arg(min_p, batch_size, device, check_values)
+    if not isinstance(t, torch.Tensor):
+        return torch.full((batch_size,), t, dtype=torch.float32, device=device)
+    t = t.to(torch.float32)  # any real dtype (.float())
+    return torch.where(torch.isnan(t), 0.0, t)
+
+
+def temperature_arg(
+    temperature: object, batch_size: int, device: torch.device, check_values: bool
+) -> torch.Tensor | float:
+    """The temperature as the kernels read it: a checked [B] tensor (values checked finite and
+    >= 0 with ``check_values``), or a finite float >= 0 (None: 1)."""
+    if temperature is None:
+        return 1.0
+    if isinstance(temperature, torch.Tensor):
+        t = _param_tensor("temperature", temperature, batch_size, device)
         if check_values and batch_size:
-            bad = ~((t >= 0) & (t <= 1))
+            f = t.to(torch.float32)
+            bad = ~(torch.isfinite(f) & (f >= 0))
             if bool(bad.any()):
-                raise input_error("min_p", "values in [0, 1]", float(t[bad][0]))
-        return torch.where(torch.isnan(t), 0.0, t)
-    value = _float_scalar("min_p", min_p)
-    if not 0.0 <= value <= 1.0:
-        raise input_error("min_p", "a value in [0, 1]", value)
-    return torch.full((batch_size,), value, dtype=torch.float32, device=device)
+                raise input_error("temperature", "finite values >= 0 (0 = one-hot of the argmax)", float(f[bad][0]))
+        return t
+    value = _float_scalar("temperature", temperature)
+    if not (math.isfinite(value) and value >= 0):
+        raise input_error("temperature", "a finite value >= 0 (0 = one-hot of the argmax)", value)
+    return value
 
 
 def canonical_temperature(
@@ -517,19 +574,11 @@ def canonical_temperature(
 ) -> torch.Tensor:
     """[B] fp32 temperature >= 0 (0: one-hot of the argmax). Unchecked tensor values that are not
     finite or negative act as 1."""
-    if temperature is None:
-        return torch.ones((batch_size,), dtype=torch.float32, device=device)
-    if isinstance(temperature, torch.Tensor):
-        t = _param_tensor("temperature", temperature, batch_size, device).to(torch.float32)
-        if check_values and batch_size:
-            bad = ~(torch.isfinite(t) & (t >= 0))
-            if bool(bad.any()):
-                raise input_error("temperature", "finite values >= 0 (0 = one-hot of the argmax)", float(t[bad][0]))
-        return torch.where(torch.isfinite(t) & (t >= 0), t, 1.0)
-    value = _float_scalar("temperature", temperature)
-    if not (math.isfinite(value) and value >= 0):
-        raise input_error("temperature", "a finite value >= 0 (0 = one-hot of the argmax)", value)
-    return torch.full((batch_size,), value, dtype=torch.float32, device=device)
+    t = temperature_arg(temperature, batch_size, device, check_values)
+    if not isinstance(t, torch.Tensor):
+        return torch.full((batch_size,), t, dtype=torch.float32, device=device)
+    t = t.to(torch.float32)
+    return torch.where(torch.isfinite(t) & (t >= 0), t, 1.0)
 
 
 def check_filter_order(filter_apply_order: object) -> bool:
@@ -554,17 +603,17 @@ def _seed_tensor(name: str, t: torch.Tensor, batch_size: int, device: torch.devi
         raise input_error(name, "dtype torch.int64 (or torch.int32)", t.dtype)
     if t.device != device:
         raise input_error(name, f"device {device}", f"device {t.device}")
-    return t.to(torch.int64)
+    return t
 
 
-def resolve_seeds(
+def kernel_seeds(
     seed: object, offset: object, generator: object, batch_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(seeds, offsets [B] int64, shared offset) on ``device``, without host synchronisation.
-    When the shared offset is None, row b uses (seeds[b], offsets[b]); otherwise ``seeds`` is one
-    [1] seed for the batch, and row b's seed is derived from (seeds, shared offset [1], b)
-    (:func:`spec_samplers.rng.derive_row_seeds`, or its kernel twin
-    ``sampling_launch.row_seeds_triton``: the caller runs one or the other).
+) -> dict[str, Any]:
+    """The randomness of a call as the race's kernels read it, without a device op (except the
+    draw of seed None): ``seeds`` and ``offsets`` ([B] or [1] int32/int64 tensors, or Python
+    ints) and ``derive``: True when ``seeds`` is one seed for the batch, from which the kernel
+    derives row b's seed (with the shared offset, or offset 0 when the offsets are per row).
+    The rules are :func:`resolve_seeds`'s:
 
     * seed and offset as [B] tensors: row b uses (seed[b], offset[b]), so its token depends on
       nothing else (FlashInfer reads element 0 only);
@@ -579,21 +628,38 @@ def resolve_seeds(
     """
     if generator is not None and not isinstance(generator, torch.Generator):
         raise input_error("generator", "a torch.Generator or None", type_name(generator))
-    if offset is None:
-        offsets = torch.zeros((1,), dtype=torch.int64, device=device)
-    elif isinstance(offset, torch.Tensor):
+    offsets: torch.Tensor | int = 0
+    if isinstance(offset, torch.Tensor):
         offsets = _seed_tensor("offset", offset, batch_size, device)
-    else:
-        offsets = torch.full((1,), _int64_scalar("offset", offset), dtype=torch.int64, device=device)
+    elif offset is not None:
+        offsets = _int64_scalar("offset", offset)
     if seed is None:
         gen_device = generator.device if generator is not None else device
-        seeds = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, generator=generator, device=gen_device)
-        return seeds.to(device), offsets.expand(batch_size).contiguous(), None
+        drawn = torch.randint(0, SEED_HIGH, (batch_size,), dtype=torch.int64, generator=generator, device=gen_device)
+        return dict(seeds=drawn.to(device), offsets=offsets, derive=False)
     if isinstance(seed, torch.Tensor):
         seeds = _seed_tensor("seed", seed, batch_size, device)
-    else:
-        seeds = torch.full((1,), _int64_scalar("seed", seed), dtype=torch.int64, device=device)
-    if seeds.shape[0] == batch_size and (isinstance(seed, torch.Tensor) or batch_size == 0):
+        return dict(seeds=seeds, offsets=offsets, derive=seed.shape[0] != batch_size)
+    return dict(seeds=_int64_scalar("seed", seed), offsets=offsets, derive=True)
+
+
+def resolve_seeds(
+    seed: object, offset: object, generator: object, batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`kernel_seeds` as tensors, for the PyTorch paths: (seeds, offsets [B] int64, shared
+    offset). When the shared offset is None, row b uses (seeds[b], offsets[b]); otherwise
+    ``seeds`` is one [1] seed for the batch, and row b's seed is derived from (seeds, shared
+    offset [1], b) (:func:`spec_samplers.rng_sampling.derive_row_seeds`, or its kernel twin
+    ``sampling_launch.row_seeds_triton``: the caller runs one or the other)."""
+    plan = kernel_seeds(seed, offset, generator, batch_size, device)
+
+    def as_tensor(value: torch.Tensor | int) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value.to(torch.int64)
+        return torch.full((1,), value, dtype=torch.int64, device=device)
+
+    seeds, offsets = as_tensor(plan["seeds"]), as_tensor(plan["offsets"])
+    if not plan["derive"]:
         return seeds, offsets.expand(batch_size).contiguous(), None
     if offsets.shape[0] != 1:
         # per-row offsets with one shared seed: each row keeps its own offset, seeds still decorrelated

@@ -53,11 +53,28 @@ def record_launches() -> list:
                 out_dtype=torch.int64 if long else torch.int32,  # the tokens' dtype
                 config=config,
             )
+        # the forms callers give: Python scalars, parameter tensors of other dtypes, int32 rows,
+        # one seed for the batch (derived in the kernel) with a scalar or per-row offsets
+        scalars = dict(top_k=5, top_p=0.9, min_p=0.1)
+        tensors = dict(top_k=torch.empty(B, dtype=torch.float32, device=META), top_p=k, min_p=k)
+        randomness = [
+            dict(seeds=7, offsets=0, derive=True),
+            dict(seeds=torch.empty(1, **i64), offsets=seeds, derive=True),
+            dict(seeds=torch.empty(B, dtype=torch.int32, device=META), offsets=2**40),
+        ]
+        for params, rnd in itertools.product((scalars, tensors), randomness):
+            indices = torch.empty(B, dtype=torch.int32, device=META)
+            sl.sample_triton(x=x, rows=indices, **rnd, **params, split=split, out_dtype=torch.int32, config=config)
         for out_dtype in (torch.float32, dtype):
             sl.renorm_triton(probs=x, top_k=k, out_dtype=out_dtype, split=split, config=config)
             sl.renorm_triton(probs=x, top_p=p, out_dtype=out_dtype, split=split, config=config)
+            sl.renorm_triton(probs=x, top_k=5, out_dtype=out_dtype, split=split, config=config)
+            sl.renorm_triton(probs=x, top_p=0.5, out_dtype=out_dtype, split=split, config=config)
         sl.mask_logits_triton(logits=x, top_k=k, split=split, config=config)
+        sl.mask_logits_triton(logits=x, top_k=3, split=split, config=config)
         sl.softmax_triton(logits=x, temperature=p, split=split, config=config)
+        sl.softmax_triton(logits=x, temperature=0.7, split=split, config=config)
+        sl.softmax_triton(logits=x, temperature=rows, split=split, config=config)
     sl.row_seeds_triton(torch.empty(1, **i64), torch.empty(1, **i64), B, config=config)
     return recorded
 

@@ -27,7 +27,7 @@ import spec_samplers.sampling as sampling
 from spec_samplers import RejectionSampler, SamplingParams
 from spec_samplers.bench.cost.trace import OpCounter
 from spec_samplers.kernels import backend, launch_common
-from spec_samplers.sampling_params import sampling_tensors
+from spec_samplers.sampling_params import filter_tensors, sampling_tensors
 
 _Counter = OpCounter  # (shared with benchmarks/host_overhead.py: one definition of an eager launch)
 
@@ -56,22 +56,27 @@ CASES = {
     # name: (make the call, eager ops at most, the Triton launches)
     "sampling_from_probs": (
         lambda: (lambda p: lambda: sampling.sampling_from_probs(p, seed=1, backend="triton"))(_probs()),
-        3,
-        ["row_seeds", "race", "race_finalize"],  # (unfiltered probabilities need no row statistics)
+        0,  # (the race's finalize derives the rows' seeds of a scalar seed)
+        ["race", "race_finalize"],  # (unfiltered probabilities need no row statistics)
     ),
     "top_k_sampling_from_probs": (
         lambda: (lambda p: lambda: sampling.top_k_sampling_from_probs(p, 50, seed=1, backend="triton"))(_probs()),
-        8,
-        ["row_seeds", "stats", "search", "race", "race_finalize"],
+        0,  # (a Python top_k stays a kernel argument)
+        ["thresholds", "race", "race_finalize"],
     ),
     "softmax": (
         lambda: (lambda x: lambda: sampling.softmax(x, 0.8, backend="triton"))(torch.randn(2, 4096, device="cuda")),
-        2,
+        0,
         ["stats", "softmax"],  # (the softmax kernel combines the statistics' block partials itself)
     ),
     "sampling_tensors": (
         lambda: lambda: sampling_tensors(SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05), 3, "cuda"),
         4,
+        [],
+    ),
+    "filter_tensors": (  # what the samplers that apply the filters read: final values, views only
+        lambda: lambda: filter_tensors(SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05), 3, "cuda"),
+        1,  # the one non-blocking host-to-device copy
         [],
     ),
 }

@@ -112,7 +112,6 @@ def test_pivot_search_finds_the_exact_threshold(kind, scratch, monkeypatch):
     rows = torch.arange(B, device=DEVICE)
     top_k = torch.arange(B, device=DEVICE)  # 0 (off) .. V (off)
     top_p = torch.linspace(0.0, 1.0, B, device=DEVICE).float()
-    split = _split(V, B, SPLITS[0])
     values, weights = ref.values_and_weights(xs, logits)
     for kw in (dict(top_k=top_k), dict(top_p=top_p), dict(top_k=top_k, top_p=top_p)):
         want, want_mass = ref.filter_threshold(values, weights, kw.get("top_k"), kw.get("top_p"), None, fast=False)
@@ -124,7 +123,6 @@ def test_pivot_search_finds_the_exact_threshold(kind, scratch, monkeypatch):
             kw.get("top_p"),
             None,
             False,
-            split,
             need_kept_mass=len(kw) == 1,
         )
         assert torch.equal(got, want), (kw.keys(), got, want)
@@ -145,7 +143,7 @@ def test_search_needs_at_most_max_passes():
         top_k = torch.tensor([k], device=DEVICE)
         want, _ = ref.filter_threshold(values, weights, top_k, None, None)
         got, _, _ = sl.thresholds_triton(
-            x, torch.zeros(1, dtype=torch.int64, device=DEVICE), True, top_k, None, None, False, _split(V, 1, SPLITS[1])
+            x, torch.zeros(1, dtype=torch.int64, device=DEVICE), True, top_k, None, None, False
         )
         assert torch.equal(got, want), k
 
@@ -241,3 +239,68 @@ def test_row_seeds_kernel_equals_pytorch_philox(seed):
     got = sl.row_seeds_triton(s.to(DEVICE), o.to(DEVICE), n)
     assert torch.equal(got.cpu(), want)
     assert sl.row_seeds_triton(s.to(DEVICE), o.to(DEVICE), 0).shape == (0,)
+
+
+PARAM_DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.bfloat16, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", PARAM_DTYPES, ids=str)
+def test_kernels_normalise_parameters_as_given_like_the_reference(dtype):
+    """The kernels read per-request parameters as the caller gave them (any real dtype, NaN,
+    +-inf, out of range) and normalise them in their prologue: the same outputs as the reference,
+    which reads the canonical tensors (validation.canonical_*)."""
+    B, V = 5, 24
+    probs = _rows("probs", B, V, seed=21)
+    logits = _rows("logits", B, V, seed=22)
+    floating = dtype.is_floating_point
+    k = [2.9, float("nan"), float("inf"), -1.5, 30.0] if floating else [2, 0, 1, 7, 1]
+    p = [0.5, float("nan"), 2.0, 0.25, 1.0] if floating else [1, 0, 1, 1, 0]
+    m = [0.1, float("nan"), 0.0, 0.5, 1.0] if floating else [0, 1, 0, 0, 1]
+    t = [0.7, float("nan"), float("inf"), -1.0, 0.0] if floating else [1, 0, 2, 1, 0]
+    k, p, m, t = (torch.tensor(v, dtype=torch.float64).to(dtype).to(DEVICE) for v in (k, p, m, t))
+    if dtype == torch.bool:
+        k, p, m, t = (v.to(torch.bool) for v in (k, p, m, t))
+    seeds, offsets = _params(B, V, seed=9)[3:]
+    rnd = dict(seed=seeds, offset=offsets)
+    calls = [
+        lambda **b: sampling.top_k_sampling_from_probs(probs, k, **rnd, return_valid=True, **b),
+        lambda **b: sampling.top_p_sampling_from_probs(probs, p, **rnd, **b),
+        lambda **b: sampling.min_p_sampling_from_probs(probs, m, **rnd, **b),
+        lambda **b: sampling.top_k_top_p_sampling_from_logits(logits, k, p, **rnd, **b),
+        lambda **b: sampling.top_k_renorm_probs(probs, k, **b),
+        lambda **b: sampling.top_p_renorm_probs(probs, p, **b),
+        lambda **b: sampling.top_k_mask_logits(logits, k, **b),
+    ]
+    for i, call in enumerate(calls):
+        a, b = call(backend="triton"), call(backend="torch")
+        a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), (dtype, i)
+    a, b = sampling.softmax(logits, t, backend="triton"), sampling.softmax(logits, t, backend="torch")
+    assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), dtype
+
+
+@pytest.mark.parametrize(
+    "rnd",
+    [
+        dict(seed=7),  # one seed for the batch, offset 0: the rows' seeds derive in the kernel
+        dict(seed=7, offset=3),
+        dict(seed=torch.tensor([-(2**63)]), offset=torch.tensor([5], dtype=torch.int32)),
+        dict(seed=2**64 - 1, offset=torch.tensor([0, 9, 2**40, 1])),  # per-row offsets, derived at 0
+        dict(seed=torch.tensor([3, 1, 4, 1], dtype=torch.int32)),  # per-row seeds, offset 0
+        dict(seed=torch.tensor([3, 1, 4, 1]), offset=11),
+    ],
+    ids=["int", "int-int", "t1-t1", "int-tB", "tB-int32", "tB-int"],
+)
+def test_kernels_read_every_seed_form_like_the_reference(rnd):
+    """Scalar seeds and offsets (Python ints, length-1 tensors) and per-row ones reach the race's
+    finalize as given; it derives the rows' seeds itself: the reference's tokens, bit for bit."""
+    B, V = 4, 40
+    rnd = {key: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for key, v in rnd.items()}
+    probs, logits = _rows("probs", B, V, seed=31), _rows("logits", B, V, seed=32)
+    for call in (
+        lambda **b: sampling.sampling_from_probs(probs, **rnd, **b),
+        lambda **b: sampling.sampling_from_logits(logits, indices=torch.tensor([3, 0, 0, 2]).to(DEVICE), **rnd, **b),
+        lambda **b: sampling.top_k_top_p_sampling_from_probs(probs, 5, 0.8, **rnd, **b),
+        lambda **b: sampling.min_p_sampling_from_probs(probs, 0.1, **rnd, **b),
+    ):
+        assert torch.equal(call(backend="triton"), call(backend="torch")), rnd

@@ -40,6 +40,11 @@ def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
 _ARRIVALS: dict[tuple[str, int | None, int], torch.Tensor] = {}
 
 
+def _tracing_fake() -> bool:
+    """True under a FakeTensorMode (tools/direct_path.py counts launches on fake tensors)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     """[>= n] int32 zeros: one arrival counter per request for a launch whose last program per
     request finishes it (:func:`spec_samplers.kernels.common.last_to_arrive`).
@@ -49,6 +54,10 @@ def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     per call. Two launches that may run at once must be on different streams (they are then
     given different buffers). A buffer too small is replaced by a larger one, except while a
     CUDA graph is being captured: the graph then gets its own zeroed buffer (a memset node)."""
+    if _tracing_fake():
+        # a tool counting a warm call's ops on fake tensors: a warm call finds its buffer kept
+        # (no op); a fake buffer holds no data, so it is never kept for real calls
+        return torch.empty(max(n, 1), dtype=torch.int32, device=device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     buf = _ARRIVALS.get(key)

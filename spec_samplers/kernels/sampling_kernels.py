@@ -23,14 +23,16 @@ Tokens are drawn by the package's two-level race (:func:`spec_samplers.rng.two_l
 the Philox sampling stream, with the helpers the verification kernels use
 (:mod:`spec_samplers.kernels.rng`).
 
-``stats_kernel`` grid (B, NB): per vocabulary block, max and min of the cleaned values (and for
-softmax the online sum of exp). ``search_kernel`` grid (B,): the pivot search of one filter
-(top-k by count, or top-p by mass) for one output row, looping over its row. ``race_kernel``
+``stats_kernel`` grid (B, NB): per vocabulary block, the max of the cleaned logits (and for
+softmax the online sum of exp). ``thresholds_kernel`` grid (B,): one output row's threshold, its
+row max and min, then the pivot search of each filter (top-k by count, top-p by mass) and min-p,
+looping over its row; it normalises the per-request parameters as given (tensors of any real
+dtype, or scalars) in its prologue. ``race_kernel``
 grid (B, NB): per block, the fp64 race-group sums of the kept weights; ``race_finalize_kernel``
 grid (B,): the race over those sums, then within the chosen group, and the row's validity.
 ``renorm_kernel``, ``mask_kernel``, ``softmax_kernel`` grid (B, NB): the elementwise outputs
 (``softmax_kernel`` combines the row's statistics partials itself). NB > 1 splits the vocabulary
-at small B; the block partials of the filters' row statistics are combined by the launcher.
+at small B; the kernels that read stats_kernel's block partials combine them themselves.
 """
 
 from __future__ import annotations
@@ -195,10 +197,69 @@ def output_block(chunk, V):
 
 
 @triton.jit
-def row_max_ref(max_ptr, b):
-    """Row max for the logits' weights exp(x - max) (0 when the row is all -inf)."""
-    m = tl.load(max_ptr + b)
+def row_max_ref(max_ptr, b, NB):
+    """Row max for the logits' weights exp(x - max) (0 when the row is all -inf), combined from
+    the row's NB partials ([B, NB]: stats_kernel's blocks, or NB = 1: thresholds_kernel's max)."""
+    blocks = tl.arange(0, _MAX_NB)
+    m = tl.max(tl.load(max_ptr + b * NB + blocks, mask=blocks < NB, other=float("-inf")), axis=0)
     return tl.where(m > float("-inf"), m, 0.0)
+
+
+# The per-request parameters as the caller gave them (a [B] tensor of any real dtype, read as
+# FlashInfer reads it, or a Python scalar already canonical): normalised here, in the kernels'
+# prologue, so that a call runs no eager op on them (validation documents the rules).
+
+
+@triton.jit
+def top_k_param(k_ptr, k_val, b, V):
+    """Row b's top_k as int64, 0 = off (<= 0 or >= V); a floating tensor truncates toward zero
+    with NaN -> 0 and +-inf clamped (``checks.canonical_top_k``)."""
+    k = tl.zeros([], tl.int64) + k_val
+    if k_ptr is not None:
+        raw = tl.load(k_ptr + b)
+        if raw.dtype.is_floating():
+            kf = raw.to(tl.float64)
+            kf = tl.minimum(tl.maximum(tl.where(kf == kf, kf, 0.0), -1.0), V + 0.0)
+            k = kf.to(tl.int64)
+        else:
+            k = raw.to(tl.int64)
+    return tl.where((k <= 0) | (k >= V), 0, k)
+
+
+@triton.jit
+def top_p_param(p_ptr, p_val, b):
+    """Row b's top_p as fp32; NaN and values > 1 keep every token (``checks.canonical_top_p``)."""
+    p = tl.zeros([], tl.float32) + p_val
+    if p_ptr is not None:
+        p = tl.load(p_ptr + b).to(tl.float32)
+    return tl.where(p <= 1.0, p, 1.0)
+
+
+@triton.jit
+def min_p_param(m_ptr, m_val, b):
+    """Row b's min_p as fp32; NaN counts as 0 (``checks.canonical_min_p``)."""
+    m = tl.zeros([], tl.float32) + m_val
+    if m_ptr is not None:
+        m = tl.load(m_ptr + b).to(tl.float32)
+    return tl.where(m == m, m, 0.0)
+
+
+@triton.jit
+def temperature_param(t_ptr, t_val, b):
+    """Row b's temperature as fp32; values not finite or negative act as 1
+    (``checks.canonical_temperature``; 0 stays 0: the one-hot of the argmax)."""
+    t = tl.zeros([], tl.float32) + t_val
+    if t_ptr is not None:
+        t = tl.load(t_ptr + b).to(tl.float32)
+    return tl.where((t >= 0.0) & (t < float("inf")), t, 1.0)
+
+
+@triton.jit
+def row_seed(seed, offset, r):
+    """Row r's seed derived from a batch's (seed, offset): words (0, 1) of (seed, offset,
+    counter r) on STREAM_ROW_SEED, as one int64 (:func:`spec_samplers.rng_sampling.derive_row_seeds`)."""
+    w0, w1, _, _ = random_words(seed, offset, r.to(tl.int64), _STREAM_ROW_SEED)
+    return ((w1.to(tl.uint64) << 32) | w0.to(tl.uint64)).to(tl.int64, bitcast=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,21 +268,20 @@ def row_max_ref(max_ptr, b):
 
 # R (number of input rows) and chunk / NB (vocabulary split, chosen from B) change from one
 # engine step to the next: not specialising on them keeps the compiled variants bounded.
-@triton.jit(do_not_specialize=["R", "chunk", "NB"])
+@triton.jit(do_not_specialize=["R", "chunk", "NB", "temp_val"])
 def stats_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
-    rows_ptr,  # [B] int64 input row of each output (None: row b)
-    temp_ptr,  # [B] fp32 softmax temperature (SOFTMAX only; <= 0 acts as 1)
+    rows_ptr,  # [B] int32/int64 input row of each output (None: row b)
+    temp_ptr,  # [B] softmax temperature (SOFTMAX only; <= 0 acts as 1), any real dtype
+    temp_val,  # the temperature of every row when temp_ptr is None
     max_ptr,
-    min_ptr,
     sum_ptr,  # [B, NB] fp32 partials (sum: SOFTMAX only)
     amax_ptr,  # [B, NB] int32 partial argmax of the values (SOFTMAX only: the T = 0 one-hot)
     R,
     V,
     chunk,
     NB,
-    LOGITS: tl.constexpr,
     SOFTMAX: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
@@ -230,21 +290,19 @@ def stats_kernel(
     slot = b * NB + tl.program_id(1)
     if SOFTMAX:
         # the verification samplers' softmax (one rule for the package): max of x, sum of exp((x - max) / T)
-        t = tl.load(temp_ptr + b)
+        t = temperature_param(temp_ptr, temp_val, b)
         m, s, _, best_idx = row_partials(x_ptr, r * stride_r, lo, hi, tl.where(t > 0.0, t, 1.0), BLOCK_V)
         tl.store(max_ptr + slot, m)
         tl.store(sum_ptr + slot, s)
         tl.store(amax_ptr + slot, best_idx.to(tl.int32))
     else:
+        # the race's reference max of unfiltered logits (filters: thresholds_kernel's)
         vmax = float("-inf")
-        vmin = float("inf")
         for start in range(lo, hi, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
-            v = load_values(x_ptr + r * stride_r, offs, offs < hi, LOGITS)
+            v = load_values(x_ptr + r * stride_r, offs, offs < hi, True)
             vmax = tl.maximum(vmax, tl.max(tl.where(offs < hi, v, float("-inf")), axis=0))
-            vmin = tl.minimum(vmin, tl.min(tl.where(offs < hi, v, float("inf")), axis=0))
         tl.store(max_ptr + slot, vmax)
-        tl.store(min_ptr + slot, vmin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,82 +498,99 @@ def pivot_search(
     return lo, hi, m_lo
 
 
-@triton.jit(do_not_specialize=["R", "cap"])
-def search_kernel(
+# R (input rows) and cap follow the batch; the scalar parameters change per call: none is
+# specialised on, so a serving engine compiles one variant per filter set.
+@triton.jit(do_not_specialize=["R", "cap", "k_val", "p_val", "m_val"])
+def thresholds_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16, vocab stride 1
-    rows_ptr,  # [B] int64 input row of each output
-    max_ptr,  # [B] fp32 row max (LOGITS: the weights' reference)
-    lo_ptr,
-    hi_ptr,  # [B] fp32 in/out: the search interval (lo >= hi: settled; lo is tau)
-    mass_ptr,  # [B] int64 out (TRACK_MASS): mass of the values >= the final lo
-    k_ptr,  # [B] int64 top_k (MODE_COUNT)
-    p_ptr,  # [B] fp32 top_p (MODE_MASS)
-    scratch_ptr,  # [B, cap] fp32: the search's candidates (pivot_search)
+    rows_ptr,  # [B] int32/int64 input row of each output (None: row b)
+    k_ptr,  # [B] top_k, any real dtype (TOP_K; None: k_val, canonical, for every row)
+    k_val,
+    p_ptr,  # [B] top_p, any real dtype (TOP_P; None: p_val)
+    p_val,
+    m_ptr,  # [B] min_p, any real dtype (MIN_P; None: m_val)
+    m_val,
+    tau_ptr,  # [B] fp32 out: keep the values >= tau
+    max_ptr,  # [B] fp32 out: the row max (-inf for a missing row)
+    mass_ptr,  # [B] int64 out (TRACK_MASS): mass of the values >= tau
+    scratch_ptr,  # [B, cap] fp32: the searches' candidates (pivot_search)
     R,
     V,
     cap,
-    MODE: tl.constexpr,
+    TOP_K: tl.constexpr,
+    TOP_P: tl.constexpr,
+    MIN_P: tl.constexpr,
+    JOINT: tl.constexpr,  # top-p searches from the row min, not from top-k's tau
     LOGITS: tl.constexpr,
     TRACK_MASS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """:func:`pivot_search` for output row b. The launcher starts lo at the row min (or at tau_k,
-    top-p after top-k) and hi at the row max (hi = lo here when top_k is 0: the filter is off)."""
+    """Output row b's threshold tau: its row max and min (one pass over the row), then the
+    filters in order, each a :func:`pivot_search` from the row's [min, max]: top-k (by count),
+    top-p (by mass; from top-k's tau unless JOINT), tau = the largest of theirs and of min-p's
+    min(min_p * max, max). The kept mass is exact when top-p is the last filter or top-k the
+    only one."""
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
+    base = x_ptr + r * stride_r
+    # the row's max and min: a missing row reads nothing (max -inf, min +inf: nothing is kept)
+    STEP: tl.constexpr = 4 * BLOCK_V
+    vmax = tl.full([STEP], float("-inf"), tl.float32)
+    vmin = tl.full([STEP], float("inf"), tl.float32)
+    n_row = tl.where(ok, V, 0)
+    for start in range(0, n_row, STEP):
+        offs = start + tl.arange(0, STEP)
+        v = load_values(base, offs, offs < n_row, LOGITS)
+        vmax = tl.maximum(vmax, tl.where(offs < n_row, v, float("-inf")))
+        vmin = tl.minimum(vmin, tl.where(offs < n_row, v, float("inf")))
+    row_max = tl.max(vmax, axis=0)
+    row_min = tl.min(vmin, axis=0)
     m_ref = 0.0
     if LOGITS:
-        m_ref = row_max_ref(max_ptr, b)
-    k = tl.zeros([], tl.int64)
-    top_p = 1.0
-    lo = tl.load(lo_ptr + b)
-    hi = tl.load(hi_ptr + b)
-    if MODE == 0:
-        k = tl.load(k_ptr + b)
-        hi = tl.where(k > 0, hi, lo)  # top_k = 0: the filter is off
-    else:
-        top_p = tl.load(p_ptr + b)
-    lo, hi, m_lo = pivot_search(
-        x_ptr + r * stride_r,
-        V,
-        lo,
-        hi,
-        k,
-        top_p,
-        m_ref,
-        0.0,
-        1.0,
-        scratch_ptr + b.to(tl.int64) * cap,
-        cap,
-        MODE,
-        LOGITS,
-        False,
-        TRACK_MASS,
-        BLOCK_V,
-        PRECISE,
-    )
-    tl.store(lo_ptr + b, lo)
-    tl.store(hi_ptr + b, hi)
+        m_ref = tl.where(row_max > float("-inf"), row_max, 0.0)
+    scratch = scratch_ptr + b.to(tl.int64) * cap
+    tau = row_min  # every value is kept
+    kept = tl.zeros([], tl.int64)
+    if TOP_K:
+        k = top_k_param(k_ptr, k_val, b, V)
+        tau, _, kept = pivot_search(
+            base, V, row_min, tl.where(k > 0, row_max, row_min), k, 1.0, m_ref, 0.0, 1.0, scratch, cap,
+            0, LOGITS, False, TRACK_MASS and not TOP_P, BLOCK_V, PRECISE,
+        )  # fmt: skip
+    if TOP_P:
+        lo = tau
+        if JOINT:
+            lo = row_min
+        tau_p, _, kept = pivot_search(
+            base, V, lo, row_max, 0, top_p_param(p_ptr, p_val, b), m_ref, 0.0, 1.0, scratch, cap,
+            1, LOGITS, False, True, BLOCK_V, PRECISE,
+        )  # fmt: skip
+        tau = tl.maximum(tau, tau_p, propagate_nan=tl.PropagateNan.ALL)
+    if MIN_P:
+        floor = tl.minimum(min_p_param(m_ptr, m_val, b) * row_max, row_max, propagate_nan=tl.PropagateNan.ALL)
+        tau = tl.maximum(tau, floor, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(tau_ptr + b, tau)
+    tl.store(max_ptr + b, row_max)
     if TRACK_MASS:
-        tl.store(mass_ptr + b, m_lo)
+        tl.store(mass_ptr + b, kept)
 
 
-# num_rows (T) follows the batch size, which changes every engine step: not specialised, so a new
-# batch size reuses the compiled variant.
-@triton.jit(do_not_specialize=["num_rows", "cap"])
-def filter_cut_kernel(
+@triton.jit
+def _cut_row(
     x_ptr,
     stride_b,
-    stride_k,  # logits [B, K(+1), V] padded or [T, V] ragged, vocab stride 1
-    cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
-    temp_ptr,  # [B] float, <= 0 acts as 1 (greedy requests are decided by the argmax)
-    top_k_ptr,  # [B] int64, 0 = off
-    top_p_ptr,  # [B] fp32, 1 = off
-    min_p_ptr,  # [B] fp32, 0 = off
-    stats_ptr,  # [B, K+1, 3] fp32 (max, sum, cut): reads max, writes sum and cut
-    scratch_ptr,  # [B, K+1, cap] fp32: the searches' candidates (pivot_search)
+    stride_k,
+    cu_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    stats_ptr,
+    scratch,  # this row's [cap] scratch
+    b,
+    i,
     K,
     num_rows,
     V,
@@ -525,11 +600,7 @@ def filter_cut_kernel(
     BLOCK_V: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """Per-request filters of row (b, i) on the weights e = exp((x - max) / T): the cut (keep
-    e >= cut; vLLM's order: min-p, top-k, top-p on the survivors) and the kept weights' sum,
-    exactly ``filtered_softmax_reference``'s (fixed-point mass, so the sum is the same float)."""
-    b = tl.program_id(0)
-    i = tl.program_id(1)
+    """Row (b, i) of one input (target or draft) of :func:`filter_cut_kernel`."""
     start, n = request_span(cu_ptr, b, K, num_rows, RAGGED)
     off, ok = row_offset(b, i, start, n, num_rows, stride_b, stride_k, RAGGED)
     if BONUS_ROW:
@@ -545,50 +616,68 @@ def filter_cut_kernel(
         m_rule = rule_max(s_max)
         hi = tl.where(s_max > float("-inf"), 1.0, 0.0)  # e = 1 at the max; no mass: nothing to keep
         lo = hi * 0.0
-        floor = tl.minimum(tl.load(min_p_ptr + b) * hi, hi)
-        top_k = tl.load(top_k_ptr + b)
+        floor = tl.minimum(tl.load(min_p_ptr + b).to(tl.float32) * hi, hi)
+        top_k = tl.load(top_k_ptr + b).to(tl.int64)
         base = x_ptr + off
-        scratch = scratch_ptr + (b * (K + 1) + i).to(tl.int64) * cap
         tau_k, _, _ = pivot_search(
-            base,
-            V,
-            lo,
-            tl.where(top_k > 0, hi, lo),
-            top_k,
-            1.0,
-            0.0,
-            m_rule,
-            c,
-            scratch,
-            cap,
-            0,
-            False,
-            True,
-            False,
-            BLOCK_V,
-            PRECISE,
-        )
+            base, V, lo, tl.where(top_k > 0, hi, lo), top_k, 1.0, 0.0, m_rule, c, scratch, cap,
+            0, False, True, False, BLOCK_V, PRECISE,
+        )  # fmt: skip
         cut, _, kept = pivot_search(
-            base,
-            V,
-            tl.maximum(floor, tau_k),
-            hi,
-            top_k,
-            tl.load(top_p_ptr + b),
-            0.0,
-            m_rule,
-            c,
-            scratch,
-            cap,
-            1,
-            False,
-            True,
-            True,
-            BLOCK_V,
-            PRECISE,
-        )
+            base, V, tl.maximum(floor, tau_k), hi, top_k, tl.load(top_p_ptr + b).to(tl.float32), 0.0, m_rule, c,
+            scratch, cap, 1, False, True, True, BLOCK_V, PRECISE,
+        )  # fmt: skip
         tl.store(stats_ptr + slot + 1, kept.to(tl.float32) * (1.0 / _MASS_SCALE))
         tl.store(stats_ptr + slot + 2, cut)
+
+
+# num_rows (T) follows the batch size, which changes every engine step: not specialised, so a new
+# batch size reuses the compiled variant.
+@triton.jit(do_not_specialize=["num_rows", "cap"])
+def filter_cut_kernel(
+    x_ptr,
+    stride_b,
+    stride_k,  # target logits [B, K+1, V] padded or [T, V] ragged, vocab stride 1
+    d_ptr,
+    d_stride_b,
+    d_stride_k,  # draft logits [B, K, V] padded or [T, V] ragged (None: no draft rows)
+    cu_ptr,  # [B] inclusive cumsum of k_b (ragged only)
+    temp_ptr,  # [B] float, <= 0 acts as 1 (greedy requests are decided by the argmax)
+    top_k_ptr,  # [B] int, 0 = off
+    top_p_ptr,  # [B] float, 1 = off
+    min_p_ptr,  # [B] float, 0 = off
+    stats_ptr,  # [B, K+1, 3] fp32 (max, sum, cut) of the target rows: reads max, writes sum and cut
+    d_stats_ptr,  # [B, K+1, 3] fp32 of the draft rows (with d_ptr)
+    scratch_ptr,  # [2 or 1, B, K+1, cap] fp32: the searches' candidates (pivot_search)
+    K,
+    num_rows,
+    V,
+    cap,
+    RAGGED: tl.constexpr,
+    BONUS_ROW: tl.constexpr,  # the target has a bonus row (padded layout)
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Per-request filters of row (b, i) on the weights e = exp((x - max) / T): the cut (keep
+    e >= cut; vLLM's order: min-p, top-k, top-p on the survivors) and the kept weights' sum,
+    exactly ``filtered_softmax_reference``'s (fixed-point mass, so the sum is the same float).
+    Grid (B, K+1, 2 with draft rows else 1): axis 2 picks the target's rows or the draft's, so
+    one launch cuts both."""
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    side = tl.program_id(2)
+    scratch = scratch_ptr + ((side * tl.num_programs(0) + b) * (K + 1) + i).to(tl.int64) * cap
+    if side == 0:
+        _cut_row(
+            x_ptr, stride_b, stride_k, cu_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, stats_ptr, scratch,
+            b, i, K, num_rows, V, cap, RAGGED, BONUS_ROW, BLOCK_V, PRECISE,
+        )  # fmt: skip
+    else:
+        if d_ptr is not None:
+            _cut_row(
+                d_ptr, d_stride_b, d_stride_k, cu_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, d_stats_ptr,
+                scratch, b, i, K, num_rows, V, cap, RAGGED, False, BLOCK_V, PRECISE,
+            )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -604,26 +693,28 @@ def kept_weights(base, offs, hi, tau, m_ref, LOGITS: tl.constexpr, PRECISE: tl.c
 
 
 @triton.jit
-def race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS: tl.constexpr):
+def race_row(tau_ptr, max_ptr, max_nb, sums_ptr, b, V, LOGITS: tl.constexpr):
     """Output row b's threshold (-inf without ``tau_ptr``: unfiltered probabilities keep every
-    token), reference max (logits; 0 for probabilities), number of race groups and its row of
-    fp64 group sums: what race_kernel and race_finalize_kernel both read."""
+    token), reference max (logits, from its ``max_nb`` partials; 0 for probabilities), number of
+    race groups and its row of fp64 group sums: what race_kernel and race_finalize_kernel both
+    read."""
     tau = float("-inf")
     if tau_ptr is not None:
         tau = tl.load(tau_ptr + b)
     m_ref = 0.0
     if LOGITS:
-        m_ref = row_max_ref(max_ptr, b)
+        m_ref = row_max_ref(max_ptr, b, max_nb)
     num_groups = (V + _RACE_GROUP - 1) // _RACE_GROUP
     return tau, m_ref, num_groups, sums_ptr + b * num_groups
 
 
-@triton.jit(do_not_specialize=["R", "chunk", "NB"])
+@triton.jit(do_not_specialize=["R", "chunk", "NB", "max_nb"])
 def race_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16
-    rows_ptr,  # [B] int64
-    max_ptr,  # [B] fp32 row max (LOGITS)
+    rows_ptr,  # [B] int32/int64
+    max_ptr,  # [B, max_nb] fp32 row max partials (LOGITS)
+    max_nb,
     tau_ptr,  # [B] fp32: the kept tokens are the values >= tau (None: every token, probabilities)
     sums_ptr,  # [B, G1] fp64 race-group sums of the kept weights
     R,
@@ -639,7 +730,7 @@ def race_kernel(
     b, r, lo, hi = row_block(rows_ptr, R, V, chunk)
     lo = tl.multiple_of(lo, _RACE_GROUP)  # chunk holds whole race groups: aligned, wide loads
     base = x_ptr + r * stride_r
-    tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS)
+    tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, max_nb, sums_ptr, b, V, LOGITS)
     g_lo = lo // _RACE_GROUP
     # a missing input row (hi == lo) still writes zeros over its block's groups
     g_hi = tl.minimum((lo + chunk) // _RACE_GROUP, num_groups)
@@ -657,20 +748,26 @@ def race_kernel(
             tl.store(row + g0, tl.sum(acc, axis=0))
 
 
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "max_nb", "seed_val", "offset_val"])
 def race_finalize_kernel(
     x_ptr,
     stride_r,  # [R, V] fp32/fp16/bf16
-    rows_ptr,  # [B] int64
-    max_ptr,  # [B] fp32 row max (LOGITS)
+    rows_ptr,  # [B] int32/int64
+    max_ptr,  # [B, max_nb] fp32 row max partials (LOGITS)
+    max_nb,
     tau_ptr,  # [B] fp32
-    seed_ptr,
-    offset_ptr,  # [B] int64 per output row
+    seed_ptr,  # [B] (SEED_STRIDE 1) or [1] int32/int64; None: seed_val
+    seed_val,
+    offset_ptr,  # [B] (OFFSET_STRIDE 1) or [1] int32/int64; None: offset_val
+    offset_val,
     sums_ptr,  # [B, G1] fp64 from race_kernel
     out_ptr,  # [B] int32/int64 token, -1 where not valid
     valid_ptr,  # [B] bool: the input row exists and its kept weights have mass
     R,
     V,
+    SEED_STRIDE: tl.constexpr,
+    OFFSET_STRIDE: tl.constexpr,
+    DERIVE: tl.constexpr,  # one seed for the batch: row b's own is derived from it (row_seed)
     LOGITS: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
@@ -682,9 +779,16 @@ def race_finalize_kernel(
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
     base = x_ptr + r * stride_r
-    seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
-    tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, sums_ptr, b, V, LOGITS)
+    seed = tl.zeros([], tl.int64) + seed_val
+    if seed_ptr is not None:
+        seed = tl.load(seed_ptr + b * SEED_STRIDE).to(tl.int64)
+    offset = tl.zeros([], tl.int64) + offset_val
+    if offset_ptr is not None:
+        offset = tl.load(offset_ptr + b * OFFSET_STRIDE).to(tl.int64)
+    if DERIVE:
+        # with per-row offsets the rows' seeds derive at offset 0 (checks.resolve_seeds)
+        seed = row_seed(seed, offset * (1 - OFFSET_STRIDE), b)
+    tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, max_nb, sums_ptr, b, V, LOGITS)
     counter_base = seed * 0
     group, _, mass, _ = pick_group(row, row, num_groups, ok, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE, 256)
     offs = group * _RACE_GROUP + tl.arange(0, _RACE_GROUP)
@@ -744,11 +848,12 @@ def mask_kernel(
         tl.store(out_ptr + b * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["chunk", "NB"])
+@triton.jit(do_not_specialize=["chunk", "NB", "temp_val"])
 def softmax_kernel(
     x_ptr,
     stride_r,  # [B, V] fp32/fp16/bf16 logits
-    temp_ptr,  # [B] fp32 (0: one-hot of the argmax; < 0 acts as 1)
+    temp_ptr,  # [B] any real dtype (0: one-hot of the argmax; see temperature_param); None: temp_val
+    temp_val,
     max_ptr,
     sum_ptr,  # [B, NB] fp32 stats_kernel's block partials: max of x and sum of exp((x - max) / T)
     amax_ptr,  # [B, NB] int32 the blocks' argmax of the logits (used where T == 0)
@@ -762,7 +867,7 @@ def softmax_kernel(
     """Combines row b's NB block partials (each program of the row does, in block order: no
     launch between), then writes its block of softmax(x / T)."""
     b, lo, hi = output_block(chunk, V)
-    t_raw = tl.load(temp_ptr + b)
+    t_raw = temperature_param(temp_ptr, temp_val, b)
     t = tl.where(t_raw > 0.0, t_raw, 1.0)
     blocks = tl.arange(0, _MAX_NB)
     inside = blocks < NB
@@ -797,6 +902,4 @@ def row_seeds_kernel(
     """Row r's seed: words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED, as one int64
     (:func:`spec_samplers.rng.derive_row_seeds`, in one launch)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    w0, w1, _, _ = random_words(tl.load(seed_ptr), tl.load(offset_ptr), r.to(tl.int64), _STREAM_ROW_SEED)
-    seed = (w1.to(tl.uint64) << 32) | w0.to(tl.uint64)
-    tl.store(out_ptr + r, seed.to(tl.int64, bitcast=True), mask=r < num_rows)
+    tl.store(out_ptr + r, row_seed(tl.load(seed_ptr), tl.load(offset_ptr), r), mask=r < num_rows)

@@ -272,51 +272,51 @@ def plan_filter_cuts(
     t_stats: torch.Tensor | None,  # [B, K+1, 3] fp32 (max, sum, cut): max filled by the softmax statistics
     d_stats: torch.Tensor | None,  # [B, K+1, 3] fp32, or None without a draft
 ) -> list[lc.KernelLaunch]:
-    """Launches that overwrite (sum, cut) of every row with its request's top-k / top-p / min-p
-    (``batch.top_k`` ...; :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so
-    the verification kernels read filtered probabilities straight from the logits. Run after the
-    softmax statistics (they read the row max)."""
+    """The launch that overwrites (sum, cut) of every target and draft row with its request's
+    top-k / top-p / min-p (``batch.top_k`` ...;
+    :func:`spec_samplers.sampling.reference.filtered_softmax_reference`), so the verification
+    kernels read filtered probabilities straight from the logits: one launch for both inputs
+    (grid axis 2). Run after the softmax statistics (they read the row max)."""
     assert batch.filtered and batch.temperature is not None
     layout = batch.layout
     B, K = layout.batch_size, layout.max_drafts
-    launches = []
-    cap = sampling_kernels.search_scratch(B * (K + 1), layout.vocab_size)
-    # one scratch row per (request, position) for its searches' candidates (pivot_search), shared
-    # by the target and draft launches (one after the other on the stream)
-    scratch = torch.empty((B, K + 1, cap), dtype=torch.float32, device=target.device)
-    for x, stats, bonus_row in ((target, t_stats, not layout.ragged), (draft, d_stats, False)):
-        if x is None or stats is None or B == 0 or x.numel() == 0:
-            continue
-        stride_b, stride_k = row_strides(layout, x)
-        launches.append(
-            lc.KernelLaunch(
-                sampling_kernels.filter_cut_kernel,
-                (B, K + 1),
-                dict(
-                    x_ptr=x,
-                    stride_b=stride_b,
-                    stride_k=stride_k,
-                    cu_ptr=layout.cu_num_draft_tokens,
-                    temp_ptr=batch.temperature,
-                    top_k_ptr=batch.top_k,
-                    top_p_ptr=batch.top_p,
-                    min_p_ptr=batch.min_p,
-                    stats_ptr=stats,
-                    scratch_ptr=scratch,
-                    K=K,
-                    num_rows=layout.num_rows,
-                    V=layout.vocab_size,
-                    cap=cap,
-                    RAGGED=layout.ragged,
-                    BONUS_ROW=bonus_row,
-                    BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
-                    PRECISE=lc.precise_math(),
-                ),
-                num_warps=sampling_kernels.SEARCH_WARPS,
-                name="filter_cut",
-            )
-        )
-    return launches
+    if t_stats is None or B == 0 or target.numel() == 0:
+        return []
+    has_draft = draft is not None and d_stats is not None and draft.numel() > 0
+    sides = 2 if has_draft else 1
+    cap = sampling_kernels.search_scratch(sides * B * (K + 1), layout.vocab_size)
+    # one scratch row per (input, request, position) for its searches' candidates (pivot_search)
+    scratch = torch.empty((sides, B, K + 1, cap), dtype=torch.float32, device=target.device)
+    stride_b, stride_k = row_strides(layout, target)
+    d_stride_b, d_stride_k = row_strides(layout, draft) if has_draft else (0, 0)
+    args = dict(
+        x_ptr=target,
+        stride_b=stride_b,
+        stride_k=stride_k,
+        d_ptr=draft if has_draft else None,
+        d_stride_b=d_stride_b,
+        d_stride_k=d_stride_k,
+        cu_ptr=layout.cu_num_draft_tokens,
+        temp_ptr=batch.temperature,
+        top_k_ptr=batch.top_k,
+        top_p_ptr=batch.top_p,
+        min_p_ptr=batch.min_p,
+        stats_ptr=t_stats,
+        d_stats_ptr=d_stats if has_draft else None,
+        scratch_ptr=scratch,
+        K=K,
+        num_rows=layout.num_rows,
+        V=layout.vocab_size,
+        cap=cap,
+        RAGGED=layout.ragged,
+        BONUS_ROW=not layout.ragged,
+        BLOCK_V=sampling_kernels.search_block(layout.vocab_size),
+        PRECISE=lc.precise_math(),
+    )
+    grid = (B, K + 1, sides)
+    return [
+        lc.KernelLaunch(sampling_kernels.filter_cut_kernel, grid, args, sampling_kernels.SEARCH_WARPS, "filter_cut")
+    ]
 
 
 def plan_verify(

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from spec_samplers import custom_ops
-from spec_samplers import validation as checks  # the sampling operations' checks (second part)
+from spec_samplers import custom_ops, validation
 from spec_samplers.kernels import sampling_launch
 from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
 from spec_samplers.rng import derive_row_seeds
@@ -28,9 +27,10 @@ SampleResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 # -- shared work ----------------------------------------------------------------------------------
 #
-# An operation checks its arguments and makes them canonical (helpers that return), then calls
-# its launcher (spec_samplers.kernels.sampling_launch, which launches the kernels in its own
-# body), its PyTorch reference, or, while Dynamo traces or on meta tensors, its custom op
+# An operation checks its arguments (helpers that return; canonical tensors for the PyTorch
+# paths, the values as given for the kernels, which normalise them), then calls its launcher
+# (spec_samplers.kernels.sampling_launch, which launches the kernels in its own body), its
+# PyTorch reference, or, while Dynamo traces or on meta tensors, its custom op
 # (spec_samplers.custom_ops): three calls from the operation to a kernel launch at most.
 
 
@@ -45,13 +45,20 @@ def _path(backend: str, x: torch.Tensor, config: LaunchConfig | None) -> bool | 
 
 
 def _filters(
-    B: int, V: int, device: torch.device, check_values: bool, top_k: object, top_p: object, min_p: object
+    B: int, V: int, device: torch.device, check_values: bool, top_k: object, top_p: object, min_p: object, kernels: bool
 ) -> dict[str, Any]:
-    """[B] canonical top_k / top_p / min_p (None stays None: no filter)."""
+    """top_k / top_p / min_p (None stays None: no filter): as given for the kernels, which
+    normalise them in their prologue (validation.top_k_arg ...), else as [B] canonical tensors."""
+    if kernels:
+        return dict(
+            top_k=None if top_k is None else validation.top_k_arg(top_k, B, V, device),
+            top_p=None if top_p is None else validation.top_p_arg(top_p, B, device, check_values),
+            min_p=None if min_p is None else validation.min_p_arg(min_p, B, device, check_values),
+        )
     return dict(
-        top_k=None if top_k is None else checks.canonical_top_k(top_k, B, V, device),
-        top_p=None if top_p is None else checks.canonical_top_p(top_p, B, device, check_values),
-        min_p=None if min_p is None else checks.canonical_min_p(min_p, B, device, check_values),
+        top_k=None if top_k is None else validation.canonical_top_k(top_k, B, V, device),
+        top_p=None if top_p is None else validation.canonical_top_p(top_p, B, device, check_values),
+        min_p=None if min_p is None else validation.canonical_min_p(min_p, B, device, check_values),
     )
 
 
@@ -71,43 +78,44 @@ def _sample(
     filter_apply_order: str | None = None,  # given by the operations with two filters
     return_valid: bool = False,
 ) -> Any:
-    """Every sampling operation: validation, canonical parameters, per-row seeds, the draw."""
-    joint = False if filter_apply_order is None else checks.check_filter_order(filter_apply_order)
-    x = checks.check_matrix(input_name, x)
+    """Every sampling operation: validation, the parameters in the path's form, the draw (the
+    kernels derive the rows' seeds of a scalar seed themselves)."""
+    joint = False if filter_apply_order is None else validation.check_filter_order(filter_apply_order)
+    x = validation.check_matrix(input_name, x)
     check_nan = bool(check_nan)
-    rows, B, out_dtype = checks.resolve_rows(indices, x.shape[0], x.device, check_nan, input_name)
+    rows, B, out_dtype = validation.resolve_rows(indices, x.shape[0], x.device, check_nan, input_name)
     if check_nan:
-        checks.check_no_nan(input_name, x)
-    filters = _filters(B, x.shape[1], x.device, check_nan, top_k, top_p, min_p)
-    seeds, offsets, shared_offset = checks.resolve_seeds(seed, offset, generator, B, x.device)
+        validation.check_no_nan(input_name, x)
     config = launch_config()
     kernels = _path(backend, x, config)
+    filters = _filters(B, x.shape[1], x.device, check_nan, top_k, top_p, min_p, bool(kernels))
     logits = input_name == "logits"
+    if kernels:
+        randomness = validation.kernel_seeds(seed, offset, generator, B, x.device)
+        draw = dict(x=x, rows=rows, logits=logits, joint=joint, **filters, **randomness)
+        tokens, valid = sampling_launch.sample_triton(**draw, out_dtype=out_dtype, config=config)
+        return (tokens, valid) if return_valid else tokens
+    seeds, offsets, shared_offset = validation.resolve_seeds(seed, offset, generator, B, x.device)
     if shared_offset is not None:  # one seed for the batch: the rows' own seeds derive from it
-        if kernels:  # (one launch where PyTorch runs ~90 small ops; the same seeds)
-            seeds = sampling_launch.row_seeds_triton(seeds, shared_offset, B, config=config)
-        else:
-            seeds = derive_row_seeds(seeds, shared_offset, B)
-    draw: dict[str, Any] = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
-    if rows is None and not kernels:  # (the reference and the custom op take the rows as a tensor)
-        draw["rows"] = torch.arange(B, device=x.device, dtype=torch.int64)
+        seeds = derive_row_seeds(seeds, shared_offset, B)
+    # (the reference and the custom op take the rows as an int64 tensor)
+    rows = torch.arange(B, device=x.device, dtype=torch.int64) if rows is None else rows.to(torch.int64)
+    draw = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
     if kernels is None:
         tokens, valid = custom_ops.sample(**draw, backend=backend)
-    elif kernels:
-        tokens, valid = sampling_launch.sample_triton(**draw, out_dtype=out_dtype, config=config)
     else:
         tokens, valid = reference.sample_reference(**draw)
-    tokens = tokens.to(out_dtype)  # (the kernels' tokens have it already)
+    tokens = tokens.to(out_dtype)
     return (tokens, valid) if return_valid else tokens
 
 
 def _renorm(probs: object, top_k: object, top_p: object, out_dtype: torch.dtype | None, backend: str) -> torch.Tensor:
-    probs = checks.check_matrix("probs", probs)
-    filters = _filters(probs.shape[0], probs.shape[1], probs.device, False, top_k, top_p, None)
-    del filters["min_p"]
-    out_dtype = out_dtype or probs.dtype
+    probs = validation.check_matrix("probs", probs)
     config = launch_config()
     kernels = _path(backend, probs, config)
+    filters = _filters(probs.shape[0], probs.shape[1], probs.device, False, top_k, top_p, None, bool(kernels))
+    del filters["min_p"]
+    out_dtype = out_dtype or probs.dtype
     if kernels is None:
         return custom_ops.renorm(probs, **filters, out_dtype=out_dtype, backend=backend)
     if kernels:
@@ -152,14 +160,15 @@ def softmax(
     >>> import torch, spec_samplers.sampling as sampling
     >>> probs = sampling.softmax(torch.randn(4, 50), temperature=torch.tensor([0.8, 1.0, 1.2, 0.9]))
     """
-    logits = checks.check_matrix("logits", logits)
-    temp = checks.canonical_temperature(temperature, logits.shape[0], logits.device, check_values=False)
+    logits = validation.check_matrix("logits", logits)
     config = launch_config()
     kernels = _path(backend, logits, config)
+    if kernels:  # (the kernels read the temperature as given)
+        temp = validation.temperature_arg(temperature, logits.shape[0], logits.device, check_values=False)
+        return sampling_launch.softmax_triton(logits=logits, temperature=temp, config=config)
+    temp = validation.canonical_temperature(temperature, logits.shape[0], logits.device, check_values=False)
     if kernels is None:
         return custom_ops.softmax(logits, temp, backend)
-    if kernels:
-        return sampling_launch.softmax_triton(logits=logits, temperature=temp, config=config)
     return reference.softmax_reference(logits, temp)
 
 
@@ -506,10 +515,10 @@ def top_k_mask_logits(
     >>> import torch, spec_samplers.sampling as sampling
     >>> masked = sampling.top_k_mask_logits(torch.randn(4, 50), 10)
     """
-    logits = checks.check_matrix("logits", logits)
-    k = checks.canonical_top_k(top_k, logits.shape[0], logits.shape[1], logits.device)
+    logits = validation.check_matrix("logits", logits)
     config = launch_config()
     kernels = _path(backend, logits, config)
+    k = _filters(logits.shape[0], logits.shape[1], logits.device, False, top_k, None, None, bool(kernels))["top_k"]
     if kernels is None:
         return custom_ops.mask_logits(logits, k, backend)
     if kernels:
