@@ -246,7 +246,7 @@ def rejection_tree_kernel(
     if greedy_ptr is not None:
         greedy = tl.load(greedy_ptr + b).to(tl.int32)
     elif LOGITS:
-        greedy = (temp == 0).to(tl.int32)
+        greedy = tl.where(temp == 0, 1, 0)
     root_row = _node_row(b, 0, start, n, N, RAGGED)
     alive = root_row >= 0
     cur = tl.where(alive, 0, -1).to(tl.int64)
