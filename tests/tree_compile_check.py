@@ -1,8 +1,9 @@
 """Compile the tree kernels (spec_samplers/kernels/tree_kernels.py) for sm_90 without a GPU, every
 variant the launchers can reach: policy (independent, without replacement, point mass), greedy
-mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax), padded or ragged
-(int32 ids, no offsets); the typical kernel for both dtypes, both row kinds and both layouts. Catches what the interpreter cannot (compiled-mode typing of the scalar walk). Run
-with TRITON_INTERPRET unset (tests/test_tree_kernels.py does)."""
+mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax), padded or ragged (int32
+ids, no offsets); the typical kernel for both dtypes, both row kinds and both layouts. Catches
+what the interpreter cannot (compiled-mode typing of the scalar walk). Run with TRITON_INTERPRET
+unset (tests/test_tree_kernels.py does)."""
 
 import itertools
 import os
@@ -29,9 +30,10 @@ def t(dtype):
 def main():
     count = 0
     i64, i32 = torch.int64, torch.int32
-    variants = [(*v, False) for v in itertools.product((0, 1, 2), (False, True), (torch.float32, torch.bfloat16), (False, True))]
+    dtypes = (torch.float32, torch.bfloat16)
+    variants = [(*v, False) for v in itertools.product((0, 1, 2), (False, True), dtypes, (False, True))]
     # the ragged layout (int32 ids and spans, offsets absent) on both row kinds
-    variants += [(0, False, dtype, logits, True) for dtype in (torch.float32, torch.bfloat16) for logits in (False, True)]
+    variants += [(0, False, dtype, logits, True) for dtype in dtypes for logits in (False, True)]
     for policy, greedy, dtype, logits, ragged in variants:
         ids = i32 if ragged else i64
         args = dict(

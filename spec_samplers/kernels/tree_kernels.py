@@ -115,7 +115,6 @@ def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m, st, LOGITS: tl.constex
     return tl.where(fresh != 0, from_target, from_scratch)
 
 
-
 @triton.jit
 def _span(cu_ptr, b, N, num_tokens, RAGGED: tl.constexpr):
     """(first flat node, node count n_b) of request b: the ragged rule of
@@ -430,7 +429,8 @@ def typical_tree_kernel(
         st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)
         if LOGITS:
             sp = stat_ptr + (base + par_c) * 4
-            st = (tl.load(sp), tl.load(sp + 1), tl.load(sp + 2), tl.load(sp + 3), tl.load(lidx_ptr + base + par_c), temp)
+            lidx = tl.load(lidx_ptr + base + par_c)
+            st = (tl.load(sp), tl.load(sp + 1), tl.load(sp + 2), tl.load(sp + 3), lidx, temp)
         one = tl.where(valid, tok_raw, 0) + tl.arange(0, 1)
         one_m = kc.mask_if(valid & (par_row >= 0), one >= 0)  # a block mask (kc.mask_if)
         cand = tl.sum(_load(target_ptr, tl.maximum(par_row, 0) * stride_t, one, one_m, st, LOGITS, PRECISE), 0)

@@ -21,6 +21,7 @@ import torch
 from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _sampling_filters
 from spec_samplers.chunking import run_tree_chunked
 from spec_samplers.errors import input_error
+from spec_samplers.kernels.backend import launch_config, use_triton
 from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.torch_ops import probs_from_logits
@@ -132,10 +133,10 @@ class TreeEntries(SpecDecodeBaseSampler):
             (torch.Size([2, 4]), torch.Size([2, 3]))
         """
         B, N = self._check_padded(target_probs, draft_probs, draft_token_ids, "target_probs", "draft_probs")
-        op, takes_call = self._tree_op(target_probs.device)
+        takes_call = self._takes_call(target_probs.device)
         args = (target_probs, draft_probs, draft_token_ids, parents, draft_sampling, max_depth, is_greedy)
         tb = self._padded_call(*args, None) if takes_call else self._padded_batch(*args)
-        return self._run_tree(op, tb, B * N, seeds, offsets, seeded_seqs)
+        return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs)
 
     def forward_tree_ragged(
         self,
@@ -157,13 +158,13 @@ class TreeEntries(SpecDecodeBaseSampler):
         tokens as :meth:`forward_tree` on the same trees padded (and seeds)."""
         names = ("target_probs", "draft_probs")
         self._check_ragged(target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
-        op, takes_call = self._tree_op(target_probs.device)
+        takes_call = self._takes_call(target_probs.device)
         args = (target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling)
         if takes_call:
             tb: TreeBatch | TreeCall = self._ragged_call(*args, max_depth, is_greedy, None)
         else:
             tb = self._ragged_batch(*args, max_depth, is_greedy)
-        return self._run_tree(op, tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+        return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
 
     def forward_tree_from_logits(
         self,
@@ -185,11 +186,11 @@ class TreeEntries(SpecDecodeBaseSampler):
         processed as the chain logits entries do (temperature, min-p, top-k, top-p): exact for the
         processed target when the children were drawn from the processed draft rows."""
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
-        op, takes_call = self._tree_op(target_logits.device)
+        takes_call = self._takes_call(target_logits.device)
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
             t = self._temperature(temperature, B, target_logits.device)
             args = (target_logits, draft_logits, draft_token_ids, parents, draft_sampling, max_depth, None)
-            return self._run_tree(op, self._padded_call(*args, t), B * N, seeds, offsets, seeded_seqs)
+            return self._run_tree(self._padded_call(*args, t), B * N, seeds, offsets, seeded_seqs)
         V = target_logits.shape[2]
         request = torch.arange(B, device=target_logits.device).repeat_interleave(N + 1)
         greedy, q, p, row_temp = self._logits_rows(
@@ -198,12 +199,12 @@ class TreeEntries(SpecDecodeBaseSampler):
         )  # fmt: skip
         q = q.view(B, N + 1, V)
         p = None if p is None else p.view(B, N + 1, V)
+        rows = (q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
         if takes_call:  # sampling_params=: the rows were processed into probabilities
-            tb: TreeBatch | TreeCall = self._padded_call(q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy, None)
+            tb: TreeBatch | TreeCall = self._padded_call(*rows, None)
         else:
-            tb = self._padded_batch(q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
-            tb = replace(tb, temperature=row_temp)
-        return self._run_tree(op, tb, B * N, seeds, offsets, seeded_seqs)
+            tb = replace(self._padded_batch(*rows), temperature=row_temp)
+        return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs)
 
     def forward_tree_ragged_from_logits(
         self,
@@ -226,12 +227,12 @@ class TreeEntries(SpecDecodeBaseSampler):
         names = ("target_logits", "draft_logits")
         self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         B = cu_num_nodes.shape[0]
-        op, takes_call = self._tree_op(target_logits.device)
+        takes_call = self._takes_call(target_logits.device)
         args = (draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling)
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
             t = self._temperature(temperature, B, target_logits.device)
             tb0 = self._ragged_call(target_logits, draft_logits, *args, max_depth, None, t)
-            return self._run_tree(op, tb0, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+            return self._run_tree(tb0, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
         rows = torch.arange(target_logits.shape[0], device=target_logits.device)
         # row r belongs to the request b with cu[b-1] + b <= r < cu[b] + b + 1
         ends = cu_num_nodes.to(torch.int64) + torch.arange(1, B + 1, device=rows.device)
@@ -243,7 +244,7 @@ class TreeEntries(SpecDecodeBaseSampler):
             tb: TreeBatch | TreeCall = self._ragged_call(q, p, *args, max_depth, greedy, None)
         else:
             tb = replace(self._ragged_batch(q, p, *args, max_depth, greedy), temperature=row_temp)
-        return self._run_tree(op, tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+        return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
 
     # -- the pipeline -----------------------------------------------------------------------------
 
@@ -417,15 +418,13 @@ class TreeEntries(SpecDecodeBaseSampler):
         p = None if draft is None else _rows_to_probs(draft, request, t, filters)
         return t == 0, q, p, None
 
-    def _tree_op(self, device: torch.device) -> tuple[Callable[..., TreeOutput], bool]:
-        """(the tree op, options bound, whether it takes a :class:`TreeCall`): the kernel of a
-        sampler declaring ``tree_kernel_takes_call`` reads the inputs as given; every other op
-        gets the :class:`TreeBatch` the entries build."""
+    def _takes_call(self, device: torch.device) -> bool:
+        """Whether the tree op of this call is a kernel that reads a :class:`TreeCall` (declared by
+        ``tree_kernel_takes_call``; the backend decision of :meth:`_choose_op`): then the entry
+        builds no :class:`TreeBatch`."""
         cls = type(self)
-        assert cls.tree_reference is not None  # _require_tree
-        op = self._choose_op(cls.tree_kernel, cls.tree_reference, run_tree_chunked, device, self.tree_options())
-        kernel = cls.tree_kernel
-        return op, cls.tree_kernel_takes_call and getattr(op, "func", None) is kernel
+        kernel = cls.tree_kernel is not None and use_triton(self.backend, device, launch_config())
+        return cls.tree_kernel_takes_call and kernel
 
     def _temperature(self, temperature: torch.Tensor | None, B: int, device: torch.device) -> torch.Tensor:
         """``temperature=`` of a logits entry, checked (the kernels read it per request)."""
@@ -499,7 +498,6 @@ class TreeEntries(SpecDecodeBaseSampler):
 
     def _run_tree(
         self,
-        op: Callable[..., TreeOutput],
         tb: TreeBatch | TreeCall,
         num_nodes: int,
         seeds: torch.Tensor | None,
@@ -507,9 +505,12 @@ class TreeEntries(SpecDecodeBaseSampler):
         seeded_seqs: dict[int, torch.Generator] | None,
     ) -> TreeOutput:
         """The tree pipeline's tail, shared with the chain entries: seeds (:meth:`_seeds`), the
-        op (:meth:`_tree_op`), the counters (added by the kernel of a :class:`TreeCall`)."""
+        backend decision (:meth:`_choose_op`, options bound now: a sampler may set them while
+        building the batch), the counters (added by the kernel of a :class:`TreeCall`)."""
         cls = type(self)
         device = tb.target.device
+        assert cls.tree_reference is not None  # _require_tree
+        op = self._choose_op(cls.tree_kernel, cls.tree_reference, run_tree_chunked, device, self.tree_options())
         if cls.tree_random:
             seeds, offsets = self._seeds(tb.batch_size, device, Randomness(seeded_seqs, seeds, offsets))
             if isinstance(tb, TreeBatch):
