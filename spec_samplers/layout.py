@@ -338,13 +338,18 @@ def as_parents(parents: object, device: torch.device) -> torch.Tensor:
         if not all(isinstance(p, int) and not isinstance(p, bool) for p in parents):
             raise input_error("parents", "a list of ints or an int tensor", repr(parents))
         return torch.tensor(list(parents), dtype=torch.int64, device=device)
+    return check_parents_tensor(parents, device).to(torch.int64)
+
+
+def check_parents_tensor(parents: object, device: torch.device) -> torch.Tensor:
+    """``parents`` as given, checked: an int32/int64 tensor on ``device`` (metadata only)."""
     if not isinstance(parents, torch.Tensor):
         raise input_error("parents", "a [N] or [B, N] int tensor (or a list of ints)", type(parents).__name__)
     if parents.dtype not in (torch.int32, torch.int64):
         raise input_error("parents", "dtype int32 or int64", parents.dtype)
     if parents.device != device:
         raise input_error("parents", f"device {device}", f"device {parents.device}")
-    return parents.to(torch.int64)
+    return parents
 
 
 def clean_parents(parents: torch.Tensor) -> torch.Tensor:
@@ -417,6 +422,33 @@ class TreeBatch:
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.shape[1]
+
+
+@dataclass(frozen=True)
+class TreeCall:
+    """One tree verification call as the tree kernels read it: the inputs as given (no index
+    map, no cleaned parents, no depths: the kernels derive them), so that the entry runs no
+    PyTorch op before the launch. :class:`TreeBatch` is the references' description of the
+    same call (built only when a reference runs)."""
+
+    target: torch.Tensor  # [R, V] rows: the padded [B, N+1, V] flattened, or the ragged [T+B, V]
+    draft: torch.Tensor | None  # [R, V] or None: point-mass drafts
+    tokens: torch.Tensor  # [B, N] padded / [T] ragged int32/int64 as given
+    parents: torch.Tensor  # [N] or [B, N] padded / [T] ragged int32/int64 as given (cleaned by the kernels)
+    cu_num_nodes: torch.Tensor | None  # [B] ragged, None: padded
+    batch_size: int  # B
+    num_nodes: int  # N (ragged: max_nodes)
+    max_depth: int  # D: the output has D+1 token slots
+    policy: str
+    is_greedy: torch.Tensor | None  # [B] bool
+    temperature: torch.Tensor | None = None  # [B] float per request when the rows hold logits (0: greedy)
+    seeds: torch.Tensor | None = None  # [B] int64
+    offsets: torch.Tensor | None = None  # [B] int64, None: 0
+    counts: torch.Tensor | None = None  # the sampler's counters' buffer (the kernels add the output to it)
 
     @property
     def vocab_size(self) -> int:

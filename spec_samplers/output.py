@@ -125,7 +125,8 @@ def seeds_of(tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def finish_walk(
     tb: TreeBatch, stop: torch.Tensor, residual: torch.Tensor, q_ok: torch.Tensor, q_argmax: torch.Tensor
 ) -> TreeOutput:
-    """The final draw at the stop node and the output (shared with the kernel launcher's result)."""
+    """The final draw at the stop node and the output (the references' tail; the tree kernels do
+    the same in their epilogue)."""
     seeds, offsets = seeds_of(tb)
     alive = stop >= 0
     stop_depth = at(tb.depth, stop.clamp(min=0))

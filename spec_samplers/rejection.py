@@ -52,3 +52,4 @@ class RejectionSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     kernel_counts = True  # the launcher adds batch.counters
     tree_reference = staticmethod(rejection_tree_reference)
     tree_kernel = staticmethod(rejection_tree_triton)
+    tree_kernel_takes_call = True

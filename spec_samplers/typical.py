@@ -63,6 +63,7 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
     kernel_counts = True  # the launcher adds batch.counters
     tree_reference = staticmethod(typical_tree_reference)
     tree_kernel = staticmethod(typical_tree_triton)
+    tree_kernel_takes_call = True
     tree_random = False
 
     def __init__(

@@ -65,7 +65,9 @@ SAMPLING_LAUNCHES = {
     "sampling.top_k_mask_logits": ["thresholds", "mask"],
 }
 
-_CALLS = {c.name: c for c in dp._sampler_calls("triton", 1) + dp._sampling_calls("triton", 3)}
+_CALLS = {
+    c.name: c for c in dp._sampler_calls("triton", 1) + dp._tree_calls("triton", 2) + dp._sampling_calls("triton", 3)
+}
 _CALLS.pop("sampling.chain_speculative_sampling")  # not a sampling operation of the list
 
 
@@ -77,7 +79,14 @@ def test_launches_per_call(name):
     assert row["launches"] <= OVER_LIMIT.get(name, limit), f"{name}: {row['triton']} + {row['eager_ops']}"
 
 
-NO_EAGER = ["rejection.forward", "typical.forward_ragged_from_logits[draft_rows]", "block.forward"]
+NO_EAGER = [
+    "rejection.forward",
+    "typical.forward_ragged_from_logits[draft_rows]",
+    "block.forward",
+    # the tree kernels derive the layout, draw the final token and count in the launch
+    "rejection.forward_tree_ragged_from_logits",
+    "typical.forward_tree_from_logits",
+]
 
 
 @pytest.mark.parametrize("name", NO_EAGER)

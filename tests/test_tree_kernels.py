@@ -27,11 +27,16 @@ def _workload(shape, policy, B, V, seed, dtype=torch.float32):
     return target.to(dtype), draft.to(dtype), tokens, parents, seeds
 
 
-def _both(call):
-    ref = call(RejectionSampler(backend="torch"))
-    ker = call(RejectionSampler(backend=KERNEL_BACKEND))
+def _both(call, cls=RejectionSampler):
+    """The call on the reference and on the kernel: same tokens, same nodes, same counters (the
+    kernel adds them in its epilogue, the reference with eager ops)."""
+    ref_sampler, ker_sampler = cls(backend="torch"), cls(backend=KERNEL_BACKEND)
+    ref, ker = call(ref_sampler), call(ker_sampler)
     assert torch.equal(ref.token_ids.cpu(), ker.token_ids.cpu()), (ref.token_ids, ker.token_ids)
     assert torch.equal(ref.node_ids.cpu(), ker.node_ids.cpu())
+    for name in ("num_accepted_tokens", "num_emitted_tokens", "num_accepted_per_position"):
+        assert torch.equal(getattr(ref_sampler, name).cpu(), getattr(ker_sampler, name).cpu()), name
+    assert ref_sampler.num_draft_tokens == ker_sampler.num_draft_tokens
     return ref
 
 
@@ -92,11 +97,42 @@ def test_kernel_awkward_inputs():
 def _both_typical(call):
     from spec_samplers import TypicalAcceptanceSampler
 
-    ref = call(TypicalAcceptanceSampler(backend="torch"))
-    ker = call(TypicalAcceptanceSampler(backend=KERNEL_BACKEND))
-    assert torch.equal(ref.token_ids.cpu(), ker.token_ids.cpu()), (ref.token_ids, ker.token_ids)
-    assert torch.equal(ref.node_ids.cpu(), ker.node_ids.cpu())
-    return ref
+    return _both(call, TypicalAcceptanceSampler)
+
+
+@pytest.mark.parametrize("rule", ["rejection", "typical"])
+def test_kernel_ragged_logits_and_bad_trees(rule):
+    """What the kernels derive from the inputs as given (rows, cleaned parents, ragged spans),
+    on both rules: ragged probabilities and logits, padded logits, sampling_params= (processed
+    rows), parents outside [0, j) and -1, int32 spans, a malformed ragged request (emits
+    nothing), the default width (N without a list of parents)."""
+    from spec_samplers import SamplingParams, TypicalAcceptanceSampler
+
+    cls = RejectionSampler if rule == "rejection" else TypicalAcceptanceSampler
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["uneven"], "independent", 4, 11, seed=21))
+    if rule == "typical":  # drafts near the target's mode so that some paths pass
+        tokens = torch.where(torch.arange(tokens.shape[1], device=DEVICE) % 2 == 0, target[:, :-1].argmax(-1), tokens)
+    rnd = dict(seeds=seeds) if rule == "rejection" else {}
+    N = tokens.shape[1]
+    bad = parents.clone()
+    bad[0, 2] = 5  # >= j: detached
+    bad[1, 1] = -1
+    bad[2, 3] = -9
+    out = _both(lambda s: s.forward_tree(target, draft, tokens, bad.int(), **rnd), cls)
+    assert out.token_ids.shape == (4, N + 1)  # tensor parents, no max_depth: D = N
+    temperature = torch.tensor([0.0, 0.7, 1.3, 1.0], device=DEVICE)
+    logits, dlogits = target.log(), draft.log()
+    _both(lambda s: s.forward_tree_from_logits(logits, dlogits, tokens, bad, temperature, max_depth=3, **rnd), cls)
+    params = [SamplingParams(temperature=0.8, top_k=4), SamplingParams(temperature=0.0)] * 2
+    _both(lambda s: s.forward_tree_from_logits(logits, dlogits, tokens, parents, sampling_params=params, **rnd), cls)
+    t, d, toks, pars, cu = ragged_from_padded(target, draft, tokens, bad, [6, 2, 0, 4])
+    lt, ld = t.log(), d.log()
+    _both(lambda s: s.forward_tree_ragged(t, d, toks, pars.int(), cu.int(), 6, **rnd), cls)
+    _both(lambda s: s.forward_tree_ragged_from_logits(lt, ld, toks, pars, cu, 6, temperature, max_depth=2, **rnd), cls)
+    malformed = cu.clone()
+    malformed[1] = 3  # request 1 ends before it starts; request 2 then spans [3, 8)
+    out = _both(lambda s: s.forward_tree_ragged(t, d, toks, pars, malformed, 6, **rnd), cls)
+    assert bool((out.token_ids[1] == -1).all()) and bool((out.node_ids[1] == -1).all())
 
 
 @pytest.mark.parametrize(("shape", "V"), [("binary", 9), ("uneven", 2100)])
@@ -126,7 +162,7 @@ def test_tree_kernels_compile_for_sm90(tmp_path):
     script = here / "tree_compile_check.py"
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled all tree kernel variants for sm_90: 26 variants" in proc.stdout
+    assert "compiled all tree kernel variants for sm_90: 36 variants" in proc.stdout
 
 
 @pytest.mark.parametrize("policy", POLICIES)

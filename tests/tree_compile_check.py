@@ -1,8 +1,9 @@
 """Compile the tree kernels (spec_samplers/kernels/tree_kernels.py) for sm_90 without a GPU, every
 variant the launchers can reach: policy (independent, without replacement, point mass), greedy
-mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax); the typical kernel for
-both dtypes. Catches what the interpreter cannot (compiled-mode typing of the scalar walk). Run
-with TRITON_INTERPRET unset (tests/test_tree_kernels.py does)."""
+mask or not, fp32 / bf16 rows, probabilities or logits (fused softmax), padded or ragged (int32
+ids, no offsets); the typical kernel for both dtypes, both row kinds and both layouts. Catches
+what the interpreter cannot (compiled-mode typing of the scalar walk). Run with TRITON_INTERPRET
+unset (tests/test_tree_kernels.py does)."""
 
 import itertools
 import os
@@ -16,7 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from spec_samplers.kernels.launch_common import precise_math  # noqa: E402
 from spec_samplers.kernels.tree_kernels import rejection_tree_kernel, typical_tree_kernel  # noqa: E402
-from spec_samplers.kernels.tree_launch import TREE_BLOCK_V  # noqa: E402
+from spec_samplers.kernels.tree_launch import TREE_BLOCK_D, TREE_BLOCK_V  # noqa: E402
 
 META = torch.device("meta")
 TYPES.setdefault(torch.int8, "i8")
@@ -28,27 +29,34 @@ def t(dtype):
 
 def main():
     count = 0
-    i64 = torch.int64
-    for policy, greedy, dtype, logits in itertools.product(
-        (0, 1, 2), (False, True), (torch.float32, torch.bfloat16), (False, True)
-    ):
+    i64, i32 = torch.int64, torch.int32
+    dtypes = (torch.float32, torch.bfloat16)
+    variants = [(*v, False) for v in itertools.product((0, 1, 2), (False, True), dtypes, (False, True))]
+    # the ragged layout (int32 ids and spans, offsets absent) on both row kinds
+    variants += [(0, False, dtype, logits, True) for dtype in dtypes for logits in (False, True)]
+    for policy, greedy, dtype, logits, ragged in variants:
+        ids = i32 if ragged else i64
         args = dict(
             target_ptr=t(dtype), stride_t=5000, draft_ptr=None if policy == 2 else t(dtype), stride_d=5000,
-            rows_ptr=t(i64), drows_ptr=t(i64), tokens_ptr=t(i64), parents_ptr=t(i64), depth_ptr=t(i64),
-            seed_ptr=t(i64), offset_ptr=t(i64), greedy_ptr=t(torch.bool) if greedy else None,
-            scratch_ptr=t(torch.float32), resid_ptr=t(torch.float32), stop_ptr=t(i64), qok_ptr=t(torch.int8),
-            amax_ptr=t(i64), temp_ptr=t(torch.float32) if logits else None, N=10, V=5000, max_depth=3,
-            POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=precise_math(),
+            tokens_ptr=t(ids), stride_tb=10, parents_ptr=t(ids), stride_pb=0, cu_ptr=t(ids) if ragged else None,
+            num_tokens=20, seed_ptr=t(i64), offset_ptr=None if ragged else t(i64),
+            greedy_ptr=t(torch.bool) if greedy else None, temp_ptr=t(torch.float32) if logits else None,
+            scratch_ptr=t(torch.float32), out_ptr=t(i64), nodes_ptr=t(i64), counts_ptr=t(i64),
+            N=10, V=5000, max_depth=3,
+            POLICY=policy, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=precise_math(),
         )  # fmt: skip
         sig, consts = signature(rejection_tree_kernel, args)
         triton.compile(ASTSource(fn=rejection_tree_kernel, signature=sig, constexprs=consts), target=TARGET)
         count += 1
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, logits, ragged in itertools.product((torch.float32, torch.bfloat16), (False, True), (False, True)):
+        ids = i32 if ragged else i64
         args = dict(
-            target_ptr=t(dtype), stride_t=5000, rows_ptr=t(i64), tokens_ptr=t(i64), parents_ptr=t(i64),
-            depth_ptr=t(i64), thr_ptr=t(torch.float64), amax_ptr=t(i64), rowok_ptr=t(torch.int8),
-            pass_ptr=t(torch.int8), stop_ptr=t(i64), final_ptr=t(i64), posterior_threshold=0.09,
-            posterior_alpha=0.3, N=10, V=5000, max_depth=3, BLOCK_V=TREE_BLOCK_V, PRECISE=precise_math(),
+            target_ptr=t(dtype), stride_t=5000, tokens_ptr=t(ids), stride_tb=10, parents_ptr=t(ids), stride_pb=10,
+            cu_ptr=t(ids) if ragged else None, num_tokens=20, temp_ptr=t(torch.float32) if logits else None,
+            stat_ptr=t(torch.float32) if logits else None, lidx_ptr=t(i64) if logits else None,
+            thr_ptr=t(torch.float64), amax_ptr=t(i64), rowok_ptr=t(torch.int8), pdepth_ptr=t(i64),
+            out_ptr=t(i64), nodes_ptr=t(i64), counts_ptr=t(i64), posterior_threshold=0.09, posterior_alpha=0.3,
+            N=10, V=5000, max_depth=3, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=precise_math(),
         )  # fmt: skip
         sig, consts = signature(typical_tree_kernel, args)
         triton.compile(ASTSource(fn=typical_tree_kernel, signature=sig, constexprs=consts), target=TARGET)

@@ -8,9 +8,11 @@ lives in the target row while no child has been rejected ("fresh"), then in a [B
 scratch, ping-ponged so that a residual whose mass vanished (<= RESIDUAL_MASS_EPS) can be kept.
 Each tried child costs gathered scalars; a rejected one one vocabulary pass (the new residual and
 its float64 mass); an accepted one none (greedy rows: one argmax pass at the new node). At the
-end the program writes the stop node, the residual there, whether its target row has mass and
-its argmax; the launcher draws the final token from that residual with the package's race
-(:func:`spec_samplers.output.final_draw`), so the draw follows the one rule of rng.py.
+end the program draws the final token from the stop node's residual by the package's two-level
+race (:func:`spec_samplers.output.final_draw`'s rule, group by group: :func:`_race_residual`)
+and writes the output row and the counters. The layout is derived in the prologue from the
+inputs as given (:class:`spec_samplers.layout.TreeCall`): rows, cleaned parents and ragged
+spans per node as it is visited, so the launch is the entry's only operation.
 Logits inputs (``temp_ptr`` given) are read through the softmax rule of
 :func:`spec_samplers.torch_ops.probs_from_logits`, with each visited row's statistics computed on
 entering its node (two vocabulary passes), so no probability tensor is written.
@@ -23,11 +25,22 @@ import triton.language as tl
 
 from spec_samplers.constants import ENTROPY_EPS_FP32, RESIDUAL_MASS_EPS
 from spec_samplers.kernels import common as kc
-from spec_samplers.kernels.rng import precise_exp, precise_log, random_words, uniform_from_words
-from spec_samplers.rng import STREAM_ACCEPT
+from spec_samplers.kernels.rng import (
+    precise_exp,
+    precise_log,
+    race_exponential,
+    race_in_group,
+    random_words,
+    uniform_from_words,
+)
+from spec_samplers.kernels.verify_kernels import count_row
+from spec_samplers.rng import LEVEL1_COUNTER, RACE_GROUP, STREAM_ACCEPT, STREAM_RECOVER
 
 _MASS_EPS = tl.constexpr(RESIDUAL_MASS_EPS)
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+_STREAM_RECOVER = tl.constexpr(STREAM_RECOVER)
+_RACE_GROUP = tl.constexpr(RACE_GROUP)
+_LEVEL1_COUNTER = tl.constexpr(LEVEL1_COUNTER)
 _ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
 #: POLICY values
 INDEPENDENT = 0
@@ -103,51 +116,148 @@ def _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, m, st, LOGITS: tl.constex
 
 
 @triton.jit
+def _span(cu_ptr, b, N, num_tokens, RAGGED: tl.constexpr):
+    """(first flat node, node count n_b) of request b: the ragged rule of
+    :func:`spec_samplers.layout.request_spans` (n_b = -1: malformed, no row, no node), or (b * N,
+    N) padded."""
+    if RAGGED:
+        start, n = kc.request_span(cu_ptr, b, N, num_tokens, True)
+    else:
+        start = b * N
+        n = (b * 0 + N).to(tl.int64)
+    return start, n
+
+
+@triton.jit
+def _node_row(b, j, start, n, N, RAGGED: tl.constexpr):
+    """Flat target / draft row of node j (0 = root) of request b, -1 when it has none
+    (:func:`spec_samplers.layout.padded_maps` / ``ragged_maps``)."""
+    if RAGGED:
+        return tl.where(j <= n, start + b + j, -1).to(tl.int64)
+    else:
+        return (b * (N + 1) + j).to(tl.int64)
+
+
+@triton.jit
+def _node(tokens_ptr, parents_ptr, b, j, start, n, stride_tb, stride_pb, RAGGED: tl.constexpr):
+    """(token, cleaned parent) of node j >= 1: the parent -1 unless in [0, j)
+    (:func:`spec_samplers.layout.clean_parents`) or when the node does not exist (ragged:
+    j > n_b). Tokens and parents as given (int32/int64, node stride 1; padded parents may be
+    shared by the batch: ``stride_pb`` 0)."""
+    exists = j <= n
+    if RAGGED:
+        flat = tl.where(exists, start + j - 1, 0)
+        tok = tl.load(tokens_ptr + flat, mask=exists, other=-1).to(tl.int64)
+        par = tl.load(parents_ptr + flat, mask=exists, other=-1).to(tl.int64)
+    else:
+        tok = tl.load(tokens_ptr + b * stride_tb + j - 1).to(tl.int64)
+        par = tl.load(parents_ptr + b * stride_pb + j - 1).to(tl.int64)
+    return tok, tl.where(exists & (par >= 0) & (par < j), par, -1)
+
+
+@triton.jit
+def _race_residual(
+    t_ptr, t_off, s_ptr, s_off, fresh, st, seed, offset, position, V,
+    LOGITS: tl.constexpr, PRECISE: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The recovery race of the residual (:func:`spec_samplers.rng.recovery_race`, stream
+    STREAM_RECOVER, counter base position * 2**32): level 1 group by group (BLOCK_V = RACE_GROUP:
+    one vector step is one group, its fp64 sum and its exponential), level 2 over the winner's
+    entries, re-read."""
+    tl.static_assert(BLOCK_V == _RACE_GROUP)
+    base = position.to(tl.int64) << 32
+    best = tl.full([], -1.0, tl.float64)
+    group = (seed * 0).to(tl.int64)
+    for s in range(0, V, BLOCK_V):
+        offs = s + tl.arange(0, BLOCK_V)
+        r = _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, offs < V, st, LOGITS, PRECISE)
+        g = (seed * 0 + s // BLOCK_V).to(tl.int64)
+        e = race_exponential(seed, offset, base + _LEVEL1_COUNTER, g, _STREAM_RECOVER, PRECISE)
+        key = tl.sum(r.to(tl.float64), 0) / e.to(tl.float64)
+        group = tl.where(key > best, g, group)
+        best = tl.maximum(best, key)
+    offs = group * BLOCK_V + tl.arange(0, BLOCK_V)
+    w = _residual(t_ptr, t_off, s_ptr, s_off, fresh, offs, offs < V, st, LOGITS, PRECISE)
+    return group * BLOCK_V + race_in_group(w, offs < V, seed, offset, base, _STREAM_RECOVER, PRECISE)
+
+
+@triton.jit
+def _write_tail(out_ptr, nodes_ptr, counts_ptr, b, length, final, max_depth, BLOCK_D: tl.constexpr):
+    """The output's tail (:func:`spec_samplers.output.tree_output`): ``final`` at slot
+    ``length`` (after the path the walk wrote), -1 after it and in the node slots from ``length``
+    on (slots the path did not write), and the row added to the sampler's counters
+    (:func:`spec_samplers.kernels.verify_kernels.count_row`; None: not counted)."""
+    for s in range(0, max_depth + 1, BLOCK_D):
+        pos = s + tl.arange(0, BLOCK_D)
+        tail = (pos >= length) & (pos <= max_depth)
+        tl.store(out_ptr + b * (max_depth + 1) + pos, tl.where(pos == length, final, -1), mask=tail)
+        tl.store(nodes_ptr + b * max_depth + pos, tl.full([BLOCK_D], -1, tl.int64), mask=tail & (pos < max_depth))
+        if counts_ptr is not None:
+            row = tl.where(pos < length, 0, tl.where(pos == length, final, -1))
+            count_row(counts_ptr, row, pos, max_depth)
+
+
+@triton.jit
 def rejection_tree_kernel(
     target_ptr,  # [R, V] fp32/fp16/bf16, vocab stride 1
     stride_t,
-    draft_ptr,  # [R', V] or None (point-mass drafts)
+    draft_ptr,  # [R, V] or None (point-mass drafts)
     stride_d,
-    rows_ptr,  # [B, N+1] int64 target row of node j (-1: none)
-    drows_ptr,  # [B, N+1] int64 draft row of node j
-    tokens_ptr,  # [B, N] int64
-    parents_ptr,  # [B, N] int64, cleaned
-    depth_ptr,  # [B, N+1] int64
+    tokens_ptr,  # [B, N] padded / [T] ragged int32/int64, node stride 1
+    stride_tb,
+    parents_ptr,  # [B, N] or [N] padded / [T] ragged int32/int64 as given (cleaned here)
+    stride_pb,  # 0: one parents row for the batch
+    cu_ptr,  # [B] int32/int64 inclusive cumsum of N_b (ragged), None: padded
+    num_tokens,  # T (ragged)
     seed_ptr,  # [B] int64
-    offset_ptr,  # [B] int64
+    offset_ptr,  # [B] int64, None: 0
     greedy_ptr,  # [B] bool or None
+    temp_ptr,  # [B] float temperature (0: greedy) when the rows hold logits, None: probabilities
     scratch_ptr,  # [B, 2, V] fp32
-    resid_ptr,  # [B, V] fp32 out: the residual at the stop node
-    stop_ptr,  # [B] int64 out
-    qok_ptr,  # [B] int8 out: the stop node's target row has mass
-    amax_ptr,  # [B] int64 out: its argmax
-    temp_ptr,  # [R] fp32 temperature of each flat row (0: greedy), or None: the rows hold probabilities
+    out_ptr,  # [B, D+1] int64 out: TreeOutput.token_ids
+    nodes_ptr,  # [B, D] int64 out: TreeOutput.node_ids
+    counts_ptr,  # [2 + >= D] int64 sampler counters, or None
     N,
     V,
     max_depth,
     POLICY: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
+    """Program b walks request b's tree (module docstring), draws the final token at the stop
+    node and writes the output row: the whole of
+    :func:`spec_samplers.tree.reference.rejection_tree_reference`. The layout (rows, cleaned
+    parents, depths) is derived here from the inputs as given: an accepted child sits one level
+    below the current node, so the depth is a register."""
     LOGITS: tl.constexpr = temp_ptr is not None
+    RAGGED: tl.constexpr = cu_ptr is not None
     b = tl.program_id(0).to(tl.int64)
+    start, n = _span(cu_ptr, b, N, num_tokens, RAGGED)
     seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
+    offset = (b * 0).to(tl.int64)
+    if offset_ptr is not None:
+        offset = tl.load(offset_ptr + b)
+    temp = 1.0
+    if LOGITS:
+        temp = tl.load(temp_ptr + b).to(tl.float32)
     greedy = 0
     if greedy_ptr is not None:
         greedy = tl.load(greedy_ptr + b).to(tl.int32)
-    root_row = tl.load(rows_ptr + b * (N + 1))
+    elif LOGITS:
+        greedy = tl.where(temp == 0, 1, 0)
+    root_row = _node_row(b, 0, start, n, N, RAGGED)
     alive = root_row >= 0
     cur = tl.where(alive, 0, -1).to(tl.int64)
+    cur_row = root_row
+    depth = (b * 0).to(tl.int64)  # of the current node
     t_off = tl.maximum(root_row, 0) * stride_t
     t_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # logits rule constants of the current target row
     d_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
-    d_row0 = tl.load(drows_ptr + b * (N + 1))
     if LOGITS:
-        temp = tl.load(temp_ptr + tl.maximum(root_row, 0))
         t_st = _logit_stats(target_ptr, t_off, alive, temp, V, BLOCK_V, PRECISE)
         if POLICY != 2:
-            d_st = _logit_stats(draft_ptr, tl.maximum(d_row0, 0) * stride_d, d_row0 >= 0, temp, V, BLOCK_V, PRECISE)
+            d_st = _logit_stats(draft_ptr, tl.maximum(root_row, 0) * stride_d, alive, temp, V, BLOCK_V, PRECISE)
     s_base = b * 2 * V
     slot = 0
     fresh = 1
@@ -157,17 +267,15 @@ def rejection_tree_kernel(
     if greedy != 0:
         q_argmax, root_max = _row_argmax(target_ptr, t_off, alive, V, t_st, LOGITS, PRECISE, BLOCK_V)
     for j in range(1, N + 1):
-        par = tl.load(parents_ptr + b * N + j - 1)
-        dj = tl.load(depth_ptr + b * (N + 1) + j)
-        if (par == cur) & (dj >= 1) & (dj <= max_depth):
-            tok_raw = tl.load(tokens_ptr + b * N + j - 1)
+        tok_raw, par = _node(tokens_ptr, parents_ptr, b, j, start, n, stride_tb, stride_pb, RAGGED)
+        if alive & (par == cur) & (depth < max_depth):
             valid = (tok_raw >= 0) & (tok_raw < V)
             tok = tl.where(valid, tok_raw, 0)
             s_off = s_base + slot * V
             one = tok + tl.arange(0, 1)
             one_m = kc.mask_if(valid, one >= 0)  # a block mask (kc.mask_if)
             r_c = tl.sum(_residual(target_ptr, t_off, scratch_ptr, s_off, fresh, one, one_m, t_st, LOGITS, PRECISE), 0)
-            d_row = tl.load(drows_ptr + b * (N + 1) + cur)
+            d_row = cur_row
             p_c = 1.0
             if POLICY != 2:
                 d_off = tl.maximum(d_row, 0) * stride_d
@@ -184,19 +292,22 @@ def rejection_tree_kernel(
             if greedy != 0:
                 accept = valid & (tok == q_argmax) & (r_c > 0)
             if accept:
+                # the path so far: node j at slot depth (its depth - 1)
+                tl.store(out_ptr + b * (max_depth + 1) + depth, tok_raw)
+                tl.store(nodes_ptr + b * max_depth + depth, j + (b * 0))
                 cur = j + (b * 0)
-                row_j = tl.load(rows_ptr + b * (N + 1) + j)
+                depth += 1
+                row_j = _node_row(b, j, start, n, N, RAGGED)
+                cur_row = row_j
                 t_off = tl.maximum(row_j, 0) * stride_t
                 fresh = 1
                 z = 1.0
                 removed = 0.0
                 if LOGITS:
-                    temp = tl.load(temp_ptr + tl.maximum(row_j, 0))
                     t_st = _logit_stats(target_ptr, t_off, row_j >= 0, temp, V, BLOCK_V, PRECISE)
                     if POLICY != 2:
-                        d_row_j = tl.load(drows_ptr + b * (N + 1) + j)
-                        d_off_j = tl.maximum(d_row_j, 0) * stride_d
-                        d_st = _logit_stats(draft_ptr, d_off_j, d_row_j >= 0, temp, V, BLOCK_V, PRECISE)
+                        d_off_j = tl.maximum(row_j, 0) * stride_d
+                        d_st = _logit_stats(draft_ptr, d_off_j, row_j >= 0, temp, V, BLOCK_V, PRECISE)
                 if greedy != 0:
                     q_argmax, node_max = _row_argmax(target_ptr, t_off, row_j >= 0, V, t_st, LOGITS, PRECISE, BLOCK_V)
             elif ok & (greedy == 0):
@@ -222,58 +333,80 @@ def rejection_tree_kernel(
                     z = new_z
                 if POLICY == 1:
                     removed = removed + p_drawn
-    # the stop node: its residual, whether its target row has mass, its argmax
-    stop_row = tl.load(rows_ptr + b * (N + 1) + tl.maximum(cur, 0))
-    amax, qmax = _row_argmax(target_ptr, t_off, alive & (stop_row >= 0), V, t_st, LOGITS, PRECISE, BLOCK_V)
+    # the stop node: whether its target row has mass and its argmax, then the final draw from its
+    # residual (spec_samplers.output.final_draw)
+    amax, qmax = _row_argmax(target_ptr, t_off, alive & (cur_row >= 0), V, t_st, LOGITS, PRECISE, BLOCK_V)
     s_off = s_base + slot * V
-    for s in range(0, V, BLOCK_V):
-        offs = s + tl.arange(0, BLOCK_V)
-        m = offs < V
-        r = _residual(target_ptr, t_off, scratch_ptr, s_off, fresh, offs, m, t_st, LOGITS, PRECISE)
-        tl.store(resid_ptr + b * V + offs, r, mask=m)
-    tl.store(stop_ptr + b, cur)
-    tl.store(qok_ptr + b, (qmax > 0).to(tl.int8))
-    tl.store(amax_ptr + b, amax)
+    token = _race_residual(
+        target_ptr, t_off, scratch_ptr, s_off, fresh, t_st, seed, offset, depth, V, LOGITS, PRECISE, BLOCK_V
+    )
+    if greedy != 0:
+        token = amax
+    final = tl.where(alive & (qmax > 0), token, -1)
+    _write_tail(out_ptr, nodes_ptr, counts_ptr, b, depth, final, max_depth, BLOCK_D)
 
 
 @triton.jit
 def typical_tree_kernel(
     target_ptr,  # [R, V] fp32/fp16/bf16, vocab stride 1
     stride_t,
-    rows_ptr,  # [B, N+1] int64 target row of node j (-1: none)
-    tokens_ptr,  # [B, N] int64
-    parents_ptr,  # [B, N] int64, cleaned
-    depth_ptr,  # [B, N+1] int64
+    tokens_ptr,  # [B, N] padded / [T] ragged int32/int64, node stride 1
+    stride_tb,
+    parents_ptr,  # [B, N] or [N] padded / [T] ragged int32/int64 as given (cleaned here)
+    stride_pb,
+    cu_ptr,  # [B] ragged, None: padded
+    num_tokens,  # T (ragged)
+    temp_ptr,  # [B] float temperature when the rows hold logits, None: probabilities
+    stat_ptr,  # [B, N+1, 4] fp32 scratch: logits rule constants of each node's row (LOGITS)
+    lidx_ptr,  # [B, N+1] int64 scratch: argmax of each node's logits (LOGITS)
     thr_ptr,  # [B, N+1] fp64 scratch: typical threshold of each node's row
     amax_ptr,  # [B, N+1] int64 scratch: argmax of each node's row
     rowok_ptr,  # [B, N+1] int8 scratch: the row has mass
-    pass_ptr,  # [B, N+1] int8 scratch: the node's whole path passes
-    stop_ptr,  # [B] int64 out: the deepest passing node (lowest index on ties), -1: none
-    final_ptr,  # [B] int64 out: argmax of its row (-1: no mass)
+    pdepth_ptr,  # [B, N+1] int64 scratch: depth of a node whose whole path passes, else -1
+    out_ptr,  # [B, D+1] int64 out: TreeOutput.token_ids
+    nodes_ptr,  # [B, D] int64 out: TreeOutput.node_ids
+    counts_ptr,  # [2 + >= D] int64 sampler counters, or None
     posterior_threshold,  # fp32 value
     posterior_alpha,  # fp32 value
     N,
     V,
     max_depth,
     BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """Medusa's tree rule (:func:`spec_samplers.tree.reference.typical_tree_reference`): one
-    vocabulary pass per node row (float64 entropy, argmax), then the path tests on gathered
-    scalars. Grid (B,)."""
+    """Medusa's tree rule (:func:`spec_samplers.tree.reference.typical_tree_reference`), the
+    output row included: one vocabulary pass per node row (float64 entropy, argmax; logits rows
+    read through the softmax rule, their statistics kept for the children's tests), the path
+    tests on gathered scalars, then the path written by walking up from the stop node. Grid (B,)."""
+    LOGITS: tl.constexpr = temp_ptr is not None
+    RAGGED: tl.constexpr = cu_ptr is not None
     b = tl.program_id(0).to(tl.int64)
+    start, n = _span(cu_ptr, b, N, num_tokens, RAGGED)
     base = b * (N + 1)
+    temp = 1.0
+    if LOGITS:
+        temp = tl.load(temp_ptr + b).to(tl.float32)
     for u in range(0, N + 1):
-        row = tl.load(rows_ptr + base + u)
+        row = _node_row(b, u, start, n, N, RAGGED)
         off = tl.maximum(row, 0) * stride_t
         hi = tl.where(row >= 0, V, 0)
+        st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)
+        if LOGITS:
+            st = _logit_stats(target_ptr, off, row >= 0, temp, V, BLOCK_V, PRECISE)
+            m_rule, c, r, cut, lidx, _t = st
+            tl.store(stat_ptr + (base + u) * 4, m_rule)
+            tl.store(stat_ptr + (base + u) * 4 + 1, c)
+            tl.store(stat_ptr + (base + u) * 4 + 2, r)
+            tl.store(stat_ptr + (base + u) * 4 + 3, cut)
+            tl.store(lidx_ptr + base + u, lidx)
         ent = tl.full([], 0.0, tl.float64)
         best = -1.0
         best_idx = 0
         for s in range(0, V, BLOCK_V):
             offs = s + tl.arange(0, BLOCK_V)
             m = offs < hi
-            q = kc.clean(tl.load(target_ptr + off + offs, mask=m, other=0.0))
+            q = _load(target_ptr, off, offs, m, st, LOGITS, PRECISE)
             q64 = q.to(tl.float64)
             ent += tl.sum(q64 * precise_log(q64 + _ENTROPY_EPS, PRECISE), axis=0)
             best, best_idx = kc.fold_argmax(tl.where(m, q, -1.0), s, best, best_idx)
@@ -282,28 +415,44 @@ def typical_tree_kernel(
         tl.store(thr_ptr + base + u, thr)
         tl.store(amax_ptr + base + u, best_idx.to(tl.int64))  # type: ignore[attr-defined]
         tl.store(rowok_ptr + base + u, (best > 0.0).to(tl.int8))  # type: ignore[attr-defined]  # a tensor after the loop
-    root_ok = tl.load(rows_ptr + base) >= 0
-    tl.store(pass_ptr + base, root_ok.to(tl.int8))
+    root_ok = _node_row(b, 0, start, n, N, RAGGED) >= 0
+    tl.store(pdepth_ptr + base, tl.where(root_ok, 0, -1).to(tl.int64))
     stop = tl.where(root_ok, 0, -1).to(tl.int64)
+    stop_depth = (b * 0).to(tl.int64)
     best_score = (b * 0).to(tl.int64)
     for j in range(1, N + 1):
-        par = tl.load(parents_ptr + b * N + j - 1)
-        dj = tl.load(depth_ptr + base + j)
-        tok_raw = tl.load(tokens_ptr + b * N + j - 1)
-        valid = (tok_raw >= 0) & (tok_raw < V) & (par >= 0) & (dj <= max_depth)
+        tok_raw, par = _node(tokens_ptr, parents_ptr, b, j, start, n, stride_tb, stride_pb, RAGGED)
         par_c = tl.maximum(par, 0)
-        ok = valid & (tl.load(pass_ptr + base + par_c) != 0)
-        par_row = tl.load(rows_ptr + base + par_c)
+        dj = tl.load(pdepth_ptr + base + par_c) + 1  # > 0: the parent's whole path passes
+        valid = (tok_raw >= 0) & (tok_raw < V) & (par >= 0) & (dj > 0) & (dj <= max_depth)
+        par_row = _node_row(b, par_c, start, n, N, RAGGED)
+        st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)
+        if LOGITS:
+            sp = stat_ptr + (base + par_c) * 4
+            lidx = tl.load(lidx_ptr + base + par_c)
+            st = (tl.load(sp), tl.load(sp + 1), tl.load(sp + 2), tl.load(sp + 3), lidx, temp)
         one = tl.where(valid, tok_raw, 0) + tl.arange(0, 1)
-        one_m = kc.mask_if(ok & (par_row >= 0), one >= 0)  # a block mask (kc.mask_if)
-        cand = tl.sum(kc.clean(tl.load(target_ptr + tl.maximum(par_row, 0) * stride_t + one, mask=one_m, other=0.0)), 0)
-        ok = ok & (cand.to(tl.float64) > tl.load(thr_ptr + base + par_c))
-        tl.store(pass_ptr + base + j, ok.to(tl.int8))
+        one_m = kc.mask_if(valid & (par_row >= 0), one >= 0)  # a block mask (kc.mask_if)
+        cand = tl.sum(_load(target_ptr, tl.maximum(par_row, 0) * stride_t, one, one_m, st, LOGITS, PRECISE), 0)
+        ok = valid & (cand.to(tl.float64) > tl.load(thr_ptr + base + par_c))
+        tl.store(pdepth_ptr + base + j, tl.where(ok, dj, -1))
         score = dj * (N + 1) - j
         take = ok & (score > best_score)
         stop = tl.where(take, j, stop)
+        stop_depth = tl.where(take, dj, stop_depth)
         best_score = tl.where(take, score, best_score)
+    # the path, walked up from the stop node (node at slot depth - 1)
+    node = stop
+    d = stop_depth
+    for _ in range(0, max_depth):
+        on_path = node > 0
+        node_c = tl.maximum(node, 1)
+        tok_n, par_n = _node(tokens_ptr, parents_ptr, b, node_c, start, n, stride_tb, stride_pb, RAGGED)
+        tl.store(out_ptr + b * (max_depth + 1) + d - 1, tok_n, mask=on_path)
+        tl.store(nodes_ptr + b * max_depth + d - 1, node, mask=on_path)
+        node = tl.where(on_path, par_n, node)
+        d = tl.where(on_path, d - 1, d)
     stop_c = tl.maximum(stop, 0)
     has = (stop >= 0) & (tl.load(rowok_ptr + base + stop_c) != 0)
-    tl.store(stop_ptr + b, stop)
-    tl.store(final_ptr + b, tl.where(has, tl.load(amax_ptr + base + stop_c), -1))
+    final = tl.where(has, tl.load(amax_ptr + base + stop_c), -1)
+    _write_tail(out_ptr, nodes_ptr, counts_ptr, b, stop_depth, final, max_depth, BLOCK_D)

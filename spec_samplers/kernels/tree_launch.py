@@ -1,6 +1,7 @@
 """Launchers of the tree kernels (:mod:`spec_samplers.kernels.tree_kernels`): shapes, strides,
-scratch, one launch by keyword, then the final draw and output through
-:func:`spec_samplers.output.finish_walk` (the same code the reference finishes with).
+scratch, the outputs, one launch by keyword. The kernel reads the call's inputs as given
+(:class:`~spec_samplers.layout.TreeCall`) and writes the whole output, the final draw and
+the counters included, so a tree entry on this path is one launch and no PyTorch op.
 
 This module does not import triton: each launcher imports its kernel, so a sampler can name the
 launcher (``tree_kernel = staticmethod(rejection_tree_triton)``) and ``import spec_samplers``
@@ -13,89 +14,105 @@ import torch
 from spec_samplers.constants import fp32_value
 from spec_samplers.kernels.backend import LaunchConfig, interpreting, launches_to_run
 from spec_samplers.kernels.launch_common import KernelLaunch
-from spec_samplers.layout import TreeBatch, as_probabilities
-from spec_samplers.output import TreeOutput, finish_walk, path_to, seeds_of, tree_output
+from spec_samplers.layout import TreeCall
+from spec_samplers.output import TreeOutput
 
-#: vocabulary block of the per-request loops
+#: vocabulary block of the per-request loops: one race group (the final draw races group by group)
 TREE_BLOCK_V = 256
+#: output slots per vector step of the output's tail
+TREE_BLOCK_D = 16
 
 
-# PRECISE: libdevice exp/log when compiled; the interpreter has none
+def _rows(x: torch.Tensor | None, V: int, device: torch.device) -> torch.Tensor:
+    """[R, V] with vocab stride 1 (a strided or expanded view is copied; the row stride is kept);
+    an empty one becomes one zero row (never read: a pointer for the kernel)."""
+    if x is None or x.shape[0] == 0:
+        return torch.zeros(1, V, dtype=torch.float32, device=device)
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """[R, V] with vocab stride 1 (a strided or expanded view is copied; the row stride is kept)."""
-    return x if x.stride(-1) == 1 or x.shape[0] == 0 else x.contiguous()
+def _nodes(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(node tensor with node stride 1, its request stride: 0 for one row shared by the batch)."""
+    x = x if x.dim() == 0 or x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+    return x, x.stride(0) if x.dim() == 2 and x.shape[0] > 1 else 0
 
 
-def rejection_tree_triton(tb: TreeBatch, *, config: LaunchConfig | None = None) -> TreeOutput:
+def _outputs(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token_ids [B, D+1], node_ids [B, D]) int64, written by the kernel (node_ids a view of at
+    least one column, so that the kernel never gets an empty tensor's pointer)."""
+    B, D = call.batch_size, call.max_depth
+    device = call.target.device
+    nodes = torch.empty(B, max(D, 1), dtype=torch.int64, device=device)
+    return torch.empty(B, D + 1, dtype=torch.int64, device=device), nodes[:, :D]
+
+
+def _layout_args(call: TreeCall) -> dict[str, object]:
+    """The kernels' layout arguments: rows, tokens, parents, ragged spans."""
+    device = call.target.device
+    target = _rows(call.target, call.vocab_size, device)
+    tokens, stride_tb = _nodes(call.tokens)
+    parents, stride_pb = _nodes(call.parents)
+    cu = call.cu_num_nodes
+    return dict(
+        target_ptr=target, stride_t=target.stride(0), tokens_ptr=tokens, stride_tb=stride_tb,
+        parents_ptr=parents, stride_pb=stride_pb, cu_ptr=cu,
+        num_tokens=call.tokens.shape[0] if cu is not None else 0,
+    )  # fmt: skip
+
+
+def rejection_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> TreeOutput:
     """:func:`spec_samplers.tree.reference.rejection_tree_reference` on the Triton kernel: same
     tokens on the same inputs and seeds. With ``config.launches`` a list, the launch is recorded
     there, not run (the output is then not meaningful)."""
     from spec_samplers.kernels.tree_kernels import INDEPENDENT, POINT_MASS, WITHOUT_REPLACEMENT, rejection_tree_kernel
 
-    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
-    device = tb.target.device
-    seeds, offsets = seeds_of(tb)
-    target = _rows(tb.target)
-    if target.shape[0] == 0:
-        target = torch.zeros(1, V, dtype=torch.float32, device=device)
-    point_mass = tb.draft is None or tb.policy == "deterministic"
-    draft = None if point_mass else _rows(tb.draft)  # type: ignore[arg-type]
-    if draft is not None and draft.shape[0] == 0:
-        draft = torch.zeros(1, V, dtype=torch.float32, device=device)
-    policy = POINT_MASS if point_mass else WITHOUT_REPLACEMENT if tb.policy == "without_replacement" else INDEPENDENT
-    scratch = torch.empty(B, 2, V, dtype=torch.float32, device=device)
-    residual = torch.zeros(B, V, dtype=torch.float32, device=device)
-    stop = torch.empty(B, dtype=torch.int64, device=device)
-    q_ok = torch.empty(B, dtype=torch.int8, device=device)
-    q_argmax = torch.empty(B, dtype=torch.int64, device=device)
+    B, N, V = call.batch_size, call.num_nodes, call.vocab_size
+    device = call.target.device
+    assert call.seeds is not None, "tree rejection sampling needs per-request seeds"
+    point_mass = call.draft is None or call.policy == "deterministic"
+    draft = None if point_mass else _rows(call.draft, V, device)
+    policy = POINT_MASS if point_mass else WITHOUT_REPLACEMENT if call.policy == "without_replacement" else INDEPENDENT
+    token_ids, node_ids = _outputs(call)
     args = dict(
-        target_ptr=target, stride_t=target.stride(0),
+        _layout_args(call),
         draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
-        rows_ptr=tb.target_rows.contiguous(), drows_ptr=tb.draft_rows.contiguous(),
-        tokens_ptr=tb.tokens.contiguous(), parents_ptr=tb.parents.contiguous(), depth_ptr=tb.depth.contiguous(),
-        seed_ptr=seeds.contiguous(), offset_ptr=offsets.contiguous(),
-        greedy_ptr=None if tb.is_greedy is None else tb.is_greedy.contiguous(),
-        scratch_ptr=scratch, resid_ptr=residual, stop_ptr=stop, qok_ptr=q_ok, amax_ptr=q_argmax,
-        temp_ptr=None if tb.temperature is None else tb.temperature.to(torch.float32).contiguous(),
-        N=N, V=V, max_depth=tb.max_depth,
-        POLICY=policy, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
+        seed_ptr=call.seeds, offset_ptr=call.offsets, greedy_ptr=call.is_greedy, temp_ptr=call.temperature,
+        scratch_ptr=torch.empty(B, 2, V, dtype=torch.float32, device=device),
+        out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
+        N=N, V=V, max_depth=call.max_depth,
+        POLICY=policy, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
-    planned = [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")] if B else []
-    for launch in launches_to_run(config, planned):
-        launch.kernel[launch.grid](**launch.args)
-    return finish_walk(tb, stop, residual, q_ok.bool(), q_argmax)
+    if B and launches_to_run(config, [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")]):
+        rejection_tree_kernel[(B,)](**args)
+    return TreeOutput(token_ids, node_ids)
 
 
 def typical_tree_triton(
-    tb: TreeBatch, posterior_threshold: float, posterior_alpha: float, *, config: LaunchConfig | None = None
+    call: TreeCall, posterior_threshold: float, posterior_alpha: float, *, config: LaunchConfig | None = None
 ) -> TreeOutput:
     """:func:`spec_samplers.tree.reference.typical_tree_reference` on the Triton kernel
-    (``config`` as :func:`rejection_tree_triton`)."""
+    (``config`` as :func:`rejection_tree_triton`); logits rows are read through the softmax rule."""
     from spec_samplers.kernels.tree_kernels import typical_tree_kernel
 
-    tb = as_probabilities(tb)  # (no fused softmax in the typical tree kernel)
-    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
-    device = tb.target.device
-    target = _rows(tb.target)
-    if target.shape[0] == 0:
-        target = torch.zeros(1, V, dtype=torch.float32, device=device)
-    thr = torch.empty(B, N + 1, dtype=torch.float64, device=device)
-    amax = torch.empty(B, N + 1, dtype=torch.int64, device=device)
-    row_ok = torch.empty(B, N + 1, dtype=torch.int8, device=device)
-    passes = torch.empty(B, N + 1, dtype=torch.int8, device=device)
-    stop = torch.full((B,), -1, dtype=torch.int64, device=device)
-    final = torch.full((B,), -1, dtype=torch.int64, device=device)
+    B, N = call.batch_size, call.num_nodes
+    device = call.target.device
+    logits = call.temperature is not None
+    token_ids, node_ids = _outputs(call)
     args = dict(
-        target_ptr=target, stride_t=target.stride(0), rows_ptr=tb.target_rows.contiguous(),
-        tokens_ptr=tb.tokens.contiguous(), parents_ptr=tb.parents.contiguous(), depth_ptr=tb.depth.contiguous(),
-        thr_ptr=thr, amax_ptr=amax, rowok_ptr=row_ok, pass_ptr=passes, stop_ptr=stop, final_ptr=final,
+        _layout_args(call),
+        temp_ptr=call.temperature,
+        stat_ptr=torch.empty(B, N + 1, 4, dtype=torch.float32, device=device) if logits else None,
+        lidx_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device) if logits else None,
+        thr_ptr=torch.empty(B, N + 1, dtype=torch.float64, device=device),
+        amax_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device),
+        rowok_ptr=torch.empty(B, N + 1, dtype=torch.int8, device=device),
+        pdepth_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device),
+        out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
         # fp32 values: a Triton float argument is fp32, and the reference rounds alike
         posterior_threshold=fp32_value(posterior_threshold), posterior_alpha=fp32_value(posterior_alpha),
-        N=N, V=V, max_depth=tb.max_depth, BLOCK_V=TREE_BLOCK_V, PRECISE=not interpreting(),
+        N=N, V=call.vocab_size, max_depth=call.max_depth,
+        BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
-    planned = [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")] if B else []
-    for launch in launches_to_run(config, planned):
-        launch.kernel[launch.grid](**launch.args)
-    return tree_output(tb.tokens, path_to(stop, tb.parents, tb.depth, tb.max_depth), final, stop >= 0)
+    if B and launches_to_run(config, [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")]):
+        typical_tree_kernel[(B,)](**args)
+    return TreeOutput(token_ids, node_ids)

@@ -2,9 +2,11 @@
 
 ``forward_tree`` (padded), ``forward_tree_ragged`` (flattened trees with cumulative node
 counts) and their ``*_from_logits`` twins (``temperature`` or ``sampling_params=``) validate,
-resolve seeds, describe the call as a :class:`~spec_samplers.layout.TreeBatch`, run the
-sampler's tree op (``tree_kernel`` when the Triton backend runs, else ``tree_reference``) and
-update the counters (``num_accepted_per_position`` counts per depth). Layout:
+resolve seeds, describe the call (a :class:`~spec_samplers.layout.TreeCall`, the inputs as
+given, for a kernel declaring ``tree_kernel_takes_call``: host checks only, the kernel adds the
+counters; else a :class:`~spec_samplers.layout.TreeBatch`), run the sampler's tree op
+(``tree_kernel`` when the Triton backend runs, else ``tree_reference``) and update the counters
+(``num_accepted_per_position`` counts per depth). Layout:
 :mod:`spec_samplers.layout`; rules and their exactness: :mod:`spec_samplers.tree.reference`.
 """
 
@@ -19,9 +21,12 @@ import torch
 from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _sampling_filters
 from spec_samplers.chunking import run_tree_chunked
 from spec_samplers.constants import input_error
+from spec_samplers.kernels.backend import launch_config, use_triton
 from spec_samplers.layout import (
     TreeBatch,
+    TreeCall,
     as_parents,
+    check_parents_tensor,
     check_parents_values,
     check_policy,
     clean_parents,
@@ -75,14 +80,17 @@ class TreeEntries(SpecDecodeBaseSampler):
     :class:`NotImplementedError` with it.
 
     Every entry returns :class:`~spec_samplers.output.TreeOutput` ``(token_ids [B, D+1],
-    node_ids [B, D])`` int64, -1 padded, D = ``max_depth`` (default: the trees' depth, read from
-    ``parents``; that is a host read when ``parents`` is a device tensor, so engines pass it).
+    node_ids [B, D])`` int64, -1 padded, D = ``max_depth`` (default: the tree's depth when
+    ``parents`` is a list, else the node count N, ``max_nodes`` ragged: never a device read).
     """
 
     tree_reference: ClassVar[Callable[..., TreeOutput] | None] = None
     tree_kernel: ClassVar[Callable[..., TreeOutput] | str | None] = None
     tree_random: ClassVar[bool] = True
     tree_unsupported: ClassVar[str | None] = None
+    #: ``tree_kernel`` takes a :class:`~spec_samplers.layout.TreeCall` (the inputs as given,
+    #: no PyTorch op before the launch) instead of a TreeBatch
+    tree_kernel_takes_call: ClassVar[bool] = False
 
     def tree_options(self) -> dict[str, Any]:
         """Keyword options of the tree ops (the chain ops' by default)."""
@@ -125,10 +133,10 @@ class TreeEntries(SpecDecodeBaseSampler):
             (torch.Size([2, 4]), torch.Size([2, 3]))
         """
         B, N = self._check_padded(target_probs, draft_probs, draft_token_ids, "target_probs", "draft_probs")
-        tb = self._padded_batch(
-            target_probs, draft_probs, draft_token_ids, parents, draft_sampling, max_depth, is_greedy
-        )
-        return self._run_tree("forward_tree", tb, B * N, seeds, offsets, seeded_seqs)
+        takes_call = self._takes_call(target_probs.device)
+        args = (target_probs, draft_probs, draft_token_ids, parents, draft_sampling, max_depth, is_greedy)
+        tb = self._padded_call(*args, None) if takes_call else self._padded_batch(*args)
+        return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs)
 
     def forward_tree_ragged(
         self,
@@ -148,11 +156,15 @@ class TreeEntries(SpecDecodeBaseSampler):
     ) -> TreeOutput:
         """Trees of different sizes, flattened (layout: :mod:`spec_samplers.layout`). Same
         tokens as :meth:`forward_tree` on the same trees padded (and seeds)."""
-        tb = self._ragged_batch(
-            target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling,
-            max_depth, is_greedy, ("target_probs", "draft_probs"),
-        )  # fmt: skip
-        return self._run_tree("forward_tree_ragged", tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+        names = ("target_probs", "draft_probs")
+        self._check_ragged(target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
+        takes_call = self._takes_call(target_probs.device)
+        args = (target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling)
+        if takes_call:
+            tb: TreeBatch | TreeCall = self._ragged_call(*args, max_depth, is_greedy, None)
+        else:
+            tb = self._ragged_batch(*args, max_depth, is_greedy)
+        return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
 
     def forward_tree_from_logits(
         self,
@@ -174,6 +186,11 @@ class TreeEntries(SpecDecodeBaseSampler):
         processed as the chain logits entries do (temperature, min-p, top-k, top-p): exact for the
         processed target when the children were drawn from the processed draft rows."""
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
+        takes_call = self._takes_call(target_logits.device)
+        if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
+            t = self._temperature(temperature, B, target_logits.device)
+            args = (target_logits, draft_logits, draft_token_ids, parents, draft_sampling, max_depth, None)
+            return self._run_tree(self._padded_call(*args, t), B * N, seeds, offsets, seeded_seqs)
         V = target_logits.shape[2]
         request = torch.arange(B, device=target_logits.device).repeat_interleave(N + 1)
         greedy, q, p, row_temp = self._logits_rows(
@@ -182,9 +199,12 @@ class TreeEntries(SpecDecodeBaseSampler):
         )  # fmt: skip
         q = q.view(B, N + 1, V)
         p = None if p is None else p.view(B, N + 1, V)
-        tb = self._padded_batch(q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
-        tb = replace(tb, temperature=row_temp)
-        return self._run_tree("forward_tree_from_logits", tb, B * N, seeds, offsets, seeded_seqs)
+        rows = (q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
+        if takes_call:  # sampling_params=: the rows were processed into probabilities
+            tb: TreeBatch | TreeCall = self._padded_call(*rows, None)
+        else:
+            tb = replace(self._padded_batch(*rows), temperature=row_temp)
+        return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs)
 
     def forward_tree_ragged_from_logits(
         self,
@@ -207,6 +227,12 @@ class TreeEntries(SpecDecodeBaseSampler):
         names = ("target_logits", "draft_logits")
         self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         B = cu_num_nodes.shape[0]
+        takes_call = self._takes_call(target_logits.device)
+        args = (draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling)
+        if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
+            t = self._temperature(temperature, B, target_logits.device)
+            tb0 = self._ragged_call(target_logits, draft_logits, *args, max_depth, None, t)
+            return self._run_tree(tb0, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
         rows = torch.arange(target_logits.shape[0], device=target_logits.device)
         # row r belongs to the request b with cu[b-1] + b <= r < cu[b] + b + 1
         ends = cu_num_nodes.to(torch.int64) + torch.arange(1, B + 1, device=rows.device)
@@ -214,13 +240,11 @@ class TreeEntries(SpecDecodeBaseSampler):
         greedy, q, p, row_temp = self._logits_rows(
             target_logits, draft_logits, request, temperature, sampling_params, B
         )
-        tb = self._ragged_batch(
-            q, p, draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling, max_depth, greedy, names
-        )
-        tb = replace(tb, temperature=row_temp)
-        return self._run_tree(
-            "forward_tree_ragged_from_logits", tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs
-        )
+        if takes_call:  # sampling_params=: the rows were processed into probabilities
+            tb: TreeBatch | TreeCall = self._ragged_call(q, p, *args, max_depth, greedy, None)
+        else:
+            tb = replace(self._ragged_batch(q, p, *args, max_depth, greedy), temperature=row_temp)
+        return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
 
     # -- the pipeline -----------------------------------------------------------------------------
 
@@ -311,9 +335,8 @@ class TreeEntries(SpecDecodeBaseSampler):
 
             check_ids_in_range("draft_token_ids", torch.where(parents >= 0, tokens, 0), target.shape[1])
         depth = node_depths(parents)
-        if max_depth is None:
-            # the one host read of these entries: pass max_depth to avoid it
-            max_depth = known_depth if known_depth is not None else int(depth.max()) if depth.numel() else 0
+        if max_depth is None:  # (never a device read: the node count bounds the depth)
+            max_depth = known_depth if known_depth is not None else tokens.shape[1]
         return TreeBatch(
             target=target,
             draft=draft,
@@ -359,9 +382,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         draft_sampling: str,
         max_depth: int | None,
         is_greedy: torch.Tensor | None,
-        names: tuple[str, str],
     ) -> TreeBatch:
-        self._check_ragged(target, draft, tokens, parents, cu, max_nodes, names)
         rows, node_tokens, node_parents = ragged_maps(cu, tokens.shape[0], max_nodes, tokens, parents)
         if self._strict_mode:
             check_parents_values(torch.where(node_parents >= 0, node_parents, 0))
@@ -397,26 +418,132 @@ class TreeEntries(SpecDecodeBaseSampler):
         p = None if draft is None else _rows_to_probs(draft, request, t, filters)
         return t == 0, q, p, None
 
+    def _takes_call(self, device: torch.device) -> bool:
+        """Whether the tree op of this call is a kernel that reads a :class:`TreeCall` (declared by
+        ``tree_kernel_takes_call``; the backend decision of :meth:`_choose_op`): then the entry
+        builds no :class:`TreeBatch`."""
+        cls = type(self)
+        kernel = cls.tree_kernel is not None and use_triton(self.backend, device, launch_config())
+        return cls.tree_kernel_takes_call and kernel
+
+    def _temperature(self, temperature: torch.Tensor | None, B: int, device: torch.device) -> torch.Tensor:
+        """``temperature=`` of a logits entry, checked (the kernels read it per request)."""
+        if temperature is None:
+            raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params= (one of them)", None)
+        check_temperature(temperature, B, device, self._strict_mode)
+        return temperature
+
+    def _call_checks(self, draft_sampling: str, max_depth: int | None, is_greedy: Any, B: int, device: Any) -> str:
+        """The host checks of :meth:`_finish_batch` (metadata only)."""
+        policy = check_policy(draft_sampling)
+        if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
+            raise input_error("max_depth", "an int >= 0 or None", repr(max_depth))
+        check_row_mask("is_greedy", is_greedy, B, device)
+        return policy
+
+    def _padded_call(
+        self,
+        target: torch.Tensor,  # [B, N+1, V]
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,  # [B, N]
+        parents: object,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+        temperature: torch.Tensor | None,  # [B]: the rows hold logits
+    ) -> TreeCall:
+        """The padded call as the kernels read it: host checks only (strict mode: the
+        :class:`TreeBatch` checks too, which read the device)."""
+        B, Np1, V = target.shape
+        N = Np1 - 1
+        device = target.device
+        policy = self._call_checks(draft_sampling, max_depth, is_greedy, B, device)
+        known = None
+        if isinstance(parents, (list, tuple)):
+            par = _parents_tensor(parents, device)
+            known = static_max_depth(list(parents))
+        else:
+            par = check_parents_tensor(parents, device)
+        if tuple(par.shape) not in ((N,), (B, N)):
+            raise input_error("parents", f"shape ({N},) or ({B}, {N})", f"shape {tuple(par.shape)}")
+        if self._strict_mode:
+            self._padded_batch(target, draft, tokens, parents, draft_sampling, max_depth, is_greedy)
+        depth = max_depth if max_depth is not None else known if known is not None else N
+        flat_draft = None if draft is None else draft.reshape(-1, V)
+        return TreeCall(
+            target.reshape(-1, V), flat_draft, tokens, par, None, B, N, depth, policy, is_greedy, temperature
+        )
+
+    def _ragged_call(
+        self,
+        target: torch.Tensor,  # [T+B, V]
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,  # [T]
+        parents: torch.Tensor,  # [T]
+        cu: torch.Tensor,  # [B]
+        max_nodes: int,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+        temperature: torch.Tensor | None,
+    ) -> TreeCall:
+        """The ragged call as the kernels read it (checked by :meth:`_check_ragged`; strict mode:
+        the :class:`TreeBatch` checks too)."""
+        B = cu.shape[0]
+        policy = self._call_checks(draft_sampling, max_depth, is_greedy, B, target.device)
+        if self._strict_mode:
+            self._ragged_batch(target, draft, tokens, parents, cu, max_nodes, draft_sampling, max_depth, is_greedy)
+        depth = max_depth if max_depth is not None else max_nodes
+        return TreeCall(target, draft, tokens, parents, cu, B, max_nodes, depth, policy, is_greedy, temperature)
+
     def _run_tree(
         self,
-        entry: str,
-        tb: TreeBatch,
+        tb: TreeBatch | TreeCall,
         num_nodes: int,
         seeds: torch.Tensor | None,
         offsets: torch.Tensor | None,
         seeded_seqs: dict[int, torch.Generator] | None,
     ) -> TreeOutput:
         """The tree pipeline's tail, shared with the chain entries: seeds (:meth:`_seeds`), the
-        backend decision (:meth:`_choose_op`), the counters."""
+        backend decision (:meth:`_choose_op`, options bound now: a sampler may set them while
+        building the batch), the counters (added by the kernel of a :class:`TreeCall`)."""
         cls = type(self)
         device = tb.target.device
-        if cls.tree_random:
-            seeds, offsets = self._seeds(tb.batch_size, device, Randomness(seeded_seqs, seeds, offsets))
-            tb = replace(tb, seeds=seeds, offsets=torch.zeros_like(seeds) if offsets is None else offsets)
-        elif seeds is not None or offsets is not None or seeded_seqs:
-            raise input_error("seeds", f"None ({cls.__name__} draws no random numbers)", "seeds")
         assert cls.tree_reference is not None  # _require_tree
         op = self._choose_op(cls.tree_kernel, cls.tree_reference, run_tree_chunked, device, self.tree_options())
-        out: TreeOutput = op(tb)
+        if cls.tree_random:
+            seeds, offsets = self._seeds(tb.batch_size, device, Randomness(seeded_seqs, seeds, offsets))
+            if isinstance(tb, TreeBatch):
+                offsets = torch.zeros_like(seeds) if offsets is None else offsets
+            tb = replace(tb, seeds=seeds, offsets=offsets)
+        elif seeds is not None or offsets is not None or seeded_seqs:
+            raise input_error("seeds", f"None ({cls.__name__} draws no random numbers)", "seeds")
+        if isinstance(tb, TreeCall):
+            meta = device.type == "meta"
+            D = tb.max_depth
+            counts = torch.empty(2 + D, dtype=torch.long, device=device) if meta else self._counter_slots(D, device)
+            out: TreeOutput = op(replace(tb, counts=counts))
+            if not meta:
+                self.num_draft_tokens += num_nodes
+            return out
+        out = op(tb)
         self._update_counters(out.token_ids, num_draft_tokens=num_nodes)
         return out
+
+
+#: (parents, device) -> the parents' device tensor, for lists given on every call (no copy per call)
+_PARENTS: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _parents_tensor(parents: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A list of parents as an int64 tensor on ``device``, kept per device (a GPU copy per call
+    would be a transfer per call); CPU and meta tensors are made each time (no transfer)."""
+    if device.type in ("cpu", "meta"):
+        return as_parents(parents, device)
+    key = (tuple(parents), device)
+    t = _PARENTS.get(key)
+    if t is None:
+        if len(_PARENTS) >= 64:
+            _PARENTS.clear()
+        t = _PARENTS[key] = as_parents(parents, device)
+    return t
