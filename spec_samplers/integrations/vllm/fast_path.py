@@ -35,6 +35,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from spec_samplers.base import SpecDecodeBaseSampler, SpecDecodeStochasticBaseSampler
 from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs, step_inputs
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
@@ -42,8 +43,10 @@ from spec_samplers.integrations.vllm.ragged import (
     greedy_verify_ragged,
     well_formed_requests,
 )
+from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.seeding import row_seeds
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES
 
 
 def bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
@@ -264,20 +267,82 @@ def verify_chunk_with_bonus_rows(
     if cache is not None and inputs.draft_rows is not None:
         # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
         drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
-    out = verifier.from_logits(
+    out = _verify_in_place(
+        verifier,
         logits,
         inputs.bonus,  # never emitted: every last draft is rejected
         cache,
         inputs.ids,
         cu_num_logits[1:],  # a malformed request's tokens are dropped by chunk_outputs
         S + 1,
-        temperature=target_temperature,
-        seeds=inputs.seeds,
-        offsets=inputs.offsets,
-        **drafts,
+        target_temperature,
+        inputs.seeds,
+        inputs.offsets,
+        drafts,
     )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
     tokens, num_sampled = chunk_outputs(out, ok, S + 1, backend)
     return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
+
+
+def _verify_in_place(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]
+    bonus: torch.Tensor,  # [R] int64 (chunk_inputs')
+    cache: torch.Tensor | None,  # [N, V] drafter rows, or None
+    ids: torch.Tensor,  # [L] (chunk_inputs')
+    cu: torch.Tensor,  # [R] inclusive cumulative row counts
+    max_spec_len: int,
+    temperature: torch.Tensor,  # [R] fp32 (chunk_inputs')
+    seeds: torch.Tensor,  # [R] int64 (chunk_inputs')
+    offsets: torch.Tensor,  # [R] int64 (chunk_inputs')
+    drafts: Mapping[str, torch.Tensor],  # draft_rows [L], draft_temperature [R] (chunk_inputs'), or none
+) -> torch.Tensor:
+    """The tokens of ``verifier.from_logits`` on the chunk. For one of our samplers whose ragged
+    logits entry is the base class's pipeline, the batch is built here: chunk_inputs made every
+    [R] and [L] input (their shapes and dtypes are the kernel's), so only the engine's tensors
+    are checked, then the sampler's op and counters run as the entry ends
+    (``SpecDecodeBaseSampler._verify_counted``): the entry's per-call checks and argument
+    packing are skipped, not its work. Any other sampler, or a check that fails, takes the
+    entry (whose checks then name the argument)."""
+    sampler, base = verifier.sampler, SpecDecodeBaseSampler
+    cls = type(sampler)
+    own_pipeline = (
+        isinstance(sampler, base)
+        and cls.forward_ragged_from_logits is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
+        and cls._run is base._run
+        and cls._batch is base._batch
+        and not (sampler.strict_mode or sampler.check_values)
+        and (cls.takes_draft_rows or not drafts)
+    )
+    device = logits.device
+    engine_tensors_ok = (
+        logits.dim() == 2
+        and logits.dtype in PROBS_DTYPES
+        and ids.dtype in ID_DTYPES
+        and cu.dtype in ID_DTYPES
+        and (cache is None or (cache.dim() == 2 and cache.dtype in PROBS_DTYPES and cache.device == device))
+        and (cache is None or cache.shape[1] == logits.shape[1])
+        and device.type != "meta"
+        and not torch.compiler.is_compiling()
+    )
+    if not (own_pipeline and engine_tensors_ok):
+        return verifier.from_logits(
+            logits, bonus, cache, ids, cu, max_spec_len, temperature=temperature, seeds=seeds, offsets=offsets, **drafts
+        )
+    batch = VerifyBatch(
+        RowLayout.ragged_from(cu, logits.shape[0], max_spec_len, logits.shape[1]),
+        logits,
+        cache,
+        ids,
+        bonus,
+        seeds=seeds,
+        offsets=offsets,
+        temperature=temperature,
+        draft_rows=drafts.get("draft_rows"),
+        draft_temperature=drafts.get("draft_temperature"),
+        counters=sampler._kernel_counters(max_spec_len, device),
+    )
+    return sampler._verify_counted(batch)
 
 
 #: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs
