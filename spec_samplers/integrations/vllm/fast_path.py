@@ -37,6 +37,7 @@ import torch
 
 from spec_samplers.base import SpecDecodeBaseSampler, SpecDecodeStochasticBaseSampler
 from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs, step_inputs
+from spec_samplers.constants import MAX_SPEC_LEN
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
     at_least_one_token,
@@ -81,6 +82,10 @@ def verify_with_bonus_rows(
     the engine wrote them and no vocabulary-sized tensor is created."""
     if bonus_token_ids is None:
         bonus_token_ids = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
+    if draft_logits is None and not draft_rows:  # point-mass drafts: the seam builds the batch
+        args = (logits, bonus_token_ids, None, draft_token_ids, cu_num_rows, max_spec_len + 1)
+        out = _verify_in_place(verifier, *args, temperature, seeds, None, {})
+        return out[:, : max_spec_len + 1]
     out = verifier.from_logits(
         logits,
         bonus_token_ids,  # never emitted: every last draft is rejected
@@ -287,23 +292,24 @@ def verify_chunk_with_bonus_rows(
 def _verify_in_place(
     verifier: RaggedVerifier,
     logits: torch.Tensor,  # [L, V]
-    bonus: torch.Tensor,  # [R] int64 (chunk_inputs')
+    bonus: torch.Tensor,  # [R] int64 (the seam's placeholders)
     cache: torch.Tensor | None,  # [N, V] drafter rows, or None
-    ids: torch.Tensor,  # [L] (chunk_inputs')
+    ids: torch.Tensor,  # [L] (chunk_inputs' / step_inputs')
     cu: torch.Tensor,  # [R] inclusive cumulative row counts
     max_spec_len: int,
-    temperature: torch.Tensor,  # [R] fp32 (chunk_inputs')
-    seeds: torch.Tensor,  # [R] int64 (chunk_inputs')
-    offsets: torch.Tensor,  # [R] int64 (chunk_inputs')
+    temperature: torch.Tensor,  # [R] float
+    seeds: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor | None,  # [R] int64 (chunk_inputs'), or None
     drafts: Mapping[str, torch.Tensor],  # draft_rows [L], draft_temperature [R] (chunk_inputs'), or none
 ) -> torch.Tensor:
-    """The tokens of ``verifier.from_logits`` on the chunk. For one of our samplers whose ragged
-    logits entry is the base class's pipeline, the batch is built here: chunk_inputs made every
-    [R] and [L] input (their shapes and dtypes are the kernel's), so only the engine's tensors
-    are checked, then the sampler's op and counters run as the entry ends
-    (``SpecDecodeBaseSampler._verify_counted``): the entry's per-call checks and argument
-    packing are skipped, not its work. Any other sampler, or a check that fails, takes the
-    entry (whose checks then name the argument)."""
+    """The tokens of ``verifier.from_logits`` on a seam's rows. For one of our samplers whose
+    ragged logits entry is the base class's pipeline, the batch is built here: the seam made the
+    ids, placeholders, offsets and drafter rows (chunk_inputs / step_inputs: the kernels' shapes
+    and dtypes), so only the shapes and dtypes the entry would check are checked, in one
+    expression, then the sampler's op and counters run as the entry ends
+    (``SpecDecodeBaseSampler._verify_counted``): the entry's argument packing is skipped, not its
+    work. Any other sampler, or a check that fails, takes the entry (whose checks then name the
+    argument)."""
     sampler, base = verifier.sampler, SpecDecodeBaseSampler
     cls = type(sampler)
     own_pipeline = (
@@ -315,11 +321,22 @@ def _verify_in_place(
         and (cls.takes_draft_rows or not drafts)
     )
     device = logits.device
+    R = cu.shape[0]
+    per_request = (bonus, temperature, seeds) if offsets is None else (bonus, temperature, seeds, offsets)
     engine_tensors_ok = (
         logits.dim() == 2
         and logits.dtype in PROBS_DTYPES
         and ids.dtype in ID_DTYPES
+        and tuple(ids.shape) == (logits.shape[0],)
+        and cu.dim() == 1
         and cu.dtype in ID_DTYPES
+        and all(t.dim() == 1 and t.shape[0] == R for t in per_request)
+        and all(t.device == device for t in (ids, cu, *per_request))
+        and temperature.dtype in PROBS_DTYPES
+        and seeds.dtype in ID_DTYPES
+        and bonus.dtype in ID_DTYPES
+        and (offsets is None or offsets.dtype in ID_DTYPES)
+        and 0 <= max_spec_len <= MAX_SPEC_LEN
         and (cache is None or (cache.dim() == 2 and cache.dtype in PROBS_DTYPES and cache.device == device))
         and (cache is None or cache.shape[1] == logits.shape[1])
         and device.type != "meta"
@@ -335,8 +352,8 @@ def _verify_in_place(
         cache,
         ids,
         bonus,
-        seeds=seeds,
-        offsets=offsets,
+        seeds=seeds if seeds.dtype == torch.int64 else seeds.to(torch.int64),  # (as the entry's row_seeds)
+        offsets=offsets if offsets is None or offsets.dtype == torch.int64 else offsets.to(torch.int64),
         temperature=temperature,
         draft_rows=drafts.get("draft_rows"),
         draft_temperature=drafts.get("draft_temperature"),
