@@ -672,7 +672,7 @@ def _shape_key(call: ChainCall) -> tuple[Any, ...] | None:
     target, bonus, draft, ids, ragged, processing, randomness, drafts = call
     if processing is not None and processing.sampling_params is not None:
         return None
-    tensors = (target, bonus, draft, ids, None if ragged is None else ragged[0])
+    tensors: tuple[torch.Tensor | None, ...] = (target, bonus, draft, ids, None if ragged is None else ragged[0])
     tensors += (None if processing is None else processing.temperature, drafts.rows, drafts.temperature)
     tensors += (None if randomness is None else randomness.is_greedy,)
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):

@@ -77,7 +77,10 @@ def workspaces(
     if found is not None:
         _WORKSPACES.move_to_end(full)
         return found
-    found = _WORKSPACES[full] = make()
+    found = make()
+    if any(t is not None and type(t) is not torch.Tensor for t in found):
+        return found  # fake tensors (a tool tracing shapes, FakeTensorMode): never kept for real calls
+    _WORKSPACES[full] = found
     if len(_WORKSPACES) > MAX_WORKSPACE_SHAPES:
         _WORKSPACES.popitem(last=False)
     return found

@@ -211,6 +211,7 @@ def plan_softmax_stats(
     launches = [lc.KernelLaunch(sk.softmax_partials_kernel, grid, args, warps, "softmax_partials")]
     if filters is not None and filters.filtered:
         launches += plan_filter_cuts(filters, target, draft, stats.target, stats.draft)
+    assert logit_max is not None and logit_argmax is not None
     return launches, logit_max, logit_argmax, stats
 
 

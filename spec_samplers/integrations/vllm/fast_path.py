@@ -314,11 +314,12 @@ def _verify_in_place(
     cls = type(sampler)
     own_pipeline = (
         isinstance(sampler, base)
-        and cls.forward_ragged_from_logits is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
-        and cls._run is base._run
-        and cls._batch is base._batch
+        and getattr(cls, "forward_ragged_from_logits", None)
+        is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
+        and getattr(cls, "_run", None) is base._run
+        and getattr(cls, "_batch", None) is base._batch
         and not (sampler.strict_mode or sampler.check_values)
-        and (cls.takes_draft_rows or not drafts)
+        and (sampler.takes_draft_rows or not drafts)
     )
     device = logits.device
     R = cu.shape[0]
@@ -342,7 +343,7 @@ def _verify_in_place(
         and device.type != "meta"
         and not torch.compiler.is_compiling()
     )
-    if not (own_pipeline and engine_tensors_ok):
+    if not (own_pipeline and engine_tensors_ok and isinstance(sampler, base)):
         return verifier.from_logits(
             logits, bonus, cache, ids, cu, max_spec_len, temperature=temperature, seeds=seeds, offsets=offsets, **drafts
         )
