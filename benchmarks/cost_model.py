@@ -45,9 +45,11 @@ def host_rows(paths: str | list[str] | None) -> tuple[dict[tuple[str, int], dict
     re-measurement of some rows, say the seams', taken apart from a load spike)."""
     if paths:
         files = [Path(p) for p in ([paths] if isinstance(paths, str) else paths)]
-    else:
-        found = Path(__file__).parent.glob("results/*-host-overhead*.json")
-        files = sorted(found, key=lambda f: json.loads(f.read_text())["meta"]["date"])[-1:]
+    else:  # the newest run of every row (not a re-measurement of some rows)
+        docs = {f: json.loads(f.read_text()) for f in Path(__file__).parent.glob("results/*-host-overhead*.json")}
+        entries = {key if isinstance(key, str) else key[0] for key in HOST_ROWS.values()}
+        full = [f for f, doc in docs.items() if entries <= {r["entry"] for r in doc["rows"]}]
+        files = sorted(full, key=lambda f: docs[f]["meta"]["date"])[-1:]
     out: dict[tuple[str, int], dict] = {}
     names = []
     for f in files:
