@@ -132,7 +132,7 @@ def modeled_point(point: dict[str, Any]) -> dict[str, Any]:
 GPU_CHECK_WORKLOADS = {"ours": "ours", "ours-v2-seam": "ours-v2-seam", "vllm-mrv2": "vllm-mrv2"}
 
 
-def gpu_check_points(path: str, host_overhead: str | None) -> list[dict[str, Any]]:
+def gpu_check_points(path: str, host_overhead: list[str] | None) -> list[dict[str, Any]]:
     """Points from a ``gpu_check.py --quick`` JSON, each re-modeled now from the current code
     (never the modeled values stored in that file, which were the code's of that day): CUDA-graph
     replay with a cold L2 against the modeled graph time on that GPU, and the eager call against
@@ -214,7 +214,7 @@ def restamped(point: dict[str, Any]) -> dict[str, Any]:
     return point
 
 
-def rehost(path: str, host_overhead: str) -> None:
+def rehost(path: str, host_overhead: list[str]) -> None:
     """Re-model the eager points of a calibration file with another host_overhead.py file (the
     GPU work is kept: it does not depend on the host)."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -252,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the points here (a JSON list)")
     ap.add_argument("--old-vllm", help=f"vLLM {OLD_VLLM}'s rejection_sampler.py or its wheel (default: fetched)")
     ap.add_argument("--gpu-check", help="a gpu_check.py --quick JSON whose rows join the points")
-    ap.add_argument("--host-overhead", help="host_overhead.py results for the eager points (default: newest)")
+    ap.add_argument(
+        "--host-overhead",
+        nargs="+",
+        help="host_overhead.py results for the eager points (default: newest); a row of a later file replaces "
+        "the same row of an earlier one",
+    )
     ap.add_argument("--rehost", metavar="JSON", help="only re-model the eager points of this calibration file")
     ap.add_argument(
         "--carry",

@@ -38,21 +38,31 @@ HOST_ROWS = {
 }
 
 
-def host_rows(path: str | None) -> tuple[dict[tuple[str, int], dict], str | None]:
-    """{(workload, B): host row} from a host_overhead.py JSON (default: the newest committed
-    benchmarks/results/*-host-overhead*.json), and that file's name with its commit."""
-    files = [Path(path)] if path else sorted(Path(__file__).parent.glob("results/*-host-overhead*.json"))
-    if not files:
-        return {}, None
-    doc = json.loads(files[-1].read_text())
-    by = {(r["entry"], r["impl"], r["B"]): r for r in doc["rows"]}
-    out = {}
-    for workload, key in HOST_ROWS.items():
-        entry, impl = key if isinstance(key, tuple) else (key, "ours")
-        for (e, i, b), row in by.items():
-            if (e, i) == (entry, impl):
-                out[(workload, b)] = {**row, "source": f"{files[-1].name} (commit {doc['meta']['commit']})"}
-    return out, f"{files[-1].name} (commit {doc['meta']['commit']})"
+def host_rows(paths: str | list[str] | None) -> tuple[dict[tuple[str, int], dict], str | None]:
+    """{(workload, B): host row} from host_overhead.py JSONs (default: the newest committed
+    benchmarks/results/*-host-overhead*.json by its measured date), and their names with their
+    commits. With several files a row of a later one replaces the same row of an earlier one (a
+    re-measurement of some rows, say the seams', taken apart from a load spike)."""
+    if paths:
+        files = [Path(p) for p in ([paths] if isinstance(paths, str) else paths)]
+    else:  # the newest run of every row (not a re-measurement of some rows)
+        docs = {f: json.loads(f.read_text()) for f in Path(__file__).parent.glob("results/*-host-overhead*.json")}
+        entries = {key if isinstance(key, str) else key[0] for key in HOST_ROWS.values()}
+        full = [f for f, doc in docs.items() if entries <= {r["entry"] for r in doc["rows"]}]
+        files = sorted(full, key=lambda f: docs[f]["meta"]["date"])[-1:]
+    out: dict[tuple[str, int], dict] = {}
+    names = []
+    for f in files:
+        doc = json.loads(f.read_text())
+        name = f"{f.name} (commit {doc['meta']['commit']})"
+        names.append(name)
+        by = {(r["entry"], r["impl"], r["B"]): r for r in doc["rows"]}
+        for workload, key in HOST_ROWS.items():
+            entry, impl = key if isinstance(key, tuple) else (key, "ours")
+            for (e, i, b), row in by.items():
+                if (e, i) == (entry, impl):
+                    out[(workload, b)] = {**row, "source": name}
+    return out, " + ".join(names) if names else None
 
 
 def commit() -> str:

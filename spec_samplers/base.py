@@ -394,12 +394,17 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         # custom_ops.routed's rule: while Dynamo traces, or on meta tensors, one op with a fake implementation
         if (meta or torch.compiler.is_compiling()) and not meta_plans and not (checks_values and meta):
             return self._run_as_op(entry, call)
-        batch = self._batch(call, names)
+        return self._verify_counted(self._batch(call, names))
+
+    def _verify_counted(self, batch: VerifyBatch) -> torch.Tensor:
+        """The op on a validated batch, then the counters: how every chain entry ends (and an
+        engine seam that builds the batch of its own checked inputs,
+        ``integrations.vllm.fast_path.verify_chunk_with_bonus_rows``)."""
         out = self._op_for(batch)(batch)
-        num_draft_tokens = target.shape[0] if ragged is not None else None
+        num_draft_tokens = batch.layout.num_rows if batch.layout.ragged else None
         if batch.counters is None:
             self._update_counters(out, num_draft_tokens)
-        elif target.device.type != "meta":  # the kernels added the tensor counters
+        elif batch.target.device.type != "meta":  # the kernels added the tensor counters
             self.num_draft_tokens += out.shape[0] * (out.shape[1] - 1) if num_draft_tokens is None else num_draft_tokens
         return out
 
@@ -442,39 +447,20 @@ class SpecDecodeBaseSampler(torch.nn.Module):
 
     def _batch(self, call: ChainCall, names: tuple[str, str]) -> VerifyBatch:
         """The validated :class:`~spec_samplers.layout.VerifyBatch` of a chain entry's arguments:
-        metadata checks (always), value checks (strict mode, ``check_values``), seeds, the row
-        layout, and the target's processing (fused filters, or probabilities first)."""
+        metadata checks (always; once per shape, :meth:`_checked_shapes`), value checks (strict
+        mode, ``check_values``), seeds, the row layout, and the target's processing (fused
+        filters, or probabilities first)."""
         target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts = call
-        logits = processing is not None
-        draft_is_probs = logits and drafts.kind == "probs"
+        draft_is_probs = processing is not None and drafts.kind == "probs"
+        shapes = self._checked_shapes(call, names)
+        B = shapes.batch_size
         if ragged is not None:
-            cu, max_spec_len = ragged
-            shapes = validation.check_ragged_metadata(
-                target, bonus_token_ids, draft, draft_token_ids, cu, max_spec_len, *names, drafts.rows
-            )
-            if self._strict_mode:
-                validation.check_ragged_values(cu, target.shape[0], max_spec_len)
+            layout = RowLayout.ragged_from(ragged[0], target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
         else:
-            shapes = validation.check_metadata(target, bonus_token_ids, draft, draft_token_ids, *names)
-        if self._strict_mode:
-            validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
-            if drafts.rows is not None and draft is not None:
-                validation.check_draft_rows_values(drafts.rows, draft.shape[0])
-        if self._check_values:
-            validation.check_float_values(target, None if draft_is_probs else draft, *names, logits)
-            if draft_is_probs and draft is not None:
-                validation.check_float_values(draft, None, names[1], names[1], logits=False)
-        B, K, V = shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size
-        layout = RowLayout.padded(B, K, V) if ragged is None else RowLayout.ragged_from(cu, target.shape[0], K, V)
+            layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
         device = target.device
         temperature = None if processing is None else processing.temperature
-        if temperature is not None:
-            validation.check_temperature(temperature, B, device, self._strict_mode)
-        if drafts.temperature is not None:
-            validation.check_temperature(drafts.temperature, B, device, self._strict_mode, draft=True)
         is_greedy = None if randomness is None else randomness.is_greedy
-        if is_greedy is not None:
-            validation.check_row_mask("is_greedy", is_greedy, B, device)
         seeds, offsets = (None, None) if randomness is None else self._seeds(B, device, randomness)
         filters: dict[str, torch.Tensor] = {}
         sampling_params = None if processing is None else processing.sampling_params
@@ -499,6 +485,57 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             draft_is_probs=draft_is_probs,
             counters=self._kernel_counters(layout.max_drafts, device),
         )
+
+    def _checked_shapes(self, call: ChainCall, names: tuple[str, str]) -> Shapes:
+        """:meth:`_check_call`'s shapes, remembered per shape: without value checks (strict mode,
+        ``check_values``: they read the tensors) and without ``sampling_params`` (host objects),
+        the checks read only shapes, dtypes and devices, so a call whose tensors match an earlier
+        call's in all three passes them as that call did (an engine calls with a few shapes)."""
+        params = call.processing is not None and call.processing.sampling_params is not None
+        key = None if self._strict_mode or self._check_values or params else _shape_key(call)
+        if key is None:
+            return self._check_call(call, names)
+        memo: dict[tuple[Any, ...], Shapes] = self.__dict__.setdefault("_shapes_checked", {})
+        shapes = memo.get(key)
+        if shapes is None:
+            shapes = self._check_call(call, names)
+            if len(memo) >= 64:  # (an engine's batch size changes every step: keep the memo small)
+                memo.clear()
+            memo[key] = shapes
+        return shapes
+
+    def _check_call(self, call: ChainCall, names: tuple[str, str]) -> Shapes:
+        """Every check of a chain entry's arguments (:meth:`_batch`), and their shapes."""
+        target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts = call
+        logits = processing is not None
+        draft_is_probs = logits and drafts.kind == "probs"
+        if ragged is not None:
+            cu, max_spec_len = ragged
+            shapes = validation.check_ragged_metadata(
+                target, bonus_token_ids, draft, draft_token_ids, cu, max_spec_len, *names, drafts.rows
+            )
+            if self._strict_mode:
+                validation.check_ragged_values(cu, target.shape[0], max_spec_len)
+        else:
+            shapes = validation.check_metadata(target, bonus_token_ids, draft, draft_token_ids, *names)
+        if self._strict_mode:
+            validation.check_token_ids(shapes.vocab_size, bonus_token_ids, draft_token_ids)
+            if drafts.rows is not None and draft is not None:
+                validation.check_draft_rows_values(drafts.rows, draft.shape[0])
+        if self._check_values:
+            validation.check_float_values(target, None if draft_is_probs else draft, *names, logits)
+            if draft_is_probs and draft is not None:
+                validation.check_float_values(draft, None, names[1], names[1], logits=False)
+        B, device = shapes.batch_size, target.device
+        temperature = None if processing is None else processing.temperature
+        if temperature is not None:
+            validation.check_temperature(temperature, B, device, self._strict_mode)
+        if drafts.temperature is not None:
+            validation.check_temperature(drafts.temperature, B, device, self._strict_mode, draft=True)
+        is_greedy = None if randomness is None else randomness.is_greedy
+        if is_greedy is not None:
+            validation.check_row_mask("is_greedy", is_greedy, B, device)
+        return shapes
 
     # -- checks and counters (also V0-style subclasses call these) --------------------------------
 
@@ -600,6 +637,27 @@ def _forward_of(cls: type) -> Callable[..., Any]:
 # never silently ignored; the stochastic samplers' take ``seeded_seqs`` (by position too, after the
 # entry's own positional arguments), ``seeds`` and ``offsets``, and the probability entries
 # ``is_greedy``.
+
+
+def _shape_key(call: ChainCall) -> tuple[Any, ...] | None:
+    """(shape, dtype, device) of every tensor of ``call`` and its host arguments, or None where
+    the checks read more than that (``sampling_params``, a non-tensor where a tensor belongs)."""
+    target, bonus, draft, ids, ragged, processing, randomness, drafts = call
+    if processing is not None and processing.sampling_params is not None:
+        return None
+    tensors: tuple[torch.Tensor | None, ...] = (target, bonus, draft, ids, None if ragged is None else ragged[0])
+    tensors += (None if processing is None else processing.temperature, drafts.rows, drafts.temperature)
+    tensors += (None if randomness is None else randomness.is_greedy,)
+    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    spec_len = None if ragged is None else (type(ragged[1]), ragged[1])  # (True is not 1 here)
+    return (
+        *(None if t is None else (t.shape, t.dtype, t.device) for t in tensors),
+        spec_len,
+        processing is None,
+        randomness is None,
+        drafts.kind,
+    )
 
 
 def _argument_names(ragged: bool, logits: bool, draft_kind: str) -> tuple[str, str]:

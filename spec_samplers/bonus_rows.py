@@ -105,7 +105,9 @@ def chunk_inputs(
 ) -> ChunkInputs:
     """The checked inputs of a chunk: one kernel launch with the kernels (the rows of a
     well-formed request hold its values; a malformed request's are never emitted), else
-    :func:`chunk_inputs_reference`. The well-formed requests' values are the same."""
+    :func:`chunk_inputs_reference`. The well-formed requests' values are the same. The kernels'
+    outputs are the seam's workspaces, kept per shape and stream: the next chunk of the same shape
+    on the stream rewrites them, after this chunk's launches that read them."""
     config = launch_config()  # a tool planning our launches (kernels.backend.planned_for)
     if not use_triton(backend, cu.device, config):
         args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps, max_rows)
@@ -113,7 +115,9 @@ def chunk_inputs(
     from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
 
     args = (cu, state, temperature, seed, pos, sampled, row_state, row_step, num_rows, num_steps, max_rows)
-    temp, *inputs, ok, sign = cast("list[torch.Tensor]", bonus_row_inputs_triton(*args, config=config, checked=True))
+    # workspace: the seam's sampler and tail read them in its own call (their launches follow on the stream)
+    made = bonus_row_inputs_triton(*args, config=config, checked=True, workspace=True)
+    temp, *inputs, ok, sign = cast("list[torch.Tensor]", made)
     return ChunkInputs(ok, sign if logits_divided else temp, BonusRowInputs(temp, *inputs))
 
 

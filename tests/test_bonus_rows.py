@@ -180,3 +180,43 @@ def test_v1_step_kernel_gives_the_reference_inputs(draft_rows):
             if hi > lo:  # vLLM's layout: row t + r scores draft t, the last row the placeholder
                 expected = [int(drafts[i - r]) for i in range(lo, hi - 1)] + [-1]
                 assert ids[lo:hi].tolist() == expected, case
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_seam_builds_the_batch_the_entry_builds(cache):
+    """The MRv2 chunk's sampler call (fast_path._verify_in_place: the seam builds the VerifyBatch
+    from its checked inputs) gives the tokens and counters of the sampler's ragged logits entry
+    on the same inputs, twice in a row (workspaces reused), malformed requests included."""
+    from spec_samplers import RejectionSampler
+    from spec_samplers.bonus_rows import chunk_inputs
+    from spec_samplers.integrations.vllm import fast_path
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    rng, gen = random.Random(7), torch.Generator().manual_seed(7)
+    for case in range(6):
+        cu, idx, temperature, seed, pos, sampled, row_state, row_step, L, S, max_rows = malformed_chunk(rng, gen)
+        if L == 0 or cu.shape[0] < 2:
+            continue
+        V = 50
+        logits = torch.randn(L, V, generator=gen).to(DEVICE)
+        drafter = torch.randn(idx.shape[0] + 2, S, V, generator=gen).to(DEVICE) if cache else None
+        rows = (row_state, row_step) if cache and row_state is not None else (None, None)
+        num_steps = S if rows[0] is not None else 0
+        args = (cu, idx, temperature, seed, pos, sampled, *rows, L, num_steps, max_rows, False, "triton")
+        _, target_t, inputs = chunk_inputs(*args)
+        matrix = drafter.reshape(-1, V) if rows[0] is not None else None
+        drafts = {} if matrix is None else dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
+        common = (inputs.bonus, matrix, inputs.ids, cu[1:], S + 1)
+        randomness = (target_t, inputs.seeds, inputs.offsets)
+        entry, direct = RejectionSampler(backend="triton"), RejectionSampler(backend="triton")
+        direct_verifier = RaggedVerifier(direct)
+        direct_verifier.from_logits = None  # (the seam's own batch, never the entry)
+        for _ in range(2):
+            expected = RaggedVerifier(entry).from_logits(
+                logits, *common, temperature=target_t, seeds=inputs.seeds, offsets=inputs.offsets, **drafts
+            )
+            got = fast_path._verify_in_place(direct_verifier, logits, *common, *randomness, drafts)
+            assert torch.equal(expected, got), case
+        assert torch.equal(entry.num_accepted_tokens, direct.num_accepted_tokens), case
+        assert torch.equal(entry.num_emitted_tokens, direct.num_emitted_tokens), case
+        assert entry.num_draft_tokens == direct.num_draft_tokens, case

@@ -118,8 +118,9 @@ def test_filtered_logits_verification_makes_no_host_sync(monkeypatch):
         sampler = RejectionSampler(backend="triton")
         return lambda: sampler.forward_from_logits(target, bonus, draft, ids, sampling_params=params, seeds=seeds)
 
-    # (the per-stream arrival counters ask the CUDA runtime for the current stream)
+    # (the per-stream arrival counters and workspaces ask the CUDA runtime for the current stream)
     monkeypatch.setattr(launch_common, "arrival_counters", lambda device, n: torch.zeros(n, dtype=torch.int32))
+    monkeypatch.setattr(launch_common, "_stream_key", lambda device: None)  # (fresh workspaces)
     counter, launches = _count(make, monkeypatch)
     assert counter.syncs == [] and all(counter.copies), (counter.syncs, counter.copies)
     assert "filter_cut" in launches

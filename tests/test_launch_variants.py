@@ -196,3 +196,18 @@ def test_a_launch_config_records_the_launches_for_its_device_without_running_the
         # (typical's partials run (B, k+1, NB) programs: their split is sized by B * (k+1) rows)
         split = expected if name != "typical_partials" else plan_vocab_split(V, B * (k + 1), 4 * SMS, 1024)
         assert launch.args["chunk"] == split.chunk and launch.args["BLOCK_V"] == split.block_v, name
+
+
+def test_a_plan_keeps_its_workspaces_per_shape_and_allocates_only_its_output():
+    """Issue 40, a plan cached per shape: two calls of one shape share their partials, race sums
+    and statistics (launch_common.workspaces: launches on one stream run in order), each gets
+    its own output; another k gets workspaces of its own sizes."""
+    for logits in (False, True):
+        (first, out_a), (second, out_b) = (plan_verify(_batch(3, 2, 1000, logits), REJECTION, None) for _ in range(2))
+        assert out_a is not out_b
+        for a, b in zip(first, second):
+            for name in ("parts", "stats"):
+                if name in a.args:
+                    assert all(x is y for x, y in zip(a.args[name], b.args[name])), (logits, name)
+        other = plan_verify(_batch(3, 4, 1000, logits), REJECTION, None)[0][-1].args["parts"]
+        assert other.amax_val.shape[1] == 5 and other.amax_val is not first[-1].args["parts"].amax_val

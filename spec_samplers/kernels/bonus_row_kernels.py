@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spec_samplers.kernels import launch_common as lc
 from spec_samplers.kernels.backend import LaunchConfig, launches_to_run
 from spec_samplers.kernels.launch_common import KernelLaunch
 
@@ -170,41 +171,47 @@ def plan_bonus_row_inputs(
     max_rows_per_request: int,  # a bound on cu[r+1] - cu[r] (the vector step; longer requests loop)
     *,
     checked: bool = False,  # the seam's checks: also (ok [R] bool, sign(T) [R] fp32)
+    workspace: bool = False,  # outputs the caller's later launches read, then drop: kept per shape
 ) -> tuple[list[KernelLaunch], tuple[torch.Tensor | None, ...]]:
     """The launch (none for an empty batch) and its outputs: (temperature [R] fp32, seeds [R]
     int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] int64 or None), the values of
     :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`, then with ``checked`` (ok [R]
     bool, sign(T) [R] fp32). Every [R] / [L] input is read through unit strides (made contiguous
-    here: [R]- and [L]-sized copies at most)."""
+    here: [R]- and [L]-sized copies at most). With ``workspace`` the outputs are allocated once
+    per shape and stream (:func:`spec_samplers.kernels.launch_common.workspaces`): for a caller
+    whose own later launches read them, as the seams' (the next call rewrites them)."""
     R = cu.shape[0] - 1
     device = cu.device
     tensors = (cu, state, temperature, seed, pos, sampled, row_state, row_step)
     names = ("cu_ptr", "state_ptr", "temp_ptr", "seed_ptr", "pos_ptr", "sampled_ptr", "row_state_ptr", "row_step_ptr")
     args: dict[str, object] = {n: None if t is None else t.contiguous() for n, t in zip(names, tensors)}
-    outputs: Outputs = (
-        torch.empty(R, dtype=torch.float32, device=device),
-        torch.empty(R, dtype=torch.int64, device=device),
-        torch.empty(R, dtype=torch.int64, device=device),
-        torch.empty(R, dtype=torch.int64, device=device),
-        torch.empty(num_rows, dtype=sampled.dtype, device=device),
-        torch.empty(num_rows, dtype=torch.int64, device=device) if row_state is not None else None,
-    )
-    checks = (torch.empty(R, dtype=torch.bool, device=device), torch.empty(R, dtype=torch.float32, device=device))
+    has_rows = row_state is not None
+
+    def make() -> tuple[torch.Tensor | None, ...]:
+        f32, i64 = torch.float32, torch.int64
+        per_request = [torch.empty(R, dtype=dtype, device=device) for dtype in (f32, i64, i64, i64)]
+        ids = torch.empty(num_rows, dtype=sampled.dtype, device=device)
+        rows = torch.empty(num_rows, dtype=i64, device=device) if has_rows else None
+        checks = [torch.empty(R, dtype=torch.bool, device=device), torch.empty(R, dtype=f32, device=device)]
+        return (*per_request, ids, rows, *(checks if checked else ()))
+
+    key = (R, num_rows, sampled.dtype, has_rows, checked)
+    made = lc.workspaces("bonus_row_inputs", key, device, make) if workspace else make()
     outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out", "ok_out", "sign_out")
-    args.update(zip(outs, (*outputs, *(checks if checked else (None, None)))))
+    args.update(zip(outs, (*made, None, None)))
     block = max(16, triton.next_power_of_2(max(1, max_rows_per_request)))
     args.update(L=num_rows, num_steps=num_steps, num_states=temperature.shape[0], max_rows=max_rows_per_request)
     args.update(BLOCK=block)
     launches = [KernelLaunch(bonus_row_inputs_kernel, (R,), args, 1, "bonus_row_inputs")] if R > 0 else []
-    return launches, (*outputs, *checks) if checked else outputs
+    return launches, made
 
 
 def bonus_row_inputs_triton(
-    *args: Any, config: LaunchConfig | None = None, checked: bool = False
+    *args: Any, config: LaunchConfig | None = None, checked: bool = False, workspace: bool = False
 ) -> tuple[torch.Tensor | None, ...]:
     """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments); with
     ``config.launches`` a list, the launch is appended to it and not run."""
-    launches, outputs = plan_bonus_row_inputs(*args, checked=checked)
+    launches, outputs = plan_bonus_row_inputs(*args, checked=checked, workspace=workspace)
     for launch in launches_to_run(config, launches):
         bonus_row_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     return outputs

@@ -10,6 +10,8 @@ test counts the variants a changing batch size can produce.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,50 @@ _ARRIVALS: dict[tuple[str, int | None, int], torch.Tensor] = {}
 def _tracing_fake() -> bool:
     """True under a FakeTensorMode (tools/direct_path.py counts launches on fake tensors)."""
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
+def _stream_key(device: torch.device) -> int | None:
+    """The current stream of ``device`` (0 off CUDA), or None while it captures a CUDA graph."""
+    if device.type != "cuda":
+        return 0
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+#: (plan, shape key, device, stream) -> a plan's persistent workspaces, least recently used first
+_WORKSPACES: OrderedDict[tuple[Any, ...], tuple[torch.Tensor | None, ...]] = OrderedDict()
+#: planned shapes kept: an engine's batch size changes every step, so the oldest are dropped
+MAX_WORKSPACE_SHAPES = 64
+
+
+def workspaces(
+    plan: str,
+    key: Hashable,  # everything the workspaces' shapes and dtypes depend on
+    device: torch.device,
+    make: Callable[[], tuple[torch.Tensor | None, ...]],
+) -> tuple[torch.Tensor | None, ...]:
+    """A plan's intermediates (partials, row statistics: what one launch writes and a later
+    launch of the same call reads), allocated once per (shape, device, stream) instead of at every
+    call: ``make()`` on the first call of a shape. Launches on one stream run in order, so the
+    next call's writes come after this call's reads; two calls in flight on different streams get
+    different buffers. A stream capturing a CUDA graph gets fresh ones (the graph keeps them; an
+    eager call must not write them between replays)."""
+    stream = _stream_key(device)
+    if stream is None:
+        return make()
+    full = (plan, key, device.type, device.index, stream)
+    found = _WORKSPACES.get(full)
+    if found is not None:
+        _WORKSPACES.move_to_end(full)
+        return found
+    found = make()
+    if any(t is not None and type(t) is not torch.Tensor for t in found):
+        return found  # fake tensors (a tool tracing shapes, FakeTensorMode): never kept for real calls
+    _WORKSPACES[full] = found
+    if len(_WORKSPACES) > MAX_WORKSPACE_SHAPES:
+        _WORKSPACES.popitem(last=False)
+    return found
 
 
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:

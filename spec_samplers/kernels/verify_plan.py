@@ -168,16 +168,23 @@ def plan_softmax_stats(
     device = target.device
     has_draft = draft is not None
     grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
-    t_max, t_sum = partials(device, grid, torch.float32, torch.float32)
-    d_max, d_sum = partials(device, grid, torch.float32, torch.float32) if has_draft else (None, None)
-    logit_max, logit_argmax = partials(device, grid, torch.float32, torch.int32)
+
+    def make() -> tuple[torch.Tensor | None, ...]:
+        f32, row = torch.float32, (B, K + 1, 3)
+        t_max, t_sum, logit_max, logit_argmax = partials(device, grid, f32, f32, f32, torch.int32)
+        d_max, d_sum = partials(device, grid, f32, f32) if has_draft else (None, None)
+        (t_stats,) = partials(device, row, f32)
+        d_stats = partials(device, row, f32)[0] if has_draft else None
+        return t_max, t_sum, d_max, d_sum, logit_max, logit_argmax, t_stats, d_stats
+
+    # written here, read by the launches after it: allocated once per shape (launch_common.workspaces)
+    t_max, t_sum, d_max, d_sum, logit_max, logit_argmax, t_stats, d_stats = lc.workspaces(
+        "softmax_stats", (grid, has_draft), device, make
+    )
     parts = SoftmaxParts(
         t_max=t_max, t_sum=t_sum, d_max=d_max, d_sum=d_sum, logit_max=logit_max, logit_argmax=logit_argmax
     )
-    stats = Stats(
-        target=torch.empty((B, K + 1, 3), dtype=torch.float32, device=device),
-        draft=torch.empty((B, K + 1, 3), dtype=torch.float32, device=device) if has_draft else None,
-    )
+    stats = Stats(target=t_stats, draft=d_stats)
     req = StatsRequest(cu=layout.cu_num_draft_tokens, temperature=temperature, draft_temperature=draft_temperature)
     _, block_nb, _ = combine_blocks(K + 1, NB)
     args = dict(
@@ -203,6 +210,7 @@ def plan_softmax_stats(
     launches = [lc.KernelLaunch(sk.softmax_partials_kernel, grid, args, warps, "softmax_partials")]
     if filters is not None and filters.filtered:
         launches += plan_filter_cuts(filters, target, draft, stats.target, stats.draft)
+    assert logit_max is not None and logit_argmax is not None
     return launches, logit_max, logit_argmax, stats
 
 
@@ -343,7 +351,6 @@ def plan_verify(
     # (verify_kernels.request_greedy), so no eager comparison op runs per call
     greedy_mask = batch.is_greedy if batch.target_kind == "probs" else None
     if greedy_mask is not None:
-        amax_val, amax_idx = partials(device, (B, K + 1, NB), torch.float32, torch.int32)
         amax_nb = NB  # the argmax partials below take the pass's split
     # draft probabilities (draft_kind "probs") have no statistics and no temperature: read as given
     draft_temperature = batch.draft_temperature if batch.draft_kind == "logits" else None
@@ -357,8 +364,16 @@ def plan_verify(
     # sums of the residual and of q per (request[, position]), then the greedy argmax partials
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
     groups = (*shape[:-1], rng.race_num_groups(V))
-    (mass,) = partials(device, shape, torch.float32)
-    r_sums, q_sums = partials(device, groups, torch.float64, torch.float64)
+
+    def make() -> tuple[torch.Tensor | None, ...]:
+        amax = partials(device, (B, K + 1, NB), torch.float32, torch.int32) if greedy_mask is not None else ()
+        return partials(device, shape, torch.float32) + partials(device, groups, torch.float64, torch.float64) + amax
+
+    # (launch_common.workspaces: once per shape; the key holds every size make() reads)
+    key = (shape, groups, K, NB, greedy_mask is not None)
+    mass, r_sums, q_sums, *amax = lc.workspaces(kernels.name, key, device, make)
+    if amax:
+        amax_val, amax_idx = amax
     parts = VerifyParts(mass=mass, r_sums=r_sums, q_sums=q_sums, amax_val=amax_val, amax_idx=amax_idx)
     dims = dict(K=K, V=V, num_rows=layout.num_rows)
     if greedy_mask is not None:

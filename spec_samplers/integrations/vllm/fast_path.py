@@ -35,15 +35,19 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from spec_samplers.base import SpecDecodeBaseSampler, SpecDecodeStochasticBaseSampler
 from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs, step_inputs
+from spec_samplers.constants import MAX_SPEC_LEN
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
     at_least_one_token,
     greedy_verify_ragged,
     well_formed_requests,
 )
+from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.rng import row_seeds
+from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES
 
 
 def bonus_row_verifiable(sampler: torch.nn.Module) -> bool:
@@ -78,6 +82,10 @@ def verify_with_bonus_rows(
     the engine wrote them and no vocabulary-sized tensor is created."""
     if bonus_token_ids is None:
         bonus_token_ids = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
+    if draft_logits is None and not draft_rows:  # point-mass drafts: the seam builds the batch
+        args = (logits, bonus_token_ids, None, draft_token_ids, cu_num_rows, max_spec_len + 1)
+        out = _verify_in_place(verifier, *args, temperature, seeds, None, {})
+        return out[:, : max_spec_len + 1]
     out = verifier.from_logits(
         logits,
         bonus_token_ids,  # never emitted: every last draft is rejected
@@ -264,20 +272,95 @@ def verify_chunk_with_bonus_rows(
     if cache is not None and inputs.draft_rows is not None:
         # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
         drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
-    out = verifier.from_logits(
+    out = _verify_in_place(
+        verifier,
         logits,
         inputs.bonus,  # never emitted: every last draft is rejected
         cache,
         inputs.ids,
         cu_num_logits[1:],  # a malformed request's tokens are dropped by chunk_outputs
         S + 1,
-        temperature=target_temperature,
-        seeds=inputs.seeds,
-        offsets=inputs.offsets,
-        **drafts,
+        target_temperature,
+        inputs.seeds,
+        inputs.offsets,
+        drafts,
     )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
     tokens, num_sampled = chunk_outputs(out, ok, S + 1, backend)
     return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
+
+
+def _verify_in_place(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]
+    bonus: torch.Tensor,  # [R] int64 (the seam's placeholders)
+    cache: torch.Tensor | None,  # [N, V] drafter rows, or None
+    ids: torch.Tensor,  # [L] (chunk_inputs' / step_inputs')
+    cu: torch.Tensor,  # [R] inclusive cumulative row counts
+    max_spec_len: int,
+    temperature: torch.Tensor,  # [R] float
+    seeds: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor | None,  # [R] int64 (chunk_inputs'), or None
+    drafts: Mapping[str, torch.Tensor],  # draft_rows [L], draft_temperature [R] (chunk_inputs'), or none
+) -> torch.Tensor:
+    """The tokens of ``verifier.from_logits`` on a seam's rows. For one of our samplers whose
+    ragged logits entry is the base class's pipeline, the batch is built here: the seam made the
+    ids, placeholders, offsets and drafter rows (chunk_inputs / step_inputs: the kernels' shapes
+    and dtypes), so only the shapes and dtypes the entry would check are checked, in one
+    expression, then the sampler's op and counters run as the entry ends
+    (``SpecDecodeBaseSampler._verify_counted``): the entry's argument packing is skipped, not its
+    work. Any other sampler, or a check that fails, takes the entry (whose checks then name the
+    argument)."""
+    sampler, base = verifier.sampler, SpecDecodeBaseSampler
+    cls = type(sampler)
+    own_pipeline = (
+        isinstance(sampler, base)
+        and getattr(cls, "forward_ragged_from_logits", None)
+        is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
+        and getattr(cls, "_run", None) is base._run
+        and getattr(cls, "_batch", None) is base._batch
+        and not (sampler.strict_mode or sampler.check_values)
+        and (sampler.takes_draft_rows or not drafts)
+    )
+    device = logits.device
+    R = cu.shape[0]
+    per_request = (bonus, temperature, seeds) if offsets is None else (bonus, temperature, seeds, offsets)
+    engine_tensors_ok = (
+        logits.dim() == 2
+        and logits.dtype in PROBS_DTYPES
+        and ids.dtype in ID_DTYPES
+        and tuple(ids.shape) == (logits.shape[0],)
+        and cu.dim() == 1
+        and cu.dtype in ID_DTYPES
+        and all(t.dim() == 1 and t.shape[0] == R for t in per_request)
+        and all(t.device == device for t in (ids, cu, *per_request))
+        and temperature.dtype in PROBS_DTYPES
+        and seeds.dtype in ID_DTYPES
+        and bonus.dtype in ID_DTYPES
+        and (offsets is None or offsets.dtype in ID_DTYPES)
+        and 0 <= max_spec_len <= MAX_SPEC_LEN
+        and (cache is None or (cache.dim() == 2 and cache.dtype in PROBS_DTYPES and cache.device == device))
+        and (cache is None or cache.shape[1] == logits.shape[1])
+        and device.type != "meta"
+        and not torch.compiler.is_compiling()
+    )
+    if not (own_pipeline and engine_tensors_ok and isinstance(sampler, base)):
+        return verifier.from_logits(
+            logits, bonus, cache, ids, cu, max_spec_len, temperature=temperature, seeds=seeds, offsets=offsets, **drafts
+        )
+    batch = VerifyBatch(
+        RowLayout.ragged_from(cu, logits.shape[0], max_spec_len, logits.shape[1]),
+        logits,
+        cache,
+        ids,
+        bonus,
+        seeds=seeds if seeds.dtype == torch.int64 else seeds.to(torch.int64),  # (as the entry's row_seeds)
+        offsets=offsets if offsets is None or offsets.dtype == torch.int64 else offsets.to(torch.int64),
+        temperature=temperature,
+        draft_rows=drafts.get("draft_rows"),
+        draft_temperature=drafts.get("draft_temperature"),
+        counters=sampler._kernel_counters(max_spec_len, device),
+    )
+    return sampler._verify_counted(batch)
 
 
 #: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs

@@ -172,7 +172,7 @@ def verify(
         none = torch.full((num_reqs, num_speculative_steps + 1), PLACEHOLDER_TOKEN_ID, device=device)
         return none, torch.zeros(num_reqs, dtype=torch.int32, device=device)
     vocab = target_logits.shape[1] if draft_logits is None else min(target_logits.shape[1], draft_logits.shape[-1])
-    logits = target_logits[:, :vocab]  # a view: no copy
+    logits = target_logits if vocab == target_logits.shape[1] else target_logits[:, :vocab]  # a view: no copy
     if verifier.has_logits_entry and bonus_row_verifiable(verifier.sampler):
         # the checks, the bonus rows' inputs and the tail: one launch each with the kernels
         return verify_chunk_with_bonus_rows(
