@@ -225,3 +225,28 @@ def test_typical_at_a_large_vocabulary() -> None:
             want = typical_reference(batch, **options)
             got = cpu.run_compiled(cpu.typical_cpu, batch, **options)
             assert torch.equal(got, want), f"seed {seed}: {got.tolist()} != {want.tolist()}"
+
+
+@pytest.mark.quick
+def test_blocked_argmax_is_the_first_largest_clean_entry() -> None:
+    """The kernels' argmax (blocks of 2048, integer max of the clean values' bits) against
+    torch.argmax of the clean row (ties to the lowest index), with ties across blocks, NaN, Inf,
+    negative and all-zero rows."""
+    from spec_samplers.cpu._numba_kernels import _argmax_clean
+
+    g = torch.Generator().manual_seed(5)
+    for t in range(60):
+        V = int(torch.randint(1, 9000, (1,), generator=g))
+        q = torch.rand(V, generator=g)
+        if t % 3 == 0:
+            q = (q * 4).round() / 4  # ties, some across blocks
+        if t % 4 == 0:
+            q[torch.randint(0, V, (3,), generator=g)] = float("nan")
+        if t % 5 == 0:
+            q[torch.randint(0, V, (2,), generator=g)] = float("inf")
+        if t % 7 == 0:
+            q = -q
+        if t % 11 == 0:
+            q.zero_()
+        clean = torch.where((q > 0) & (q < float("inf")), q, torch.zeros(()))
+        assert _argmax_clean(q.numpy()) == int(torch.argmax(clean)), t

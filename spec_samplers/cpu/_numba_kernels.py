@@ -197,17 +197,48 @@ def _total(sums):
     return mass
 
 
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The bits of an fp32 as an int32 (an LLVM bitcast: a vector loop keeps it in its lanes)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+#: entries of a row per block of the argmax's first pass
+_ARGMAX_BLOCK = 2048
+
+
+@njit(cache=True)
+def _max_bits(q, lo, hi):
+    """The largest bits of the clean fp32 entries q[lo:hi]: clean values are +0 or positive, and
+    there the int32 order of the bits is the float order, so the reduction is an integer max,
+    which LLVM vectorises (a float max needs fastmath flags, unsafe before the cleaning)."""
+    m = np.int32(0)
+    for v in range(lo, hi):
+        b = _f32_bits(_clean(np.float32(q[v])))
+        m = b if b > m else m
+    return m
+
+
 @njit(cache=True)
 def _argmax_clean(q):
-    """argmax of the clean row q (ties to the lowest index)."""
-    arg = 0
-    top = np.float32(-1.0)
-    for v in range(q.shape[0]):
-        x = _clean(np.float32(q[v]))
-        if x > top:
-            top = x
-            arg = v
-    return arg
+    """argmax of the clean row q (ties to the lowest index): the first block holding the largest
+    value (vectorised per block), then the first entry of that block equal to it."""
+    V = q.shape[0]
+    best = np.int32(-1)
+    best_lo = 0
+    for lo in range(0, V, _ARGMAX_BLOCK):
+        m = _max_bits(q, lo, min(lo + _ARGMAX_BLOCK, V))
+        if m > best:
+            best = m
+            best_lo = lo
+    for v in range(best_lo, min(best_lo + _ARGMAX_BLOCK, V)):
+        if _f32_bits(_clean(np.float32(q[v]))) == best:
+            return v
+    return 0  # (V = 0: never called so)
 
 
 @njit(cache=True)
