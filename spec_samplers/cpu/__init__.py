@@ -73,7 +73,8 @@ class _Rows:
     def __init__(self, batch: VerifyBatch) -> None:
         layout = batch.layout
         B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-        if not layout.ragged and batch.temperature is None and _fp32(batch.target) and _fp32(batch.draft):
+        plain = batch.temperature is None and batch.draft_rows is None  # (flat_inputs refuses draft_rows here)
+        if not layout.ragged and plain and _fp32(batch.target) and _fp32(batch.draft):
             # padded fp32 probabilities (the common call): the rows in place and the padded maps
             # made in numpy (FlatInputs' torch ops cost more than the kernel at B = 1)
             self.target = _np(batch.target).reshape(-1, V)
