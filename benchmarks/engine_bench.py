@@ -52,6 +52,13 @@ SEAM_MODULE = "vllm.v1.sample.rejection_sampler"
 # --- run inside the worker (collective_rpc) ----------------------------------------------------
 
 
+def _worker_package(worker: Any) -> str:
+    """Where the worker imports spec_samplers from (PYTHONPATH picks a checkout)."""
+    import spec_samplers
+
+    return spec_samplers.__file__ or ""
+
+
 def _worker_setup(worker: Any) -> None:
     """Timers around the step and around verification; our expand_to_tokens for every round."""
     import importlib
@@ -164,6 +171,7 @@ def run_drafting(args: argparse.Namespace, drafting: str, target: str, draft: st
     with VllmEngine(spec, kv_cache_gib=2) as engine:
         rpc = engine.llm.collective_rpc
         rpc(_worker_setup)
+        print(f"spec_samplers in the worker: {rpc(_worker_package)[0]}", flush=True)
         for batch_size in args.batch_sizes:
             prompts = prompts_for(batch_size, args.vocab)
             params = [SamplingParams(1.0, seed=1000 + i) for i in range(batch_size)]

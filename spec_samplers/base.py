@@ -565,12 +565,15 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         B, kp1 = output_token_ids.shape
         k = kp1 - 1
         counts = self._counter_slots(k, output_token_ids.device)
-        # Position i's draft was accepted iff slot i+1 holds a token.
-        accepted = output_token_ids[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, k]
-        per_position = accepted.sum(dim=0)
-        counts[2 : 2 + k].add_(per_position)  # (add_ on the views: no write-back copy)
-        counts[0].add_(per_position.sum())
-        counts[1].add_((output_token_ids != PLACEHOLDER_TOKEN_ID).sum())
+        if output_token_ids.device.type == "cpu" and type(output_token_ids) is torch.Tensor:
+            _count_on_host(counts.numpy(), output_token_ids.numpy())  # (five eager ops cost more than a small call)
+        else:
+            # Position i's draft was accepted iff slot i+1 holds a token.
+            accepted = output_token_ids[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, k]
+            per_position = accepted.sum(dim=0)
+            counts[2 : 2 + k].add_(per_position)  # (add_ on the views: no write-back copy)
+            counts[0].add_(per_position.sum())
+            counts[1].add_((output_token_ids != PLACEHOLDER_TOKEN_ID).sum())
         self.num_draft_tokens += B * k if num_draft_tokens is None else num_draft_tokens
 
     # -- vLLM V0's helpers, with V0's signatures and outputs ----------------------------------------
@@ -1138,3 +1141,13 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         draft, drafts = _draft_rows(self, sampling_params, draft_logits, draft_probs, draft_rows, draft_temperature)
         inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
         return self._run("forward_ragged_from_logits", *inputs, ragged, processing, randomness, drafts)
+
+
+def _count_on_host(counts: Any, out: Any) -> None:
+    """SpecDecodeBaseSampler._update_counters's sums on numpy views of CPU tensors: ``counts``
+    [2 + >= k] int64 (accepted, emitted, per position), ``out`` [B, k+1] int64."""
+    k = out.shape[1] - 1
+    per_position = (out[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(axis=0)
+    counts[2 : 2 + k] += per_position
+    counts[0] += per_position.sum()
+    counts[1] += (out != PLACEHOLDER_TOKEN_ID).sum()

@@ -34,14 +34,22 @@ if TYPE_CHECKING:  # spec_samplers.tree imports the base classes, which import t
 #: 32 requests). The references' temporaries peak near 14x a chunk; measured at B = 4096, V = 4096,
 #: K = 1 (benchmarks/results/2026-11-28-cpu-memory-peak.txt): 2**22 added 150-300 MB, 2**20 60-90
 #: MB, 2**18 20-35 MB, and 2**18 ran in 3.6 s where the whole batch took 9-11 s (cache-sized rows)
-#: and 2**16 6 s (per-chunk overhead). Tests lower it to one request per chunk.
+#: and 2**16 6 s (per-chunk overhead). Tests lower it to one request per chunk. A chunk holds under
+#: twice this (:func:`requests_per_chunk`), so the extra peak memory stays within ~28x of it.
 CHUNK_ELEMENTS = 2**18
 
 
 def requests_per_chunk(rows_per_request: int, vocab_size: int, budget: int | None = None) -> int:
-    """Requests whose target rows hold about ``budget`` (default :data:`CHUNK_ELEMENTS`) entries
-    (at least one)."""
-    return max(1, (CHUNK_ELEMENTS if budget is None else budget) // max(rows_per_request * vocab_size, 1))
+    """Requests whose target rows hold about ``budget`` (default :data:`CHUNK_ELEMENTS`) entries.
+
+    A request alone only when its rows alone are over the budget: one within it shares its chunk
+    with another even where two exceed the budget (a chunk then holds under twice the budget), so
+    no vocabulary between budget / 2 and the budget turns the chunks into a loop over requests."""
+    budget = CHUNK_ELEMENTS if budget is None else budget
+    per_request = max(rows_per_request * vocab_size, 1)
+    if per_request > budget:
+        return 1
+    return max(2, budget // per_request)
 
 
 def chunk_bounds(

@@ -145,6 +145,20 @@ def test_requests_per_chunk_bounds_the_rows() -> None:
     assert chunking.requests_per_chunk(2, 10**9) == 1
 
 
+def test_a_request_within_the_budget_never_runs_alone() -> None:
+    """One request alone in its chunk only when its rows alone are over the budget: at K = 4,
+    V = 32000 (160,000 entries, over half of 2**18) two requests share a chunk; at V = 128256
+    (641,280 entries, over the budget) each runs alone; a chunk stays under twice the budget."""
+    budget = chunking.CHUNK_ELEMENTS
+    assert chunking.requests_per_chunk(5, 32000) == 2
+    assert chunking.requests_per_chunk(5, 128256) == 1
+    assert chunking.requests_per_chunk(1, budget) == 2
+    assert chunking.requests_per_chunk(1, budget + 1) == 1
+    for rows, V in [(5, 32000), (2, 4096), (1, budget // 2 + 1), (1, budget // 3)]:
+        n = chunking.requests_per_chunk(rows, V)
+        assert n >= 2 and n * rows * V < 2 * budget, (rows, V, n)
+
+
 @pytest.mark.parametrize("name", SAMPLERS)
 @pytest.mark.parametrize("entry", ["forward_tree", "forward_tree_from_logits"])
 def test_tree_entries_chunked_equal_whole(monkeypatch: pytest.MonkeyPatch, name: str, entry: str) -> None:

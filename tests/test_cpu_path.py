@@ -191,3 +191,62 @@ def test_without_numba_the_reference_runs_after_one_warning(monkeypatch: pytest.
         assert torch.equal(cpu.rejection_cpu(batch), rejection_reference(batch))
     finally:
         cpu.kernels.cache_clear()
+
+
+@pytest.mark.quick
+def test_vectorised_log_within_an_ulp() -> None:
+    """The typical kernel's branch-free fp64 log (fdlibm's kernel) against libm's on the entropy's
+    domain, q + eps for q in [0, 1], near 1 and at powers of two: at most one ulp apart."""
+    import math
+
+    import numpy as np
+    from numba import njit
+
+    from spec_samplers.cpu._numba_kernels import _log
+
+    log_of = njit(lambda x: _log(x))
+    g = np.random.default_rng(0)
+    eps = float(np.float32(1e-5))
+    xs = [eps, 0.5, 1.0, 1.0 + eps, 2.0**-10, math.sqrt(0.5), math.sqrt(2.0) - 1e-12]
+    xs += list(g.random(3000).astype(np.float32).astype(np.float64) + eps)
+    xs += list(np.exp(g.uniform(-11.6, 0.0, 3000))) + list(1.0 + g.uniform(-1e-6, 1e-6, 500))
+    ulps = [abs(int(np.float64(log_of(x)).view(np.int64)) - int(np.float64(math.log(x)).view(np.int64))) for x in xs]
+    assert max(ulps) <= 1, max(ulps)
+
+
+def test_typical_at_a_large_vocabulary() -> None:
+    """Typical acceptance at V = 32000 (many entropy blocks) with peaked rows that accept some
+    drafts and reject others, over seeds: the twin's tokens are the reference's."""
+    for seed in range(6):
+        c = make_case(4, 3, 32000, seed, closeness=0.5, greedy="none")  # type: ignore[arg-type]
+        batch = VerifyBatch.padded(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds, offsets=c.offsets)
+        for threshold in (0.09, 0.3):
+            options = {**TYPICAL, "posterior_threshold": threshold}
+            want = typical_reference(batch, **options)
+            got = cpu.run_compiled(cpu.typical_cpu, batch, **options)
+            assert torch.equal(got, want), f"seed {seed}: {got.tolist()} != {want.tolist()}"
+
+
+@pytest.mark.quick
+def test_blocked_argmax_is_the_first_largest_clean_entry() -> None:
+    """The kernels' argmax (blocks of 2048, integer max of the clean values' bits) against
+    torch.argmax of the clean row (ties to the lowest index), with ties across blocks, NaN, Inf,
+    negative and all-zero rows."""
+    from spec_samplers.cpu._numba_kernels import _argmax_clean
+
+    g = torch.Generator().manual_seed(5)
+    for t in range(60):
+        V = int(torch.randint(1, 9000, (1,), generator=g))
+        q = torch.rand(V, generator=g)
+        if t % 3 == 0:
+            q = (q * 4).round() / 4  # ties, some across blocks
+        if t % 4 == 0:
+            q[torch.randint(0, V, (3,), generator=g)] = float("nan")
+        if t % 5 == 0:
+            q[torch.randint(0, V, (2,), generator=g)] = float("inf")
+        if t % 7 == 0:
+            q = -q
+        if t % 11 == 0:
+            q.zero_()
+        clean = torch.where((q > 0) & (q < float("inf")), q, torch.zeros(()))
+        assert _argmax_clean(q.numpy()) == int(torch.argmax(clean)), t

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 
 from spec_samplers.layout import VerifyBatch
@@ -58,36 +59,85 @@ def _np(t: torch.Tensor) -> Any:
     return t.detach().contiguous().numpy()
 
 
+def _np64(t: torch.Tensor) -> Any:
+    """An int64 numpy array of an integer (or bool) CPU tensor (a view when it is int64)."""
+    return _np(t).astype(np.int64, copy=False)
+
+
+class _Rows:
+    """What a kernel reads, as numpy arrays: fp32 rows [R, V] and the [B]-indexed maps
+    (:class:`spec_samplers.reference.FlatInputs`'s fields)."""
+
+    __slots__ = ("target", "target_rows", "draft", "draft_rows", "draft_ids", "num_draft", "bonus", "greedy")
+
+    def __init__(self, batch: VerifyBatch) -> None:
+        layout = batch.layout
+        B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
+        plain = batch.temperature is None and batch.draft_rows is None  # (flat_inputs refuses draft_rows here)
+        if not layout.ragged and plain and _fp32(batch.target) and _fp32(batch.draft):
+            # padded fp32 probabilities (the common call): the rows in place and the padded maps
+            # made in numpy (FlatInputs' torch ops cost more than the kernel at B = 1)
+            self.target = _np(batch.target).reshape(-1, V)
+            self.draft = None if batch.draft is None else _np(batch.draft).reshape(-1, V)
+            self.target_rows = np.arange(B * (K + 1), dtype=np.int64).reshape(B, K + 1)
+            self.draft_rows = np.arange(B * K, dtype=np.int64).reshape(B, K)
+            self.num_draft = np.full(B, K, dtype=np.int64)
+            self.draft_ids = _np64(batch.draft_token_ids).reshape(B, K)
+            self.bonus = _np64(batch.bonus_token_ids).reshape(B)
+            self.greedy = None if batch.is_greedy is None else _np(batch.is_greedy.to(torch.bool))
+            return
+        from spec_samplers.reference import flat_inputs
+
+        f = flat_inputs(batch)
+        self.target = _np(f.target.to(torch.float32))
+        self.draft = None if f.draft is None else _np(f.draft.to(torch.float32))
+        self.target_rows, self.draft_rows, self.num_draft = map(_np64, (f.target_rows, f.draft_rows, f.num_draft))
+        self.draft_ids = _np64(f.draft_ids)
+        self.bonus = _np64(f.bonus).reshape(B)
+        self.greedy = None if f.is_greedy is None else _np(f.is_greedy.to(torch.bool))
+
+
+def _fp32(t: torch.Tensor | None) -> bool:
+    return t is None or t.dtype == torch.float32
+
+
+def _seeds_offsets_np(batch: VerifyBatch, sampler: str) -> tuple[Any, Any]:
+    """The batch's seeds and offsets (reference._seeds_offsets: its checks) as uint64 arrays."""
+    from spec_samplers.reference import _seeds_offsets
+
+    seeds = batch.seeds if batch.seeds is not None else _seeds_offsets(batch, sampler)[0]
+    B = batch.layout.batch_size
+    offsets = np.zeros(B, dtype=np.uint64) if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
+    return _np64(seeds).view(np.uint64), offsets
+
+
 def _verify_cpu(
     batch: VerifyBatch, kernel_name: str, reference: Callable[[VerifyBatch], torch.Tensor], sampler: str
 ) -> torch.Tensor:
     """Run the kernel ``kernel_name`` (rejection_kernel, block_kernel: one signature) on the
-    batch's flat fp32 rows; the reference where numba is missing or there are no rows to read."""
-    from spec_samplers.reference import _seeds_offsets, flat_inputs
-
+    batch's fp32 rows; the reference where numba is missing or there are no rows to read."""
     k = kernels()
-    f = flat_inputs(batch)
-    if k is None or f.target.shape[0] == 0 or (f.draft is not None and f.draft.shape[0] == 0):
+    if k is None:
+        return reference(batch)
+    r = _Rows(batch)
+    if r.target.shape[0] == 0 or (r.draft is not None and r.draft.shape[0] == 0):
         return reference(batch)  # (no rows to read: the reference's degenerate cases)
-    seeds, offsets = _seeds_offsets(batch, sampler)
-    B, K = f.draft_ids.shape
+    seeds, offsets = _seeds_offsets_np(batch, sampler)
+    B, K = r.draft_ids.shape
     out = torch.empty(B, K + 1, dtype=torch.int64)
-    target = f.target.to(torch.float32)
-    draft = target[:1] if f.draft is None else f.draft.to(torch.float32)
-    greedy = f.is_greedy
     getattr(k, kernel_name)(
-        _np(target),
-        _np(f.target_rows),
-        _np(draft),
-        _np(f.draft_rows),
-        f.draft is not None,
-        _np(f.draft_ids.to(torch.int64)),
-        _np(f.num_draft),
-        _np(f.bonus.reshape(B).to(torch.int64)),
-        _np(torch.zeros(B, dtype=torch.bool) if greedy is None else greedy.to(torch.bool)),
-        greedy is not None,
-        _np(seeds.to(torch.int64)).view("uint64"),
-        _np(offsets.to(torch.int64)).view("uint64"),
+        r.target,
+        r.target_rows,
+        r.target[:1] if r.draft is None else r.draft,
+        r.draft_rows,
+        r.draft is not None,
+        r.draft_ids,
+        r.num_draft,
+        r.bonus,
+        np.zeros(B, dtype=np.bool_) if r.greedy is None else r.greedy,
+        r.greedy is not None,
+        seeds,
+        offsets,
         out.numpy(),
     )
     return out
@@ -122,20 +172,22 @@ def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options:
 def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
     """:func:`spec_samplers.reference.typical_reference`, compiled. Returns [B, K+1] int64."""
     from spec_samplers.constants import ENTROPY_EPS_FP32, fp32_value
-    from spec_samplers.reference import flat_inputs, typical_reference
+    from spec_samplers.reference import typical_reference
 
     k = kernels()
-    f = flat_inputs(batch)
-    if k is None or f.target.shape[0] == 0:
+    if k is None:
         return typical_reference(batch, posterior_threshold, posterior_alpha)
-    B, K = f.draft_ids.shape
+    r = _Rows(batch)
+    if r.target.shape[0] == 0:
+        return typical_reference(batch, posterior_threshold, posterior_alpha)
+    B, K = r.draft_ids.shape
     out = torch.empty(B, K + 1, dtype=torch.int64)
     k.typical_kernel(
-        _np(f.target.to(torch.float32)),
-        _np(f.target_rows),
-        _np(f.draft_ids.to(torch.int64)),
-        _np(f.num_draft),
-        _np(f.bonus.reshape(B).to(torch.int64)),
+        r.target,
+        r.target_rows,
+        r.draft_ids,
+        r.num_draft,
+        r.bonus,
         float(ENTROPY_EPS_FP32),
         fp32_value(posterior_threshold),
         fp32_value(posterior_alpha),

@@ -18,7 +18,10 @@ Exactness notes (tests/test_cpu_path.py compares tokens with the references):
   keys agree to that precision (the same argument as the Triton kernels', rng.race_group_sums);
 * the exponentials' fp64 ``log1p`` (libm here, SLEEF in PyTorch) agree within an fp64 ulp, and are
   rounded to fp32: they differ only when an fp64 result lies within an ulp of an fp32 rounding
-  boundary (about 2**-29 of the draws).
+  boundary (about 2**-29 of the draws);
+* typical acceptance's fp64 ``log`` is :func:`_log` (fdlibm's kernel, branch-free so that LLVM
+  vectorises it), within an ulp of the true value as SLEEF's is, and unequal to it in a last bit
+  on ~4% of entries: the entropy moves by ~2**-52 relative, as with the order of its sum.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from spec_samplers import rng
 from spec_samplers.constants import RESIDUAL_MASS_EPS
@@ -192,17 +197,48 @@ def _total(sums):
     return mass
 
 
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The bits of an fp32 as an int32 (an LLVM bitcast: a vector loop keeps it in its lanes)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+#: entries of a row per block of the argmax's first pass
+_ARGMAX_BLOCK = 2048
+
+
+@njit(cache=True)
+def _max_bits(q, lo, hi):
+    """The largest bits of the clean fp32 entries q[lo:hi]: clean values are +0 or positive, and
+    there the int32 order of the bits is the float order, so the reduction is an integer max,
+    which LLVM vectorises (a float max needs fastmath flags, unsafe before the cleaning)."""
+    m = np.int32(0)
+    for v in range(lo, hi):
+        b = _f32_bits(_clean(np.float32(q[v])))
+        m = b if b > m else m
+    return m
+
+
 @njit(cache=True)
 def _argmax_clean(q):
-    """argmax of the clean row q (ties to the lowest index)."""
-    arg = 0
-    top = np.float32(-1.0)
-    for v in range(q.shape[0]):
-        x = _clean(np.float32(q[v]))
-        if x > top:
-            top = x
-            arg = v
-    return arg
+    """argmax of the clean row q (ties to the lowest index): the first block holding the largest
+    value (vectorised per block), then the first entry of that block equal to it."""
+    V = q.shape[0]
+    best = np.int32(-1)
+    best_lo = 0
+    for lo in range(0, V, _ARGMAX_BLOCK):
+        m = _max_bits(q, lo, min(lo + _ARGMAX_BLOCK, V))
+        if m > best:
+            best = m
+            best_lo = lo
+    for v in range(best_lo, min(best_lo + _ARGMAX_BLOCK, V)):
+        if _f32_bits(_clean(np.float32(q[v]))) == best:
+            return v
+    return 0  # (V = 0: never called so)
 
 
 @njit(cache=True)
@@ -422,15 +458,106 @@ def block_kernel(
         _write(out, b, draft_ids, j, _final(recovered, has_draft, bonus[b], V), kb)
 
 
-@njit(cache=True)
-def _typical_threshold(q, eps, threshold, alpha):
-    """reference.typical_threshold of one row: min(threshold, alpha * exp(-H)) in fp64, H = -sum
-    q log(q + eps) over the clean fp32 row q, in fp64 (summed in order: torch's order differs by
-    ~2**-53 relative, so the test differs only for q(x) that close to its threshold)."""
-    h = 0.0
-    for v in range(q.shape[0]):
+@intrinsic
+def _f64_bits(typingctx, x):
+    """The bits of an fp64 as an int64 (an LLVM bitcast: a vector loop keeps it in its lanes)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    """The fp64 whose bits are the int64 ``x``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+# fdlibm's e_log.c (Sun Microsystems, 1993): log(x) = k ln2 + log(1 + f), 1 + f in
+# [sqrt(2)/2, sqrt(2)), log(1 + f) = 2s + s R(s^2) with s = f / (2 + f); error under 1 ulp.
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_LG1 = 6.666666666666735130e-01
+_LG2 = 3.999999999940941908e-01
+_LG3 = 2.857142874366239149e-01
+_LG4 = 2.222219843214978396e-01
+_LG5 = 1.818357216161805012e-01
+_LG6 = 1.531383769920937332e-01
+_LG7 = 1.479819860511658591e-01
+_MANT = np.int64(0x000FFFFFFFFFFFFF)
+_SQRT2_CARRY = np.int64(0x95F64 << 32)  # carries into bit 52 when the mantissa is >= sqrt(2)
+_BIT52 = np.int64(1 << 52)
+_EXP_ONE = np.int64(0x3FF << 52)
+_TWO52_BITS = np.int64(0x4330000000000000)  # 2**52: its bits | n (n < 2**52) is 2**52 + n
+_TWO52_PLUS_BIAS = 2.0**52 + 1023.0
+
+
+@njit(cache=True, inline="always")
+def _log(x):
+    """fp64 log of a normal positive x without branches (fdlibm's kernel with its rare paths, x
+    a power of two times 1 + f with |f| < 2**-20, taken by the general formula, which is within
+    an ulp there too): LLVM vectorises a loop of it, where libm's log is a scalar call. It differs
+    from libm's and SLEEF's (PyTorch's) log only in a last bit, at most (module docstring)."""
+    bits = _f64_bits(x)
+    m = bits & _MANT
+    carry = (m + _SQRT2_CARRY) & _BIT52
+    f = _bits_f64(m | (carry ^ _EXP_ONE)) - 1.0
+    # k = exponent - 1023 + carry, exact in fp64 without an int64 -> fp64 conversion (no AVX2 op)
+    dk = _bits_f64(_TWO52_BITS | ((bits >> np.int64(52)) + (carry >> np.int64(52)))) - _TWO52_PLUS_BIAS
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
+    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
+    r = t2 + t1
+    hx = m >> np.int64(32)
+    hfsq = 0.5 * f * f
+    a = dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
+    b = dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
+    return a if (hx >= np.int64(0x6147A)) & (hx <= np.int64(0x6B851)) else b
+
+
+@njit(cache=True, error_model="numpy")
+def _entropy_terms(q, lo, hi, eps, terms):
+    """terms[: hi - lo] <- log(x + eps) * x, x the clean fp32 q[lo:hi] in fp64 (the reference's
+    operations, in its order). No fastmath here: _log's float order is its accuracy. The numpy
+    error model drops the division's zero check (2 + f >= 1.7), a branch that stops LLVM's
+    vectoriser."""
+    for v in range(lo, hi):
         x = np.float64(_clean(np.float32(q[v])))
-        h += math.log(x + eps) * x
+        terms[v - lo] = _log(x + eps) * x
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _sum_terms(terms, n):
+    """fp64 sum of terms[:n], vectorised (its lanes fix an order: module docstring)."""
+    acc = 0.0
+    for v in range(n):
+        acc += terms[v]
+    return acc
+
+
+#: entries of a row whose entropy terms are made, then summed, at a time (a 16 KiB buffer)
+_ENTROPY_BLOCK = 2048
+
+
+@njit(cache=True)
+def _typical_threshold(q, eps, threshold, alpha, terms):
+    """reference.typical_threshold of one row: min(threshold, alpha * exp(-H)) in fp64, H = -sum
+    q log(q + eps) over the clean fp32 row q, in fp64 (``terms``: an _ENTROPY_BLOCK buffer). The
+    sum's order and _log's last bits differ from torch's: H moves by ~2**-52 relative, so the
+    test differs only for q(x) that close to its threshold."""
+    V = q.shape[0]
+    h = 0.0
+    for lo in range(0, V, _ENTROPY_BLOCK):
+        hi = min(lo + _ENTROPY_BLOCK, V)
+        _entropy_terms(q, lo, hi, eps, terms)
+        h += _sum_terms(terms, hi - lo)
     return min(alpha * math.exp(h), threshold)
 
 
@@ -451,6 +578,7 @@ def typical_kernel(
     the argmax of the first rejected position's row."""
     B, K = draft_ids.shape
     V = target.shape[1]
+    terms = np.empty(_ENTROPY_BLOCK, dtype=np.float64)
     for b in range(B):
         kb = num_draft[b]
         n = 0
@@ -460,7 +588,7 @@ def typical_kernel(
             if not (x >= 0 and x < V and i < kb and tr >= 0):
                 break
             q = target[tr]
-            if not np.float64(_clean(np.float32(q[x]))) > _typical_threshold(q, eps, threshold, alpha):
+            if not np.float64(_clean(np.float32(q[x]))) > _typical_threshold(q, eps, threshold, alpha, terms):
                 break
             n += 1
         qr = target_rows[b, n]
