@@ -649,7 +649,7 @@ def resolve_seeds(
     """:func:`kernel_seeds` as tensors, for the PyTorch paths: (seeds, offsets [B] int64, shared
     offset). When the shared offset is None, row b uses (seeds[b], offsets[b]); otherwise
     ``seeds`` is one [1] seed for the batch, and row b's seed is derived from (seeds, shared
-    offset [1], b) (:func:`spec_samplers.rng_sampling.derive_row_seeds`, or its kernel twin
+    offset [1], b) (:func:`spec_samplers.rng.derive_row_seeds`, or its kernel twin
     ``sampling_launch.row_seeds_triton``: the caller runs one or the other)."""
     plan = kernel_seeds(seed, offset, generator, batch_size, device)
 

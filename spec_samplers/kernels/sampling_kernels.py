@@ -257,7 +257,7 @@ def temperature_param(t_ptr, t_val, b):
 @triton.jit
 def row_seed(seed, offset, r):
     """Row r's seed derived from a batch's (seed, offset): words (0, 1) of (seed, offset,
-    counter r) on STREAM_ROW_SEED, as one int64 (:func:`spec_samplers.rng_sampling.derive_row_seeds`)."""
+    counter r) on STREAM_ROW_SEED, as one int64 (:func:`spec_samplers.rng.derive_row_seeds`)."""
     w0, w1, _, _ = random_words(seed, offset, r.to(tl.int64), _STREAM_ROW_SEED)
     return ((w1.to(tl.uint64) << 32) | w0.to(tl.uint64)).to(tl.int64, bitcast=True)
 
