@@ -67,9 +67,11 @@ def _level_rows(tmp_path: Path) -> list[dict]:
 #: targets are dp.FILES_TARGET and dp.FUNCTIONS_TARGET. What stands between, for rejection.forward
 #: (8 files, 42 functions): the launch side, 4 files and 21 functions (the launcher, its plan in
 #: kernels/verify_plan.py, kernels/backend.py and kernels/launch_common.py), and the edge, 4 files
-#: and 21 functions (base.py 11, validation.py 4, layout.py 4, rng.py 2)
+#: and 21 functions (base.py 11, validation.py 4, layout.py 4, rng.py 2). After the round's merge
+#: (checks remembered per shape, workspaces per shape, sampling_params as one buffer): mean 8.7
+#: files, 47.2 functions, at most 59 (the sampling_params entries).
 FILES_CEILING = max(dp.FILES_TARGET, 8.8)
-FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 55)
+FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 59)
 #: the tree entries and the sampling operations, each call (they are not in the sampler mean)
 OTHER_FILES_CEILING = 10
 OTHER_FUNCTIONS_CEILING = 60
