@@ -394,19 +394,28 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         # custom_ops.routed's rule: while Dynamo traces, or on meta tensors, one op with a fake implementation
         if (meta or torch.compiler.is_compiling()) and not meta_plans and not (checks_values and meta):
             return self._run_as_op(entry, call)
-        return self._verify_counted(self._batch(call, names))
+        batch = self._batch(call, names)
+        out = self._op_for(batch)(batch)
+        self._count(batch, out)
+        return out
 
     def _verify_counted(self, batch: VerifyBatch) -> torch.Tensor:
-        """The op on a validated batch, then the counters: how every chain entry ends (and an
-        engine seam that builds the batch of its own checked inputs,
-        ``integrations.vllm.fast_path.verify_chunk_with_bonus_rows``)."""
+        """The op on a validated batch, then the counters: how every chain entry ends (:meth:`_run`
+        spells it out, so the launch stays three calls from the public entry), for an engine seam
+        that builds the batch of its own checked inputs
+        (``integrations.vllm.fast_path.verify_chunk_with_bonus_rows``)."""
         out = self._op_for(batch)(batch)
+        self._count(batch, out)
+        return out
+
+    def _count(self, batch: VerifyBatch, out: torch.Tensor) -> None:
+        """The counters after the op: the kernels added the tensor counters (``batch.counters``),
+        else they are counted here."""
         num_draft_tokens = batch.layout.num_rows if batch.layout.ragged else None
         if batch.counters is None:
             self._update_counters(out, num_draft_tokens)
-        elif batch.target.device.type != "meta":  # the kernels added the tensor counters
+        elif batch.target.device.type != "meta":
             self.num_draft_tokens += out.shape[0] * (out.shape[1] - 1) if num_draft_tokens is None else num_draft_tokens
-        return out
 
     def _run_as_op(self, entry: str, call: ChainCall) -> torch.Tensor:
         """The call as the ``spec_samplers::verify`` custom op (what crosses it: tensors and scalars)."""
