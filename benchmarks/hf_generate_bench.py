@@ -188,16 +188,24 @@ def main() -> None:
             f"{r['target_passes']} | {acc} |"
         )
     if args.json:
-        meta = {
-            "args": vars(args),
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "load_average_before_after": [load_before, load_after],
-        }
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_json(args.json, args, (load_before, load_after), rows)
+
+
+def write_json(path: str, args: argparse.Namespace, loads: tuple, rows: list, **meta: object) -> None:
+    """The rows with how they were taken: arguments, versions, machine, load before and after."""
+    import transformers
+
+    meta = {
+        **meta,
+        "args": vars(args),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_before_after": list(loads),
+    }
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

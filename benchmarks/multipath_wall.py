@@ -22,7 +22,6 @@ load is printed and stored: on a shared machine only the ratios within one run c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,7 +29,7 @@ import time
 from typing import Any
 
 import torch
-from hf_generate_bench import build_pair, prompts
+from hf_generate_bench import build_pair, prompts, write_json
 
 from spec_samplers import SamplingParams, get_sampler
 
@@ -166,17 +165,9 @@ def main() -> None:
             f"{1e3 / r['median_tokens_per_s'] * args.batch:.1f} | {'-' if ver != ver else f'{1e3 * ver:.1f}'} |"
         )
     if args.json:
-        meta = {
-            "how": "measured, interleaved round by round in one process",
-            "args": vars(args),
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "load_average_before_after": [load_before, load_after],
-        }
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_json(
+            args.json, args, (load_before, load_after), rows, how="measured, interleaved round by round in one process"
+        )
 
 
 if __name__ == "__main__":
