@@ -94,6 +94,8 @@ def multipath_pick_kernel(
     N = K * L
     kk = tl.arange(0, BLOCK_K)
     in_k = kk < K
+    # (masks: a scalar condition is broadcast to the block first; Triton 3.9's interpreter refuses
+    # a block-and-scalar mask)
     root_row = tl.load(rows_ptr + b * (N + 1))
     going = root_row >= 0
     first_depth = tl.load(depth_ptr + b * (N + 1) + 1 + kk * L, mask=in_k, other=0)
@@ -108,10 +110,12 @@ def multipath_pick_kernel(
         valid = in_k & (raw >= 0) & (raw < V)
         cand = tl.where(valid, raw, 0)
         q_c = kc.clean(
-            tl.load(target_ptr + tl.maximum(t_row, 0) * stride_t + cand, mask=valid & (t_row >= 0), other=0.0)
+            tl.load(
+                target_ptr + tl.maximum(t_row, 0) * stride_t + cand, mask=valid & (cand * 0 + t_row >= 0), other=0.0
+            )
         )
         p_c = kc.clean(
-            tl.load(draft_ptr + tl.maximum(d_row, 0) * stride_d + cand, mask=valid & (d_row >= 0), other=0.0)
+            tl.load(draft_ptr + tl.maximum(d_row, 0) * stride_d + cand, mask=valid & (cand * 0 + d_row >= 0), other=0.0)
         )
         ok = alive & valid & (p_c > 0) & going
         drawn = tl.max(ok.to(tl.int32), axis=0) > 0
@@ -189,8 +193,8 @@ def multipath_verify_kernel(
             for s in range(0, V, BLOCK_V):
                 offs = s + tl.arange(0, BLOCK_V)
                 msk = offs < V
-                q = kc.clean(tl.load(target_ptr + t_off + offs, mask=msk & t_ok, other=0.0))
-                p = kc.clean(tl.load(draft_ptr + d_off + offs, mask=msk & d_ok, other=0.0))
+                q = kc.clean(tl.load(target_ptr + t_off + offs, mask=msk & ((offs * 0 + t_ok) != 0), other=0.0))
+                p = kc.clean(tl.load(draft_ptr + d_off + offs, mask=msk & ((offs * 0 + d_ok) != 0), other=0.0))
                 fe = tl.load(feq_ptr + f_off + offs, mask=msk, other=0.0)
                 fl = tl.load(flt_ptr + f_off + offs, mask=msk, other=0.0)
                 res = tl.maximum(rho * q - _skewed(p, fe, fl, a, r, h_one, K), 0.0)
@@ -241,10 +245,10 @@ def multipath_verify_kernel(
     for s in range(0, V, BLOCK_V):
         offs = s + tl.arange(0, BLOCK_V)
         msk = offs < V
-        q = kc.clean(tl.load(target_ptr + t_off + offs, mask=msk & (t_row >= 0), other=0.0))
+        q = kc.clean(tl.load(target_ptr + t_off + offs, mask=msk & (offs * 0 + t_row >= 0), other=0.0))
         out = q
         if use_resid:
-            p = kc.clean(tl.load(draft_ptr + d_off + offs, mask=msk & (d_row >= 0), other=0.0))
+            p = kc.clean(tl.load(draft_ptr + d_off + offs, mask=msk & (offs * 0 + d_row >= 0), other=0.0))
             fe = tl.load(feq_ptr + f_off + offs, mask=msk, other=0.0)
             fl = tl.load(flt_ptr + f_off + offs, mask=msk, other=0.0)
             out = tl.maximum(rho_t * q - _skewed(p, fe, fl, a_t, r_t, h_one, K), 0.0)
