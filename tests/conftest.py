@@ -79,6 +79,25 @@ _MODULE_MARKERS = {
 }
 
 
+#: the longest tests (minutes of CPU each: every kernel variant compiled for sm_90, split across
+#: the cores by tests/kernel_compile_check.py's compile_all), marked `compile_check`: they run
+#: first, then the `slow` ones; .ci/run runs them on the newest Triton too
+_COMPILE_CHECKS = (
+    "test_every_kernel_variant_compiles_for_sm90",
+    "test_every_sampling_kernel_variant_compiles_for_sm90",
+    "test_tree_kernels_compile_for_sm90",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `-n N` schedules with xdist's "load" unless told otherwise: work stealing instead, which
+    # with the longest tests first (below) lets the workers finish together (under "load" each
+    # worker first takes a contiguous chunk of the collection: one would take every long test).
+    # An explicit --dist other than load is kept.
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "worksteal"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first_instances: set[tuple[str, str]] = set()
     for item in items:
@@ -86,6 +105,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, prefixes in _MODULE_MARKERS.items():
             if name.startswith(prefixes):
                 item.add_marker(marker)
+        if item.name in _COMPILE_CHECKS:
+            item.add_marker("compile_check")
         # the quick tier (README, "Development"): every test function once, at its first parameter
         # set (the parametrizations list their smallest shapes first), none of the slow ones, and
         # none that needs vLLM or torch's CUDA build: the quick tier runs in a light environment (CPU torch, no vLLM;
@@ -96,6 +117,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             light = all(item.get_closest_marker(m) is None for m in ("not_quick", "vllm", "cuda_build"))
             if light:
                 item.add_marker("quick")
+    # longest first (a stable sort: the rest keep their order), so that no worker starts a long
+    # test when the others are nearly done
+    items.sort(key=lambda item: 0 if item.name in _COMPILE_CHECKS else 1 if item.get_closest_marker("slow") else 2)
 
 
 @pytest.fixture

@@ -9,11 +9,15 @@ launchers plan their launches on meta tensors, and each distinct (kernel, argume
 constexpr values) is compiled once. Block sizes use one representative value each (they do not
 change which code is generated, only its widths).
 
-Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does that)."""
+Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does that). The
+variants compile in parallel, one process per usable core (``compile_all``; ``COMPILE_JOBS=1``
+compiles in this process alone)."""
 
 import dataclasses
 import itertools
 import os
+import subprocess
+import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -168,6 +172,7 @@ def signature(kernel, args):
 
 def main():
     seen = set()
+    variants = []  # (kernel, signature, constexprs, options), each distinct one once
     for batch in with_counters(batches()):
         split = plan_vocab_split(batch.layout.vocab_size, batch.layout.batch_size, 8, 1024)
         launches = plan_verify(batch, REJECTION, split)[0] + plan_verify(batch, BLOCK, split)[0]
@@ -184,22 +189,57 @@ def main():
             if key in seen:
                 continue
             seen.add(key)
-            triton.compile(
-                ASTSource(fn=launch.kernel, signature=sig, constexprs=consts),
-                target=TARGET,
-                options=launch.options or None,
-            )
+            variants.append((launch.kernel, sig, consts, launch.options))
     for launch in bonus_row_launches():
         sig, consts = signature(launch.kernel, launch.args)
         seen.add((launch.name, tuple(sorted(sig.items()))))
-        triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
+        variants.append((launch.kernel, sig, consts, None))
     for launch in multipath_launches():
         sig, consts = signature(launch.kernel, launch.args)
         seen.add((launch.name, tuple(sorted(sig.items()))))
-        triton.compile(
-            ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET, options=launch.options or None
-        )
+        variants.append((launch.kernel, sig, consts, launch.options))
+    compile_all(variants)
     print(f"compiled all kernel variants for sm_90: {len(seen)} variants")
+
+
+#: set in the helper processes of compile_all: "i/n", this process compiles variants i, i + n, ...
+SHARD = "SPEC_SAMPLERS_COMPILE_SHARD"
+
+
+def compile_all(variants: list) -> None:
+    """Compile every (kernel, signature, constexprs, options) in ``variants`` for TARGET, split
+    across the usable cores (``COMPILE_JOBS`` overrides their number): n - 1 copies of the running
+    script, started with the same arguments and SHARD="i/n", each take every n-th variant from
+    the i-th and this process the rest. The scripts list their variants deterministically (the
+    same code on the same inputs), so the shards are disjoint and together cover the list; a
+    failing helper's traceback reaches stderr and fails the check. Each variant costs about 3 s
+    of CPU (Triton's frontend and MLIR passes, LLVM, ptxas), a few hundred of them in all."""
+    shard = os.environ.get(SHARD)
+    if shard is None:
+        jobs = int(os.environ.get("COMPILE_JOBS") or len(os.sched_getaffinity(0)))
+        jobs = max(1, min(jobs, len(variants)))
+        env = dict(os.environ)
+        helpers = []
+        try:
+            for i in range(1, jobs):
+                env[SHARD] = f"{i}/{jobs}"
+                helpers.append(subprocess.Popen([sys.executable, *sys.argv], env=env, stdout=subprocess.DEVNULL))
+            _compile(variants[0::jobs])
+        except BaseException:
+            for p in helpers:
+                p.kill()
+            raise
+        failed = [p.args for p in helpers if p.wait() != 0]
+        if failed:
+            raise SystemExit(f"compile helpers failed (their tracebacks are above): {len(failed)} of {jobs - 1}")
+    else:
+        i, n = map(int, shard.split("/"))
+        _compile(variants[i::n])
+
+
+def _compile(variants: list) -> None:
+    for kernel, sig, consts, options in variants:
+        triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=TARGET, options=options or None)
 
 
 def multipath_launches():

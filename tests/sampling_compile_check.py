@@ -16,9 +16,7 @@ import os
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from kernel_compile_check import TARGET, signature  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from kernel_compile_check import compile_all, signature  # noqa: E402
 
 from spec_samplers.kernels import sampling_launch as sl  # noqa: E402
 from spec_samplers.kernels.backend import LaunchConfig, plan_vocab_split  # noqa: E402
@@ -81,13 +79,15 @@ def record_launches() -> list:
 
 def main():
     seen = set()
+    variants = []
     for launch in record_launches():
         sig, consts = signature(launch.kernel, launch.args)
         key = (launch.name, tuple(sorted(sig.items())), tuple(sorted((k[0], repr(v)) for k, v in consts.items())))
         if key in seen:
             continue
         seen.add(key)
-        triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts), target=TARGET)
+        variants.append((launch.kernel, sig, consts, None))
+    compile_all(variants)  # in parallel, one process per usable core
     print(f"compiled all sampling kernel variants for sm_90: {len(seen)} variants")
 
 

@@ -11,9 +11,7 @@ import os
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from kernel_compile_check import TARGET, TYPES, signature  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from kernel_compile_check import TYPES, compile_all, signature  # noqa: E402
 
 from spec_samplers.kernels.launch_common import precise_math  # noqa: E402
 from spec_samplers.kernels.tree_kernels import rejection_tree_kernel, typical_tree_kernel  # noqa: E402
@@ -28,7 +26,7 @@ def t(dtype):
 
 
 def main():
-    count = 0
+    compiled = []  # (kernel, signature, constexprs, options)
     i64, i32 = torch.int64, torch.int32
     dtypes = (torch.float32, torch.bfloat16)
     variants = [(*v, False) for v in itertools.product((0, 1, 2), (False, True), dtypes, (False, True))]
@@ -45,9 +43,7 @@ def main():
             N=10, V=5000, max_depth=3,
             POLICY=policy, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=precise_math(),
         )  # fmt: skip
-        sig, consts = signature(rejection_tree_kernel, args)
-        triton.compile(ASTSource(fn=rejection_tree_kernel, signature=sig, constexprs=consts), target=TARGET)
-        count += 1
+        compiled.append((rejection_tree_kernel, *signature(rejection_tree_kernel, args), None))
     for dtype, logits, ragged in itertools.product((torch.float32, torch.bfloat16), (False, True), (False, True)):
         ids = i32 if ragged else i64
         args = dict(
@@ -58,10 +54,9 @@ def main():
             out_ptr=t(i64), nodes_ptr=t(i64), counts_ptr=t(i64), posterior_threshold=0.09, posterior_alpha=0.3,
             N=10, V=5000, max_depth=3, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=precise_math(),
         )  # fmt: skip
-        sig, consts = signature(typical_tree_kernel, args)
-        triton.compile(ASTSource(fn=typical_tree_kernel, signature=sig, constexprs=consts), target=TARGET)
-        count += 1
-    print(f"compiled all tree kernel variants for sm_90: {count} variants")
+        compiled.append((typical_tree_kernel, *signature(typical_tree_kernel, args), None))
+    compile_all(compiled)  # in parallel, one process per usable core
+    print(f"compiled all tree kernel variants for sm_90: {len(compiled)} variants")
 
 
 if __name__ == "__main__":
