@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: the transformers tests on the oldest transformers the package supports (MIN_TRANSFORMERS in
 # spec_samplers/integrations/transformers.py, 4.56) and on the newest the index serves, next to the
-# one vLLM's environment pins (.ci/run runs this after the main suite). Each runs in a venv over
+# one vLLM's environment pins (.ci/run runs this beside the main suite). Each runs in a venv over
 # the test environment's packages (torch, triton, pytest, scipy ...) in which only transformers
 # (and what it pins: huggingface-hub, tokenizers) is replaced, so nothing heavy is installed twice;
 # pip's complaint that vLLM wants another transformers concerns the venv only.
