@@ -93,11 +93,15 @@ def interpreted(config: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs}
 
 
-def run_stage(stage: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Run ``stage`` in a fresh interpreter with the Triton mode it needs; returns its JSON."""
+def run_stage(stage: str, config: dict[str, Any], tree: str | None = None) -> dict[str, Any]:
+    """Run ``stage`` in a fresh interpreter with the Triton mode it needs; returns its JSON.
+    ``tree``: a checkout of another commit whose package (this worker included) is traced
+    instead (benchmarks/cost_calibration.py models the code a GPU measured)."""
     import subprocess
 
     env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     env.pop("TRITON_INTERPRET", None)
     if stage == "interpreted":
         env["TRITON_INTERPRET"] = "1"
