@@ -130,9 +130,7 @@ def profile(
     key = (workload, shape.at(SMALL_BATCH, SMALL_VOCAB[0]))
     counted = counts.get(key) if counts is not None else None
     if counted is None:
-        counted = run_stage(
-            "interpreted", {**base, "small_batch": SMALL_BATCH, "small_vocab": list(SMALL_VOCAB)}, tree
-        )
+        counted = run_stage("interpreted", {**base, "small_batch": SMALL_BATCH, "small_vocab": list(SMALL_VOCAB)}, tree)
         if counts is not None:
             counts[key] = counted
     runs = counted["runs"]
