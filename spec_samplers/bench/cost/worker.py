@@ -101,6 +101,8 @@ def run_stage(stage: str, config: dict[str, Any], tree: str | None = None) -> di
 
     env = dict(os.environ)
     if tree is not None:
+        # (``-m`` puts the working directory first on sys.path: run in the tree, or this
+        # checkout's package is the one imported)
         env["PYTHONPATH"] = tree
     env.pop("TRITON_INTERPRET", None)
     if stage == "interpreted":
@@ -110,6 +112,7 @@ def run_stage(stage: str, config: dict[str, Any], tree: str | None = None) -> di
         capture_output=True,
         text=True,
         env=env,
+        cwd=tree,
     )
     if done.returncode != 0:
         raise RuntimeError(f"cost-model stage {stage!r} failed for {config}:\n{done.stderr[-4000:]}")
