@@ -17,13 +17,21 @@ Points:
 * SGLang PR #15687: ``tree_speculative_sampling_target_only`` at bs = 1, 37 us. Listed, not
   modeled: it is a CUDA kernel of sgl-kernel, which this model does not compile.
 * ``--gpu-check PATH``: the rows of a ``benchmarks/gpu_check.py --quick`` JSON (ours, our MRv2
-  seam, vLLM's MRv2 at B = 1 and 64: the six H200 points), each re-modeled from the current code:
-  CUDA-graph replay with a cold L2 against the modeled graph time, and the eager call against the
-  modeled eager time (host time from ``benchmarks/host_overhead.py``). Held out: the graph
-  constants come from that run's launch microbenchmark, nothing is fitted to these calls.
+  seam, vLLM's MRv2 at B = 1 and 64: the six H200 points), each re-modeled by the current time
+  model from the package the GPU ran (``--tree-commit``: a ``git archive`` of it traced by its own
+  worker; default :data:`MEASURED_TREE_COMMIT`): CUDA-graph replay with a cold L2 against the
+  modeled graph time, and the eager call against the modeled eager time (host time from
+  ``benchmarks/host_overhead.py`` of that package, ``--measure-host``, in thread CPU time). Held
+  out: the graph constants come from that run's launch microbenchmark, nothing is fitted to these
+  calls.
+
+    python benchmarks/cost_calibration.py --measure-host HOST.json            # CPU minutes
+    python benchmarks/cost_calibration.py --gpu-check GPU.json --host-overhead HOST.json \
+        --carry OLD-cost-calibration.json --json benchmarks/results/<date>-cost-calibration.json
 
 Each point says whether a constant was fitted to it (``fit``) and carries the commit and Triton
-version its modeled value comes from (``commit``, ``triton``).
+version its modeled value comes from (``commit``: the time model's, ``traced_commit``: the
+package's, ``triton``).
 
 Each modeled point keeps the launch's inputs to the time model (bytes, issue cycles, grid,
 latency inputs), so tests/test_cost_calibration.py re-evaluates the time model on them and keeps
