@@ -17,13 +17,21 @@ Points:
 * SGLang PR #15687: ``tree_speculative_sampling_target_only`` at bs = 1, 37 us. Listed, not
   modeled: it is a CUDA kernel of sgl-kernel, which this model does not compile.
 * ``--gpu-check PATH``: the rows of a ``benchmarks/gpu_check.py --quick`` JSON (ours, our MRv2
-  seam, vLLM's MRv2 at B = 1 and 64: the six H200 points), each re-modeled from the current code:
-  CUDA-graph replay with a cold L2 against the modeled graph time, and the eager call against the
-  modeled eager time (host time from ``benchmarks/host_overhead.py``). Held out: the graph
-  constants come from that run's launch microbenchmark, nothing is fitted to these calls.
+  seam, vLLM's MRv2 at B = 1 and 64: the six H200 points), each re-modeled by the current time
+  model from the package the GPU ran (``--tree-commit``: a ``git archive`` of it traced by its own
+  worker; default :data:`MEASURED_TREE_COMMIT`): CUDA-graph replay with a cold L2 against the
+  modeled graph time, and the eager call against the modeled eager time (host time from
+  ``benchmarks/host_overhead.py`` of that package, ``--measure-host``, in thread CPU time). Held
+  out: the graph constants come from that run's launch microbenchmark, nothing is fitted to these
+  calls.
+
+    python benchmarks/cost_calibration.py --measure-host HOST.json            # CPU minutes
+    python benchmarks/cost_calibration.py --gpu-check GPU.json --host-overhead HOST.json \
+        --carry OLD-cost-calibration.json --json benchmarks/results/<date>-cost-calibration.json
 
 Each point says whether a constant was fitted to it (``fit``) and carries the commit and Triton
-version its modeled value comes from (``commit``, ``triton``).
+version its modeled value comes from (``commit``: the time model's, ``traced_commit``: the
+package's, ``triton``).
 
 Each modeled point keeps the launch's inputs to the time model (bytes, issue cycles, grid,
 latency inputs), so tests/test_cost_calibration.py re-evaluates the time model on them and keeps
@@ -130,26 +138,81 @@ def modeled_point(point: dict[str, Any]) -> dict[str, Any]:
 
 #: cost-model workloads of gpu_check.py --quick's rows (the same calls: cost.workloads)
 GPU_CHECK_WORKLOADS = {"ours": "ours", "ours-v2-seam": "ours-v2-seam", "vllm-mrv2": "vllm-mrv2"}
+#: the package the H200 points are modeled from. The run of 2026-11-28 ran commit 901e763, whose
+#: cost trace ran on meta tensors (it missed the acceptance counters and the seam's glue: issue
+#: 40). cf5c9a1 is the first commit that traces the device path; its samplers launch what the
+#: GPU's profiler counted in that run (ours 11, our MRv2 seam 44: the profiler's counts less one),
+#: the same kernels and eager ops. The code since (issue 40) launches 2-5: modeling it against
+#: the 901e763 measurements would compare two different programs.
+MEASURED_TREE_COMMIT = "cf5c9a1"
+#: the host_overhead.py rows the H200 points need (entries of ``--only``)
+HOST_ONLY = ("forward_ragged_from_logits", "mrv2_seam")
+#: run a host_overhead.py with its clock swapped for the thread's CPU time: on the shared 2-core
+#: machine (load 8-15) wall time stretches with the load (the MRv2 seam's B = 1 row read 1406, 8103
+#: and 10006 us wall in three runs); CPU time counts the Python, planning and dispatch the call
+#: itself runs, which is what an idle GPU host pays in wall time
+THREAD_CLOCK = (
+    "import runpy, sys, time; time.perf_counter = time.thread_time; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
-def gpu_check_points(path: str, host_overhead: list[str] | None) -> list[dict[str, Any]]:
-    """Points from a ``gpu_check.py --quick`` JSON, each re-modeled now from the current code
-    (never the modeled values stored in that file, which were the code's of that day): CUDA-graph
-    replay with a cold L2 against the modeled graph time on that GPU, and the eager call against
-    the modeled eager time (host time from ``host_overhead``: benchmarks/host_overhead.py)."""
+def checkout(commit: str) -> Path:
+    """A copy of ``commit``'s tree under scratch/ (``git archive``; never committed)."""
+    target = ROOT / "scratch" / f"tree-{commit}"
+    if not (target / "spec_samplers").is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def measure_host(commit: str, out: Path, repeats: int) -> None:
+    """benchmarks/host_overhead.py of ``commit`` on that commit's package (the rows of
+    :data:`HOST_ONLY`, B = 1 and 64 in one process), timed in thread CPU time
+    (:data:`THREAD_CLOCK`); the JSON's meta names the commit and the clock."""
+    tree = checkout(commit)
+    script = tree / "benchmarks" / "host_overhead.py"
+    only = [arg for entry in HOST_ONLY for arg in ("--only", entry)]
+    cmd = [sys.executable, "-c", THREAD_CLOCK, str(script), "--json", str(out.resolve()), "--batch", "1", "64"]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("TRITON_INTERPRET", None)
+    subprocess.run([*cmd, "--repeats", str(repeats), *only], env=env, cwd=tree, check=True)
+    doc = json.loads(out.read_text())
+    doc["meta"].update(
+        commit=commit,  # (the tree is an archive: git there would name this checkout's HEAD)
+        clock="thread CPU time (time.thread_time in place of time.perf_counter: "
+        "benchmarks/cost_calibration.py --measure-host)",
+        measured_by=stamp()["commit"],
+    )
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def gpu_check_points(
+    path: str, host_overhead: list[str] | None, tree_commit: str | None, workloads: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Points from a ``gpu_check.py --quick`` JSON, each re-modeled now by the current time model
+    (never the modeled values stored in that file, which were the model's of that day) from the
+    package of ``tree_commit`` (the code the GPU ran, or the nearest that the trace reads:
+    :data:`MEASURED_TREE_COMMIT`; None: this checkout's): CUDA-graph replay with a cold L2
+    against the modeled graph time on that GPU, and the eager call against the modeled eager time
+    (host time from ``host_overhead``: benchmarks/host_overhead.py on the same package).
+    ``workloads``: only these (an environment without vLLM models ``ours`` alone)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from cost_model import host_rows
 
     doc = json.loads(Path(path).read_text())
     gpu = doc["meta"]["gpu"].replace("NVIDIA ", "")
     host, host_source = host_rows(host_overhead)
+    tree = str(checkout(tree_commit)) if tree_commit else None
+    counts: dict[Any, Any] = {}  # (the interpreter's small-shape counts do not depend on B)
     points = []
     for row in doc["rows"]:
         workload = GPU_CHECK_WORKLOADS.get(row["impl"])
-        if workload is None or "graph_cold_us" not in row:
+        if workload is None or "graph_cold_us" not in row or (workloads and workload not in workloads):
             continue
         shape = Shape(row["B"], row["k"], row["V"], row["dtype"])
-        result = report.profile(workload, shape, host=host.get((workload, row["B"])))
+        result = report.profile(workload, shape, counts=counts, host=host.get((workload, row["B"])), tree=tree)
         m = result["modeled"][gpu]
         base = {
             "source": f"benchmarks/gpu_check.py --quick ({doc['meta']['date']}, {path})",
@@ -158,6 +221,7 @@ def gpu_check_points(path: str, host_overhead: list[str] | None) -> list[dict[st
             "measured_versions": doc["meta"]["versions"],
             "shape": {"B": row["B"], "k": row["k"], "V": row["V"], "dtype": row["dtype"]},
             "nodes": result["nodes"],
+            "traced_commit": tree_commit or stamp()["commit"],
             "fit": "held out: no constant was fitted to it (graph_replay and launch_graph were "
             "measured by the same run's launch microbenchmark, not fitted to these calls)",
         }
@@ -266,7 +330,21 @@ def main(argv: list[str] | None = None) -> int:
         "kernel's time-model inputs are kept; tests/test_cost_calibration.py re-evaluates them with the current "
         "constants). Profiling vLLM 0.15.1's kernel compiles 27,316 spill instructions: many CPU minutes",
     )
+    ap.add_argument(
+        "--measure-host",
+        metavar="JSON",
+        help=f"only measure the host rows of the H200 points: host_overhead.py of commit --tree-commit "
+        f"(default {MEASURED_TREE_COMMIT}) on its package, in thread CPU time, written to JSON",
+    )
+    ap.add_argument("--tree-commit", default=MEASURED_TREE_COMMIT, help="the package the H200 points are modeled from")
+    ap.add_argument(
+        "--gpu-workloads", nargs="+", choices=sorted(set(GPU_CHECK_WORKLOADS.values())), help="only these H200 rows"
+    )
+    ap.add_argument("--repeats", type=int, default=60, help="timed calls per host row (--measure-host)")
     args = ap.parse_args(argv)
+    if args.measure_host:
+        measure_host(args.tree_commit, Path(args.measure_host), args.repeats)
+        return 0
     if args.rehost:
         rehost(args.rehost, args.host_overhead)
         return 0
@@ -284,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             points.append(finish(modeled_point(point) if point["workload"] else dict(point)))
         print(json.dumps({k: v for k, v in points[-1].items() if k not in ("time_model_inputs",)}), flush=True)
     if args.gpu_check:
-        points += [finish(p) for p in gpu_check_points(args.gpu_check, args.host_overhead)]
+        chosen = gpu_check_points(args.gpu_check, args.host_overhead, args.tree_commit or None, args.gpu_workloads)
+        points += [finish(p) for p in chosen]
     for p in points:
         ratio = p.get("ratio_modeled_over_measured")
         print(

@@ -70,3 +70,23 @@ def test_graph_totals_keep_their_measured_points():
         assert {"commit", "triton", "fit"} <= set(p)
         if p["within_band"]:
             assert 1 / p["band"] <= now * 1e6 / p["measured_us"] <= p["band"]
+
+
+def test_eager_totals_keep_their_measured_points():
+    """The H200 eager points: the larger of the GPU's work and the host's (its measured
+    host_overhead.py row plus the driver's launch per node). Re-evaluated with the current
+    constants on the stored GPU work and host row, each stays where the file says, in its band,
+    and says which commit was traced and how its host time was measured."""
+    from spec_samplers.bench.cost.totals import eager_time
+
+    eager = [p for p in _points() if "eager_inputs" in p]
+    for p in eager:
+        inputs, host = p["eager_inputs"], p["host"]
+        assert host is not None, f"eager point without a measured host row: {p['workload']} B={p['shape']['B']}"
+        host_s = (host["host_us"] + host["binder_us"]) * 1e-6
+        now = eager_time(inputs["central"], inputs["nodes"], host_s, model.LATENCIES["central"]) * 1e6
+        where = f"{p['workload']} B={p['shape']['B']}"
+        assert now == pytest.approx(p["modeled_us"], rel=1e-6), f"stale eager point: {where}"
+        assert {"commit", "triton", "fit", "traced_commit"} <= set(p)
+        if p["within_band"]:
+            assert 1 / p["band"] <= now / p["measured_us"] <= p["band"]

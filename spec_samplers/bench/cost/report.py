@@ -112,22 +112,25 @@ def profile(
     sass: bool = True,
     counts: dict[Any, Any] | None = None,
     host: dict[str, Any] | None = None,
+    tree: str | None = None,
 ) -> dict[str, Any]:
     """Launches, bytes, instructions and modeled times of one call of ``workload`` at ``shape``.
 
     ``counts`` caches the interpreter's small-shape counts across calls that differ only in B and
     V (a sweep counts once per workload). ``host``: the call's measured host row
-    (benchmarks/host_overhead.py), for the eager time (:func:`.totals.summarize`)."""
+    (benchmarks/host_overhead.py), for the eager time (:func:`.totals.summarize`). ``tree``: trace
+    the package of that checkout instead of this one (:func:`.worker.run_stage`); the time model
+    is this one's."""
     if workload == "flashinfer-chain":
         from spec_samplers.bench.cost import flashinfer_peer
 
         return flashinfer_peer.profile_chain(shape)
     base = {"workload": workload, "shape": asdict(shape)}
-    full = run_stage("compiled", {**base, "num_sms": model.H100.sms, "sass": sass})
+    full = run_stage("compiled", {**base, "num_sms": model.H100.sms, "sass": sass}, tree)
     key = (workload, shape.at(SMALL_BATCH, SMALL_VOCAB[0]))
     counted = counts.get(key) if counts is not None else None
     if counted is None:
-        counted = run_stage("interpreted", {**base, "small_batch": SMALL_BATCH, "small_vocab": list(SMALL_VOCAB)})
+        counted = run_stage("interpreted", {**base, "small_batch": SMALL_BATCH, "small_vocab": list(SMALL_VOCAB)}, tree)
         if counts is not None:
             counts[key] = counted
     runs = counted["runs"]

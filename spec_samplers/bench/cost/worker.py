@@ -93,11 +93,17 @@ def interpreted(config: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs}
 
 
-def run_stage(stage: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Run ``stage`` in a fresh interpreter with the Triton mode it needs; returns its JSON."""
+def run_stage(stage: str, config: dict[str, Any], tree: str | None = None) -> dict[str, Any]:
+    """Run ``stage`` in a fresh interpreter with the Triton mode it needs; returns its JSON.
+    ``tree``: a checkout of another commit whose package (this worker included) is traced
+    instead (benchmarks/cost_calibration.py models the code a GPU measured)."""
     import subprocess
 
     env = dict(os.environ)
+    if tree is not None:
+        # (``-m`` puts the working directory first on sys.path: run in the tree, or this
+        # checkout's package is the one imported)
+        env["PYTHONPATH"] = tree
     env.pop("TRITON_INTERPRET", None)
     if stage == "interpreted":
         env["TRITON_INTERPRET"] = "1"
@@ -106,6 +112,7 @@ def run_stage(stage: str, config: dict[str, Any]) -> dict[str, Any]:
         capture_output=True,
         text=True,
         env=env,
+        cwd=tree,
     )
     if done.returncode != 0:
         raise RuntimeError(f"cost-model stage {stage!r} failed for {config}:\n{done.stderr[-4000:]}")
