@@ -1,0 +1,115 @@
+"""Input audit of the tensor arguments the lean-call round (0ac3ec0..143a82a) added or changed.
+
+The project standard: every tensor argument may arrive strided, expanded (stride 0), transposed or
+in another dtype, or hold bad values; the answer is the one its contiguous copy gets, the same on
+every backend ("torch": the PyTorch reference, "auto": on CPU the compiled numba twin where one
+exists, "triton": the kernels under TRITON_INTERPRET=1), and bad values give a clear error in
+strict mode or a valid output without it (never a token of probability 0, never out of range).
+
+What other files cover is not repeated here: parameter dtypes and seed forms of the sampling
+operations (tests/test_sampling_kernels.py), strided chain-entry metadata (tests/test_robustness.py),
+bad tree and seam values (tests/test_fuzz_tree_and_seams.py). Shapes are tiny: the kernels run in
+the interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import spec_samplers.kernels.verify_plan  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
+import spec_samplers.sampling as sampling
+from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
+
+pytestmark = pytest.mark.kernels  # runs the Triton kernels (interpreted)
+
+BACKENDS = ("torch", "auto", "triton")
+SAMPLERS = {"rejection": RejectionSampler, "typical": TypicalAcceptanceSampler, "block": BlockVerificationSampler}
+NAN, INF = float("nan"), float("inf")
+
+
+def bend(t: torch.Tensor | None, how: str) -> torch.Tensor | None:
+    """The same shape in another memory layout: "strided" (every other element of a wider
+    buffer, the values kept), "expanded" (element 0 along dim 0, stride 0: the values change, so
+    compare with the contiguous copy of the result) or "transposed" (last two dims column-major)."""
+    if t is None:
+        return None
+    if how == "strided":
+        filler = torch.ones_like(t) if t.dtype == torch.bool else torch.full_like(t, 3)
+        return torch.stack([t, filler], -1)[..., 0]
+    if how == "expanded":
+        return t[:1].expand(t.shape)
+    if how == "transposed" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return t
+
+
+def contiguous(value: object) -> object:
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
+
+
+# -- tree entries: per-request tensors in any layout -------------------------------------------------
+#
+# Regression: the tree kernels read seeds, offsets, is_greedy, temperature and cu_num_nodes at
+# ``ptr + b``; a strided view read its neighbours' values and an expanded one read past its one
+# element of storage (fixed in kernels/tree_launch.py, _per_request).
+
+TREE_B, TREE_N, TREE_V = 2, 4, 8
+TREE_COUNTS = [3, 4]  # ragged: N_b nodes per request
+
+
+def tree_inputs(logits: bool) -> dict:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(TREE_B, TREE_N + 1, TREE_V, generator=g) * 2
+    y = x + torch.randn(TREE_B, TREE_N + 1, TREE_V, generator=g) * 0.5
+    q, p = (x, y) if logits else (torch.softmax(x, -1), torch.softmax(y, -1))
+    tokens = torch.multinomial(torch.softmax(y[:, :TREE_N], -1).reshape(-1, TREE_V), 1, generator=g)
+    return dict(
+        q=q,
+        p=p,
+        tokens=tokens.view(TREE_B, TREE_N),
+        parents=torch.tensor([[0, 0, 1, 2], [0, 1, 1, 0]]),
+        seeds=torch.tensor([5, 6]),
+        offsets=torch.tensor([1, 2]),
+        temperature=torch.tensor([0.7, 1.3]),
+        is_greedy=torch.tensor([False, True]),
+        cu=torch.tensor(TREE_COUNTS).cumsum(0),
+    )
+
+
+def run_tree(sampler: str, entry: str, backend: str, a: dict) -> torch.Tensor:
+    s = SAMPLERS[sampler](backend=backend)
+    random = sampler != "typical"
+    draft = a["p"] if random else None
+    kw = dict(seeds=a["seeds"], offsets=a["offsets"]) if random else {}
+    if random and "logits" not in entry:
+        kw["is_greedy"] = a["is_greedy"]
+    if "ragged" in entry:
+        span = [slice(0, n + 1) for n in TREE_COUNTS]
+        rows = torch.cat([a["q"][b, span[b]] for b in range(TREE_B)])
+        d_rows = None if draft is None else torch.cat([draft[b, span[b]] for b in range(TREE_B)])
+        flat_tok = torch.cat([a["tokens"][b, : TREE_COUNTS[b]] for b in range(TREE_B)])
+        flat_par = torch.cat([a["parents"][b, : TREE_COUNTS[b]] for b in range(TREE_B)])
+        args = [rows, d_rows, flat_tok, flat_par, a["cu"], TREE_N]
+    else:
+        args = [a["q"], draft, a["tokens"], a["parents"]]
+    if "logits" in entry:
+        args.append(a["temperature"])
+    out = getattr(s, entry)(*args, **kw)
+    return torch.cat([out.token_ids, out.node_ids], 1)
+
+
+TREE_ENTRIES = ("forward_tree", "forward_tree_ragged", "forward_tree_from_logits", "forward_tree_ragged_from_logits")
+
+
+@pytest.mark.parametrize("how", ["expanded", "strided"])
+@pytest.mark.parametrize("entry", TREE_ENTRIES)
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_tree_entries_read_bent_tensors_like_their_contiguous_copies(sampler, entry, how):
+    a = tree_inputs("logits" in entry)
+    bent = {k: bend(v, how) if k not in ("q", "p") else bend(v, "transposed") for k, v in a.items()}
+    if how == "expanded":  # stride-0 rows of the target and draft too
+        bent["q"], bent["p"] = bend(a["q"], "expanded"), bend(a["p"], "expanded")
+    want = run_tree(sampler, entry, "torch", {k: contiguous(v) for k, v in bent.items()})
+    for backend in BACKENDS:
+        assert torch.equal(run_tree(sampler, entry, backend, bent), want), backend
