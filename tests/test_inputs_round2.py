@@ -113,3 +113,124 @@ def test_tree_entries_read_bent_tensors_like_their_contiguous_copies(sampler, en
     want = run_tree(sampler, entry, "torch", {k: contiguous(v) for k, v in bent.items()})
     for backend in BACKENDS:
         assert torch.equal(run_tree(sampler, entry, backend, bent), want), backend
+
+
+@pytest.mark.parametrize("how", ["strided", "expanded"])
+@pytest.mark.parametrize("entry", ["forward_tree", "forward_tree_ragged_from_logits"])
+def test_multipath_reads_bent_tensors_like_their_contiguous_copies(entry, how, monkeypatch):
+    """The GBV kernels (kernels/multipath_*) on K = 2 paths of L = 2: bent tokens, parents
+    (tensor, without max_depth), seeds, offsets, counts and rows give the contiguous copy's tokens."""
+    from spec_samplers.multipath import MultipathBlockVerificationSampler
+    from spec_samplers.tree.multipath import path_parents
+
+    monkeypatch.setitem(SAMPLERS, "multipath", MultipathBlockVerificationSampler)
+    monkeypatch.setattr(f"{__name__}.TREE_COUNTS", [4, 4])
+    a = tree_inputs("logits" in entry)
+    a["parents"] = torch.tensor([path_parents(2, 2)] * TREE_B)
+    bent = {k: bend(v, how) if k not in ("q", "p") else bend(v, "transposed") for k, v in a.items()}
+    want = run_tree("multipath", entry, "torch", {k: contiguous(v) for k, v in bent.items()})
+    for backend in BACKENDS:
+        assert torch.equal(run_tree("multipath", entry, backend, bent), want), backend
+
+
+# -- sampling operations: every argument bent at once ----------------------------------------------
+
+SAMPLING_B, SAMPLING_V = 4, 24
+
+
+def sampling_inputs() -> dict:
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(SAMPLING_B, SAMPLING_V, generator=g) * 3, -1)
+    return dict(
+        probs=probs,
+        logits=torch.log(probs),
+        top_k=torch.tensor([3, 1, 0, 5]),
+        top_p=torch.tensor([0.5, 0.9, 0.3, 1.0]),
+        min_p=torch.tensor([0.1, 0.2, 0.0, 0.5]),
+        temperature=torch.tensor([0.5, 1.0, 0.0, 2.0]),
+        seed=torch.tensor([1, 2, 3, 4]),
+        offset=torch.tensor([0, 5, 9, 2**40]),
+        indices=torch.tensor([3, 0, 0, 2]),
+    )
+
+
+SAMPLING_OPS = {
+    "sampling_from_probs": lambda a, b: sampling.sampling_from_probs(
+        a["probs"], a["indices"], seed=a["seed"], offset=a["offset"], return_valid=True, backend=b
+    ),
+    "sampling_from_logits": lambda a, b: sampling.sampling_from_logits(
+        a["logits"], a["indices"], seed=a["seed"], offset=a["offset"], backend=b
+    ),
+    "top_k_sampling_from_probs": lambda a, b: sampling.top_k_sampling_from_probs(
+        a["probs"], a["top_k"], a["indices"], seed=a["seed"], offset=a["offset"], backend=b
+    ),
+    "top_p_sampling_from_probs": lambda a, b: sampling.top_p_sampling_from_probs(
+        a["probs"], a["top_p"], a["indices"], seed=a["seed"], offset=a["offset"], backend=b
+    ),
+    "min_p_sampling_from_probs": lambda a, b: sampling.min_p_sampling_from_probs(
+        a["probs"], a["min_p"], a["indices"], seed=a["seed"], offset=a["offset"], backend=b
+    ),
+    "top_k_top_p_sampling_from_logits": lambda a, b: sampling.top_k_top_p_sampling_from_logits(
+        a["logits"], a["top_k"], a["top_p"], a["indices"], seed=a["seed"], offset=a["offset"], backend=b
+    ),
+    "top_k_top_p_sampling_from_probs": lambda a, b: sampling.top_k_top_p_sampling_from_probs(
+        a["probs"], a["top_k"], a["top_p"], a["indices"], "joint", seed=a["seed"], offset=a["offset"], backend=b
+    ),
+    "top_k_renorm_probs": lambda a, b: sampling.top_k_renorm_probs(a["probs"], a["top_k"], backend=b),
+    "top_p_renorm_probs": lambda a, b: sampling.top_p_renorm_probs(a["probs"], a["top_p"], backend=b),
+    "top_k_mask_logits": lambda a, b: sampling.top_k_mask_logits(a["logits"], a["top_k"], backend=b),
+    "softmax": lambda a, b: sampling.softmax(a["logits"], a["temperature"], backend=b),
+}
+
+
+def same(x: object, y: object) -> bool:
+    xs, ys = (x if isinstance(x, tuple) else (x,)), (y if isinstance(y, tuple) else (y,))
+    for u, v in zip(xs, ys, strict=True):
+        if u.is_floating_point():  # softmax: row sums accumulate in another order on the kernels
+            if not torch.allclose(u, v, atol=1e-6, rtol=1e-5):
+                return False
+        elif not torch.equal(u, v):
+            return False
+    return True
+
+
+#: (the bend of the [R, V] matrices, the bend of the [B] vectors): two calls cover every layout
+SAMPLING_BENDS = {"transposed-strided": ("transposed", "strided"), "expanded-expanded": ("expanded", "expanded")}
+
+
+@pytest.mark.parametrize("how", list(SAMPLING_BENDS))
+@pytest.mark.parametrize("op", list(SAMPLING_OPS))
+def test_sampling_ops_read_bent_arguments_like_their_contiguous_copies(op, how):
+    """Probabilities / logits (column-major, or stride-0 rows) with per-request parameters, seeds,
+    offsets and indices (strided, or stride 0): the contiguous copy's output on both paths."""
+    matrices, vectors = SAMPLING_BENDS[how]
+    bent = {k: bend(v, matrices if v.dim() == 2 else vectors) for k, v in sampling_inputs().items()}
+    want = SAMPLING_OPS[op]({k: v.contiguous() for k, v in bent.items()}, "torch")
+    for backend in ("torch", "triton"):
+        assert same(SAMPLING_OPS[op](bent, backend), want), backend
+
+
+def test_sampling_ops_bad_values_without_check_nan_give_valid_tokens():
+    """check_nan=False: NaN / +inf / negative probabilities and parameters out of range (k < 0 or
+    huge, top_p NaN / <= 0 / > 1, min_p NaN / negative / > 1) give, on both paths, the same tokens,
+    each of positive probability, or -1 for a row without mass."""
+    g = torch.Generator().manual_seed(1)
+    B, V = 5, 16
+    probs = torch.softmax(torch.randn(B, V, generator=g) * 3, -1)
+    probs[0, 3:] = 0.0
+    probs[1, 2], probs[2, 4], probs[3, 5] = NAN, INF, -1.0
+    probs[4] = NAN  # no mass at all
+    top_k = torch.tensor([-3, 0, 2**40, 1, 2])
+    top_p = torch.tensor([NAN, -0.5, 0.0, INF, 1.5])
+    min_p = torch.tensor([NAN, -1.0, 2.0, INF, -INF])
+    mass = torch.where(torch.isfinite(probs) & (probs > 0), probs, 0.0)
+    calls = [  # (top-k and top-p alone share these kernels' prologue and search)
+        lambda b: sampling.top_k_top_p_sampling_from_probs(probs, top_k, top_p, seed=1, backend=b),
+        lambda b: sampling.min_p_sampling_from_probs(probs, min_p, seed=1, backend=b),
+    ]
+    for i, call in enumerate(calls):
+        tokens = call("torch")
+        assert torch.equal(call("triton"), tokens), i
+        for b, t in enumerate(tokens.tolist()):
+            assert (t == -1) == (b == 4), (i, b, t)
+            assert t == -1 or mass[b, t] > 0, (i, b, t)
