@@ -104,7 +104,7 @@ TREE_ENTRIES = ("forward_tree", "forward_tree_ragged", "forward_tree_from_logits
 
 @pytest.mark.parametrize("how", ["expanded", "strided"])
 @pytest.mark.parametrize("entry", TREE_ENTRIES)
-@pytest.mark.parametrize("sampler", list(SAMPLERS))
+@pytest.mark.parametrize("sampler", ["rejection", "typical"])  # (the block sampler's trees: the reference only)
 def test_tree_entries_read_bent_tensors_like_their_contiguous_copies(sampler, entry, how):
     a = tree_inputs("logits" in entry)
     bent = {k: bend(v, how) if k not in ("q", "p") else bend(v, "transposed") for k, v in a.items()}
@@ -234,3 +234,96 @@ def test_sampling_ops_bad_values_without_check_nan_give_valid_tokens():
         for b, t in enumerate(tokens.tolist()):
             assert (t == -1) == (b == 4), (i, b, t)
             assert t == -1 or mass[b, t] > 0, (i, b, t)
+
+
+# -- vLLM seams: the metadata tensors bent -------------------------------------------------------
+
+
+def v2_args() -> list:
+    """Model Runner V2's verify arguments: R = 3 requests in states 4, 0, 2 of 5, S = 2."""
+    g = torch.Generator().manual_seed(5)
+    states, counts, V = [4, 0, 2], [3, 1, 2], 12
+    L = sum(counts)
+    cu = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(counts).cumsum(0)
+    return [
+        torch.randn(L, V, generator=g) * 2,  # target_logits
+        None,  # draft_logits
+        torch.randint(0, V, (L,), generator=g).int(),  # draft_sampled
+        cu,  # cu_num_logits
+        torch.randint(0, 100, (L,), generator=g),  # pos
+        torch.tensor(states, dtype=torch.int32),  # idx_mapping
+        torch.tensor(sum(([s] * c for s, c in zip(states, counts)), []), dtype=torch.int32),  # expanded_idx_mapping
+        torch.tensor(sum((list(range(c)) for c in counts), []), dtype=torch.int32),  # expanded_local_pos
+        torch.tensor([0.7, 1.0, 0.0, 1.3, 0.9]),  # temperature
+        torch.randint(0, 2**40, (5,), generator=g),  # seed
+        2,  # num_speculative_steps
+    ]
+
+
+def v1_args(mode: str) -> tuple[list, object]:
+    """V1's verify arguments (B = 3, K = 2, counts 2, 0, 1) and its sampling metadata."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(6)
+    counts, V = [2, 0, 1], 12
+    temperature = torch.tensor([0.0, 1.0, 1.0]) if mode == "mixed" else torch.ones(3)
+    args = [
+        torch.randint(0, V, (sum(counts),), generator=g).int(),  # draft_token_ids
+        counts,
+        2,  # max_spec_len
+        torch.tensor(counts).cumsum(0).int(),  # cu_num_draft_tokens
+        None,  # draft_probs
+        torch.randn(sum(counts), V, generator=g) * 2,  # target_logits
+        torch.randint(0, V, (3, 1), generator=g).int(),  # bonus_token_ids
+        temperature,
+    ]
+    meta = SimpleNamespace(all_greedy=False, all_random=mode == "random", generators={})
+    return args, meta
+
+
+def run_v1(args: list, meta: object, sampler: str, backend: str) -> torch.Tensor:
+    from spec_samplers.integrations.vllm import v1_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    meta.temperature = args[-1]
+    torch.manual_seed(0)  # the requests without a generator draw their seeds from torch's
+    return v1_runner.verify(RaggedVerifier(SAMPLERS[sampler](backend=backend)), *args[:-1], meta)
+
+
+@pytest.mark.parametrize("how", ["strided", "expanded", "int64"])
+@pytest.mark.parametrize("sampler", ["rejection", "typical"])  # (block: the rejection sampler's seam path)
+def test_v2_seam_reads_bent_metadata_like_its_contiguous_copy(sampler, how):
+    """cu_num_logits, idx_mapping, the expanded indices, draft_sampled, pos, temperatures and seeds
+    strided or as int64 (the [max_num_reqs] temperatures and seeds also stride 0), the logits
+    column-major: the contiguous copy's tokens on every backend."""
+    from spec_samplers.integrations.vllm import v2_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+
+    args = v2_args()
+    bent = list(args)
+    for i in (2, 3, 4, 5, 6, 7):  # [L] and [R+1] / [R] int metadata (expanded would change the layout's meaning)
+        bent[i] = args[i].long() if how == "int64" else bend(args[i], "strided")
+    bent[0] = bend(args[0], "transposed")
+    bent[8], bent[9] = (bend(args[8], "expanded"), bend(args[9], "expanded")) if how == "expanded" else args[8:10]
+    want = v2_runner.verify(RaggedVerifier(SAMPLERS[sampler](backend="torch")), *[contiguous(a) for a in bent])
+    for backend in BACKENDS:
+        got = v2_runner.verify(RaggedVerifier(SAMPLERS[sampler](backend=backend)), *bent)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), backend
+
+
+@pytest.mark.parametrize("how", ["strided", "expanded", "int64"])
+@pytest.mark.parametrize("mode", ["mixed", "random"])
+def test_v1_seam_reads_bent_metadata_like_its_contiguous_copy(mode, how):
+    """draft_token_ids, cu_num_draft_tokens, bonus_token_ids strided or int64, the logits
+    column-major or stride-0 rows, the temperatures strided or stride 0: the contiguous copy's
+    tokens on every backend (rejection sampler; the seam is the same for the others)."""
+    args, meta = v1_args(mode)
+    bent = list(args)
+    for i in (0, 3, 6):
+        bent[i] = args[i].long() if how == "int64" else bend(args[i], "strided")
+    bent[5] = bend(args[5], "expanded" if how == "expanded" else "transposed")
+    bent[7] = bend(args[7], "expanded" if how == "expanded" else "strided")
+    want = run_v1([contiguous(a) for a in bent], meta, "rejection", "torch")
+    for backend in BACKENDS:
+        assert torch.equal(run_v1(bent, meta, "rejection", backend), want), backend
