@@ -327,3 +327,22 @@ def test_v1_seam_reads_bent_metadata_like_its_contiguous_copy(mode, how):
     want = run_v1([contiguous(a) for a in bent], meta, "rejection", "torch")
     for backend in BACKENDS:
         assert torch.equal(run_v1(bent, meta, "rejection", backend), want), backend
+
+
+def test_chain_speculative_sampling_reads_bent_arguments_like_their_contiguous_copies():
+    """FlashInfer's chain op: draft / target rows column-major, draft ids strided int32, seeds
+    and offsets stride 0, a strided int64 counter added to in place: the contiguous copy's output
+    on every backend."""
+    g = torch.Generator().manual_seed(2)
+    B, n, V = 3, 2, 10
+    draft = torch.softmax(torch.randn(B, n, V, generator=g), -1)
+    target = torch.softmax(torch.randn(B, n + 1, V, generator=g), -1)
+    ids = torch.multinomial(draft.view(-1, V), 1, generator=g).view(B, n)
+    args = [bend(draft, "transposed"), bend(ids.int(), "strided"), bend(target, "transposed")]
+    rnd = dict(seed=bend(torch.tensor([4, 5, 6]), "expanded"), offset=bend(torch.tensor([0, 1, 2]), "expanded"))
+    want = sampling.chain_speculative_sampling(*[a.contiguous() for a in args], **rnd, backend="torch")
+    for backend in BACKENDS:
+        accepted = bend(torch.zeros(B, dtype=torch.int64), "strided")
+        got = sampling.chain_speculative_sampling(*args, accepted, **rnd, backend=backend)
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True)), backend
+        assert torch.equal(accepted, want[1].long()), backend  # the view was added to in place
