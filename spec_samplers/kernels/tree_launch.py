@@ -37,6 +37,12 @@ def _nodes(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x, x.stride(0) if x.dim() == 2 and x.shape[0] > 1 else 0
 
 
+def _per_request(x: torch.Tensor | None) -> torch.Tensor | None:
+    """A [B] tensor with stride 1: the kernels read element b at ``ptr + b``, so a strided view
+    would read its neighbours' values and an expanded one (stride 0) past its storage."""
+    return x if x is None or x.shape[0] <= 1 or x.stride(0) == 1 else x.contiguous()
+
+
 def _outputs(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor]:
     """(token_ids [B, D+1], node_ids [B, D]) int64, written by the kernel (node_ids a view of at
     least one column, so that the kernel never gets an empty tensor's pointer)."""
@@ -52,7 +58,7 @@ def _layout_args(call: TreeCall) -> dict[str, object]:
     target = _rows(call.target, call.vocab_size, device)
     tokens, stride_tb = _nodes(call.tokens)
     parents, stride_pb = _nodes(call.parents)
-    cu = call.cu_num_nodes
+    cu = _per_request(call.cu_num_nodes)
     return dict(
         target_ptr=target, stride_t=target.stride(0), tokens_ptr=tokens, stride_tb=stride_tb,
         parents_ptr=parents, stride_pb=stride_pb, cu_ptr=cu,
@@ -76,7 +82,8 @@ def rejection_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None)
     args = dict(
         _layout_args(call),
         draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
-        seed_ptr=call.seeds, offset_ptr=call.offsets, greedy_ptr=call.is_greedy, temp_ptr=call.temperature,
+        seed_ptr=_per_request(call.seeds), offset_ptr=_per_request(call.offsets),
+        greedy_ptr=_per_request(call.is_greedy), temp_ptr=_per_request(call.temperature),
         scratch_ptr=torch.empty(B, 2, V, dtype=torch.float32, device=device),
         out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
         N=N, V=V, max_depth=call.max_depth,
@@ -100,7 +107,7 @@ def typical_tree_triton(
     token_ids, node_ids = _outputs(call)
     args = dict(
         _layout_args(call),
-        temp_ptr=call.temperature,
+        temp_ptr=_per_request(call.temperature),
         stat_ptr=torch.empty(B, N + 1, 4, dtype=torch.float32, device=device) if logits else None,
         lidx_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device) if logits else None,
         thr_ptr=torch.empty(B, N + 1, dtype=torch.float64, device=device),
