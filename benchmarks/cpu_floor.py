@@ -2,7 +2,10 @@
 
 Verification (``--part verify``): each sampler (rejection, block verification, typical acceptance)
 at K = 4, fp32 probabilities, B in ``--batch`` and V in ``--vocab``, drafts far from the target
-(every request rejects its first draft, so rejection and block read full vocabulary rows). Two
+(every request rejects its first draft, so rejection and block read full vocabulary rows), and
+typical acceptance once more with in-support drafts under its threshold (``.../entropy``: the
+entropy pass runs before the rejection; ``--compiled-only``: the reference runs once, for the
+token check, and only the compiled path is timed). Two
 paths of the same sampler, interleaved call by call so both see the same load:
 
 * ``before``: ``backend="torch"``, the PyTorch reference (one chunk of requests at a time);
@@ -41,6 +44,11 @@ K = 4
 #: machine does not stretch (at load 20 on 2 cores, wall times were ~5x the CPU times)
 CLOCK: Callable[[], float] = time.perf_counter
 ROWS_READ = {"rejection_sampler": 2, "block_verification": 2 * K, "typical_acceptance_sampler": K}
+#: typical acceptance again, drafting each position's least likely token of the target's support:
+#: q(x) > 0 but under the entropy threshold, so the kernel makes the entropy pass before it
+#: rejects (far drafts have q(x) = 0, which the compiled kernel rejects without it)
+TYPICAL_ENTROPY = "typical_acceptance_sampler/entropy"
+ROWS_READ[TYPICAL_ENTROPY] = K
 
 
 def read_bandwidth() -> float:
@@ -87,22 +95,28 @@ def far_batch(B: int, V: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return target, draft, ids, bonus, seeds
 
 
-def verify_rows(batches: list[int], vocabs: list[int], calls: int, budget_s: float) -> list[dict[str, object]]:
+def verify_rows(
+    batches: list[int], vocabs: list[int], calls: int, budget_s: float, timed: tuple[str, ...] = ("before", "after")
+) -> list[dict[str, object]]:
     from spec_samplers.registry import get_sampler
 
     rows: list[dict[str, object]] = []
     for V in vocabs:
         full = far_batch(max(batches), V)
         for B in batches:
-            target, draft, ids, bonus, seeds = (t[:B] for t in full)
+            target, draft, far_ids, bonus, seeds = (t[:B] for t in full)
             bw = read_bandwidth()
+            in_support = target[:, :K, : V // 2].argmin(-1)
             for name, rows_read in ROWS_READ.items():
-                extra = {"seeds": seeds} if name != "typical_acceptance_sampler" else {}
-                paths = {p: get_sampler(name, backend=b) for p, b in (("before", "torch"), ("after", "auto"))}
+                extra = {"seeds": seeds} if not name.startswith("typical") else {}
+                sampler = name.split("/")[0]
+                paths = {p: get_sampler(sampler, backend=b) for p, b in (("before", "torch"), ("after", "auto"))}
+                ids = in_support if name == TYPICAL_ENTROPY else far_ids
                 outs = {p: s(target, bonus, draft, ids, **extra) for p, s in paths.items()}
                 assert torch.equal(outs["before"], outs["after"]), f"{name} B={B} V={V}: tokens differ"
                 calls_of = {p: functools.partial(s, target, bonus, draft, ids, **extra) for p, s in paths.items()}
-                med = interleaved(calls_of, calls, budget_s)
+                med = dict.fromkeys(("before", "after"), float("nan"))
+                med.update(interleaved({p: calls_of[p] for p in timed}, calls, budget_s))
                 floor = rows_read * B * V * 4 / bw
                 row = dict(
                     sampler=name,
@@ -116,7 +130,7 @@ def verify_rows(batches: list[int], vocabs: list[int], calls: int, budget_s: flo
                 )
                 rows.append(row)
                 print(
-                    f"{name:27} B={B:4d} V={V:6d} floor {floor * 1e3:8.2f} ms | "
+                    f"{name:35} B={B:4d} V={V:6d} floor {floor * 1e3:8.2f} ms | "
                     f"before {med['before'] * 1e3:9.2f} ms ({med['before'] / floor:6.1f}x) | "
                     f"after {med['after'] * 1e3:8.2f} ms ({med['after'] / floor:5.1f}x)",
                     flush=True,
@@ -168,6 +182,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the thread's CPU time (one thread)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument(
+        "--compiled-only",
+        action="store_true",
+        help="verify: time only the compiled path (the reference runs once, for the token check)",
+    )
     args = ap.parse_args()
     if args.clock == "cpu":
         if args.threads != 1:
@@ -179,8 +198,10 @@ def main() -> None:
     loads = f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, load {loads}")
     rows: list[dict[str, object]] = []
+    timed = ("after",) if args.compiled_only else ("before", "after")
     if args.part in ("verify", "all"):
-        rows += verify_rows(args.batch or [1, 8, 64, 256], args.vocab or [32000, 128256], args.calls, args.budget_s)
+        batches, vocabs = args.batch or [1, 8, 64, 256], args.vocab or [32000, 128256]
+        rows += verify_rows(batches, vocabs, args.calls, args.budget_s, timed)
     if args.part in ("draw", "all"):
         rows += draw_rows(args.draw_batch or [1, 8, 32], 128256, args.calls, args.budget_s)
     if args.json:

@@ -228,6 +228,32 @@ def test_typical_at_a_large_vocabulary() -> None:
 
 
 @pytest.mark.quick
+def test_typical_decided_without_the_entropy() -> None:
+    """The typical kernel skips the entropy pass where q(x) alone decides (q(x) above the
+    threshold with alpha > 0, or q(x) = 0): drafts at zero, at, just above and below the
+    threshold, and rows whose exp(-H) under- or overflows (huge unnormalised entries: with alpha
+    = 0 the reference's threshold is NaN and rejects even above the threshold)."""
+    B, K, V = 6, 3, 64
+    g = torch.Generator().manual_seed(3)
+    target = torch.softmax(torch.randn(B, K + 1, V, generator=g), -1)
+    target[:, :, 0] = 0.0
+    target[:, :, 1] = 0.09  # exactly the threshold (fp32)
+    target[:, :, 2] = torch.nextafter(torch.tensor(0.09), torch.tensor(1.0))
+    target[:, :, 3] = 0.5
+    target[4, :, 5] = 1e30  # H very negative: exp(-H) = inf
+    target[5, :, 5] = 1e-30
+    ids = torch.tensor([[3, 2, 1], [3, 0, 3], [2, 3, 4], [1, 1, 1], [3, 3, 3], [3, 5, 2]])
+    bonus = torch.zeros(B, 1, dtype=torch.int64)
+    batch = VerifyBatch.padded(target, bonus, None, ids)
+    for alpha in (0.0, 0.3, 1e-30):
+        for threshold in (0.09, 0.0):
+            options = {"posterior_threshold": threshold, "posterior_alpha": alpha}
+            want = typical_reference(batch, **options)
+            got = cpu.run_compiled(cpu.typical_cpu, batch, **options)
+            assert torch.equal(got, want), f"{options}: {got.tolist()} != {want.tolist()}"
+
+
+@pytest.mark.quick
 def test_blocked_argmax_is_the_first_largest_clean_entry() -> None:
     """The kernels' argmax (blocks of 2048, integer max of the clean values' bits) against
     torch.argmax of the clean row (ties to the lowest index), with ties across blocks, NaN, Inf,

@@ -56,7 +56,9 @@ def kernels() -> ModuleType | None:
 
 def _np(t: torch.Tensor) -> Any:
     """A numpy view of a CPU tensor (contiguous: one compiled specialisation per dtype)."""
-    return t.detach().contiguous().numpy()
+    if t.requires_grad or not t.is_contiguous():
+        t = t.detach().contiguous()
+    return t.numpy()
 
 
 def _np64(t: torch.Tensor) -> Any:
@@ -79,9 +81,7 @@ class _Rows:
             # made in numpy (FlatInputs' torch ops cost more than the kernel at B = 1)
             self.target = _np(batch.target).reshape(-1, V)
             self.draft = None if batch.draft is None else _np(batch.draft).reshape(-1, V)
-            self.target_rows = np.arange(B * (K + 1), dtype=np.int64).reshape(B, K + 1)
-            self.draft_rows = np.arange(B * K, dtype=np.int64).reshape(B, K)
-            self.num_draft = np.full(B, K, dtype=np.int64)
+            self.target_rows, self.draft_rows, self.num_draft = _padded_maps(B, K)
             self.draft_ids = _np64(batch.draft_token_ids).reshape(B, K)
             self.bonus = _np64(batch.bonus_token_ids).reshape(B)
             self.greedy = None if batch.is_greedy is None else _np(batch.is_greedy.to(torch.bool))
@@ -97,6 +97,21 @@ class _Rows:
         self.greedy = None if f.is_greedy is None else _np(f.is_greedy.to(torch.bool))
 
 
+@functools.lru_cache(maxsize=64)
+def _padded_maps(B: int, K: int) -> tuple[Any, Any, Any]:
+    """The padded layout's row maps (target rows [B, K+1], draft rows [B, K], K drafts each):
+    the same for every call of a shape, so made once (the kernels only read them)."""
+    target_rows = np.arange(B * (K + 1), dtype=np.int64).reshape(B, K + 1)
+    draft_rows = np.arange(B * K, dtype=np.int64).reshape(B, K)
+    return target_rows, draft_rows, np.full(B, K, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(B: int, dtype: Any) -> Any:
+    """A read-only-by-convention array of B zeros (no greedy rows; offsets 0), made once per B."""
+    return np.zeros(B, dtype=dtype)
+
+
 def _fp32(t: torch.Tensor | None) -> bool:
     return t is None or t.dtype == torch.float32
 
@@ -107,7 +122,7 @@ def _seeds_offsets_np(batch: VerifyBatch, sampler: str) -> tuple[Any, Any]:
 
     seeds = batch.seeds if batch.seeds is not None else _seeds_offsets(batch, sampler)[0]
     B = batch.layout.batch_size
-    offsets = np.zeros(B, dtype=np.uint64) if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
+    offsets = _zeros(B, np.uint64) if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
     return _np64(seeds).view(np.uint64), offsets
 
 
@@ -134,7 +149,7 @@ def _verify_cpu(
         r.draft_ids,
         r.num_draft,
         r.bonus,
-        np.zeros(B, dtype=np.bool_) if r.greedy is None else r.greedy,
+        _zeros(B, np.bool_) if r.greedy is None else r.greedy,
         r.greedy is not None,
         seeds,
         offsets,

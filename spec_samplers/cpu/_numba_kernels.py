@@ -574,8 +574,9 @@ def typical_kernel(
     out,  # [B, K+1] int64
 ):
     """reference._typical_core then _drop_malformed, one request per iteration: the entropy test
-    of each position until the first rejection (the rows of later positions are never read), then
-    the argmax of the first rejected position's row."""
+    of each position until the first rejection (the rows of later positions are never read; a
+    draft with q(x) above the threshold, or zero, needs no entropy), then the argmax of the first
+    rejected position's row."""
     B, K = draft_ids.shape
     V = target.shape[1]
     terms = np.empty(_ENTROPY_BLOCK, dtype=np.float64)
@@ -588,8 +589,13 @@ def typical_kernel(
             if not (x >= 0 and x < V and i < kb and tr >= 0):
                 break
             q = target[tr]
-            if not np.float64(_clean(np.float32(q[x]))) > _typical_threshold(q, eps, threshold, alpha, terms):
-                break
+            q_x = np.float64(_clean(np.float32(q[x])))
+            # min(threshold, alpha exp(-H)) lies in [0, threshold] (both >= 0, and alpha > 0 keeps
+            # it a number where exp(-H) overflows): outside that interval q(x) decides the test
+            # exactly, without the entropy pass over the row
+            if not (q_x > threshold and alpha > 0.0):
+                if not (q_x > 0.0 and q_x > _typical_threshold(q, eps, threshold, alpha, terms)):
+                    break
             n += 1
         qr = target_rows[b, n]
         recovered = -1
