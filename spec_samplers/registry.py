@@ -179,8 +179,17 @@ def available_samplers() -> dict[str, SamplerInfo]:
     return _discover()
 
 
+_known: dict[str, SamplerInfo] = {}  # what get_sampler_class last read
+
+
 def get_sampler_class(name: str) -> type[torch.nn.Module]:
-    samplers = _discover()
+    # Scanning every installed distribution's entry points costs about 0.1 s, paid by each
+    # ``generate`` call that names its sampler; a name seen once is served from memory, and an
+    # unknown name re-reads the entry points (so a package installed since still shows up).
+    global _known
+    if name not in _known:
+        _known = _discover()
+    samplers = _known
     if name not in samplers:
         raise UnknownSamplerError(f"unknown sampler {name!r}; available: {', '.join(samplers) or '(none)'}")
     return samplers[name].load()
