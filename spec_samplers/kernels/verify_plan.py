@@ -478,9 +478,10 @@ def plan_verify(
     stats = Stats(target=None, draft=None)
     draft_index = index if logit_draft is not None else None
     draft_temperature = batch.draft_temperature if logit_draft is not None else None
-    if plan.stats is not None:
+    temperature = batch.temperature
+    if plan.stats is not None and temperature is not None:  # (logits inputs: both)
         launches.append(
-            stats_launch(plan.stats, layout, target, logit_draft, batch.temperature, draft_index, draft_temperature)
+            stats_launch(plan.stats, layout, target, logit_draft, temperature, draft_index, draft_temperature)
         )
         stats = plan.stats.stats
         if batch.filtered:
