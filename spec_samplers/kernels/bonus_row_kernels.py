@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import launch_common as lc
-from spec_samplers.kernels.backend import LaunchConfig, launches_to_run
+from spec_samplers.kernels.backend import LaunchConfig, launches_to_run, triton_next_pow2
 from spec_samplers.kernels.launch_common import KernelLaunch
 
 #: (temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] or None)
@@ -182,26 +182,39 @@ def plan_bonus_row_inputs(
     whose own later launches read them, as the seams' (the next call rewrites them)."""
     R = cu.shape[0] - 1
     device = cu.device
-    tensors = (cu, state, temperature, seed, pos, sampled, row_state, row_step)
-    names = ("cu_ptr", "state_ptr", "temp_ptr", "seed_ptr", "pos_ptr", "sampled_ptr", "row_state_ptr", "row_step_ptr")
-    args: dict[str, object] = {n: None if t is None else t.contiguous() for n, t in zip(names, tensors)}
     has_rows = row_state is not None
+    num_states = temperature.shape[0]
+    key = (R, num_rows, sampled.dtype, has_rows, checked, num_steps, num_states, max_rows_per_request)
 
-    def make() -> tuple[torch.Tensor | None, ...]:
-        f32, i64 = torch.float32, torch.int64
-        per_request = [torch.empty(R, dtype=dtype, device=device) for dtype in (f32, i64, i64, i64)]
-        ids = torch.empty(num_rows, dtype=sampled.dtype, device=device)
-        rows = torch.empty(num_rows, dtype=i64, device=device) if has_rows else None
-        checks = [torch.empty(R, dtype=torch.bool, device=device), torch.empty(R, dtype=f32, device=device)]
-        return (*per_request, ids, rows, *(checks if checked else ()))
+    def plan() -> tuple[dict[str, Any], tuple[torch.Tensor | None, ...]]:
+        def make() -> tuple[torch.Tensor | None, ...]:
+            f32, i64 = torch.float32, torch.int64
+            per_request = [torch.empty(R, dtype=dtype, device=device) for dtype in (f32, i64, i64, i64)]
+            ids = torch.empty(num_rows, dtype=sampled.dtype, device=device)
+            rows = torch.empty(num_rows, dtype=i64, device=device) if has_rows else None
+            checks = [torch.empty(R, dtype=torch.bool, device=device), torch.empty(R, dtype=f32, device=device)]
+            return (*per_request, ids, rows, *(checks if checked else ()))
 
-    key = (R, num_rows, sampled.dtype, has_rows, checked)
-    made = lc.workspaces("bonus_row_inputs", key, device, make) if workspace else make()
-    outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out", "ok_out", "sign_out")
-    args.update(zip(outs, (*made, None, None)))
-    block = max(16, triton.next_power_of_2(max(1, max_rows_per_request)))
-    args.update(L=num_rows, num_steps=num_steps, num_states=temperature.shape[0], max_rows=max_rows_per_request)
-    args.update(BLOCK=block)
+        made = lc.workspaces("bonus_row_inputs", key, device, make) if workspace else make()
+        outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out", "ok_out", "sign_out")
+        constants: dict[str, Any] = dict(zip(outs, (*made, None, None)))
+        constants.update(L=num_rows, num_steps=num_steps, num_states=num_states, max_rows=max_rows_per_request)
+        constants["BLOCK"] = max(16, triton_next_pow2(max(1, max_rows_per_request)))
+        return constants, made
+
+    # the seam's workspaces and constexprs once per shape and stream (launch_common.plan_cache)
+    constants, made = lc.plan_cache("bonus_row_inputs", key, device, plan) if workspace else plan()
+    args = dict(
+        constants,
+        cu_ptr=cu.contiguous(),
+        state_ptr=state.contiguous(),
+        temp_ptr=temperature.contiguous(),
+        seed_ptr=seed.contiguous(),
+        pos_ptr=pos.contiguous(),
+        sampled_ptr=sampled.contiguous(),
+        row_state_ptr=None if row_state is None else row_state.contiguous(),
+        row_step_ptr=None if row_step is None else row_step.contiguous(),
+    )
     launches = [KernelLaunch(bonus_row_inputs_kernel, (R,), args, 1, "bonus_row_inputs")] if R > 0 else []
     return launches, made
 
@@ -231,7 +244,7 @@ def chunk_outputs_triton(
     R = out.shape[0]
     num_sampled = torch.empty(R, dtype=torch.int32, device=out.device) if counts else None
     dst = None if dtype == out.dtype else torch.empty((R, width), dtype=dtype, device=out.device)
-    block = triton.next_power_of_2(max(1, width))
+    block = triton_next_pow2(max(1, width))
     args: dict[str, Any] = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), dst_ptr=dst)
     args["ok_ptr"] = ok
     args.update(num_sampled_ptr=num_sampled, width=width, BLOCK=block)
@@ -260,7 +273,7 @@ def step_inputs_triton(
     args: dict[str, Any] = dict(cu_ptr=cu.contiguous(), draft_ptr=draft_token_ids.contiguous(), ids_out=ids)
     args["rows_out"] = rows
     args.update(bonus_out=bonus, ok_out=ok, L=num_rows, T=draft_token_ids.shape[0], max_rows=max_rows)
-    args["BLOCK"] = max(16, triton.next_power_of_2(max(1, max_rows)))
+    args["BLOCK"] = max(16, triton_next_pow2(max(1, max_rows)))
     launches = [KernelLaunch(step_inputs_kernel, (B,), args, 1, "step_inputs")] if B > 0 else []
     for launch in launches_to_run(config, launches):
         step_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)

@@ -91,6 +91,31 @@ def workspaces(
     return found
 
 
+#: (plan, key, device, stream) -> what a plan decides from shapes alone, least recently used first
+_PLANS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+
+def plan_cache(plan: str, key: Hashable, device: torch.device, make: Callable[[], Any]) -> Any:
+    """A plan's shape-only part (splits, grids, constexprs, persistent workspaces: what ``make()``
+    returns), made once per (``key``, device, stream) so that a warm call only allocates its
+    outputs and binds its tensors. ``key`` holds everything ``make()`` reads, the planned-for SM
+    count included (a different ``LaunchConfig`` is a different key). Its workspaces follow
+    :func:`workspaces`' rules: a stream capturing a CUDA graph, or a tool tracing on fake tensors,
+    gets a fresh plan that is never kept."""
+    stream = _stream_key(device)
+    if stream is None or _tracing_fake():
+        return make()
+    full = (plan, key, device.type, device.index, stream)
+    found = _PLANS.get(full)
+    if found is not None:
+        _PLANS.move_to_end(full)
+        return found
+    found = _PLANS[full] = make()
+    if len(_PLANS) > MAX_WORKSPACE_SHAPES:
+        _PLANS.popitem(last=False)
+    return found
+
+
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     """[>= n] int32 zeros: one arrival counter per request for a launch whose last program per
     request finishes it (:func:`spec_samplers.kernels.common.last_to_arrive`).

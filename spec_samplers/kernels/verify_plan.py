@@ -145,6 +145,78 @@ def partials(device: torch.device, shape: tuple[int, ...], *dtypes: torch.dtype)
     return tuple(torch.empty(shape, dtype=dtype, device=device) for dtype in dtypes)
 
 
+@dataclass(frozen=True)
+class StatsShape:
+    """The shape-only part of the fused-softmax statistics launch (:func:`stats_shape`)."""
+
+    grid: tuple[int, int, int]  # (B, K+1, NB): one program per (request, position, vocab block)
+    parts: SoftmaxParts  # the partials, persistent workspaces
+    stats: Stats  # [B, K+1, 3] fp32 row statistics, persistent workspaces
+    constants: dict[str, Any]  # every argument that is not a per-call tensor
+    warps: int
+
+
+def stats_shape(layout: RowLayout, split: VocabSplit, device: torch.device, has_draft: bool) -> StatsShape:
+    """What the statistics launch takes from shapes: its grid, workspaces and constexprs."""
+    B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
+    grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
+
+    def make() -> tuple[torch.Tensor | None, ...]:
+        f32, row = torch.float32, (B, K + 1, 3)
+        t_max, t_sum, logit_max, logit_argmax = partials(device, grid, f32, f32, f32, torch.int32)
+        d_max, d_sum = partials(device, grid, f32, f32) if has_draft else (None, None)
+        (t_stats,) = partials(device, row, f32)
+        d_stats = partials(device, row, f32)[0] if has_draft else None
+        return t_max, t_sum, d_max, d_sum, logit_max, logit_argmax, t_stats, d_stats
+
+    # written here, read by the launches after it: allocated once per shape (launch_common.workspaces)
+    t_max, t_sum, d_max, d_sum, logit_max, logit_argmax, t_stats, d_stats = lc.workspaces(
+        "softmax_stats", (grid, has_draft), device, make
+    )
+    parts = SoftmaxParts(
+        t_max=t_max, t_sum=t_sum, d_max=d_max, d_sum=d_sum, logit_max=logit_max, logit_argmax=logit_argmax
+    )
+    _, block_nb, _ = combine_blocks(K + 1, NB)
+    constants = dict(
+        arrivals=lc.arrival_counters(device, B * (K + 1)),  # one per (request, position)
+        K=K,
+        V=layout.vocab_size,
+        num_rows=layout.num_rows,
+        chunk=split.chunk,
+        NB=NB,
+        BLOCK_V=split.block_v,
+        TAIL_NB=block_nb,
+        PRECISE=lc.precise_math(),
+    )
+    # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
+    # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program of each
+    # (request, position) combines its rows' blocks (no second launch)
+    warps = max(1, split.block_v // 256)
+    return StatsShape(grid, parts, Stats(target=t_stats, draft=d_stats), constants, warps)
+
+
+def stats_launch(
+    shape: StatsShape,
+    layout: RowLayout,
+    target: torch.Tensor,
+    draft: torch.Tensor | None,
+    temperature: torch.Tensor,
+    draft_index: torch.Tensor | None,
+    draft_temperature: torch.Tensor | None,
+) -> lc.KernelLaunch:
+    """The statistics launch of one call: ``shape`` bound to the call's tensors."""
+    req = StatsRequest(cu=layout.cu_num_draft_tokens, temperature=temperature, draft_temperature=draft_temperature)
+    args = dict(
+        target=rows(layout, target),
+        draft=rows(layout, draft, None, draft_index),
+        req=req,
+        parts=shape.parts,
+        stats=shape.stats,
+        **shape.constants,
+    )
+    return lc.KernelLaunch(sk.softmax_partials_kernel, shape.grid, args, shape.warps, "softmax_partials")
+
+
 def plan_softmax_stats(
     layout: RowLayout,
     target: torch.Tensor,  # logits, [B, K+1, V] padded or [T, V] ragged
@@ -164,54 +236,13 @@ def plan_softmax_stats(
     softmax keeps every entry); see :func:`spec_samplers.kernels.common.row_stats`.
     ``Stats.draft`` is None without a draft. With ``filters`` (a batch with per-request top-k /
     top-p / min-p) the launches end with :func:`plan_filter_cuts`, which sets (sum, cut)."""
-    B, K, NB = layout.batch_size, layout.max_drafts, split.num_blocks
-    device = target.device
-    has_draft = draft is not None
-    grid = (B, K + 1, NB)  # of the partials, one per (request, position, vocab block)
-
-    def make() -> tuple[torch.Tensor | None, ...]:
-        f32, row = torch.float32, (B, K + 1, 3)
-        t_max, t_sum, logit_max, logit_argmax = partials(device, grid, f32, f32, f32, torch.int32)
-        d_max, d_sum = partials(device, grid, f32, f32) if has_draft else (None, None)
-        (t_stats,) = partials(device, row, f32)
-        d_stats = partials(device, row, f32)[0] if has_draft else None
-        return t_max, t_sum, d_max, d_sum, logit_max, logit_argmax, t_stats, d_stats
-
-    # written here, read by the launches after it: allocated once per shape (launch_common.workspaces)
-    t_max, t_sum, d_max, d_sum, logit_max, logit_argmax, t_stats, d_stats = lc.workspaces(
-        "softmax_stats", (grid, has_draft), device, make
-    )
-    parts = SoftmaxParts(
-        t_max=t_max, t_sum=t_sum, d_max=d_max, d_sum=d_sum, logit_max=logit_max, logit_argmax=logit_argmax
-    )
-    stats = Stats(target=t_stats, draft=d_stats)
-    req = StatsRequest(cu=layout.cu_num_draft_tokens, temperature=temperature, draft_temperature=draft_temperature)
-    _, block_nb, _ = combine_blocks(K + 1, NB)
-    args = dict(
-        target=rows(layout, target),
-        draft=rows(layout, draft, None, draft_index),
-        req=req,
-        parts=parts,
-        stats=stats,
-        arrivals=lc.arrival_counters(device, B * (K + 1)),  # one per (request, position)
-        K=K,
-        V=layout.vocab_size,
-        num_rows=layout.num_rows,
-        chunk=split.chunk,
-        NB=NB,
-        BLOCK_V=split.block_v,
-        TAIL_NB=block_nb,
-        PRECISE=lc.precise_math(),
-    )
-    # 8 entries per thread per step at every BLOCK_V (one 128-bit load of bf16), and no
-    # cross-warp reduction for the small-batch split's BLOCK_V = 256; the last program of each
-    # (request, position) combines its rows' blocks (no second launch)
-    warps = max(1, split.block_v // 256)
-    launches = [lc.KernelLaunch(sk.softmax_partials_kernel, grid, args, warps, "softmax_partials")]
+    shape = stats_shape(layout, split, target.device, draft is not None)
+    launches = [stats_launch(shape, layout, target, draft, temperature, draft_index, draft_temperature)]
     if filters is not None and filters.filtered:
-        launches += plan_filter_cuts(filters, target, draft, stats.target, stats.draft)
+        launches += plan_filter_cuts(filters, target, draft, shape.stats.target, shape.stats.draft)
+    logit_max, logit_argmax = shape.parts.logit_max, shape.parts.logit_argmax
     assert logit_max is not None and logit_argmax is not None
-    return launches, logit_max, logit_argmax, stats
+    return launches, logit_max, logit_argmax, shape.stats
 
 
 @dataclass
@@ -232,6 +263,23 @@ class PlanStart:
     amax: tuple[torch.Tensor | None, torch.Tensor | None]  # (max, argmax) partials of the logits [B, K+1, NB]
 
 
+def verified_inputs(
+    batch: VerifyBatch, draft: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(target, ``draft``: vocab-contiguous; the indexed draft rows ``batch.draft_rows`` or None)
+    of a launcher that reads ``draft`` (None for a draft it does not read)."""
+    target = lc.vocab_contiguous(batch.target)
+    draft = None if draft is None else lc.vocab_contiguous(draft)
+    index = None
+    if draft is not None and batch.draft_rows is not None:
+        # indexed draft rows (ragged logits): the launches read them in place
+        layout = batch.layout
+        if not (layout.ragged and batch.target_kind == "logits" and not batch.filtered):
+            raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
+        index = batch.draft_rows
+    return target, draft, index
+
+
 def plan_start(
     batch: VerifyBatch, split: VocabSplit | None, draft: torch.Tensor | None, num_sms: int | None = None
 ) -> PlanStart:
@@ -241,14 +289,7 @@ def plan_start(
     layout = batch.layout
     B, V, device = layout.batch_size, layout.vocab_size, batch.target.device
     out = torch.empty((B, layout.max_drafts + 1), dtype=torch.int64, device=device)
-    target = lc.vocab_contiguous(batch.target)
-    draft = None if draft is None else lc.vocab_contiguous(draft)
-    index = None
-    if draft is not None and batch.draft_rows is not None:
-        # indexed draft rows (ragged logits): the launches below read them in place
-        if not (layout.ragged and batch.target_kind == "logits" and not batch.filtered):
-            raise input_error("draft_rows", "None outside the ragged logits layout without filters", "a tensor")
-        index = batch.draft_rows
+    target, draft, index = verified_inputs(batch, draft)
     start = PlanStart(out, None, None, target, draft, index, [], Stats(target=None, draft=None), (None, None))
     if B == 0:
         return start
@@ -327,68 +368,67 @@ def plan_filter_cuts(
     ]
 
 
-def plan_verify(
-    batch: VerifyBatch, kernels: VerifyKernels, split: VocabSplit | None, config: LaunchConfig | None = None
-) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
-    """The launches of one call and the [B, K+1] int64 output they fill. ``split`` (tests)
-    overrides the vocabulary split of every pass; ``config.num_sms`` the device's SM count."""
-    layout = batch.layout
+@dataclass(frozen=True)
+class VerifyShape:
+    """What :func:`plan_verify` decides from shapes alone, made once per shape, device, stream and
+    planned-for SM count (:func:`spec_samplers.kernels.launch_common.plan_cache`)."""
+
+    stats: StatsShape | None  # the fused-softmax statistics launch of logits inputs, else None
+    parts: VerifyParts  # persistent workspaces
+    grid: tuple[int, ...]  # of the partials launch: (B, NB) or (B, K+1, NB)
+    constants: dict[str, Any]  # every argument of the partials launch that is not a per-call tensor
+    warps: int
+    #: (grid, constants) of the greedy argmax partials of probability inputs with a greedy mask
+    argmax: tuple[tuple[int, ...], dict[str, Any]] | None
+
+
+def verify_shape(
+    layout: RowLayout,
+    kernels: VerifyKernels,
+    split: VocabSplit | None,
+    device: torch.device,
+    num_sms: int | None,
+    logits: bool,  # logits inputs: the statistics launch
+    logit_draft: bool,  # a draft read as logits
+    greedy_mask: bool,  # probability inputs with a greedy mask: the argmax launch
+) -> VerifyShape:
+    """The splits (``split``, from tests, overrides both), grids, constexprs and persistent
+    workspaces of a :func:`plan_verify` call with these shapes."""
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-    num_sms = None if config is None else config.num_sms
-    start = plan_start(batch, split, batch.draft, num_sms)
-    out, launches = start.out, start.launches
-    if start.split is None or start.finish_split is None:
-        return [], out
-    if batch.seeds is None:
-        raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
-    device = out.device
+    if split is not None:
+        stats_split, pass_split = split, split
+    else:  # the partials passes run (B, K+1, NB) programs: their split is sized by B * (K+1) rows
+        stats_split, pass_split = vocab_splits(V, B, device, num_sms, K + 1)
+    stats = stats_shape(layout, stats_split, device, logit_draft) if logits else None
+    amax_val, amax_idx = (stats.parts.logit_max, stats.parts.logit_argmax) if stats is not None else (None, None)
     # The statistics pass (logits) keeps its split. This pass takes the widest vector step at
     # every B: its last program per request finishes that request, on the program's warps (4).
-    pass_split = start.finish_split
-    NB, amax_nb = pass_split.num_blocks, start.split.num_blocks
-    amax_val, amax_idx = start.amax
-    # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
-    # (verify_kernels.request_greedy), so no eager comparison op runs per call
-    greedy_mask = batch.is_greedy if batch.target_kind == "probs" else None
-    if greedy_mask is not None:
+    NB, amax_nb = pass_split.num_blocks, stats_split.num_blocks
+    if greedy_mask:
         amax_nb = NB  # the argmax partials below take the pass's split
-    # draft probabilities (draft_kind "probs") have no statistics and no temperature: read as given
-    draft_temperature = batch.draft_temperature if batch.draft_kind == "logits" else None
-    seqs = Seqs(
-        target=rows(layout, start.target, start.stats.target),
-        draft=rows(layout, start.draft, start.stats.draft, start.draft_index, draft_temperature),
-        ids=draft_ids(layout, batch.draft_token_ids),
-    )
-    req = request(batch, batch.seeds, batch.offsets, greedy_mask)
     # the residual-mass partials (the partials kernel's grid is their shape), the fp64 race-group
     # sums of the residual and of q per (request[, position]), then the greedy argmax partials
     shape: tuple[int, ...] = (B, K + 1, NB) if kernels.per_position else (B, NB)
     groups = (*shape[:-1], rng.race_num_groups(V))
 
     def make() -> tuple[torch.Tensor | None, ...]:
-        amax = partials(device, (B, K + 1, NB), torch.float32, torch.int32) if greedy_mask is not None else ()
+        amax = partials(device, (B, K + 1, NB), torch.float32, torch.int32) if greedy_mask else ()
         return partials(device, shape, torch.float32) + partials(device, groups, torch.float64, torch.float64) + amax
 
     # (launch_common.workspaces: once per shape; the key holds every size make() reads)
-    key = (shape, groups, K, NB, greedy_mask is not None)
-    mass, r_sums, q_sums, *amax = lc.workspaces(kernels.name, key, device, make)
+    mass, r_sums, q_sums, *amax = lc.workspaces(kernels.name, (shape, groups, K, NB, greedy_mask), device, make)
     if amax:
         amax_val, amax_idx = amax
     parts = VerifyParts(mass=mass, r_sums=r_sums, q_sums=q_sums, amax_val=amax_val, amax_idx=amax_idx)
     dims = dict(K=K, V=V, num_rows=layout.num_rows)
-    if greedy_mask is not None:
-        args = dict(target=seqs.target, req=req, parts=parts, **dims, chunk=pass_split.chunk, NB=NB)
-        args["BLOCK_V"] = pass_split.block_v
-        launches.append(lc.KernelLaunch(rk.argmax_partials_kernel, (B, K + 1, NB), args, name="argmax_partials"))
+    argmax = None
+    if greedy_mask:
+        argmax = ((B, K + 1, NB), dict(parts=parts, **dims, chunk=pass_split.chunk, NB=NB, BLOCK_V=pass_split.block_v))
     positions = K + 1 if kernels.per_position else max(K, 1)
     tail_k, tail_nb, _ = combine_blocks(K + 1, max(NB, amax_nb))
-    args = dict(
-        seqs=seqs,
-        req=req,
+    constants = dict(
         parts=parts,
-        out_ptr=out,
         arrivals=lc.arrival_counters(device, B),
-        counts=batch.counters,
         **dims,
         chunk=pass_split.chunk,
         NB=NB,
@@ -402,7 +442,62 @@ def plan_verify(
     # one warp per 256 entries of a vector step (as the statistics pass): each thread then loads
     # 8 consecutive entries, 128 bits of bf16, also at the narrow steps of small batches
     warps = max(1, pass_split.block_v // 256)
-    launches.append(lc.KernelLaunch(kernels.partials, shape, args, warps, kernels.name, dict(kernels.options)))
+    return VerifyShape(stats, parts, shape, constants, warps, argmax)
+
+
+def plan_verify(
+    batch: VerifyBatch, kernels: VerifyKernels, split: VocabSplit | None, config: LaunchConfig | None = None
+) -> tuple[list[lc.KernelLaunch], torch.Tensor]:
+    """The launches of one call and the [B, K+1] int64 output they fill. ``split`` (tests)
+    overrides the vocabulary split of every pass; ``config.num_sms`` the device's SM count.
+    What shapes decide is planned once per shape (:func:`verify_shape`); a call binds its
+    tensors to it."""
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    device = batch.target.device
+    out = torch.empty((B, K + 1), dtype=torch.int64, device=device)
+    target, draft, index = verified_inputs(batch, batch.draft)
+    if B == 0:
+        return [], out
+    if batch.seeds is None:
+        raise input_error("seeds", f"per-request seeds ({kernels.method} draws random numbers)", None)
+    logits = batch.temperature is not None
+    # draft probabilities (draft_kind "probs") need no statistics and no temperature: read as given
+    logit_draft = draft if batch.draft_kind == "logits" else None
+    # logits entries: the kernels read T == 0 as greedy from the temperatures themselves
+    # (verify_kernels.request_greedy), so no eager comparison op runs per call
+    greedy_mask = batch.is_greedy if not logits else None
+    num_sms = None if config is None else config.num_sms
+    shape_args = (layout, kernels, split, device, num_sms, logits, logit_draft is not None, greedy_mask is not None)
+    if split is None:
+        key = (kernels.name, B, K, layout.vocab_size, layout.num_rows, *shape_args[4:], lc.precise_math())
+        plan = lc.plan_cache("verify", key, device, lambda: verify_shape(*shape_args))
+    else:
+        plan = verify_shape(*shape_args)
+    launches = []
+    stats = Stats(target=None, draft=None)
+    draft_index = index if logit_draft is not None else None
+    draft_temperature = batch.draft_temperature if logit_draft is not None else None
+    temperature = batch.temperature
+    if plan.stats is not None and temperature is not None:  # (logits inputs: both)
+        launches.append(
+            stats_launch(plan.stats, layout, target, logit_draft, temperature, draft_index, draft_temperature)
+        )
+        stats = plan.stats.stats
+        if batch.filtered:
+            launches += plan_filter_cuts(batch, target, logit_draft, stats.target, stats.draft)
+    seqs = Seqs(
+        target=rows(layout, target, stats.target),
+        draft=rows(layout, draft, stats.draft, index, draft_temperature),
+        ids=draft_ids(layout, batch.draft_token_ids),
+    )
+    req = request(batch, batch.seeds, batch.offsets, greedy_mask)
+    if plan.argmax is not None:
+        grid, constants = plan.argmax
+        args = dict(target=seqs.target, req=req, **constants)
+        launches.append(lc.KernelLaunch(rk.argmax_partials_kernel, grid, args, name="argmax_partials"))
+    args = dict(seqs=seqs, req=req, out_ptr=out, counts=batch.counters, **plan.constants)
+    launches.append(lc.KernelLaunch(kernels.partials, plan.grid, args, plan.warps, kernels.name, dict(kernels.options)))
     return launches, out
 
 

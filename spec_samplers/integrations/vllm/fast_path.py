@@ -82,9 +82,12 @@ def verify_with_bonus_rows(
     the engine wrote them and no vocabulary-sized tensor is created."""
     if bonus_token_ids is None:
         bonus_token_ids = torch.full_like(seeds, PLACEHOLDER_TOKEN_ID)
-    if draft_logits is None and not draft_rows:  # point-mass drafts: the seam builds the batch
-        args = (logits, bonus_token_ids, None, draft_token_ids, cu_num_rows, max_spec_len + 1)
-        out = _verify_in_place(verifier, *args, temperature, seeds, None, {})
+    probs_rows = draft_rows.keys() == {"draft_probs", "draft_rows"}  # V1's q read in place by index
+    if draft_logits is None and (not draft_rows or probs_rows):  # the seam builds the batch
+        q = draft_rows["draft_probs"] if probs_rows else None
+        rows = {"draft_rows": draft_rows["draft_rows"]} if probs_rows else {}
+        args = (logits, bonus_token_ids, q, draft_token_ids, cu_num_rows, max_spec_len + 1)
+        out = _verify_in_place(verifier, *args, temperature, seeds, offsets, rows, draft_is_probs=probs_rows)
         return out[:, : max_spec_len + 1]
     out = verifier.from_logits(
         logits,
@@ -301,6 +304,7 @@ def _verify_in_place(
     seeds: torch.Tensor,  # [R] int64
     offsets: torch.Tensor | None,  # [R] int64 (chunk_inputs'), or None
     drafts: Mapping[str, torch.Tensor],  # draft_rows [L], draft_temperature [R] (chunk_inputs'), or none
+    draft_is_probs: bool = False,  # ``cache`` holds the drafter's probabilities (V1's draft_probs)
 ) -> torch.Tensor:
     """The tokens of ``verifier.from_logits`` on a seam's rows. For one of our samplers whose
     ragged logits entry is the base class's pipeline, the batch is built here: the seam made the
@@ -310,29 +314,22 @@ def _verify_in_place(
     (``SpecDecodeBaseSampler._verify_counted``): the entry's argument packing is skipped, not its
     work. Any other sampler, or a check that fails, takes the entry (whose checks then name the
     argument)."""
-    sampler, base = verifier.sampler, SpecDecodeBaseSampler
-    cls = type(sampler)
+    sampler = verifier.sampler
     own_pipeline = (
-        isinstance(sampler, base)
-        and getattr(cls, "forward_ragged_from_logits", None)
-        is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
-        and getattr(cls, "_run", None) is base._run
-        and getattr(cls, "_batch", None) is base._batch
+        _base_pipeline(type(sampler))
         and not (sampler.strict_mode or sampler.check_values)
         and (sampler.takes_draft_rows or not drafts)
     )
     device = logits.device
     R = cu.shape[0]
-    per_request = (bonus, temperature, seeds) if offsets is None else (bonus, temperature, seeds, offsets)
     engine_tensors_ok = (
         logits.dim() == 2
         and logits.dtype in PROBS_DTYPES
         and ids.dtype in ID_DTYPES
-        and tuple(ids.shape) == (logits.shape[0],)
+        and ids.shape == logits.shape[:1]
         and cu.dim() == 1
         and cu.dtype in ID_DTYPES
-        and all(t.dim() == 1 and t.shape[0] == R for t in per_request)
-        and all(t.device == device for t in (ids, cu, *per_request))
+        and _per_request_ok(R, device, ids, cu, bonus, temperature, seeds, offsets)
         and temperature.dtype in PROBS_DTYPES
         and seeds.dtype in ID_DTYPES
         and bonus.dtype in ID_DTYPES
@@ -343,7 +340,10 @@ def _verify_in_place(
         and device.type != "meta"
         and not torch.compiler.is_compiling()
     )
-    if not (own_pipeline and engine_tensors_ok and isinstance(sampler, base)):
+    if not (own_pipeline and engine_tensors_ok and isinstance(sampler, SpecDecodeBaseSampler)):
+        if draft_is_probs:
+            drafts = dict(drafts, draft_probs=cast(torch.Tensor, cache))
+            cache = None
         return verifier.from_logits(
             logits, bonus, cache, ids, cu, max_spec_len, temperature=temperature, seeds=seeds, offsets=offsets, **drafts
         )
@@ -358,9 +358,48 @@ def _verify_in_place(
         temperature=temperature,
         draft_rows=drafts.get("draft_rows"),
         draft_temperature=drafts.get("draft_temperature"),
+        draft_is_probs=draft_is_probs,
         counters=sampler._kernel_counters(max_spec_len, device),
     )
     return sampler._verify_counted(batch)
+
+
+#: sampler class -> whether its ragged logits entry is the base class's pipeline (_base_pipeline)
+_BASE_PIPELINE: dict[type, bool] = {}
+
+
+def _base_pipeline(cls: type) -> bool:
+    """Whether ``cls`` runs :class:`SpecDecodeBaseSampler`'s pipeline for the ragged logits entry
+    (its entry, ``_run`` and ``_batch`` are the base class's): decided once per class."""
+    found = _BASE_PIPELINE.get(cls)
+    if found is None:
+        base = SpecDecodeBaseSampler
+        found = _BASE_PIPELINE[cls] = (
+            issubclass(cls, base)
+            and getattr(cls, "forward_ragged_from_logits", None)
+            is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
+            and getattr(cls, "_run", None) is base._run
+            and getattr(cls, "_batch", None) is base._batch
+        )
+    return found
+
+
+def _per_request_ok(
+    R: int,
+    device: torch.device,
+    ids: torch.Tensor,
+    cu: torch.Tensor,
+    bonus: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor | None,
+) -> bool:
+    """Every [R] tensor 1-d of R entries, every tensor on ``device``."""
+    per_request = (bonus, temperature, seeds) if offsets is None else (bonus, temperature, seeds, offsets)
+    for t in per_request:
+        if t.dim() != 1 or t.shape[0] != R or t.device != device:
+            return False
+    return ids.device == device and cu.device == device
 
 
 #: the attribute of Model Runner V2's Sampler holding, per request slot, whether the request needs
