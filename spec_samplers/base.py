@@ -30,7 +30,7 @@ from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, input_error
 from spec_samplers.cpu import compiled_op, run_compiled
-from spec_samplers.kernels.backend import check_backend, launch_config, use_triton
+from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
 from spec_samplers.rng import row_seeds
@@ -186,10 +186,17 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         self.num_accepted_per_position: torch.Tensor
         self._point_counters()
         self.num_draft_tokens: int = 0
+        self._options: dict[str, Any] = {}  # op_options() of a sampler that sets them with _set_options
+        self._prepared: dict[tuple[Any, ...], Prepared] = {}  # per call shape (_prepare)
         self._op_handle = custom_ops.register_sampler(self)  # names this instance to spec_samplers::verify
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_prepared"] = {}  # (ops bound to launch configs: a copy prepares its calls again)
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
+        super().__setstate__({"_options": {}, "_prepared": {}, **state})
         self._op_handle = custom_ops.register_sampler(self)  # a copy (deepcopy, pickle) is another instance
 
     def extra_repr(self) -> str:
@@ -277,8 +284,14 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     # -- the one op ------------------------------------------------------------------------------
 
     def op_options(self) -> dict[str, Any]:
-        """Keyword options passed to ``reference_op`` and ``kernel_op`` (e.g. thresholds)."""
-        return {}
+        """Keyword options passed to ``reference_op`` and ``kernel_op`` (e.g. thresholds): those
+        set with :meth:`_set_options`. An override is called at every call."""
+        return dict(self._options)
+
+    def _set_options(self, **options: Any) -> None:
+        """Set keyword options of the op (what :meth:`op_options` returns): a call reads them as
+        they are then, without calling a method."""
+        self._options = {**self._options, **options}
 
     @classmethod
     def has_op(cls) -> bool:
@@ -367,8 +380,85 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         drafts: DraftRows | None = None,  # ragged logits entries: what the draft tensor holds
     ) -> torch.Tensor:
         """The one pipeline of every chain entry: the entry's arguments arrive typed (which
-        layout, target law and draft law is explicit); validated, they become a
-        :class:`~spec_samplers.layout.VerifyBatch`, the op runs on it, the counters follow."""
+        layout, target law and draft law is explicit); checked once per shape (:meth:`_prepare`),
+        they become a :class:`~spec_samplers.layout.VerifyBatch`, the op runs on it, the counters
+        follow (added by the kernels, or here)."""
+        config = launch_config()
+        cu = None if ragged is None else ragged.cu_num_draft_tokens
+        temperature = None if processing is None else processing.temperature
+        params = None if processing is None else processing.sampling_params
+        seeds, offsets, is_greedy = (None, None, None) if randomness is None else randomness[1:]
+        rows, draft_temperature = (None, None) if drafts is None else drafts[:2]
+        key = None
+        if not (self._strict_mode or self._check_values or torch.compiler.is_compiling()):
+            # what the checks read: every tensor's shape, dtype and device, and the host arguments
+            host = (
+                None if ragged is None else (type(ragged.max_spec_len), ragged.max_spec_len),
+                processing is None, params is None, randomness is None or not randomness.seeded_seqs,
+                None if drafts is None else drafts.kind, self.backend,
+            )  # fmt: skip
+            tensors = (target, bonus_token_ids, draft, draft_token_ids, cu, temperature, rows, draft_temperature)
+            key = _call_key(host, tensors + (is_greedy, seeds, offsets))
+        prepared = self._prepared.get(key) if key is not None else None
+        if prepared is None or prepared.config is not config:
+            call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
+            prepared = self._prepare(entry, call, config, key)
+            if prepared is None:  # traced by Dynamo, or meta tensors: the custom op (custom_ops.routed's rule)
+                return self._run_as_op(entry, call)
+        B, K, device = prepared.batch_size, prepared.max_drafts, target.device
+        layout = prepared.layout
+        if layout is None:  # ragged: the counts are this call's ([B] metadata is read as contiguous)
+            layout = RowLayout(True, B, K, prepared.vocab_size, target.shape[0], cu.contiguous())  # type: ignore[union-attr]
+        if randomness is not None:
+            if seeds is None or randomness.seeded_seqs:
+                seeds = row_seeds(B, device, randomness.seeded_seqs, seeds)
+            else:
+                seeds = seeds.to(torch.int64)
+            offsets = None if offsets is None else offsets.to(torch.int64)
+        filters: dict[str, torch.Tensor] = {}
+        if params is not None and type(self).applies_filters:
+            # fused: the op reads logits and applies each request's parameters (no probability tensor)
+            temperature, filters = filter_tensors(params, B, device)
+        elif params is not None:
+            target, draft, is_greedy = _process_sampling_params(layout, target, draft, params, self.backend)
+        counters = None
+        if prepared.kernel_counts:  # the kernels add to the counters (a scratch buffer on meta tensors)
+            counters = torch.empty(2 + K, dtype=torch.long, device=device) if prepared.meta else None
+            counters = self._counter_slots(K, device) if counters is None else counters
+        batch = VerifyBatch(
+            layout,
+            target,
+            draft,
+            draft_token_ids,
+            bonus_token_ids.reshape(B),
+            seeds=seeds,
+            offsets=offsets,
+            is_greedy=is_greedy,
+            temperature=temperature,
+            **filters,
+            draft_rows=rows,
+            draft_temperature=draft_temperature,
+            draft_is_probs=prepared.draft_is_probs,
+            counters=counters,
+        )
+        if prepared.op is None:
+            out = self.verify(batch)  # a sampler that brings its own op
+        else:
+            out = prepared.op(batch, **(self.op_options() if prepared.options_call else self._options))
+        if counters is None:
+            self._update_counters(out, layout.num_rows if layout.ragged else None)
+        elif not prepared.meta:
+            self.num_draft_tokens += layout.num_rows if layout.ragged else B * K
+        return out
+
+    def _prepare(
+        self, entry: str, call: ChainCall, config: LaunchConfig | None, key: tuple[Any, ...] | None
+    ) -> Prepared | None:
+        """What every call shaped like ``call`` shares, after its checks: the layout's sizes, the op
+        (the backend decision), whether the kernels count; remembered under ``key`` (the checks
+        read only shapes, dtypes and devices then: an engine calls with a few shapes). None: the
+        call runs as the ``spec_samplers::verify`` custom op (traced by Dynamo, or meta tensors)."""
+        target, _, draft, _, ragged, processing, randomness, drafts = call
         if not self.has_op():
             raise NotImplementedError(
                 f"{type(self).__name__}.{entry}: this sampler implements only vLLM V0's padded forward(); "
@@ -377,27 +467,46 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             )
         if ragged is not None and ragged.max_spec_len is None:
             raise input_error("max_spec_len", "an int >= 0 with cu_num_draft_tokens (ragged layout)", None)
-        drafts = drafts if drafts is not None else DraftRows(None, None, "probs" if processing is None else "logits")
         if processing is not None and (processing.temperature is None) == (processing.sampling_params is None):
             if processing.temperature is None:  # the logits entries take one of the two
                 raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params=", None)
             raise input_error("sampling_params", "None when temperature is given (pass one or the other)", "both")
+        if drafts is None:
+            drafts = DraftRows(None, None, "probs" if processing is None else "logits")
+            call = call._replace(drafts=drafts)
         names = _argument_names(ragged is not None, processing is not None, drafts.kind)
-        # the target is read below (its device) before _batch checks the rest
+        # the target is read below (its device) before the checks of the rest
         validation.require_tensor(names[0], target)
-        # value checks read the tensors: on meta tensors the pipeline below refuses them by name
+        # value checks read the tensors: on meta tensors the checks below refuse them by name
         checks_values = self._strict_mode or self._check_values
-        meta = target.device.type == "meta"
+        device = target.device
+        meta = device.type == "meta"
         # on meta tensors a tool planning our launches (kernels.backend.planned_for) gets the launch plan
-        meta_plans = meta and use_triton(self.backend, target.device, launch_config())
-        call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
-        # custom_ops.routed's rule: while Dynamo traces, or on meta tensors, one op with a fake implementation
-        if (meta or torch.compiler.is_compiling()) and not meta_plans and not (checks_values and meta):
-            return self._run_as_op(entry, call)
-        batch = self._batch(call, names)
-        out = self._op_for(batch)(batch)
-        self._count(batch, out)
-        return out
+        kernels = use_triton(self.backend, device, config)
+        if (meta or torch.compiler.is_compiling()) and not (meta and kernels) and not (checks_values and meta):
+            return None
+        shapes = self._check_call(call, names)
+        B, K, V = shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size
+        cls = type(self)
+        own_op = cls.verify is not SpecDecodeBaseSampler.verify
+        assert cls.reference_op is not None or own_op  # (has_op)
+        prepared = Prepared(
+            config=config,
+            op=None if own_op else self._choose_op(cls.kernel_op, cls.reference_op, run_chunked, device, {}),
+            options_call=cls.op_options is not SpecDecodeBaseSampler.op_options,
+            layout=None if ragged is not None else RowLayout.padded(B, K, V),
+            batch_size=B,
+            max_drafts=K,
+            vocab_size=V,
+            kernel_counts=cls.kernel_counts and not own_op and cls.kernel_op is not None and kernels,
+            meta=meta,
+            draft_is_probs=processing is not None and drafts.kind == "probs",
+        )
+        if key is not None:
+            if len(self._prepared) >= 64:  # (an engine's batch size changes every step: keep the memo small)
+                self._prepared.clear()
+            self._prepared[key] = prepared
+        return prepared
 
     def _verify_counted(self, batch: VerifyBatch) -> torch.Tensor:
         """The op on a validated batch, then the counters: how every chain entry ends (:meth:`_run`
@@ -420,6 +529,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
     def _run_as_op(self, entry: str, call: ChainCall) -> torch.Tensor:
         """The call as the ``spec_samplers::verify`` custom op (what crosses it: tensors and scalars)."""
         processing, randomness, drafts = call.processing, call.randomness, call.drafts
+        if drafts is None:  # (the entries without indexed draft rows pass none)
+            drafts = DraftRows(None, None, "probs" if processing is None else "logits")
         during = "None under torch.compile and on meta tensors"
         if processing is not None and processing.sampling_params is not None:
             raise input_error("sampling_params", f"{during} (pass temperature=)", "a value")
@@ -454,67 +565,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             DraftRows(drafts[0], drafts[1], kind),
         )
 
-    def _batch(self, call: ChainCall, names: tuple[str, str]) -> VerifyBatch:
-        """The validated :class:`~spec_samplers.layout.VerifyBatch` of a chain entry's arguments:
-        metadata checks (always; once per shape, :meth:`_checked_shapes`), value checks (strict
-        mode, ``check_values``), seeds, the row layout, and the target's processing (fused
-        filters, or probabilities first)."""
-        target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts = call
-        draft_is_probs = processing is not None and drafts.kind == "probs"
-        shapes = self._checked_shapes(call, names)
-        B = shapes.batch_size
-        if ragged is not None:
-            layout = RowLayout.ragged_from(ragged[0], target.shape[0], shapes.num_draft_tokens, shapes.vocab_size)
-        else:
-            layout = RowLayout.padded(shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size)
-        device = target.device
-        temperature = None if processing is None else processing.temperature
-        is_greedy = None if randomness is None else randomness.is_greedy
-        seeds, offsets = (None, None) if randomness is None else self._seeds(B, device, randomness)
-        filters: dict[str, torch.Tensor] = {}
-        sampling_params = None if processing is None else processing.sampling_params
-        if sampling_params is not None and type(self).applies_filters:
-            # fused: the op reads logits and applies each request's parameters (no probability tensor)
-            temperature, filters = _sampling_filters(sampling_params, B, device)
-        elif sampling_params is not None:
-            target, draft, is_greedy = _process_sampling_params(layout, target, draft, sampling_params, self.backend)
-        return VerifyBatch(
-            layout,
-            target,
-            draft,
-            draft_token_ids,
-            bonus_token_ids.reshape(B),
-            seeds=seeds,
-            offsets=offsets,
-            is_greedy=is_greedy,
-            temperature=temperature,
-            **filters,
-            draft_rows=drafts.rows,
-            draft_temperature=drafts.temperature,
-            draft_is_probs=draft_is_probs,
-            counters=self._kernel_counters(layout.max_drafts, device),
-        )
-
-    def _checked_shapes(self, call: ChainCall, names: tuple[str, str]) -> Shapes:
-        """:meth:`_check_call`'s shapes, remembered per shape: without value checks (strict mode,
-        ``check_values``: they read the tensors) and without ``sampling_params`` (host objects),
-        the checks read only shapes, dtypes and devices, so a call whose tensors match an earlier
-        call's in all three passes them as that call did (an engine calls with a few shapes)."""
-        params = call.processing is not None and call.processing.sampling_params is not None
-        key = None if self._strict_mode or self._check_values or params else _shape_key(call)
-        if key is None:
-            return self._check_call(call, names)
-        memo: dict[tuple[Any, ...], Shapes] = self.__dict__.setdefault("_shapes_checked", {})
-        shapes = memo.get(key)
-        if shapes is None:
-            shapes = self._check_call(call, names)
-            if len(memo) >= 64:  # (an engine's batch size changes every step: keep the memo small)
-                memo.clear()
-            memo[key] = shapes
-        return shapes
-
     def _check_call(self, call: ChainCall, names: tuple[str, str]) -> Shapes:
-        """Every check of a chain entry's arguments (:meth:`_batch`), and their shapes."""
+        """Every check of a chain entry's arguments (:meth:`_prepare`), and their shapes."""
         target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts = call
         logits = processing is not None
         draft_is_probs = logits and drafts.kind == "probs"
@@ -544,6 +596,9 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         is_greedy = None if randomness is None else randomness.is_greedy
         if is_greedy is not None:
             validation.check_row_mask("is_greedy", is_greedy, B, device)
+        if randomness is not None:  # (seeded_seqs are host objects: rng.row_seeds checks them at each call)
+            validation.check_seed_tensor("offsets", randomness.offsets, B, device)
+            validation.check_seed_tensor("seeds", randomness.seeds, B, device)
         return shapes
 
     # -- checks and counters (also V0-style subclasses call these) --------------------------------
@@ -651,25 +706,19 @@ def _forward_of(cls: type) -> Callable[..., Any]:
 # ``is_greedy``.
 
 
-def _shape_key(call: ChainCall) -> tuple[Any, ...] | None:
-    """(shape, dtype, device) of every tensor of ``call`` and its host arguments, or None where
-    the checks read more than that (``sampling_params``, a non-tensor where a tensor belongs)."""
-    target, bonus, draft, ids, ragged, processing, randomness, drafts = call
-    if processing is not None and processing.sampling_params is not None:
-        return None
-    tensors: tuple[torch.Tensor | None, ...] = (target, bonus, draft, ids, None if ragged is None else ragged[0])
-    tensors += (None if processing is None else processing.temperature, drafts.rows, drafts.temperature)
-    tensors += (None if randomness is None else randomness.is_greedy,)
-    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
-        return None
-    spec_len = None if ragged is None else (type(ragged[1]), ragged[1])  # (True is not 1 here)
-    return (
-        *(None if t is None else (t.shape, t.dtype, t.device) for t in tensors),
-        spec_len,
-        processing is None,
-        randomness is None,
-        drafts.kind,
-    )
+def _call_key(host: tuple[Any, ...], tensors: tuple[torch.Tensor | None, ...]) -> tuple[Any, ...] | None:
+    """``host`` and the (shape, dtype, device) of every tensor (None for None): what a chain
+    entry's checks read, the key of :meth:`SpecDecodeBaseSampler._prepare`'s memo; None where the
+    checks read more (a non-tensor where a tensor belongs: its error is raised by name)."""
+    key: list[Any] = [host]
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((t.shape, t.dtype, t.device))
+        else:
+            return None
+    return tuple(key)
 
 
 def _argument_names(ragged: bool, logits: bool, draft_kind: str) -> tuple[str, str]:
@@ -758,6 +807,21 @@ class ChainCall(NamedTuple):
     processing: Processing | None  # None: probabilities
     randomness: Randomness | None  # None: a deterministic sampler
     drafts: DraftRows
+
+
+class Prepared(NamedTuple):
+    """What the calls of one shape share (:meth:`SpecDecodeBaseSampler._prepare`): checked once."""
+
+    config: LaunchConfig | None  # the launch config it was planned under (kernels.backend.planned_for)
+    op: Callable[..., torch.Tensor] | None  # the launcher or reference (options not bound); None: verify()
+    options_call: bool  # the options come from an overridden op_options() (else the sampler's _options)
+    layout: RowLayout | None  # padded; None: ragged (the counts are each call's)
+    batch_size: int  # B
+    max_drafts: int  # K
+    vocab_size: int  # V
+    kernel_counts: bool  # the kernels add the counters (VerifyBatch.counters)
+    meta: bool  # meta tensors, planned for a device (nothing is counted)
+    draft_is_probs: bool  # a logits entry's drafts given as probabilities
 
 
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler):

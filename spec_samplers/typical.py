@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -79,11 +79,28 @@ class TypicalAcceptanceSampler(TreeEntries, SpecDecodeDeterministicBaseSampler):
         super().__init__(
             strict_mode=strict_mode, backend=backend, check_values=check_values, use_flashinfer=use_flashinfer
         )
-        self.posterior_threshold = _check_option("posterior_threshold", posterior_threshold)
-        self.posterior_alpha = _check_option("posterior_alpha", posterior_alpha)
+        self.posterior_threshold = posterior_threshold
+        self.posterior_alpha = posterior_alpha
 
-    def op_options(self) -> dict[str, Any]:
-        return {"posterior_threshold": self.posterior_threshold, "posterior_alpha": self.posterior_alpha}
+    # The two options are the op's (op_options): set through the base, so a call reads them as set.
+
+    @property
+    def posterior_threshold(self) -> float:
+        value: float = self._options["posterior_threshold"]
+        return value
+
+    @posterior_threshold.setter
+    def posterior_threshold(self, value: float) -> None:
+        self._set_options(posterior_threshold=_check_option("posterior_threshold", value))
+
+    @property
+    def posterior_alpha(self) -> float:
+        value: float = self._options["posterior_alpha"]
+        return value
+
+    @posterior_alpha.setter
+    def posterior_alpha(self, value: float) -> None:
+        self._set_options(posterior_alpha=_check_option("posterior_alpha", value))
 
     # -- vLLM V0's helpers, with V0's signatures -----------------------------------------------------
 
