@@ -34,10 +34,8 @@ SAMPLER_LIMIT = 3
 SAMPLING_LIMIT = 3
 
 #: calls still over the limit, with the count they must not exceed (a regression guard, not the
-#: goal): typical's sampling_params= runs the filter cut as its own launch between the softmax
-#: statistics and typical's two passes (folding it into softmax_partials' last-to-arrive tail
-#: would make it 3)
-OVER_LIMIT = {"typical.forward_from_logits[sampling_params]": 4}
+#: goal); none since typical's finalize runs in its partials' last program
+OVER_LIMIT: dict[str, int] = {}
 
 
 def test_sampling_params_entries_run_no_eager_op():
@@ -63,11 +61,15 @@ SAMPLING_LAUNCHES = {
     "sampling.top_k_renorm_probs": ["thresholds", "renorm"],
     "sampling.top_p_renorm_probs": ["thresholds", "renorm"],
     "sampling.top_k_mask_logits": ["thresholds", "mask"],
+    # the rejection kernel, then FlashInfer's counters and the int32 output (seeds given per row)
+    "sampling.chain_speculative_sampling": ["residual_partials", "chain_counts"],
 }
 
 _CALLS = {
     c.name: c for c in dp._sampler_calls("triton", 1) + dp._tree_calls("triton", 2) + dp._sampling_calls("triton", 3)
 }
+# the chain entries of block verification and GBV (every registered sampler's)
+_CALLS.update((c.name, c) for c in dp._sampler_calls("triton", 1, samplers=dp._other_samplers()))
 
 
 @pytest.mark.parametrize("name", list(_CALLS))
