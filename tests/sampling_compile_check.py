@@ -74,6 +74,30 @@ def record_launches() -> list:
         sl.softmax_triton(logits=x, temperature=0.7, split=split, config=config)
         sl.softmax_triton(logits=x, temperature=rows, split=split, config=config)
     sl.row_seeds_triton(torch.empty(1, **i64), torch.empty(1, **i64), B, config=config)
+    # chain_speculative_sampling: the rows' randomness in every form, then its counters after the rejection kernel
+    i32 = dict(dtype=torch.int32, device=META)
+    for rnd in (
+        dict(seeds=7, offsets=3, derive=True),
+        dict(seeds=torch.empty(1, **i64), offsets=torch.empty(B, **i64), derive=True),
+        dict(seeds=torch.empty(B, **i32), offsets=5, derive=False),
+    ):
+        sl.request_seeds_triton(**rnd, num_rows=B, device=META, config=config)
+    from spec_samplers.layout import VerifyBatch
+
+    k = 3
+    for dtype, seeds, offsets, counter in itertools.product(
+        (torch.float32, torch.bfloat16),
+        (torch.empty(B, **i64), torch.empty(B, **i32)),
+        (None, torch.empty(B, **i64)),
+        (torch.empty(B, **i32), torch.empty(B, **i64)),
+    ):
+        target = torch.empty(B, k + 1, V, dtype=dtype, device=META)
+        draft = torch.empty(B, k, V, dtype=dtype, device=META)
+        ids, bonus = torch.empty(B, k, **i64), torch.empty(B, 1, **i64)
+        batch = VerifyBatch.padded(target, bonus, draft, ids, seeds=seeds, offsets=offsets)
+        out = torch.empty(B, k + 1, **i64)
+        for add in ((False, False), (True, True)):
+            sl.chain_counts_triton(batch, out, counter, counter, add, config=config)
     return recorded
 
 

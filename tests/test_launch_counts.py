@@ -34,10 +34,8 @@ SAMPLER_LIMIT = 3
 SAMPLING_LIMIT = 3
 
 #: calls still over the limit, with the count they must not exceed (a regression guard, not the
-#: goal): typical's sampling_params= runs the filter cut as its own launch between the softmax
-#: statistics and typical's two passes (folding it into softmax_partials' last-to-arrive tail
-#: would make it 3)
-OVER_LIMIT = {"typical.forward_from_logits[sampling_params]": 4}
+#: goal); none since typical's finalize runs in its partials' last program
+OVER_LIMIT: dict[str, int] = {}
 
 
 def test_sampling_params_entries_run_no_eager_op():
@@ -63,12 +61,15 @@ SAMPLING_LAUNCHES = {
     "sampling.top_k_renorm_probs": ["thresholds", "renorm"],
     "sampling.top_p_renorm_probs": ["thresholds", "renorm"],
     "sampling.top_k_mask_logits": ["thresholds", "mask"],
+    # the rejection kernel, then FlashInfer's counters and the int32 output (seeds given per row)
+    "sampling.chain_speculative_sampling": ["residual_partials", "chain_counts"],
 }
 
 _CALLS = {
     c.name: c for c in dp._sampler_calls("triton", 1) + dp._tree_calls("triton", 2) + dp._sampling_calls("triton", 3)
 }
-_CALLS.pop("sampling.chain_speculative_sampling")  # not a sampling operation of the issue's list
+# the chain entries of block verification and GBV (every registered sampler's)
+_CALLS.update((c.name, c) for c in dp._sampler_calls("triton", 1, samplers=dp._other_samplers()))
 
 
 @pytest.mark.parametrize("name", list(_CALLS))
@@ -158,7 +159,28 @@ def _sampling_forms():
         "softmax[0.7]": (sp.softmax, (logits, 0.7), {}, 2),
         "top_p_renorm_probs[0.9]": (sp.top_p_renorm_probs, (probs, 0.9), {}, 2),
         "top_k_mask_logits[int32]": (sp.top_k_mask_logits, (logits, k32), {}, 2),
+        # chain speculative sampling: the rejection kernel, then the counters and the int32 output;
+        # the rows' seeds and offsets one launch more unless given per row
+        **_chain_forms(g),
     }
+
+
+def _chain_forms(g: torch.Generator) -> dict[str, tuple]:
+    import spec_samplers.sampling as sp
+
+    B, n, V = 3, 2, 64
+    draft, target = dp._probs((B, n, V), g), dp._probs((B, n + 1, V), g)
+    chain = (draft, dp._ids((B, n), g, V), target)
+    counters = dict(maybe_output_accepted_token_num=torch.zeros(B, dtype=torch.int64))
+    forms = {
+        "[seed, offset tensors]": (dict(seed=torch.arange(B), offset=torch.arange(B)), 2),
+        "[seed tensor, counters]": (dict(seed=torch.arange(B), **counters), 2),
+        "[seed=5, offset=2]": (dict(seed=5, offset=2), 3),
+        "[seed tensor, offset=2]": (dict(seed=torch.arange(B, dtype=torch.int32), offset=2), 3),
+        "[seed=None]": ({}, 3),
+    }
+    fn = sp.chain_speculative_sampling
+    return {f"chain_speculative_sampling{k}": (fn, chain, kw, launches) for k, (kw, launches) in forms.items()}
 
 
 @pytest.mark.parametrize("form", list(_sampling_forms()))

@@ -214,6 +214,36 @@ def test_public_api_backends_agree():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_chain_speculative_sampling_kernels_equal_reference_in_every_seed_form():
+    """The kernels' path (rows' randomness, rejection kernel, counters kernel) gives the
+    reference's tokens and counters, in every seed form and with given counters (added to)."""
+    g = torch.Generator().manual_seed(4)
+    B, n, V = 3, 3, 300
+    d = torch.softmax(torch.randn(B, n, V, generator=g), -1).to(DEVICE)
+    t = torch.softmax(torch.randn(B, n + 1, V, generator=g) * 0.3, -1).to(DEVICE)
+    ids = torch.multinomial(d.view(-1, V).cpu(), 1, generator=g).view(B, n).to(DEVICE)
+    i64 = dict(dtype=torch.int64, device=DEVICE)
+    forms = [
+        dict(seed=torch.tensor([5, 6, 7], **i64), offset=torch.tensor([0, 3, 1], **i64)),
+        dict(seed=5, offset=3),
+        dict(seed=torch.tensor([5], **i64), offset=torch.tensor([1, 2, 3], **i64)),
+        dict(seed=torch.tensor([5, 6, 7], dtype=torch.int32, device=DEVICE), offset=9),
+        dict(generator="3"),
+    ]
+    for form in forms:
+        for counters in (False, True):
+            outs = []
+            for backend in ("triton", "torch"):
+                kw = dict(form)
+                if "generator" in kw:  # a fresh generator per backend, same state
+                    kw["generator"] = torch.Generator(device=DEVICE).manual_seed(3)
+                given = (torch.tensor([1, 2, 3], **i64), torch.tensor([4, 5, 6], dtype=torch.int32, device=DEVICE))
+                args = (d, ids, t, *(given if counters else ()))
+                outs.append(sampling.chain_speculative_sampling(*args, **kw, backend=backend))
+            a, b = outs
+            assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True)), (form, counters)
+
+
 def test_gpu_check_hook_runs():
     """bench.sampling_ops.check_backends_agree (what gpu_check can call at real sizes) on a tiny shape."""
     from spec_samplers.bench.sampling_ops import check_backends_agree

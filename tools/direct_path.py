@@ -15,12 +15,14 @@ Subcommands (run from the checkout root with ``PYTHONPATH=$PWD``):
   the distinct files on the path, the launches (kernel names in order); ``--detail`` lists the
   functions. The last line: files and functions per call over the sampler entries, and the
   targets (issue 40: mean files <= 5, functions <= 15).
-* ``launches [--json F] [--time N]``: per level call, the launches a GPU would run, counted on the same CPU
-  tensors planned as for a 132-SM GPU (``planned_for(LaunchConfig(num_sms=132, kernels=True,
-  launches=[...]))``: the Triton launches are recorded, not run) plus the eager PyTorch ops the call
-  runs (``spec_samplers.bench.cost.trace.OpCounter``, a dispatch mode: every aten op but views and
-  allocations; the counter of tests/test_host_syncs.py and benchmarks/host_overhead.py), and the host
-  syncs; with ``--time``, the host microseconds per call with the launches recorded (median).
+* ``launches [--json F] [--time N]``: per call of every public entry (``entry_calls``: the level
+  calls, the other samplers' entries, the sampling operations in their other argument forms), the
+  launches a GPU would run, counted on the same CPU tensors planned as for a 132-SM GPU
+  (``planned_for(LaunchConfig(num_sms=132, kernels=True, launches=[...]))``: the Triton launches
+  are recorded, not run) plus the eager PyTorch ops the call runs
+  (``spec_samplers.bench.cost.trace.OpCounter``, a dispatch mode: every aten op but views and
+  allocations; the counter of tests/test_host_syncs.py and benchmarks/host_overhead.py), and the
+  host syncs; with ``--time``, the host microseconds per call with the launches recorded (median).
 * ``params [--json F]``: the largest function parameter counts in spec_samplers (ast).
 * ``dups [--json F]``: the ``duplicates`` tool over spec_samplers/ (pair count and pairs).
 * ``signatures --out F``: ``inspect.signature`` of every public name, as sorted JSON.
@@ -204,11 +206,17 @@ def _seeds(n: int, base: int = 11) -> dict[str, torch.Tensor]:
 
 
 def _sampler_calls(
-    backend: str, seed: int, point_mass: bool = False, shape: tuple[int, int, int] = SHAPE
+    backend: str,
+    seed: int,
+    point_mass: bool = False,
+    shape: tuple[int, int, int] = SHAPE,
+    samplers: tuple[tuple[str, type, bool], ...] | None = None,
 ) -> list[Call]:
     """The four entries of a stochastic sampler (RejectionSampler) and a deterministic one
     (TypicalAcceptanceSampler), the logits entries with temperature and with sampling_params, the
-    ragged logits entry with draft_rows and with draft_probs; BlockVerificationSampler.forward."""
+    ragged logits entry with draft_rows and with draft_probs; BlockVerificationSampler.forward.
+    ``samplers`` ((label, class, stochastic), ...): these samplers' entries instead (not
+    BlockVerificationSampler.forward's own call)."""
     from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingParams, TypicalAcceptanceSampler
 
     g = _gen(seed)
@@ -235,7 +243,7 @@ def _sampler_calls(
     ragged_no_draft = ragged_logits[:2] + (None,) + ragged_logits[3:]
     calls = []
     suffix = "_point_mass" if point_mass else ""
-    for label, cls, stochastic in (
+    for label, cls, stochastic in samplers or (
         ("rejection", RejectionSampler, True),
         ("typical", TypicalAcceptanceSampler, False),
     ):
@@ -283,21 +291,32 @@ def _sampler_calls(
                     dict(rnd, temperature=temperature, draft_probs=draft_probs),
                 ),
             ]
-    block = BlockVerificationSampler(backend=backend)
-    calls.append(Call(f"block.forward{suffix}", "forward", block, padded_probs, _seeds(B)))
+    if samplers is None:
+        block = BlockVerificationSampler(backend=backend)
+        calls.append(Call(f"block.forward{suffix}", "forward", block, padded_probs, _seeds(B)))
     return calls
 
 
-def _tree_calls(backend: str, seed: int, shape: tuple[int, int, int] = SHAPE) -> list[Call]:
+def _tree_calls(
+    backend: str,
+    seed: int,
+    shape: tuple[int, int, int] = SHAPE,
+    samplers: tuple[tuple[str, type, bool], ...] | None = None,
+    paths: tuple[int, int] | None = None,
+) -> list[Call]:
     """forward_tree, forward_tree_from_logits and their ragged twins, on the two samplers with a tree
-    kernel (RejectionSampler, TypicalAcceptanceSampler)."""
+    kernel (RejectionSampler, TypicalAcceptanceSampler), or on ``samplers`` ((label, class,
+    stochastic), ...); ``paths`` (K, L): a tree of K paths of length L (GBV's shape), every
+    request with all of its nodes."""
     from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
+    from spec_samplers.tree.multipath import path_parents
 
     g = _gen(seed)
     B, _, V = shape
-    parents = [0, 0, 1, 1, 3]  # N = 5 nodes, depth 3
+    parents = [0, 0, 1, 1, 3] if paths is None else path_parents(*paths)  # N = 5 nodes, depth 3
     N = len(parents)
-    sizes = [N, 3, 1][:B]  # ragged: request 1 has the first 3 nodes, request 2 one
+    # ragged: request 1 has the first 3 nodes, request 2 one (paths: every request has all N)
+    sizes = [N, 3, 1][:B] if paths is None else [N] * B
     cu = torch.cumsum(torch.tensor(sizes), 0)
     T = int(cu[-1])
     ragged_parents = torch.tensor([p for n in sizes for p in parents[:n]])
@@ -307,7 +326,7 @@ def _tree_calls(backend: str, seed: int, shape: tuple[int, int, int] = SHAPE) ->
     padded_logits = (_logits((B, N + 1, V), g), _logits((B, N + 1, V), g), _ids((B, N), g, V), parents)
     ragged_logits = (_logits((T + B, V), g), _logits((T + B, V), g), _ids((T,), g, V), ragged_parents, cu, N)
     calls = []
-    for label, cls, stochastic in (
+    for label, cls, stochastic in samplers or (
         ("rejection", RejectionSampler, True),
         ("typical", TypicalAcceptanceSampler, False),
     ):
@@ -368,12 +387,92 @@ def level_calls(backend: str = "triton") -> list[Call]:
     return _sampler_calls(backend, 1) + _tree_calls(backend, 2) + _sampling_calls(backend, 3)
 
 
+def _other_samplers() -> tuple[tuple[str, type, bool], ...]:
+    from spec_samplers import BlockVerificationSampler, MultipathBlockVerificationSampler
+
+    return (("block", BlockVerificationSampler, True), ("multipath", MultipathBlockVerificationSampler, True))
+
+
+def _sampling_forms(backend: str, seed: int, shape: tuple[int, int, int] = SHAPE) -> list[Call]:
+    """The sampling operations in the other argument forms a caller gives: one seed for the batch
+    (derived per row), seed None (the generator draws the rows' seeds), a seed tensor with one
+    offset, Python-scalar parameters, int32 indices, return_valid, the joint filter order, a
+    scalar temperature (softmax without one: its floats differ from the reference's in the last
+    digit kept, the rounding of the row sums); chain_speculative_sampling with counters given and in each seed form."""
+    import spec_samplers.sampling as sp
+
+    g = _gen(seed)
+    B, K, V = shape
+    probs, logits = _probs((B, V), g), _logits((B, V), g)
+    draft, target, ids = _probs((B, K, V), g), _probs((B, K + 1, V), g), _ids((B, K), g, V)
+    idx = torch.tensor([B - 1, 0, 0, 1][: B + 1], dtype=torch.int32)
+    top_k, top_p = torch.tensor([3, 0, 70][:B], dtype=torch.int32), torch.tensor([0.5, 1.0, 0.9][:B])
+
+    def gen() -> dict[str, Any]:  # a generator of its own per call (made once: its state advances per run)
+        return dict(generator=torch.Generator().manual_seed(seed))
+
+    per_row = dict(seed=torch.arange(B), offset=torch.arange(B))
+    # (counters are added to in place: each backend's corpus call list has its own)
+    counters = dict(maybe_output_accepted_token_num=torch.arange(B), maybe_output_emitted_draft_token_num=torch.ones(B))
+    seed_tensor = torch.arange(B)
+    ops: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = [
+        ("sampling_from_probs", "seed=5", (probs,), dict(seed=5, offset=2)),
+        ("sampling_from_probs", "generator", (probs,), gen()),
+        ("sampling_from_probs", "indices, return_valid", (probs,), dict(seed=4, indices=idx, return_valid=True)),
+        ("sampling_from_logits", "seed=5", (logits,), dict(seed=5)),
+        ("sampling_from_logits", "generator", (logits,), gen()),
+        ("top_k_sampling_from_probs", "k=4, seed tensor, offset=3", (probs, 4), dict(seed=seed_tensor, offset=3)),
+        ("top_p_sampling_from_probs", "p=0.8, seed=1", (probs, 0.8), dict(seed=1)),
+        ("min_p_sampling_from_probs", "generator", (probs, 0.1), gen()),
+        (
+            "top_k_top_p_sampling_from_probs",
+            "joint, int32",
+            (probs, top_k, top_p),
+            dict(per_row, filter_apply_order="joint"),
+        ),
+        ("top_k_top_p_sampling_from_logits", "scalars, seed=9", (logits, 5, 0.9), dict(seed=9, offset=1)),
+        (
+            "top_k_top_p_sampling_from_logits",
+            "joint, generator",
+            (logits, top_k, top_p),
+            dict(gen(), filter_apply_order="joint"),
+        ),
+        ("softmax", "0.7", (logits, 0.7), {}),
+        ("top_k_renorm_probs", "3", (probs, 3), {}),
+        ("top_p_renorm_probs", "0.9", (probs, 0.9), {}),
+        ("top_k_mask_logits", "int32", (logits, top_k), {}),
+        ("chain_speculative_sampling", "counters", (draft, ids, target), dict(per_row, **counters)),
+        ("chain_speculative_sampling", "seed=5", (draft, ids, target), dict(seed=5, offset=2)),
+        ("chain_speculative_sampling", "seed tensor, offset=3", (draft, ids, target), dict(seed=seed_tensor, offset=3)),
+        ("chain_speculative_sampling", "generator", (draft, ids, target), gen()),
+    ]
+    bk = dict(backend=backend)
+    return [
+        Call(f"sampling.{name}[{form}]", name, getattr(sp, name), args, dict(kw, **bk)) for name, form, args, kw in ops
+    ]
+
+
+def entry_calls(backend: str = "triton") -> list[Call]:
+    """Every public entry of every registered sampler and every sampling operation: the level calls,
+    then BlockVerificationSampler's and MultipathBlockVerificationSampler's other chain and tree
+    entries (GBV's trees: K = 2 paths of L = 2), and the sampling operations in their other
+    argument forms. What ``launches`` counts."""
+    calls = level_calls(backend)
+    seen = {c.name for c in calls}
+    more = _sampler_calls(backend, 1, samplers=_other_samplers())
+    more += _tree_calls(backend, 2, samplers=_other_samplers()[:1])
+    more += _tree_calls(backend, 2, samplers=_other_samplers()[1:], paths=(2, 2))
+    more += _sampling_forms(backend, 3)
+    return calls + [c for c in more if c.name not in seen]
+
+
 def corpus_calls(backend: str) -> list[Call]:
     """The token corpus: the level calls, point-mass drafts, and the calls at a second seed and shape
     (B=3 with a request that has no drafts, V=200)."""
-    calls = level_calls(backend) + _sampler_calls(backend, 4, point_mass=True)
+    calls = entry_calls(backend) + _sampler_calls(backend, 4, point_mass=True)
     second = _sampler_calls(backend, 5, shape=SHAPE2) + _sampler_calls(backend, 8, point_mass=True, shape=SHAPE2)
     second += _tree_calls(backend, 6, shape=SHAPE2) + _sampling_calls(backend, 7, shape=SHAPE2)
+    second += _sampler_calls(backend, 5, shape=SHAPE2, samplers=_other_samplers())
     for call in second:
         call.name += "#2"
     return calls + second
@@ -528,9 +627,9 @@ def host_us(call: Call, repeat: int) -> float:
 
 def measure_launches(calls: list[Call] | None = None, repeat: int = 0) -> list[dict[str, Any]]:
     rows = []
-    calls = level_calls() if calls is None else calls
+    calls = entry_calls() if calls is None else calls
     # timed on fresh calls: a counted call's sampler may hold fake tensors (its first call's)
-    fresh = {c.name: c for c in level_calls()} if repeat else {}
+    fresh = {c.name: c for c in entry_calls()} if repeat else {}
     for call in calls:
         try:
             rows.append(count_launches(call))

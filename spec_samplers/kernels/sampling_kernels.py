@@ -42,6 +42,8 @@ import triton.language as tl
 
 from spec_samplers import rng
 from spec_samplers.constants import FLOAT32_MAX, SAMPLING_MASS_BITS
+from spec_samplers.kernels import rejection_kernels as rk
+from spec_samplers.kernels import verify_kernels as vk
 from spec_samplers.kernels.backend import MAX_VOCAB_BLOCKS
 from spec_samplers.kernels.common import (
     clean,
@@ -260,6 +262,32 @@ def row_seed(seed, offset, r):
     counter r) on STREAM_ROW_SEED, as one int64 (:func:`spec_samplers.rng.derive_row_seeds`)."""
     w0, w1, _, _ = random_words(seed, offset, r.to(tl.int64), _STREAM_ROW_SEED)
     return ((w1.to(tl.uint64) << 32) | w0.to(tl.uint64)).to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def row_randomness(
+    seed_ptr,
+    seed_val,
+    offset_ptr,
+    offset_val,
+    r,
+    SEED_STRIDE: tl.constexpr,
+    OFFSET_STRIDE: tl.constexpr,
+    DERIVE: tl.constexpr,
+):
+    """(seed, offset) int64 of row r from a call's randomness as ``validation.kernel_seeds`` gives
+    it: [B] tensors (stride 1) or one value for the batch ([1] tensor, stride 0, or ``*_val``
+    without a pointer); with DERIVE the seed is the batch's, row r's own derives from it, at
+    offset 0 when the offsets are per row (``validation.resolve_seeds``)."""
+    seed = tl.zeros(r.shape, tl.int64) + seed_val
+    if seed_ptr is not None:
+        seed = tl.load(seed_ptr + r * SEED_STRIDE).to(tl.int64)
+    offset = tl.zeros(r.shape, tl.int64) + offset_val
+    if offset_ptr is not None:
+        offset = tl.load(offset_ptr + r * OFFSET_STRIDE).to(tl.int64)
+    if DERIVE:
+        seed = row_seed(seed, offset * (1 - OFFSET_STRIDE), r)
+    return seed, offset
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,15 +807,7 @@ def race_finalize_kernel(
     b = tl.program_id(0)
     r, ok = output_row(rows_ptr, b, R)
     base = x_ptr + r * stride_r
-    seed = tl.zeros([], tl.int64) + seed_val
-    if seed_ptr is not None:
-        seed = tl.load(seed_ptr + b * SEED_STRIDE).to(tl.int64)
-    offset = tl.zeros([], tl.int64) + offset_val
-    if offset_ptr is not None:
-        offset = tl.load(offset_ptr + b * OFFSET_STRIDE).to(tl.int64)
-    if DERIVE:
-        # with per-row offsets the rows' seeds derive at offset 0 (checks.resolve_seeds)
-        seed = row_seed(seed, offset * (1 - OFFSET_STRIDE), b)
+    seed, offset = row_randomness(seed_ptr, seed_val, offset_ptr, offset_val, b, SEED_STRIDE, OFFSET_STRIDE, DERIVE)
     tau, m_ref, num_groups, row = race_row(tau_ptr, max_ptr, max_nb, sums_ptr, b, V, LOGITS)
     counter_base = seed * 0
     group, _, mass, _ = pick_group(row, row, num_groups, ok, seed, offset, counter_base, _STREAM_SAMPLE, PRECISE, 256)
@@ -890,16 +910,75 @@ def softmax_kernel(
         tl.store(out_ptr + b * V + offs, p, mask=mask)
 
 
-# num_rows follows the batch size: not specialised on.
-@triton.jit(do_not_specialize=["num_rows"])
+# num_rows and the scalar values follow the call: not specialised on.
+@triton.jit(do_not_specialize=["num_rows", "seed_val", "offset_val"])
 def row_seeds_kernel(
-    seed_ptr,  # [1] int64
-    offset_ptr,  # [1] int64
-    out_ptr,  # [num_rows] int64
+    seed_ptr,  # [B] (SEED_STRIDE 1) or [1] int32/int64; None: seed_val
+    seed_val,
+    offset_ptr,  # [B] (OFFSET_STRIDE 1) or [1] int32/int64; None: offset_val
+    offset_val,
+    out_ptr,  # [num_rows] int64 seeds
+    offsets_out_ptr,  # [num_rows] int64 offsets, or None
     num_rows,
+    SEED_STRIDE: tl.constexpr,
+    OFFSET_STRIDE: tl.constexpr,
+    DERIVE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Row r's seed: words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED, as one int64
-    (:func:`spec_samplers.rng.derive_row_seeds`, in one launch)."""
+    """Row r's (seed, offset) as the race's finalize reads them (:func:`row_randomness`; with
+    DERIVE the seed is words (0, 1) of (seed, offset, counter r) on STREAM_ROW_SEED, as one int64:
+    :func:`spec_samplers.rng.derive_row_seeds`), stored for kernels that read [B] tensors."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + r, row_seed(tl.load(seed_ptr), tl.load(offset_ptr), r), mask=r < num_rows)
+    mask = r < num_rows
+    safe = tl.where(mask, r, 0)
+    seed, offset = row_randomness(seed_ptr, seed_val, offset_ptr, offset_val, safe, SEED_STRIDE, OFFSET_STRIDE, DERIVE)
+    tl.store(out_ptr + r, seed, mask=mask)
+    if offsets_out_ptr is not None:
+        tl.store(offsets_out_ptr + r, offset, mask=mask)
+
+
+# num_rows follows the batch size: not specialised on.
+@triton.jit(do_not_specialize=["num_rows"])
+def chain_counts_kernel(
+    seqs,  # the rejection kernel's (kernels.abi.Seqs: target, draft, ids; padded)
+    req,  # the rejection kernel's (kernels.abi.Request: seeds, offsets)
+    out_ptr,  # [B, K+1] int64: the rejection kernel's output
+    tokens_ptr,  # [B, K+1] int32: out_ptr converted
+    accepted_ptr,  # [B] (stride_accepted) any numeric dtype: + (ADD_ACCEPTED) or = the independent accepts
+    stride_accepted,
+    emitted_ptr,  # [B] (stride_emitted): + (ADD_EMITTED) or = the emitted drafts
+    stride_emitted,
+    K,
+    V,
+    num_rows,
+    BLOCK_K: tl.constexpr,  # >= K + 1
+    ADD_ACCEPTED: tl.constexpr,
+    ADD_EMITTED: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Program b: FlashInfer's counters of chain speculative sampling after the rejection kernel
+    wrote row b: the drafts that pass the accept test each on its own (the rejection kernel's
+    :func:`~spec_samplers.kernels.rejection_kernels.random_accepts`, the same random numbers:
+    ``reference.rejection_accepts_reference``), and the emitted drafts (tokens in the row, less
+    the final one); the row as int32."""
+    rq = vk.open_request(req, K, V, num_rows)
+    b = rq.b
+    pos = tl.arange(0, BLOCK_K)
+    accepted, _, _ = rk.random_accepts(rq, pos, seqs, False, PRECISE)
+    num_accepted = tl.sum((accepted & (pos < K)).to(tl.int32), axis=0)
+    in_row = pos < K + 1
+    row = tl.load(out_ptr + b * (K + 1) + pos, mask=in_row, other=-1)
+    tl.store(tokens_ptr + b * (K + 1) + pos, row.to(tl.int32), mask=in_row)
+    num_emitted = tl.sum((row != -1).to(tl.int32), axis=0) - 1
+    # one after the other: the two counters may be one tensor (each is then added)
+    _count(accepted_ptr + b * stride_accepted, num_accepted, ADD_ACCEPTED)
+    _count(emitted_ptr + b * stride_emitted, num_emitted, ADD_EMITTED)
+
+
+@triton.jit
+def _count(ptr, n, ADD: tl.constexpr):
+    """*ptr += n (ADD) or *ptr = n, in the pointer's dtype."""
+    if ADD:
+        tl.store(ptr, tl.load(ptr) + n.to(ptr.dtype.element_ty))
+    else:
+        tl.store(ptr, n.to(ptr.dtype.element_ty))

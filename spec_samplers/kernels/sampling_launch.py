@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from spec_samplers import rng
-from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, plan_vocab_split, vocab_split
+from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, plan_vocab_split, triton_next_pow2, vocab_split
+from spec_samplers.layout import VerifyBatch
 
 #: a per-request parameter as the kernels read it: a [B] tensor (any real dtype) or a Python scalar
 Param = torch.Tensor | int | float | None
@@ -90,16 +91,74 @@ def row_seeds_triton(
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.rng.derive_row_seeds` (seed, offset: [1]
     int64): one launch where the PyTorch path runs Philox as ~90 small ops."""
+    seeds, _ = request_seeds_triton(seed, offset, True, num_rows, seed.device, offsets_out=False, config=config)
+    return seeds
+
+
+def request_seeds_triton(
+    seeds: torch.Tensor | int,  # [B] per row, or (derive) one seed for the batch: [1] or an int
+    offsets: torch.Tensor | int,  # [B] per row, or [1] / an int for the batch
+    derive: bool,  # row b's seed derives from (seeds, the batch's offset or 0, b)
+    num_rows: int,
+    device: torch.device,
+    *,
+    offsets_out: bool = True,
+    config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A call's randomness in ``validation.kernel_seeds``' forms as [B] int64 (seeds, offsets)
+    tensors, for kernels that read per-request tensors (the rejection kernel): one launch, the
+    kernel twin of ``validation.resolve_seeds`` with ``rng.derive_row_seeds``."""
     from spec_samplers.kernels import sampling_kernels as sk
 
-    out = torch.empty((num_rows,), dtype=torch.int64, device=seed.device)
+    out = torch.empty((num_rows,), dtype=torch.int64, device=device)
+    out_offsets = torch.empty((num_rows,), dtype=torch.int64, device=device) if offsets_out else None
     if num_rows:
         block = 256
         grid = (-(-num_rows // block),)
-        args = dict(seed_ptr=seed, offset_ptr=offset, out_ptr=out, num_rows=num_rows, BLOCK=block)
+        args = dict(**_seed_args(seeds, offsets, derive), out_ptr=out, offsets_out_ptr=out_offsets)
+        args.update(num_rows=num_rows, BLOCK=block)
         if not _recorded(config, sk.row_seeds_kernel, grid, args, "row_seeds", num_warps=2):
             sk.row_seeds_kernel[grid](**args, num_warps=2)
-    return out
+    return out, out_offsets
+
+
+def chain_counts_triton(
+    batch: VerifyBatch,  # padded, probabilities, with [B] seeds and offsets: the rejection kernel's
+    out: torch.Tensor,  # [B, K+1] int64: the rejection kernel's output
+    accepted: torch.Tensor,  # [B]: the independent accepts are added to it or written
+    emitted: torch.Tensor,  # [B]: the emitted drafts, likewise
+    add: tuple[bool, bool],  # (accepted, emitted): added to (given by the caller) or written
+    *,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """FlashInfer's chain speculative sampling counters after the rejection kernel, and its
+    output as int32 (one launch, ``chain_counts_kernel``): the kernel twin of
+    ``reference.rejection_accepts_reference(batch).sum(1)`` and ``(out != -1).sum(1) - 1``.
+    Returns [B, K+1] int32."""
+    from spec_samplers.kernels import sampling_kernels as sk
+    from spec_samplers.kernels.abi import Seqs
+    from spec_samplers.kernels.launch_common import precise_math, vocab_contiguous
+    from spec_samplers.kernels.verify_plan import draft_ids, request, rows
+
+    layout = batch.layout
+    B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
+    tokens = torch.empty((B, K + 1), dtype=torch.int32, device=out.device)
+    if B == 0:
+        return tokens
+    draft = None if batch.draft is None else vocab_contiguous(batch.draft)
+    seqs = Seqs(
+        target=rows(layout, vocab_contiguous(batch.target)),
+        draft=rows(layout, draft),
+        ids=draft_ids(layout, batch.draft_token_ids),
+    )
+    args = dict(seqs=seqs, req=request(batch, batch.seeds, batch.offsets), out_ptr=out, tokens_ptr=tokens)
+    args.update(accepted_ptr=accepted, stride_accepted=accepted.stride(0))
+    args.update(emitted_ptr=emitted, stride_emitted=emitted.stride(0))
+    args.update(K=K, V=V, num_rows=layout.num_rows, BLOCK_K=triton_next_pow2(K + 1), PRECISE=precise_math())
+    args.update(ADD_ACCEPTED=add[0], ADD_EMITTED=add[1])
+    if not _recorded(config, sk.chain_counts_kernel, (B,), args, "chain_counts", num_warps=1):
+        sk.chain_counts_kernel[(B,)](**args, num_warps=1)
+    return tokens
 
 
 def _stats_args(

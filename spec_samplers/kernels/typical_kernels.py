@@ -1,9 +1,12 @@
 """Triton kernels of typical acceptance (Medusa section 3.3.1, vLLM V0 semantics), both layouts.
 
 ``typical_partials_kernel`` grid (B, K+1, NB): ONE pass over each target row's vocab block gives
-the partial entropy sum q log(q + eps) and the partial (max, argmax). ``typical_finalize_kernel``
-grid (B,): combines the NB partials per position, applies the threshold test to the gathered
-q_i(x_i), finds the first rejection and writes the output row.
+the partial entropy sum q log(q + eps) and the partial (max, argmax). The last of a request's
+(K+1) NB programs to finish (an arrival counter: :func:`spec_samplers.kernels.common.last_to_arrive`,
+as the rejection kernel) then finishes the request (:func:`finish`): combines the NB partials per
+position in a fixed order (whichever program finishes, the same result), applies the threshold
+test to the gathered q_i(x_i), finds the first rejection and writes the output row. One launch:
+no separate finalize kernel.
 
 The vocabulary is split across program instances as in the rejection kernels rather than looped
 over by one program per row: with B * (K+1) rows a row loop would leave most of a large GPU idle
@@ -19,7 +22,7 @@ import triton.language as tl
 
 from spec_samplers.constants import ENTROPY_EPS_FP32
 from spec_samplers.kernels import verify_kernels as vk
-from spec_samplers.kernels.common import combine_argmax, fold_argmax
+from spec_samplers.kernels.common import combine_argmax, fold_argmax, last_to_arrive
 from spec_samplers.kernels.rng import precise_exp, precise_log
 
 # fp32-representable, so every route into float64 (literal, fp32 constant) gives the same value
@@ -30,10 +33,28 @@ _ENTROPY_EPS = tl.constexpr(ENTROPY_EPS_FP32)
 # unspecialised so that a new batch size reuses the compiled variant.
 @triton.jit(do_not_specialize=["num_rows", "chunk", "NB"])
 def typical_partials_kernel(
-    target, req, parts, K, V, num_rows, chunk, NB, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr
+    seqs,
+    req,
+    parts,
+    out_ptr,  # [B, K+1] int64, written by the last program of each request
+    arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    counts,  # [2 + >= K] int64 acceptance counters (VerifyBatch.counters), or None
+    posterior,
+    K,
+    V,
+    num_rows,
+    chunk,
+    NB,
+    BLOCK_V: tl.constexpr,
+    TAIL_K: tl.constexpr,
+    TAIL_NB: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     """Program (b, i, blk): vocab block blk of target row (b, i) into ``parts`` (entropy fp64,
-    max fp32, argmax int32; [B, K+1, NB] each: :class:`~spec_samplers.kernels.abi.TypicalParts`)."""
+    max fp32, argmax int32; [B, K+1, NB] each: :class:`~spec_samplers.kernels.abi.TypicalParts`),
+    then, in the last of request b's (K+1) NB programs, :func:`finish` (TAIL_K >= K + 1,
+    TAIL_NB >= NB: its tile)."""
+    target = seqs.target
     i = tl.program_id(1)
     blk = tl.program_id(2)
     rq = vk.open_request(req, K, V, num_rows)
@@ -61,6 +82,8 @@ def typical_partials_kernel(
         tl.store(parts.entropy + slot, ent)
         tl.store(parts.max + slot, best)
         tl.store(parts.argmax + slot, best_idx.to(tl.int32))
+    if last_to_arrive(arrivals + b, (K + 1) * NB):
+        finish(seqs, req, parts, out_ptr, counts, posterior, K, V, num_rows, NB, TAIL_K, TAIL_NB, PRECISE)
 
 
 @triton.jit
@@ -71,14 +94,13 @@ def _combined(val_ptr, idx_ptr, slots, mask, blocks, other):
     return combine_argmax(vals, idxs, blocks, 1), tl.max(vals, axis=1)
 
 
-# num_rows (T) and NB follow the batch size: left unspecialised (as above).
-@triton.jit(do_not_specialize=["num_rows", "NB"])
-def typical_finalize_kernel(
+@triton.jit
+def finish(
     seqs,
     req,
     parts,
     out_ptr,
-    counts,  # [2 + >= K] int64 acceptance counters (VerifyBatch.counters), or None
+    counts,
     posterior,
     K,
     V,
@@ -88,9 +110,10 @@ def typical_finalize_kernel(
     BLOCK_NB: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """``parts``: typical_partials_kernel's, and the logits argmax partials (greedy requests;
-    LOGITS only); ``posterior``: (threshold, alpha), fp32 values (the plan rounds them); writes
-    out_ptr [B, K+1] int64 and adds it to ``counts`` (None: not counted)."""
+    """Finishes request b = program_id(0). ``parts``: typical_partials_kernel's, and the logits
+    argmax partials (greedy requests; LOGITS only); ``posterior``: (threshold, alpha), fp32
+    values (the plan rounds them); writes out_ptr [B, K+1] int64 and adds it to ``counts``
+    (None: not counted)."""
     temp_ptr = req.temperature
     RAGGED: tl.constexpr = req.cu is not None
     rq = vk.open_request(req, K, V, num_rows)

@@ -524,14 +524,13 @@ def plan_typical(
     entropy, q_max, q_argmax = partials(out.device, (B, K + 1, NB), torch.float64, torch.float32, torch.int32)
     logit_max, logit_argmax = start.amax
     parts = TypicalParts(entropy=entropy, max=q_max, argmax=q_argmax, logit_max=logit_max, logit_argmax=logit_argmax)
-    dims = dict(req=req, parts=parts, K=K, V=layout.vocab_size, num_rows=layout.num_rows)
-    args = dict(dims, target=target, chunk=split.chunk, NB=NB, BLOCK_V=split.block_v, PRECISE=lc.precise_math())
-    launches.append(lc.KernelLaunch(tk.typical_partials_kernel, (B, K + 1, NB), args, name="typical_partials"))
-    block_k, block_nb, warps = combine_blocks(K + 1, NB)
+    tail_k, tail_nb, _ = combine_blocks(K + 1, NB)
     # fp32 values: a Triton float argument is fp32, and the reference rounds alike
     posterior = Posterior(threshold=fp32_value(posterior_threshold), alpha=fp32_value(posterior_alpha))
-    args = dict(dims, seqs=seqs, out_ptr=out, counts=batch.counters, posterior=posterior, NB=NB)
-    args.update(BLOCK_K=block_k, BLOCK_NB=block_nb)
+    # its last program per request finishes the request (typical_kernels.finish): one launch
+    args = dict(seqs=seqs, req=req, parts=parts, out_ptr=out, arrivals=lc.arrival_counters(out.device, B))
+    args.update(counts=batch.counters, posterior=posterior, K=K, V=layout.vocab_size, num_rows=layout.num_rows)
+    args.update(chunk=split.chunk, NB=NB, BLOCK_V=split.block_v, TAIL_K=tail_k, TAIL_NB=tail_nb)
     args["PRECISE"] = lc.precise_math()
-    launches.append(lc.KernelLaunch(tk.typical_finalize_kernel, (B,), args, warps, "typical_finalize"))
+    launches.append(lc.KernelLaunch(tk.typical_partials_kernel, (B, K + 1, NB), args, name="typical_partials"))
     return launches, out
