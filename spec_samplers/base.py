@@ -508,6 +508,42 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             self._prepared[key] = prepared
         return prepared
 
+    def _seam_op(self, device: torch.device, config: LaunchConfig | None) -> Prepared | None:
+        """What :meth:`_prepare` decides for a call on ``device`` (the op, whether its options come
+        from an overridden :meth:`op_options`, whether the kernels count), for an engine seam that
+        builds the batch of its own checked inputs and keeps this per shape
+        (``integrations.vllm.fast_path.ChunkPlan``); None for a sampler without a reference op
+        (its entry raises by name). Only the op's fields are filled."""
+        cls = type(self)
+        own_op, reference = cls.verify is not SpecDecodeBaseSampler.verify, cls.reference_op
+        if reference is None and not own_op:
+            return None
+        kernels = cls.kernel_op is not None and use_triton(self.backend, device, config)
+        return Prepared(
+            config=config,
+            op=None
+            if own_op or reference is None
+            else self._choose_op(cls.kernel_op, reference, run_chunked, device, {}),
+            options_call=cls.op_options is not SpecDecodeBaseSampler.op_options,
+            layout=None,
+            batch_size=0,
+            max_drafts=0,
+            vocab_size=0,
+            kernel_counts=cls.kernel_counts and not own_op and kernels,
+            meta=device.type == "meta",
+            draft_is_probs=False,
+        )
+
+    def _run_prepared(self, prepared: Prepared, batch: VerifyBatch) -> torch.Tensor:
+        """The op :meth:`_seam_op` chose on a validated batch, then the counters (the end of
+        :meth:`_run`, for a seam's batch)."""
+        if prepared.op is None:
+            out = self.verify(batch)
+        else:
+            out = prepared.op(batch, **(self.op_options() if prepared.options_call else self._options))
+        self._count(batch, out)
+        return out
+
     def _verify_counted(self, batch: VerifyBatch) -> torch.Tensor:
         """The op on a validated batch, then the counters: how every chain entry ends (:meth:`_run`
         spells it out, so the launch stays three calls from the public entry), for an engine seam

@@ -220,3 +220,45 @@ def test_the_seam_builds_the_batch_the_entry_builds(cache):
         assert torch.equal(entry.num_accepted_tokens, direct.num_accepted_tokens), case
         assert torch.equal(entry.num_emitted_tokens, direct.num_emitted_tokens), case
         assert entry.num_draft_tokens == direct.num_draft_tokens, case
+
+
+def test_a_chunk_shape_seen_before_takes_its_plan():
+    """Model Runner V2's seam keeps one plan per chunk shape (fast_path.chunk_plan): the second
+    call of a shape takes it and gives the tokens, num_sampled and counters of a seam that plans
+    every call anew, malformed requests included; a plan is never used under another launch
+    config (a tool planning for another device plans anew)."""
+    from spec_samplers import RejectionSampler
+    from spec_samplers.integrations.vllm import v2_runner
+    from spec_samplers.integrations.vllm.ragged import RaggedVerifier
+    from spec_samplers.kernels.backend import LaunchConfig, planned_for
+
+    rng, gen = random.Random(11), torch.Generator().manual_seed(11)
+    planned = 0
+    for case in range(6):
+        cu, idx, temperature, seed, pos, sampled, row_state, row_step, L, S, _ = malformed_chunk(rng, gen)
+        if L == 0 or cu.shape[0] < 2:
+            continue
+        V = 40
+        logits = torch.randn(L, V, generator=gen).to(DEVICE)
+        drafter = None
+        if row_state is None:
+            row_state, row_step = torch.zeros_like(pos), torch.zeros_like(pos)
+        else:
+            drafter = torch.randn(idx.shape[0] + 2, S, V + 3, generator=gen).to(DEVICE)
+        args = (logits, drafter, sampled, cu, pos, idx, row_state, row_step, temperature, seed, S)
+        kept, fresh = RejectionSampler(backend="triton"), RejectionSampler(backend="triton")
+        kept_verifier, fresh_verifier = RaggedVerifier(kept), RaggedVerifier(fresh)
+        for _ in range(3):
+            fresh_verifier.chunk_plans.clear()
+            expected = v2_runner.verify(fresh_verifier, *args, logits_divided=False)
+            got = v2_runner.verify(kept_verifier, *args, logits_divided=False)
+            assert all(torch.equal(e, g) for e, g in zip(expected, got)), case
+        planned += len(kept_verifier.chunk_plans)
+        assert torch.equal(kept.num_accepted_tokens, fresh.num_accepted_tokens), case
+        assert torch.equal(kept.num_emitted_tokens, fresh.num_emitted_tokens), case
+        assert kept.num_draft_tokens == fresh.num_draft_tokens, case
+        launches: list = []
+        with planned_for(LaunchConfig(num_sms=132, kernels=True, launches=launches)):
+            v2_runner.verify(kept_verifier, *args, logits_divided=False)
+        assert launches, case  # planned, not launched: the plan made outside was not taken
+    assert planned > 0  # (the plans were kept: the warm calls took them)

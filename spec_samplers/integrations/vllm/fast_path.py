@@ -30,13 +30,13 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 
-from spec_samplers.base import SpecDecodeBaseSampler, SpecDecodeStochasticBaseSampler
-from spec_samplers.bonus_rows import chunk_inputs, chunk_outputs, step_inputs
+from spec_samplers.base import Prepared, SpecDecodeBaseSampler, SpecDecodeStochasticBaseSampler
+from spec_samplers.bonus_rows import chunk_inputs_reference, chunk_outputs, chunk_outputs_reference, step_inputs
 from spec_samplers.constants import MAX_SPEC_LEN
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
@@ -44,6 +44,8 @@ from spec_samplers.integrations.vllm.ragged import (
     greedy_verify_ragged,
     well_formed_requests,
 )
+from spec_samplers.kernels.backend import launch_config, use_triton
+from spec_samplers.kernels.launch_common import _tracing_fake
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.rng import row_seeds
@@ -212,6 +214,47 @@ def verify_plain_step(
 # --- Model Runner V2: chunks verified in place, plain chunks (RejectionSampler._verify without vLLM's glue)
 
 
+class ChunkPlan(NamedTuple):
+    """What every Model Runner V2 chunk of one shape decides (:func:`chunk_plan`), made on its
+    first call: the checks passed (``v2_runner.check_chunk_shapes`` and the in-place batch's), the
+    backend of the seam's launches, the sampler's op and whether its kernels count. A warm chunk
+    then binds its tensors and launches (:func:`verify_planned_chunk`). It holds no tensor: the
+    launches' workspaces stay per stream (``kernels.launch_common.plan_cache``)."""
+
+    kernels: bool  # chunk_inputs / chunk_outputs launch the bonus-row kernels (else eager ops)
+    op: Prepared  # the sampler's op and counting (SpecDecodeBaseSampler._seam_op)
+    vocab: int  # the vocabulary verified: the smaller of the target's and the drafter's
+
+
+def chunk_plan(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V]
+    draft_logits: torch.Tensor | None,
+    draft_sampled: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    num_speculative_steps: int,
+    logits_divided: bool,
+    rows: tuple[torch.Tensor, ...],  # pos, idx_mapping, expanded_idx_mapping, expanded_local_pos, temperature, seed
+) -> tuple[ChunkPlan | None, tuple[Any, ...] | None]:
+    """(the chunk's plan or None, its key or None: not kept). The key holds what the checks and
+    decisions read: every shape, the dtypes and devices the batch's checks read, the sampler's
+    backend and modes; a plan made under another launch config is made again."""
+    sampler = verifier.sampler
+    if torch.compiler.is_compiling() or not isinstance(sampler, SpecDecodeBaseSampler):
+        return None, None
+    key = (
+        num_speculative_steps, logits_divided, sampler.backend, sampler._strict_mode, sampler._check_values,
+        logits.shape, logits.dtype, logits.device, cu_num_logits.shape, cu_num_logits.dtype,
+        cu_num_logits.device, draft_sampled.shape, draft_sampled.dtype,
+        None if draft_logits is None else (draft_logits.shape, draft_logits.dtype, draft_logits.device),
+        *(t.shape for t in rows),
+    )  # fmt: skip
+    plan = verifier.chunk_plans.get(key)
+    if plan is not None and plan.op.config is not launch_config():
+        plan = None  # planned under another launch config (a tool planning for another device)
+    return plan, key
+
+
 def verify_chunk_with_bonus_rows(
     verifier: RaggedVerifier,
     logits: torch.Tensor,  # [L, V]: every row of the chunk, bonus rows included
@@ -226,6 +269,8 @@ def verify_chunk_with_bonus_rows(
     seed: torch.Tensor,  # [max_num_reqs] int64
     num_speculative_steps: int,
     logits_divided: bool,  # the logits arrive divided by T (vLLM's glue ran), or raw
+    plan: ChunkPlan | None = None,  # the chunk's shape seen before (chunk_plan)
+    key: tuple[Any, ...] | None = None,  # the key to keep this chunk's plan under (chunk_plan)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sampled [R, S+1] int64, -1 padded; num_sampled [R] int32): the chunk's logits verified in
     place, bonus rows included (:func:`verify_with_bonus_rows`: request r's rows
@@ -239,10 +284,16 @@ def verify_chunk_with_bonus_rows(
     ``v2_runner.chunk_metadata`` and the per-request and per-row inputs: T, seed and counter
     offset by request state, the ids each row scores, the drafter rows), after it
     :func:`spec_samplers.bonus_rows.chunk_outputs` (a malformed request emits nothing, a
-    well-formed one at least one token, ``num_sampled``)."""
+    well-formed one at least one token, ``num_sampled``).
+
+    With ``plan`` (a chunk of a shape seen before) the decisions are the plan's: the backend is
+    not resolved again, the batch is not checked again, the op is not chosen again."""
     num_logits, vocab = logits.shape
     S = num_speculative_steps
-    backend = getattr(verifier.sampler, "backend", "auto")
+    sampler = verifier.sampler
+    backend = getattr(sampler, "backend", "auto")
+    config = launch_config()
+    kernels = plan.kernels if plan is not None else use_triton(backend, logits.device, config)
     cache = None
     num_steps = 0
     if draft_logits is not None:
@@ -253,7 +304,7 @@ def verify_chunk_with_bonus_rows(
         # there, out of range, so the kernels skip that row.
         num_steps = draft_logits.shape[1]
         cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
-    ok, target_temperature, inputs = chunk_inputs(
+    args = (
         cu_num_logits,
         idx_mapping,
         temperature,
@@ -265,30 +316,51 @@ def verify_chunk_with_bonus_rows(
         num_logits,
         num_steps,
         S + 1,
-        # Logits divided by vLLM: T is 1, or 0 for greedy requests: sign(T) gives both (a negative
-        # T gives -1, which the sampler reads as 1). Raw logits (the plain-chunk fast path): each
-        # request's own T, divided in the kernels
-        logits_divided,
-        backend,
     )
+    if kernels:
+        from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
+
+        # the checks and inputs in one launch; its outputs are the seam's workspaces (the
+        # sampler's and the tail's launches read them in this call, in stream order)
+        made = bonus_row_inputs_triton(*args, config=config, checked=True, workspace=True)
+        temp, seeds, offsets, bonus, ids, draft_rows, ok, sign = cast("list[Any]", made)
+    else:
+        ok, sign, inputs = chunk_inputs_reference(*args, logits_divided=True)
+        temp, seeds, offsets, bonus, ids, draft_rows = inputs
+    # Logits divided by vLLM: T is 1, or 0 for greedy requests: sign(T) gives both (a negative
+    # T gives -1, which the sampler reads as 1). Raw logits (the plain-chunk fast path): each
+    # request's own T, divided in the kernels. Greedy requests' T = 0 counts as 1 for draft
+    # rows, which they never read anyway.
+    target_temperature = sign if logits_divided else temp
     drafts: dict[str, torch.Tensor] = {}
-    if cache is not None and inputs.draft_rows is not None:
-        # greedy requests' T = 0 counts as 1 for draft rows, which they never read anyway
-        drafts = dict(draft_rows=inputs.draft_rows, draft_temperature=inputs.temperature)
-    out = _verify_in_place(
-        verifier,
-        logits,
-        inputs.bonus,  # never emitted: every last draft is rejected
-        cache,
-        inputs.ids,
-        cu_num_logits[1:],  # a malformed request's tokens are dropped by chunk_outputs
-        S + 1,
-        target_temperature,
-        inputs.seeds,
-        inputs.offsets,
-        drafts,
-    )  # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
-    tokens, num_sampled = chunk_outputs(out, ok, S + 1, backend)
+    if cache is not None and draft_rows is not None:
+        drafts = dict(draft_rows=draft_rows, draft_temperature=temp)
+    cu = cu_num_logits[1:]  # a malformed request's tokens are dropped by chunk_outputs
+    batch_args = (logits, bonus, cache, ids, cu, S + 1, target_temperature, seeds, offsets, drafts)
+    if plan is None and _in_place_direct(verifier, *batch_args):
+        prepared = cast(SpecDecodeBaseSampler, sampler)._seam_op(logits.device, config)
+        plan = None if prepared is None else ChunkPlan(kernels, prepared, vocab)
+        if prepared is not None and key is not None and not (prepared.meta or _tracing_fake()):
+            if len(verifier.chunk_plans) >= 64:  # (an engine's batch size changes every step: keep it small)
+                verifier.chunk_plans.clear()
+            verifier.chunk_plans[key] = ChunkPlan(kernels, prepared, vocab)
+    if plan is None:  # another sampler, or a check failed: the entry (its checks name the argument)
+        out = _verify_in_place(verifier, *batch_args)
+    else:  # the sampler's op and counters on the seam's own batch (the end of SpecDecodeBaseSampler._run)
+        base_sampler = cast(SpecDecodeBaseSampler, sampler)
+        counters = None
+        if plan.op.kernel_counts:  # the kernels add to the counters (a scratch buffer on meta tensors)
+            scratch = plan.op.meta
+            counters = torch.empty(S + 3, dtype=torch.long, device=logits.device) if scratch else None
+            counters = base_sampler._counter_slots(S + 1, logits.device) if counters is None else counters
+        out = base_sampler._run_prepared(plan.op, _seam_batch(*batch_args, counters=counters))
+    # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
+    if kernels:
+        from spec_samplers.kernels.bonus_row_kernels import chunk_outputs_triton
+
+        tokens, num_sampled = chunk_outputs_triton(out, ok, S + 1, config)
+    else:
+        tokens, num_sampled = chunk_outputs_reference(out, ok, S + 1)
     return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
 
 
@@ -309,11 +381,41 @@ def _verify_in_place(
     """The tokens of ``verifier.from_logits`` on a seam's rows. For one of our samplers whose
     ragged logits entry is the base class's pipeline, the batch is built here: the seam made the
     ids, placeholders, offsets and drafter rows (chunk_inputs / step_inputs: the kernels' shapes
-    and dtypes), so only the shapes and dtypes the entry would check are checked, in one
-    expression, then the sampler's op and counters run as the entry ends
+    and dtypes), so only the shapes and dtypes the entry would check are checked
+    (:func:`_in_place_direct`), then the sampler's op and counters run as the entry ends
     (``SpecDecodeBaseSampler._verify_counted``): the entry's argument packing is skipped, not its
     work. Any other sampler, or a check that fails, takes the entry (whose checks then name the
     argument)."""
+    args = (logits, bonus, cache, ids, cu, max_spec_len, temperature, seeds, offsets, drafts)
+    if not _in_place_direct(verifier, *args, draft_is_probs=draft_is_probs):
+        if draft_is_probs:
+            drafts = dict(drafts, draft_probs=cast(torch.Tensor, cache))
+            cache = None
+        return verifier.from_logits(
+            logits, bonus, cache, ids, cu, max_spec_len, temperature=temperature, seeds=seeds, offsets=offsets, **drafts
+        )
+    sampler = cast(SpecDecodeBaseSampler, verifier.sampler)
+    counters = sampler._kernel_counters(max_spec_len, logits.device)
+    return sampler._verify_counted(_seam_batch(*args, draft_is_probs=draft_is_probs, counters=counters))
+
+
+def _in_place_direct(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,
+    bonus: torch.Tensor,
+    cache: torch.Tensor | None,
+    ids: torch.Tensor,
+    cu: torch.Tensor,
+    max_spec_len: int,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor | None,
+    drafts: Mapping[str, torch.Tensor],
+    draft_is_probs: bool = False,
+) -> bool:
+    """Whether :func:`_verify_in_place`'s arguments (same order) may skip the entry: one of our
+    samplers running the base class's pipeline, not checking values, and the shapes, dtypes and
+    devices the entry would check in order."""
     sampler = verifier.sampler
     own_pipeline = (
         _base_pipeline(type(sampler))
@@ -340,14 +442,25 @@ def _verify_in_place(
         and device.type != "meta"
         and not torch.compiler.is_compiling()
     )
-    if not (own_pipeline and engine_tensors_ok and isinstance(sampler, SpecDecodeBaseSampler)):
-        if draft_is_probs:
-            drafts = dict(drafts, draft_probs=cast(torch.Tensor, cache))
-            cache = None
-        return verifier.from_logits(
-            logits, bonus, cache, ids, cu, max_spec_len, temperature=temperature, seeds=seeds, offsets=offsets, **drafts
-        )
-    batch = VerifyBatch(
+    return bool(own_pipeline and engine_tensors_ok and isinstance(sampler, SpecDecodeBaseSampler))
+
+
+def _seam_batch(
+    logits: torch.Tensor,
+    bonus: torch.Tensor,
+    cache: torch.Tensor | None,
+    ids: torch.Tensor,
+    cu: torch.Tensor,
+    max_spec_len: int,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor | None,
+    drafts: Mapping[str, torch.Tensor],
+    draft_is_probs: bool = False,
+    counters: torch.Tensor | None = None,
+) -> VerifyBatch:
+    """The sampler's :class:`VerifyBatch` of a seam's checked rows (:func:`_in_place_direct`)."""
+    return VerifyBatch(
         RowLayout.ragged_from(cu, logits.shape[0], max_spec_len, logits.shape[1]),
         logits,
         cache,
@@ -359,9 +472,8 @@ def _verify_in_place(
         draft_rows=drafts.get("draft_rows"),
         draft_temperature=drafts.get("draft_temperature"),
         draft_is_probs=draft_is_probs,
-        counters=sampler._kernel_counters(max_spec_len, device),
+        counters=counters,
     )
-    return sampler._verify_counted(batch)
 
 
 #: sampler class -> whether its ragged logits entry is the base class's pipeline (_base_pipeline)
@@ -370,7 +482,7 @@ _BASE_PIPELINE: dict[type, bool] = {}
 
 def _base_pipeline(cls: type) -> bool:
     """Whether ``cls`` runs :class:`SpecDecodeBaseSampler`'s pipeline for the ragged logits entry
-    (its entry, ``_run`` and ``_batch`` are the base class's): decided once per class."""
+    (its entry, ``_run`` and ``_prepare`` are the base class's): decided once per class."""
     found = _BASE_PIPELINE.get(cls)
     if found is None:
         base = SpecDecodeBaseSampler
@@ -379,7 +491,7 @@ def _base_pipeline(cls: type) -> bool:
             and getattr(cls, "forward_ragged_from_logits", None)
             is SpecDecodeStochasticBaseSampler.forward_ragged_from_logits
             and getattr(cls, "_run", None) is base._run
-            and getattr(cls, "_batch", None) is base._batch
+            and getattr(cls, "_prepare", None) is base._prepare
         )
     return found
 

@@ -25,6 +25,7 @@ Everything is vectorised over the batch: no host synchronisation, no loop over r
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
@@ -102,6 +103,8 @@ class RaggedVerifier:
         self.uses_ragged_method = ragged is not None
         self._entry_name = "forward_ragged" if ragged is not None else "forward"
         self._logits_entry = self.bound.entry("forward_ragged_from_logits")
+        #: Model Runner V2's chunks: shape key -> ChunkPlan (integrations.vllm.fast_path.chunk_plan)
+        self.chunk_plans: dict[tuple[Any, ...], Any] = {}
 
     @property
     def has_logits_entry(self) -> bool:

@@ -63,6 +63,7 @@ from spec_samplers.integrations.vllm.fast_path import (
     NEEDS_MORE_ATTRIBUTE,
     answers_of,
     bonus_row_verifiable,
+    chunk_plan,
     needs_more_than_temperature,
     plain_chunk,
     verify_chunk_with_bonus_rows,
@@ -161,6 +162,15 @@ def verify(
     (vLLM's ``apply_sampling_params`` ran: what vLLM passes) or raw (the plain-chunk fast path,
     :func:`verify_chunk`): then the bonus-row path divides in the kernels, the eager paths once
     here."""
+    chunk_rows = (pos, idx_mapping, expanded_idx_mapping, expanded_local_pos, temperature, seed)
+    args = (draft_logits, draft_sampled, cu_num_logits, num_speculative_steps, logits_divided, chunk_rows)
+    plan, key = chunk_plan(verifier, target_logits, *args)
+    if plan is not None:  # a shape seen before: checked then, its decisions kept
+        logits = target_logits if plan.vocab == target_logits.shape[1] else target_logits[:, : plan.vocab]
+        return verify_chunk_with_bonus_rows(
+            verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
+            expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided, plan,
+        )  # fmt: skip
     num_logits = target_logits.shape[0]
     num_reqs = cu_num_logits.shape[0] - 1
     device = target_logits.device
@@ -177,7 +187,7 @@ def verify(
         # the checks, the bonus rows' inputs and the tail: one launch each with the kernels
         return verify_chunk_with_bonus_rows(
             verifier, logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
-            expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided,
+            expanded_local_pos, temperature, seed, num_speculative_steps, logits_divided, key=key,
         )  # fmt: skip
     ok, cu_num_logits, idx_mapping = chunk_metadata(
         cu_num_logits, idx_mapping, temperature, seed, num_logits, num_speculative_steps
