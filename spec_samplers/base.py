@@ -401,6 +401,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             key = _call_key(host, tensors + (is_greedy, seeds, offsets))
         prepared = self._prepared.get(key) if key is not None else None
         if prepared is None or prepared.config is not config:
+            if drafts is None:  # (the entries without indexed draft rows pass none)
+                drafts = DraftRows(None, None, "probs" if processing is None else "logits")
             call = ChainCall(target, bonus_token_ids, draft, draft_token_ids, ragged, processing, randomness, drafts)
             prepared = self._prepare(entry, call, config, key)
             if prepared is None:  # traced by Dynamo, or meta tensors: the custom op (custom_ops.routed's rule)
@@ -489,10 +491,13 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         B, K, V = shapes.batch_size, shapes.num_draft_tokens, shapes.vocab_size
         cls = type(self)
         own_op = cls.verify is not SpecDecodeBaseSampler.verify
-        assert cls.reference_op is not None or own_op  # (has_op)
+        op = None
+        if not own_op:
+            assert cls.reference_op is not None  # (has_op)
+            op = self._choose_op(cls.kernel_op, cls.reference_op, run_chunked, device, {})
         prepared = Prepared(
             config=config,
-            op=None if own_op else self._choose_op(cls.kernel_op, cls.reference_op, run_chunked, device, {}),
+            op=op,
             options_call=cls.op_options is not SpecDecodeBaseSampler.op_options,
             layout=None if ragged is not None else RowLayout.padded(B, K, V),
             batch_size=B,

@@ -151,7 +151,8 @@ def chain_counts_triton(
         draft=rows(layout, draft),
         ids=draft_ids(layout, batch.draft_token_ids),
     )
-    args = dict(seqs=seqs, req=request(batch, batch.seeds, batch.offsets), out_ptr=out, tokens_ptr=tokens)
+    args: dict[str, Any] = dict(seqs=seqs, req=request(batch, batch.seeds, batch.offsets))
+    args.update(out_ptr=out, tokens_ptr=tokens)
     args.update(accepted_ptr=accepted, stride_accepted=accepted.stride(0))
     args.update(emitted_ptr=emitted, stride_emitted=emitted.stride(0))
     args.update(K=K, V=V, num_rows=layout.num_rows, BLOCK_K=triton_next_pow2(K + 1), PRECISE=precise_math())

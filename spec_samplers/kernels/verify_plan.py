@@ -528,7 +528,8 @@ def plan_typical(
     # fp32 values: a Triton float argument is fp32, and the reference rounds alike
     posterior = Posterior(threshold=fp32_value(posterior_threshold), alpha=fp32_value(posterior_alpha))
     # its last program per request finishes the request (typical_kernels.finish): one launch
-    args = dict(seqs=seqs, req=req, parts=parts, out_ptr=out, arrivals=lc.arrival_counters(out.device, B))
+    args: dict[str, Any] = dict(seqs=seqs, req=req, parts=parts, out_ptr=out)
+    args.update(arrivals=lc.arrival_counters(out.device, B))
     args.update(counts=batch.counters, posterior=posterior, K=K, V=layout.vocab_size, num_rows=layout.num_rows)
     args.update(chunk=split.chunk, NB=NB, BLOCK_V=split.block_v, TAIL_K=tail_k, TAIL_NB=tail_nb)
     args["PRECISE"] = lc.precise_math()
