@@ -5,7 +5,8 @@ values (spec_samplers.tree.entries: ``TreeEntries._tree_memo``, ``_run_prepared`
 The memo must change nothing a caller sees: the same tokens and counters as a fresh sampler's,
 the same error, by name, for any argument the remembered shape does not vouch for, and every call
 checked in strict mode (a key without the types of ``max_depth`` or of a parents list fails
-``test_warm_call_raises_what_a_fresh_sampler_raises``: shown once on that planted fault). On CPU the tree kernel runs in the interpreter, so shapes stay small."""
+``test_warm_call_raises_what_a_fresh_sampler_raises``: shown once on that planted fault). On CPU
+the tree kernel runs in the interpreter, so shapes stay small."""
 
 from __future__ import annotations
 
