@@ -6,7 +6,11 @@ resolve seeds, describe the call (a :class:`~spec_samplers.layout.TreeCall`, the
 given, for a kernel declaring ``tree_kernel_takes_call``: host checks only, the kernel adds the
 counters; else a :class:`~spec_samplers.layout.TreeBatch`), run the sampler's tree op
 (``tree_kernel`` when the Triton backend runs, else ``tree_reference``) and update the counters
-(``num_accepted_per_position`` counts per depth). Layout:
+(``num_accepted_per_position`` counts per depth). A kernel call of a shape checked before (same
+shapes, dtypes, devices, host arguments and launch config) skips the checks and decisions
+(:class:`TreePrepared`, kept in the chain entries' memo): only the seeds, the TreeCall and the
+counters are each call's; strict mode, ``check_values``, ``seeded_seqs`` and Dynamo tracing check
+every call. Layout:
 :mod:`spec_samplers.layout`; rules and their exactness: :mod:`spec_samplers.tree.reference`.
 """
 
