@@ -205,6 +205,21 @@ def sampling_tensors(
     )
 
 
+class _Filters(NamedTuple):
+    """filter_tensors' host buffer of one batch of parameters (:data:`_FILTERS`)."""
+
+    params: object  # the parameters (kept: their ids are the key, so no other object reuses them)
+    host: np.ndarray  # [5 * width] fp32 words: temperature, top_p, min_p, then top_k as int64
+    pinned: torch.Tensor | None  # ``host`` in pinned memory, made at the first CUDA call
+    width: int
+    filters: bool  # some row filters (else only the temperature is returned)
+
+
+#: (num_rows, device, id of the SamplingParams or of each in a list) -> their host buffer: a batch
+#: of unchanged parameters (SamplingParams is frozen) costs one copy, no Python per row
+_FILTERS: dict[tuple[object, ...], _Filters] = {}
+
+
 def filter_tensors(
     sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_rows: int, device: torch.device | str
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -212,7 +227,46 @@ def filter_tensors(
     when no row filters): what a sampler that applies the filters itself reads (``VerifyBatch``).
 
     Every field is final on the host (fp32 rounded as a device ``.to(torch.float32)`` rounds), in
-    one buffer, so the call costs one copy to the device and no kernel: the fields are views."""
+    one buffer, so the call costs one copy to the device and no kernel: the fields are views (of
+    a new tensor each call). The buffer of the same SamplingParams objects (one, or each of a list
+    or tuple) is remembered; other parameter objects (e.g. vLLM's, which can change) are read
+    every call."""
+    kind = type(sampling_params)
+    key: tuple[object, ...] | None = None
+    if kind is SamplingParams or sampling_params is None:  # (None: the defaults)
+        key = (num_rows, device, id(sampling_params))
+    elif isinstance(sampling_params, (list, tuple)):
+        key = (num_rows, device, kind, *map(id, sampling_params))
+    entry = _FILTERS.get(key) if key is not None else None
+    if entry is None:
+        entry = _filters_host(sampling_params, num_rows)
+        frozen = not isinstance(entry.params, tuple) or all(type(p) is SamplingParams for p in entry.params)
+        if key is not None and frozen:
+            if len(_FILTERS) >= 256:
+                _FILTERS.clear()
+            _FILTERS[key] = entry
+    width = entry.width
+    device = torch.device(device)
+    if device.type == "cuda":  # pinned: the copy below then does not wait for the device
+        if entry.pinned is None:
+            entry = entry._replace(pinned=torch.from_numpy(entry.host).pin_memory())
+            if key is not None and key in _FILTERS:
+                _FILTERS[key] = entry
+        packed = entry.pinned
+    else:
+        packed = torch.from_numpy(entry.host.copy())  # (a CPU result is the caller's own tensor)
+    assert packed is not None
+    packed = packed.to(device, non_blocking=True)
+    floats = packed[: 3 * width].view(3, width)
+    temperature = floats[0, :num_rows]
+    if not entry.filters:
+        return temperature, {}
+    top_k = packed[3 * width :].view(torch.int64)[:num_rows]
+    return temperature, dict(top_k=top_k, top_p=floats[1, :num_rows], min_p=floats[2, :num_rows])
+
+
+def _filters_host(sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_rows: int) -> _Filters:
+    """The host buffer of :func:`filter_tensors`."""
     rows = as_params_list(sampling_params, num_rows)
     width = -(-num_rows // 4) * 4  # each field 16-byte aligned, as a tensor of its own would be
     host = np.zeros(5 * width, dtype=np.float32)  # 3 fp32 fields, then top_k as int64 (2 words)
@@ -221,17 +275,9 @@ def filter_tensors(
     fields[1, :num_rows] = [p.top_p for p in rows]
     fields[2, :num_rows] = [p.min_p for p in rows]
     host[3 * width :].view(np.int64)[:num_rows] = [max(p.top_k, 0) for p in rows]
-    packed = torch.from_numpy(host)
-    device = torch.device(device)
-    if device.type == "cuda":
-        packed = packed.pin_memory()  # the copy below then does not wait for the device
-    packed = packed.to(device, non_blocking=True)
-    floats = packed[: 3 * width].view(3, width)
-    temperature = floats[0, :num_rows]
-    if not any(p.min_p > 0 or p.top_k > 0 or p.top_p < 1 for p in rows):
-        return temperature, {}
-    top_k = packed[3 * width :].view(torch.int64)[:num_rows]
-    return temperature, dict(top_k=top_k, top_p=floats[1, :num_rows], min_p=floats[2, :num_rows])
+    filters = any(p.min_p > 0 or p.top_k > 0 or p.top_p < 1 for p in rows)
+    params = sampling_params if not isinstance(sampling_params, Sequence) else tuple(sampling_params)
+    return _Filters(params, host, None, width, filters)
 
 
 @functools.cache

@@ -62,19 +62,26 @@ def _level_rows(tmp_path: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
-#: the level reached (tools/direct_path.py levels, sampler entries): mean files per call (109 / 15 =
-#: 7.27) and the most functions of one call (typical.forward_from_logits[sampling_params]); the
+#: the level reached (tools/direct_path.py levels, sampler entries): mean files per call (101 / 15 =
+#: 6.73) and the most functions of one call (typical.forward_from_logits[sampling_params], 39); the
 #: targets are dp.FILES_TARGET and dp.FUNCTIONS_TARGET. A warm chain call's edge is one lookup of
 #: its prepared shape (base.py: the entry, _run, _call_key, _counter_slots; layout.py: VerifyBatch);
-#: what stands between, for rejection.forward (7 files, 29 functions): the launch side, 5 files and
-#: 22 functions (the launcher, its plan in kernels/verify_plan.py, kernels/backend.py,
-#: kernels/launch_common.py, rng.race_num_groups), and the edge, 2 files and 7 functions. Before
-#: (143a82a): mean 8.7 files, 47.2 functions, at most 59.
-FILES_CEILING = max(dp.FILES_TARGET, 7.3)
-FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 42)
-#: the tree entries and the sampling operations, each call (they are not in the sampler mean)
-OTHER_FILES_CEILING = 10
-OTHER_FUNCTIONS_CEILING = 60
+#: what stands between, for rejection.forward (6 files, 21 functions): the launch side (the
+#: launcher, its plan in kernels/verify_plan.py, kernels/backend.py, kernels/launch_common.py) and
+#: the edge. A ``sampling_params=`` call reads unchanged SamplingParams objects once
+#: (sampling_params.filter_tensors: one function a warm call, 7 before). Before (143a82a): mean 8.7
+#: files, 47.2 functions, at most 59; before h40entry2 (f7017bf): 6.7 files, 29.1 functions, at most 45.
+FILES_CEILING = max(dp.FILES_TARGET, 6.8)
+FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 39)
+#: a tree entry, each call: a warm call of a checked shape is the entry, its lookup
+#: (tree/entries.py: _tree_memo, base._call_key, backend.launch_config) and _run_prepared (the
+#: seeds, the TreeCall, base._counter_slots), then the launcher (kernels/tree_launch.py): 5-6 files,
+#: 15-16 functions (f7017bf: 7 files, 27-36 functions)
+TREE_FILES_CEILING = 6
+TREE_FUNCTIONS_CEILING = 16
+#: the sampling operations, each call (they are not in the sampler mean)
+OTHER_FILES_CEILING = 8
+OTHER_FUNCTIONS_CEILING = 34
 
 #: one call per family, for the quick tier (the full list takes about a minute on an idle core, more under load)
 QUICK = ("rejection.forward", "typical.forward_from_logits[sampling_params]", "rejection.forward_tree")
@@ -83,12 +90,16 @@ QUICK += ("sampling.top_p_sampling_from_probs", "sampling.chain_speculative_samp
 
 def _ceilings(rows: list[dict]) -> list[str]:
     """The calls over their ceilings: a sampler entry's functions; a tree entry's or an
-    operation's files and functions."""
+    operation's files and functions (each its own ceilings)."""
     found = []
     for r in rows:
         files, funcs = len(r["touched"]), len(r["functions"])
-        sampler = bool(dp.sampler_rows([r]))
-        limits = (FILES_CEILING + 99, FUNCTIONS_CEILING) if sampler else (OTHER_FILES_CEILING, OTHER_FUNCTIONS_CEILING)
+        if dp.sampler_rows([r]):
+            limits: tuple[float, int] = (FILES_CEILING + 99, FUNCTIONS_CEILING)
+        elif "tree" in r["entry"]:
+            limits = (TREE_FILES_CEILING, TREE_FUNCTIONS_CEILING)
+        else:
+            limits = (OTHER_FILES_CEILING, OTHER_FUNCTIONS_CEILING)
         if files > limits[0] or funcs > limits[1]:
             found.append(
                 f"{r['call']}: {files} files, {funcs} functions (ceilings {limits}):\n  " + "\n  ".join(r["functions"])

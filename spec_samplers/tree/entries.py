@@ -6,7 +6,11 @@ resolve seeds, describe the call (a :class:`~spec_samplers.layout.TreeCall`, the
 given, for a kernel declaring ``tree_kernel_takes_call``: host checks only, the kernel adds the
 counters; else a :class:`~spec_samplers.layout.TreeBatch`), run the sampler's tree op
 (``tree_kernel`` when the Triton backend runs, else ``tree_reference``) and update the counters
-(``num_accepted_per_position`` counts per depth). Layout:
+(``num_accepted_per_position`` counts per depth). A kernel call of a shape checked before (same
+shapes, dtypes, devices, host arguments and launch config) skips the checks and decisions
+(:class:`TreePrepared`, kept in the chain entries' memo): only the seeds, the TreeCall and the
+counters are each call's; strict mode, ``check_values``, ``seeded_seqs`` and Dynamo tracing check
+every call. Layout:
 :mod:`spec_samplers.layout`; rules and their exactness: :mod:`spec_samplers.tree.reference`.
 """
 
@@ -14,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _sampling_filters
+from spec_samplers.base import Randomness, SpecDecodeBaseSampler, _call_key, _sampling_filters
 from spec_samplers.chunking import run_tree_chunked
 from spec_samplers.constants import input_error
-from spec_samplers.kernels.backend import launch_config, use_triton
+from spec_samplers.kernels.backend import LaunchConfig, launch_config, use_triton
 from spec_samplers.layout import (
     TreeBatch,
     TreeCall,
@@ -36,6 +40,7 @@ from spec_samplers.layout import (
     static_max_depth,
 )
 from spec_samplers.output import TreeOutput
+from spec_samplers.rng import row_seeds
 from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.sampling_params import SamplingParams
 from spec_samplers.torch_ops import probs_from_logits
@@ -132,11 +137,17 @@ class TreeEntries(SpecDecodeBaseSampler):
             >>> out.token_ids.shape, out.node_ids.shape
             (torch.Size([2, 4]), torch.Size([2, 3]))
         """
+        host = ("forward_tree", draft_sampling, type(max_depth), max_depth, None)
+        tensors = (target_probs, draft_probs, draft_token_ids, is_greedy, None)
+        key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
+        if prepared is not None:
+            return self._run_prepared(prepared, target_probs, draft_probs, draft_token_ids, parents, None, is_greedy,
+                                      None, seeds, offsets)  # fmt: skip
         B, N = self._check_padded(target_probs, draft_probs, draft_token_ids, "target_probs", "draft_probs")
         takes_call = self._takes_call(target_probs.device)
         args = (target_probs, draft_probs, draft_token_ids, parents, draft_sampling, max_depth, is_greedy)
         tb = self._padded_call(*args, None) if takes_call else self._padded_batch(*args)
-        return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs)
+        return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs, key)
 
     def forward_tree_ragged(
         self,
@@ -156,6 +167,12 @@ class TreeEntries(SpecDecodeBaseSampler):
     ) -> TreeOutput:
         """Trees of different sizes, flattened (layout: :mod:`spec_samplers.layout`). Same
         tokens as :meth:`forward_tree` on the same trees padded (and seeds)."""
+        host = ("forward_tree_ragged", draft_sampling, type(max_depth), max_depth, (type(max_nodes), max_nodes))
+        tensors = (target_probs, draft_probs, draft_token_ids, is_greedy, cu_num_nodes)
+        key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
+        if prepared is not None:
+            return self._run_prepared(prepared, target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes,
+                                      is_greedy, None, seeds, offsets)  # fmt: skip
         names = ("target_probs", "draft_probs")
         self._check_ragged(target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         takes_call = self._takes_call(target_probs.device)
@@ -164,7 +181,7 @@ class TreeEntries(SpecDecodeBaseSampler):
             tb: TreeBatch | TreeCall = self._ragged_call(*args, max_depth, is_greedy, None)
         else:
             tb = self._ragged_batch(*args, max_depth, is_greedy)
-        return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+        return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs, key)
 
     def forward_tree_from_logits(
         self,
@@ -185,12 +202,20 @@ class TreeEntries(SpecDecodeBaseSampler):
         per request (T == 0: greedy on the target's argmax), or, with ``sampling_params=``, both
         processed as the chain logits entries do (temperature, min-p, top-k, top-p): exact for the
         processed target when the children were drawn from the processed draft rows."""
+        key, prepared = None, None
+        if sampling_params is None:  # (the parameters' processing is each call's)
+            host = ("forward_tree_from_logits", draft_sampling, type(max_depth), max_depth, None)
+            tensors = (target_logits, draft_logits, draft_token_ids, temperature, None)
+            key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
+        if prepared is not None:
+            return self._run_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents, None, None,
+                                      temperature, seeds, offsets)  # fmt: skip
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
         takes_call = self._takes_call(target_logits.device)
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
             t = self._temperature(temperature, B, target_logits.device)
             args = (target_logits, draft_logits, draft_token_ids, parents, draft_sampling, max_depth, None)
-            return self._run_tree(self._padded_call(*args, t), B * N, seeds, offsets, seeded_seqs)
+            return self._run_tree(self._padded_call(*args, t), B * N, seeds, offsets, seeded_seqs, key)
         V = target_logits.shape[2]
         request = torch.arange(B, device=target_logits.device).repeat_interleave(N + 1)
         greedy, q, p, row_temp = self._logits_rows(
@@ -224,6 +249,15 @@ class TreeEntries(SpecDecodeBaseSampler):
         seeded_seqs: dict[int, torch.Generator] | None = None,
     ) -> TreeOutput:
         """Ragged twin of :meth:`forward_tree_from_logits`."""
+        key, prepared = None, None
+        if sampling_params is None:  # (the parameters' processing is each call's)
+            host = ("forward_tree_ragged_from_logits", draft_sampling, type(max_depth), max_depth,
+                    (type(max_nodes), max_nodes))  # fmt: skip
+            tensors = (target_logits, draft_logits, draft_token_ids, temperature, cu_num_nodes)
+            key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
+        if prepared is not None:
+            return self._run_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes,
+                                      None, temperature, seeds, offsets)  # fmt: skip
         names = ("target_logits", "draft_logits")
         self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         B = cu_num_nodes.shape[0]
@@ -232,7 +266,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
             t = self._temperature(temperature, B, target_logits.device)
             tb0 = self._ragged_call(target_logits, draft_logits, *args, max_depth, None, t)
-            return self._run_tree(tb0, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
+            return self._run_tree(tb0, draft_token_ids.shape[0], seeds, offsets, seeded_seqs, key)
         rows = torch.arange(target_logits.shape[0], device=target_logits.device)
         # row r belongs to the request b with cu[b-1] + b <= r < cu[b] + b + 1
         ends = cu_num_nodes.to(torch.int64) + torch.arange(1, B + 1, device=rows.device)
@@ -503,14 +537,16 @@ class TreeEntries(SpecDecodeBaseSampler):
         seeds: torch.Tensor | None,
         offsets: torch.Tensor | None,
         seeded_seqs: dict[int, torch.Generator] | None,
+        key: tuple[Any, ...] | None = None,
     ) -> TreeOutput:
         """The tree pipeline's tail, shared with the chain entries: seeds (:meth:`_seeds`), the
-        backend decision (:meth:`_choose_op`, options bound now: a sampler may set them while
-        building the batch), the counters (added by the kernel of a :class:`TreeCall`)."""
+        backend decision (:meth:`_choose_op`; options bound at the call: a sampler may set them
+        while building the batch), the counters (added by the kernel of a :class:`TreeCall`).
+        A :class:`TreeCall` checked under ``key`` is remembered (:meth:`_tree_memo`)."""
         cls = type(self)
         device = tb.target.device
         assert cls.tree_reference is not None  # _require_tree
-        op = self._choose_op(cls.tree_kernel, cls.tree_reference, run_tree_chunked, device, self.tree_options())
+        op = self._choose_op(cls.tree_kernel, cls.tree_reference, run_tree_chunked, device, {})
         if cls.tree_random:
             seeds, offsets = self._seeds(tb.batch_size, device, Randomness(seeded_seqs, seeds, offsets))
             if isinstance(tb, TreeBatch):
@@ -518,17 +554,123 @@ class TreeEntries(SpecDecodeBaseSampler):
             tb = replace(tb, seeds=seeds, offsets=offsets)
         elif seeds is not None or offsets is not None or seeded_seqs:
             raise input_error("seeds", f"None ({cls.__name__} draws no random numbers)", "seeds")
-        if isinstance(tb, TreeCall):
-            meta = device.type == "meta"
-            D = tb.max_depth
-            counts = torch.empty(2 + D, dtype=torch.long, device=device) if meta else self._counter_slots(D, device)
-            out: TreeOutput = op(replace(tb, counts=counts))
-            if not meta:
-                self.num_draft_tokens += num_nodes
+        if isinstance(tb, TreeBatch):
+            out = op(tb, **self.tree_options())
+            self._update_counters(out.token_ids, num_draft_tokens=num_nodes)
             return out
-        out = op(tb)
-        self._update_counters(out.token_ids, num_draft_tokens=num_nodes)
+        prepared = TreePrepared(
+            config=launch_config(),
+            op=op,
+            options_call=_options_call(cls),
+            padded=tb.cu_num_nodes is None,
+            parents=tb.parents,
+            batch_size=tb.batch_size,
+            num_nodes=tb.num_nodes,
+            max_depth=tb.max_depth,
+            policy=tb.policy,
+            vocab_size=tb.vocab_size,
+            draft_nodes=num_nodes,
+            meta=device.type == "meta",
+            random=cls.tree_random,
+        )
+        if key is not None:
+            if len(self._prepared) >= 64:  # (as the chain entries' memo: a few shapes per engine)
+                self._prepared.clear()
+            memo: dict[tuple[Any, ...], Any] = self._prepared
+            memo[key] = prepared
+        return self._run_prepared(prepared, tb.target, tb.draft, tb.tokens, tb.parents, tb.cu_num_nodes, tb.is_greedy,
+                                  tb.temperature, tb.seeds, tb.offsets)  # fmt: skip
+
+    def _tree_memo(
+        self,
+        host: tuple[Any, ...],  # the entry's name and its host arguments that the checks read
+        parents: object,
+        tensors: tuple[torch.Tensor | None, ...],
+        seeds: torch.Tensor | None,
+        offsets: torch.Tensor | None,
+        seeded_seqs: dict[int, torch.Generator] | None,
+    ) -> tuple[tuple[Any, ...] | None, TreePrepared | None]:
+        """(the key of this call's shape, its :class:`TreePrepared` when a call of that shape was
+        checked under this launch config): the chain entries' memo
+        (:meth:`~spec_samplers.base.SpecDecodeBaseSampler._prepare`, ``_prepared``), under the same
+        rules (strict mode, ``check_values`` and Dynamo tracing check every call; a parents list is
+        part of the key, by value and type; ``seeded_seqs`` draws per call: checked every call)."""
+        if self._strict_mode or self._check_values or seeded_seqs or torch.compiler.is_compiling():
+            return None, None
+        if isinstance(parents, torch.Tensor):
+            host += (None,)
+            tensors += (parents,)
+        elif isinstance(parents, (list, tuple)):
+            host += (type(parents), tuple(parents), tuple(map(type, parents)))
+        else:
+            return None, None
+        key = _call_key(host + (self.backend,), tensors + (seeds, offsets))
+        try:
+            prepared: TreePrepared | None = self._prepared.get(key) if key is not None else None  # type: ignore[assignment]
+        except TypeError:  # an unhashable argument: its check raises by name
+            return None, None
+        if prepared is None or prepared.config is not launch_config():
+            return key, None
+        return key, prepared
+
+    def _run_prepared(
+        self,
+        prepared: TreePrepared,
+        target: torch.Tensor,
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,
+        parents: object,
+        cu: torch.Tensor | None,
+        is_greedy: torch.Tensor | None,
+        temperature: torch.Tensor | None,
+        seeds: torch.Tensor | None,
+        offsets: torch.Tensor | None,
+    ) -> TreeOutput:
+        """A call of a shape checked before (:meth:`_tree_memo`), or just checked (:meth:`_run_tree`,
+        the seeds resolved): only what depends on the values runs (the seeds, the
+        :class:`TreeCall`, the counters: the kernel adds them; a scratch buffer on meta tensors,
+        where nothing is counted), the op's options bound now."""
+        p = prepared
+        device = target.device
+        if p.padded:
+            V = p.vocab_size
+            target, draft = target.reshape(-1, V), None if draft is None else draft.reshape(-1, V)
+        if p.random:
+            seeds = row_seeds(p.batch_size, device) if seeds is None else seeds.to(torch.int64)
+            offsets = None if offsets is None else offsets.to(torch.int64)
+        par = parents if isinstance(parents, torch.Tensor) else p.parents
+        D = p.max_depth
+        counts = torch.empty(2 + D, dtype=torch.long, device=device) if p.meta else self._counter_slots(D, device)
+        tc = TreeCall(target, draft, tokens, par, cu, p.batch_size, p.num_nodes, D, p.policy, is_greedy, temperature,
+                      seeds, offsets, counts)  # fmt: skip
+        out: TreeOutput = p.op(tc, **(self.tree_options() if p.options_call else self._options))
+        if not p.meta:
+            self.num_draft_tokens += p.draft_nodes
         return out
+
+
+def _options_call(cls: type[TreeEntries]) -> bool:
+    """Whether the tree ops' options come from an overridden ``tree_options()`` / ``op_options()``
+    (called every call), else the sampler's ``_options`` (read as they are then)."""
+    return cls.tree_options is not TreeEntries.tree_options or cls.op_options is not SpecDecodeBaseSampler.op_options
+
+
+class TreePrepared(NamedTuple):
+    """What the tree kernel calls of one shape share (:meth:`TreeEntries._tree_memo`): checked once."""
+
+    config: LaunchConfig | None  # the launch config it was planned under (kernels.backend.planned_for)
+    op: Callable[..., TreeOutput]  # the tree kernel's launcher (options not bound)
+    options_call: bool  # the options come from an overridden tree_options() / op_options()
+    padded: bool  # [B, N+1, V] rows (viewed as [B*(N+1), V]); else ragged
+    parents: torch.Tensor  # the parents tensor (a parents list's is reused; a tensor's is each call's)
+    batch_size: int  # B
+    num_nodes: int  # N (ragged: max_nodes)
+    max_depth: int  # D
+    policy: str
+    vocab_size: int  # V
+    draft_nodes: int  # the draft nodes counted (B*N padded, T ragged)
+    meta: bool  # meta tensors, planned for a device (nothing is counted)
+    random: bool  # the rule draws random numbers (tree_random)
 
 
 #: (parents, device) -> the parents' device tensor, for lists given on every call (no copy per call)
