@@ -74,7 +74,7 @@ def _level_rows(tmp_path: Path) -> list[dict]:
 FILES_CEILING = max(dp.FILES_TARGET, 6.8)
 FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 39)
 #: a tree entry, each call: a warm call of a checked shape is the entry, its lookup
-#: (tree/entries.py: _tree_memo, base._call_key, backend.launch_config) and _run_prepared (the
+#: (tree/entries.py: _tree_memo, base._call_key, backend.launch_config) and _run_tree_prepared (the
 #: seeds, the TreeCall, base._counter_slots), then the launcher (kernels/tree_launch.py): 5-6 files,
 #: 15-16 functions (f7017bf: 7 files, 27-36 functions)
 TREE_FILES_CEILING = 6

@@ -1,5 +1,5 @@
 """A warm tree entry (issue 40): a call of a shape checked before runs only what depends on the
-values (spec_samplers.tree.entries: ``TreeEntries._tree_memo``, ``_run_prepared``), and a warm
+values (spec_samplers.tree.entries: ``TreeEntries._tree_memo``, ``_run_tree_prepared``), and a warm
 ``sampling_params=`` call reads unchanged SamplingParams objects once (``filter_tensors``).
 
 The memo must change nothing a caller sees: the same tokens and counters as a fresh sampler's,

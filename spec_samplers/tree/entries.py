@@ -141,8 +141,8 @@ class TreeEntries(SpecDecodeBaseSampler):
         tensors = (target_probs, draft_probs, draft_token_ids, is_greedy, None)
         key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
         if prepared is not None:
-            return self._run_prepared(prepared, target_probs, draft_probs, draft_token_ids, parents, None, is_greedy,
-                                      None, seeds, offsets)  # fmt: skip
+            return self._run_tree_prepared(prepared, target_probs, draft_probs, draft_token_ids, parents, None,
+                                           is_greedy, None, seeds, offsets)  # fmt: skip
         B, N = self._check_padded(target_probs, draft_probs, draft_token_ids, "target_probs", "draft_probs")
         takes_call = self._takes_call(target_probs.device)
         args = (target_probs, draft_probs, draft_token_ids, parents, draft_sampling, max_depth, is_greedy)
@@ -171,8 +171,8 @@ class TreeEntries(SpecDecodeBaseSampler):
         tensors = (target_probs, draft_probs, draft_token_ids, is_greedy, cu_num_nodes)
         key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
         if prepared is not None:
-            return self._run_prepared(prepared, target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes,
-                                      is_greedy, None, seeds, offsets)  # fmt: skip
+            return self._run_tree_prepared(prepared, target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes,
+                                           is_greedy, None, seeds, offsets)  # fmt: skip
         names = ("target_probs", "draft_probs")
         self._check_ragged(target_probs, draft_probs, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         takes_call = self._takes_call(target_probs.device)
@@ -208,8 +208,8 @@ class TreeEntries(SpecDecodeBaseSampler):
             tensors = (target_logits, draft_logits, draft_token_ids, temperature, None)
             key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
         if prepared is not None:
-            return self._run_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents, None, None,
-                                      temperature, seeds, offsets)  # fmt: skip
+            return self._run_tree_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents, None, None,
+                                           temperature, seeds, offsets)  # fmt: skip
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
         takes_call = self._takes_call(target_logits.device)
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
@@ -256,8 +256,8 @@ class TreeEntries(SpecDecodeBaseSampler):
             tensors = (target_logits, draft_logits, draft_token_ids, temperature, cu_num_nodes)
             key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
         if prepared is not None:
-            return self._run_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes,
-                                      None, temperature, seeds, offsets)  # fmt: skip
+            return self._run_tree_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents,
+                                           cu_num_nodes, None, temperature, seeds, offsets)  # fmt: skip
         names = ("target_logits", "draft_logits")
         self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         B = cu_num_nodes.shape[0]
@@ -578,8 +578,8 @@ class TreeEntries(SpecDecodeBaseSampler):
                 self._prepared.clear()
             memo: dict[tuple[Any, ...], Any] = self._prepared
             memo[key] = prepared
-        return self._run_prepared(prepared, tb.target, tb.draft, tb.tokens, tb.parents, tb.cu_num_nodes, tb.is_greedy,
-                                  tb.temperature, tb.seeds, tb.offsets)  # fmt: skip
+        return self._run_tree_prepared(prepared, tb.target, tb.draft, tb.tokens, tb.parents, tb.cu_num_nodes,
+                                       tb.is_greedy, tb.temperature, tb.seeds, tb.offsets)  # fmt: skip
 
     def _tree_memo(
         self,
@@ -613,7 +613,7 @@ class TreeEntries(SpecDecodeBaseSampler):
             return key, None
         return key, prepared
 
-    def _run_prepared(
+    def _run_tree_prepared(
         self,
         prepared: TreePrepared,
         target: torch.Tensor,
