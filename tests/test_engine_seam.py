@@ -68,9 +68,13 @@ def test_signatures_are_read_once(monkeypatch):
     ids = torch.randint(0, V, (B, k))
     for _ in range(3):
         pipe.verify(sampler, *args, ids, temperature=torch.tensor([0.7, 0.0]), seeds=torch.arange(B))
-    assert len(reads) == len(ENTRIES)
+    # the sampler's own methods (a compiler patched alike, numba's on its first call, reads others')
+    def ours():
+        return [fn for fn in reads if getattr(fn, "__self__", None) is sampler]
+
+    assert len(ours()) == len(ENTRIES)
     SpeculativeDecoder(None, None, sampler)
-    assert len(reads) == 2 * len(ENTRIES)
+    assert len(ours()) == 2 * len(ENTRIES)
 
 
 def test_logits_pipe_refuses_seeds_for_a_deterministic_sampler_and_ragged_for_a_padded_one():
