@@ -68,6 +68,7 @@ def test_signatures_are_read_once(monkeypatch):
     ids = torch.randint(0, V, (B, k))
     for _ in range(3):
         pipe.verify(sampler, *args, ids, temperature=torch.tensor([0.7, 0.0]), seeds=torch.arange(B))
+
     # the sampler's own methods (a compiler patched alike, numba's on its first call, reads others')
     def ours():
         return [fn for fn in reads if getattr(fn, "__self__", None) is sampler]
