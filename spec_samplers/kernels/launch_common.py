@@ -77,17 +77,28 @@ def workspaces(
     stream = _stream_key(device)
     if stream is None:
         return make()
-    full = (plan, key, device.type, device.index, stream)
-    found = _WORKSPACES.get(full)
+    # fake tensors (a tool tracing shapes, FakeTensorMode) are never kept for real calls
+    real = lambda found: not any(t is not None and type(t) is not torch.Tensor for t in found)  # noqa: E731
+    return _kept(_WORKSPACES, (plan, key, device.type, device.index, stream), make, real)
+
+
+def _kept(
+    table: OrderedDict[tuple[Any, ...], Any],
+    full: tuple[Any, ...],
+    make: Callable[[], Any],
+    keep: Callable[[Any], bool],
+) -> Any:
+    """``table[full]``, made by ``make()`` on a miss and kept if ``keep`` says so; the least
+    recently used entry goes past MAX_WORKSPACE_SHAPES."""
+    found = table.get(full)
     if found is not None:
-        _WORKSPACES.move_to_end(full)
+        table.move_to_end(full)
         return found
     found = make()
-    if any(t is not None and type(t) is not torch.Tensor for t in found):
-        return found  # fake tensors (a tool tracing shapes, FakeTensorMode): never kept for real calls
-    _WORKSPACES[full] = found
-    if len(_WORKSPACES) > MAX_WORKSPACE_SHAPES:
-        _WORKSPACES.popitem(last=False)
+    if keep(found):
+        table[full] = found
+        if len(table) > MAX_WORKSPACE_SHAPES:
+            table.popitem(last=False)
     return found
 
 
@@ -105,15 +116,7 @@ def plan_cache(plan: str, key: Hashable, device: torch.device, make: Callable[[]
     stream = _stream_key(device)
     if stream is None or _tracing_fake():
         return make()
-    full = (plan, key, device.type, device.index, stream)
-    found = _PLANS.get(full)
-    if found is not None:
-        _PLANS.move_to_end(full)
-        return found
-    found = _PLANS[full] = make()
-    if len(_PLANS) > MAX_WORKSPACE_SHAPES:
-        _PLANS.popitem(last=False)
-    return found
+    return _kept(_PLANS, (plan, key, device.type, device.index, stream), make, lambda found: True)
 
 
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
