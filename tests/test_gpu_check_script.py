@@ -118,7 +118,8 @@ def test_gpu_check_quick_main_writes_one_json_without_vllm(monkeypatch, tmp_path
     import sys
 
     mod = _load()
-    monkeypatch.setitem(sys.modules, "vllm", None)
+    for name in ["vllm", *(m for m in sys.modules if m.startswith("vllm."))]:  # (another test's imports too)
+        monkeypatch.setitem(sys.modules, name, None)
     for name, value in dict(
         DEVICE="cpu", QUICK_V=256, QUICK_K=2, QUICK_DTYPE="float32", QUICK_READ_BYTES=2**20
     ).items():

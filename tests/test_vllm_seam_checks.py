@@ -262,7 +262,7 @@ def test_third_party_sampler_takes_the_in_place_path_when_it_declares_it(monkeyp
     expected = v2_runner.verify(RaggedVerifier(RejectionSampler()), logits, None, *v2_args(inputs), 3)
     calls = []
     in_place = v2_runner.verify_chunk_with_bonus_rows
-    monkeypatch.setattr(v2_runner, "verify_chunk_with_bonus_rows", lambda *a: calls.append(1) or in_place(*a))
+    monkeypatch.setattr(v2_runner, "verify_chunk_with_bonus_rows", lambda *a, **k: calls.append(1) or in_place(*a, **k))
     out = v2_runner.verify(RaggedVerifier(cls()), logits, None, *v2_args(inputs), 3)
     assert len(calls) == (1 if cls is DeclaresInPlace else 0)
     assert out[0].shape == expected[0].shape

@@ -75,30 +75,23 @@ def workspaces(
     different buffers. A stream capturing a CUDA graph gets fresh ones (the graph keeps them; an
     eager call must not write them between replays)."""
     stream = _stream_key(device)
-    if stream is None:
-        return make()
     # fake tensors (a tool tracing shapes, FakeTensorMode) are never kept for real calls
-    real = lambda found: not any(t is not None and type(t) is not torch.Tensor for t in found)  # noqa: E731
-    return _kept(_WORKSPACES, (plan, key, device.type, device.index, stream), make, real)
+    if stream is None or _tracing_fake():
+        return make()
+    full = (plan, key, device.type, device.index, stream)
+    found = _WORKSPACES.get(full)  # (the hit inline: a warm call's path is one function shorter)
+    if found is None:
+        return _keep(_WORKSPACES, full, make)
+    _WORKSPACES.move_to_end(full)
+    return found
 
 
-def _kept(
-    table: OrderedDict[tuple[Any, ...], Any],
-    full: tuple[Any, ...],
-    make: Callable[[], Any],
-    keep: Callable[[Any], bool],
-) -> Any:
-    """``table[full]``, made by ``make()`` on a miss and kept if ``keep`` says so; the least
-    recently used entry goes past MAX_WORKSPACE_SHAPES."""
-    found = table.get(full)
-    if found is not None:
-        table.move_to_end(full)
-        return found
-    found = make()
-    if keep(found):
-        table[full] = found
-        if len(table) > MAX_WORKSPACE_SHAPES:
-            table.popitem(last=False)
+def _keep(table: OrderedDict[tuple[Any, ...], Any], full: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """A miss of ``table[full]``: ``make()``, kept; the least recently used entry goes past
+    MAX_WORKSPACE_SHAPES."""
+    found = table[full] = make()
+    if len(table) > MAX_WORKSPACE_SHAPES:
+        table.popitem(last=False)
     return found
 
 
@@ -116,7 +109,12 @@ def plan_cache(plan: str, key: Hashable, device: torch.device, make: Callable[[]
     stream = _stream_key(device)
     if stream is None or _tracing_fake():
         return make()
-    return _kept(_PLANS, (plan, key, device.type, device.index, stream), make, lambda found: True)
+    full = (plan, key, device.type, device.index, stream)
+    found = _PLANS.get(full)
+    if found is None:
+        return _keep(_PLANS, full, make)
+    _PLANS.move_to_end(full)
+    return found
 
 
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -128,9 +126,9 @@ def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     per call. Two launches that may run at once must be on different streams (they are then
     given different buffers). A buffer too small is replaced by a larger one, except while a
     CUDA graph is being captured: the graph then gets its own zeroed buffer (a memset node)."""
-    if _tracing_fake():
-        # a tool counting a warm call's ops on fake tensors: a warm call finds its buffer kept
-        # (no op); a fake buffer holds no data, so it is never kept for real calls
+    if _tracing_fake() or device.type == "meta":
+        # a tool counting a warm call's ops on fake or meta tensors: a warm call finds its buffer
+        # kept (no op); such a buffer holds no data, so it is never kept (nor read as counters)
         return torch.empty(max(n, 1), dtype=torch.int32, device=device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
