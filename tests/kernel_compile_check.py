@@ -244,17 +244,17 @@ def _compile(variants: list) -> None:
 
 def multipath_launches():
     """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them:
-    fp32 / bf16 / fp16 probabilities, logits (read through the softmax rule), padded (int64 ids,
-    one parents row for the batch) or ragged (int32 ids and spans, no offsets), greedy mask or
-    not, counters or not."""
+    fp32 / bf16 / fp16 rows, probabilities or logits (read through the softmax rule), padded
+    (int64 ids, one parents row for the batch) or ragged (int32 ids and spans, no offsets),
+    greedy mask or not, counters or not."""
     from spec_samplers.kernels.multipath_launch import plan_multipath
     from spec_samplers.layout import TreeCall
 
     B, K, L, V = 4, 3, 4, 5000
     N = K * L
-    variants = [(dtype, False, False, False, True) for dtype in (torch.float32, torch.bfloat16, torch.float16)]
-    variants += [(torch.bfloat16, True, False, True, True), (torch.float32, False, True, True, False)]
-    variants += [(torch.float32, True, True, False, True)]
+    # (dtype, logits, ragged, greedy mask, counters): each input kind in one variant at least
+    variants = [(torch.float32, False, False, False, True), (torch.bfloat16, True, False, True, True)]
+    variants += [(torch.float16, False, True, True, False)]
     for dtype, logits, ragged, greedy, counts in variants:
         ids = dict(dtype=torch.int32 if ragged else torch.int64, device=META)
         T = B * N
