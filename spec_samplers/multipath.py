@@ -10,7 +10,7 @@ import torch
 from spec_samplers.block import BlockVerificationSampler
 from spec_samplers.constants import input_error
 from spec_samplers.kernels.multipath_launch import multipath_tree_triton
-from spec_samplers.layout import TreeBatch
+from spec_samplers.layout import TreeBatch, TreeCall
 from spec_samplers.tree.multipath import multipath_tree_reference, paths_of
 
 
@@ -27,10 +27,13 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
 
     Chains (``forward`` and the other chain entries) are one path: block verification.
     Any other tree shape or sibling policy raises :class:`SpecSamplerInputError` naming the
-    shape expected. The shape check reads ``parents`` on the host once per call when they are a
-    tensor (a Python list costs nothing). Backends: the PyTorch reference, or on CUDA the Triton
-    kernels (:mod:`spec_samplers.kernels.multipath_launch`: the pick, a sort of each of the L
-    visited rows for the order's CDF, the verification), token-equal to the reference.
+    shape expected: ``parents`` as a Python list are checked on the host at no cost; a parents
+    tensor is read on the host by the PyTorch reference (and in strict mode), while the kernels
+    read each request's shape from it in the pick (no host read), and a request of another shape
+    (or with L > ``max_depth``) emits nothing (-1). Backends: the PyTorch reference, or on CUDA
+    the Triton kernels (:mod:`spec_samplers.kernels.multipath_launch`: the pick, a sort of each
+    visited row for the order's CDF, the verification with the final draw, the output and the
+    counters; the inputs read as given, logits included), token-equal to the reference.
 
     Example::
 
@@ -46,6 +49,7 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
 
     tree_reference = staticmethod(multipath_tree_reference)  # type: ignore[assignment]  # takes num_paths=
     tree_kernel = staticmethod(multipath_tree_triton)
+    tree_kernel_takes_call = True
     #: the decoding loop drafts K paths as the static tree [K, 1, .., 1] (level order) and hands
     #: this sampler the nodes path-major (spec_samplers.decoding.tree_drafting)
     tree_layout: ClassVar[str] = "paths"
@@ -74,17 +78,57 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
         max_depth: int | None,
         is_greedy: torch.Tensor | None,
     ) -> TreeBatch:
-        # a tensor's values are read on the host once (a list was kept by _parents)
+        # the reference's batch (and strict mode): a tensor's values are read on the host once (a
+        # list was kept by _parents)
         rows_of_parents, self._static_parents = self._static_parents or parents.tolist(), None
+        self._check_gbv(draft, draft_sampling)
+        self._check_paths(rows_of_parents, max_depth)
+        return super()._finish_batch(
+            target, draft, rows, tokens, parents, known_depth, draft_sampling, max_depth, is_greedy
+        )
+
+    def _check_gbv(self, draft: torch.Tensor | None, draft_sampling: str) -> None:
         if draft_sampling != "independent":
             raise input_error("draft_sampling", "'independent' (K paths drawn independently)", repr(draft_sampling))
         if draft is None:
             raise input_error(
                 "draft_probs", "the draft rows (or draft_logits) the K paths were sampled from, not None", None
             )
-        self._check_paths(rows_of_parents, max_depth)
-        return super()._finish_batch(
-            target, draft, rows, tokens, parents, known_depth, draft_sampling, max_depth, is_greedy
+
+    def _padded_call(
+        self,
+        target: torch.Tensor,
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,
+        parents: object,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+        temperature: torch.Tensor | None,
+    ) -> TreeCall:
+        """The kernels' call: the checks of :meth:`_finish_batch` that read no device value (a
+        parents list's shape; a tensor's is read by the kernels)."""
+        self._check_gbv(draft, draft_sampling)
+        if isinstance(parents, (list, tuple)):
+            self._check_paths([list(parents)], max_depth)
+        return super()._padded_call(target, draft, tokens, parents, draft_sampling, max_depth, is_greedy, temperature)
+
+    def _ragged_call(
+        self,
+        target: torch.Tensor,
+        draft: torch.Tensor | None,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        cu: torch.Tensor,
+        max_nodes: int,
+        draft_sampling: str,
+        max_depth: int | None,
+        is_greedy: torch.Tensor | None,
+        temperature: torch.Tensor | None,
+    ) -> TreeCall:
+        self._check_gbv(draft, draft_sampling)
+        return super()._ragged_call(
+            target, draft, tokens, parents, cu, max_nodes, draft_sampling, max_depth, is_greedy, temperature
         )
 
     def _parents(self, parents: object, B: int, N: int, device: torch.device) -> tuple[torch.Tensor, int | None]:

@@ -267,29 +267,34 @@ def _compile(variants: list) -> None:
 
 
 def multipath_launches():
-    """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them,
-    fp32 / bf16 / fp16 rows (logits reach them as fp32 probabilities)."""
-    from spec_samplers.kernels.multipath_launch import plan_pick, plan_verify
-    from spec_samplers.layout import TreeBatch
+    """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them:
+    fp32 / bf16 / fp16 rows, probabilities or logits (read through the softmax rule), padded
+    (int64 ids, one parents row for the batch) or ragged (int32 ids and spans, no offsets),
+    greedy mask or not, counters or not."""
+    from spec_samplers.kernels.multipath_launch import plan_multipath
+    from spec_samplers.layout import TreeCall
 
     B, K, L, V = 4, 3, 4, 5000
     N = K * L
-    i64 = dict(dtype=torch.int64, device=META)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        rows, probs = torch.empty(B, N + 1, **i64), torch.empty(B * (N + 1), V, dtype=dtype, device=META)
-        tb = TreeBatch(
-            target=probs, draft=probs,
-            target_rows=rows, draft_rows=rows, tokens=torch.empty(B, N, **i64), parents=torch.empty(B, N, **i64),
-            depth=rows, max_depth=L, policy="independent", seeds=torch.empty(B, **i64), offsets=torch.empty(B, **i64),
-            is_greedy=None,
+    # (dtype, logits, ragged, greedy mask, counters): each input kind in one variant at least
+    variants = [(torch.float32, False, False, False, True), (torch.bfloat16, True, False, True, True)]
+    variants += [(torch.float16, False, True, True, False)]
+    for dtype, logits, ragged, greedy, counts in variants:
+        ids = dict(dtype=torch.int32 if ragged else torch.int64, device=META)
+        T = B * N
+        rows = torch.empty(T + B if ragged else B * (N + 1), V, dtype=dtype, device=META)
+        call = TreeCall(
+            rows, rows, torch.empty(T, **ids) if ragged else torch.empty(B, N, **ids),
+            torch.empty(T if ragged else N, **ids), torch.empty(B, **ids) if ragged else None, B, N, L,
+            "independent", torch.empty(B, dtype=torch.bool, device=META) if greedy else None,
+            torch.empty(B, device=META) if logits else None, torch.empty(B, dtype=torch.int64, device=META),
+            None if ragged else torch.empty(B, dtype=torch.int64, device=META),
+            torch.empty(2 + L, dtype=torch.int64, device=META) if counts else None,
         )  # fmt: skip
-        picked = (torch.empty(B, L + 1, **i64), torch.empty(B, **i64), torch.empty(B, **i64))
-        cdf = (torch.empty(B, L, V, device=META), torch.empty(B, L, V, device=META))
-        f32 = dict(dtype=torch.float32, device=META)
-        out = (torch.empty(B, L + 1, 4, **f32), torch.empty(B, V, **f32), torch.empty(B, **i64),
-               torch.empty(B, dtype=torch.int8, device=META), torch.empty(B, **i64))  # fmt: skip
-        yield plan_pick(tb, K, *picked)
-        yield plan_verify(tb, K, picked, cdf, out)
+        pick, verify, keys, _ = plan_multipath(call)
+        verify.args["order_ptr"] = torch.empty(keys.shape, dtype=torch.int64, device=META)
+        yield pick
+        yield verify
 
 
 def bonus_row_launches():

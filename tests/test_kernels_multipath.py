@@ -107,6 +107,32 @@ def test_kernel_greedy_ragged_and_logits():
     temp = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0, 1.0], device=DEVICE)
     lq, lp = q.log().clamp(min=-40), p.log().clamp(min=-40)
     _both("forward_tree_from_logits", lq, lp, ids, parents, temp, seeds=seeds)
+    lt, ld, tok, pr, cu = ragged_from_padded(lq, lp, ids, par, [K * L] * B)
+    _both("forward_tree_ragged_from_logits", lt, ld, tok, pr, cu, K * L, temp, seeds=seeds)
+
+
+def test_kernel_reads_a_parents_tensor_without_the_host():
+    """A parents tensor ([N] or [B, N]) gives the list's tokens: the pick reads each request's
+    shape on the device. A request of another shape (or longer than max_depth), which the
+    reference rejects on the host, emits nothing on the kernels; one of another K and L is
+    verified as its own shape."""
+    K, L, V, B = 3, 2, 9, 4
+    q, p, ids, seeds = _dev(*_workload(B, K, L, V, seed=31))
+    parents = path_parents(K, L)
+    want = _both("forward_tree", q, p, ids, parents, seeds=seeds)
+    kernel = MultipathBlockVerificationSampler(backend=KERNEL_BACKEND)
+    for par in (torch.tensor(parents, device=DEVICE), torch.tensor([parents] * B, device=DEVICE)):
+        got = kernel.forward_tree(q, p, ids, par, max_depth=L, seeds=seeds)
+        assert torch.equal(got.token_ids, want.token_ids) and torch.equal(got.node_ids, want.node_ids)
+    mixed = torch.tensor([parents, [0, 0, 1, 1, 3, 4], parents, path_parents(1, K * L)], device=DEVICE)
+    got = kernel.forward_tree(q, p, ids, mixed, seeds=seeds).token_ids  # D = N = 6 slots
+    assert bool((got[1] == -1).all()) and torch.equal(got[[0, 2], : L + 1], want.token_ids[[0, 2]])
+    one_path = MultipathBlockVerificationSampler(backend="torch").forward_tree(
+        q[3:], p[3:], ids[3:], path_parents(1, K * L), seeds=seeds[3:]
+    )  # request 3 alone: one path of L = 6
+    assert torch.equal(got[3:], one_path.token_ids)
+    short = kernel.forward_tree(q, p, ids, torch.tensor(parents, device=DEVICE), max_depth=1, seeds=seeds)
+    assert bool((short.token_ids == -1).all())
 
 
 def test_kernel_bad_values():

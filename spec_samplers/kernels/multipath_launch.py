@@ -1,6 +1,8 @@
-"""Launcher of the GBV kernels (:mod:`spec_samplers.kernels.multipath_kernels`): the pick, the
-order's CDF of the visited rows (the reference's function), the verification, then the final
-draw through the reference's own tail (:func:`spec_samplers.tree.multipath.finish_multipath`).
+"""Launcher of the GBV kernels (:mod:`spec_samplers.kernels.multipath_kernels`): the pick (with
+each request's shape and the keys of the rows it visits), a sort of those key rows (the order),
+then the verification, which sums the order's CDF, draws the final token and writes the output
+and the counters. Three operations per call; the inputs are read as given
+(:class:`~spec_samplers.layout.TreeCall`).
 
 This module does not import triton (the launcher imports its kernels when it runs), so the
 sampler can name it and ``import spec_samplers`` needs only torch."""
@@ -10,98 +12,83 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.constants import input_error
-from spec_samplers.kernels.backend import LaunchConfig, launches_to_run
-from spec_samplers.kernels.launch_common import KernelLaunch, vocab_contiguous
-from spec_samplers.layout import TreeBatch, as_probabilities
-from spec_samplers.output import TreeOutput, seeds_of
-from spec_samplers.tree.multipath import finish_multipath, multipath_tree_reference, visited_cdf
+from spec_samplers.kernels.backend import LaunchConfig, interpreting, launches_to_run, triton_next_pow2
+from spec_samplers.kernels.launch_common import KernelLaunch
+from spec_samplers.kernels.tree_launch import _layout_args, _outputs, _per_request, _rows
+from spec_samplers.layout import TreeCall
+from spec_samplers.output import TreeOutput
 
-#: vocabulary block of the per-request passes
+#: vocabulary block of the per-request passes: one race group (the final draw races group by group)
 MULTIPATH_BLOCK_V = 256
+#: output slots per vector step of the output's tail
+MULTIPATH_BLOCK_D = 16
 #: a + r F and rho q - p~ round like the reference's separate multiply and add
 NO_FMA = {"enable_fp_fusion": False}
 
 
-def _flat(x: torch.Tensor, V: int, device: torch.device) -> torch.Tensor:
-    """[R, V] rows with vocab stride 1; one zero row when there are none (a valid pointer)."""
-    return vocab_contiguous(x) if x.shape[0] else torch.zeros(1, V, dtype=torch.float32, device=device)
+def plan_multipath(call: TreeCall) -> tuple[KernelLaunch, KernelLaunch, torch.Tensor, TreeOutput]:
+    """(the pick's launch, the verification's launch, the keys [B, max(LMAX, 1), V] fp32 the pick
+    writes, the output the verification writes), LMAX = min(N, D): the longest path a request
+    may have. The verification's ``order_ptr`` is the keys' sort, set by the caller."""
+    from spec_samplers.kernels.multipath_kernels import multipath_pick_kernel, multipath_verify_kernel
 
-
-def plan_pick(tb: TreeBatch, num_paths: int, nodes: torch.Tensor, length: torch.Tensor, path: torch.Tensor):
-    """The pick's launch (``multipath_pick_kernel``, grid (B,)) writing ``nodes`` [B, L+1],
-    ``length`` and ``path`` [B]."""
-    from spec_samplers.kernels.multipath_kernels import multipath_pick_kernel
-
-    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
-    assert tb.draft is not None
-    target, draft = _flat(tb.target, V, nodes.device), _flat(tb.draft, V, nodes.device)
-    args = dict(
-        target_ptr=target, stride_t=target.stride(0), draft_ptr=draft, stride_d=draft.stride(0),
-        rows_ptr=tb.target_rows.contiguous(), drows_ptr=tb.draft_rows.contiguous(),
-        tokens_ptr=tb.tokens.contiguous(), depth_ptr=tb.depth.contiguous(),
-        nodes_ptr=nodes, len_ptr=length, path_ptr=path,
-        K=num_paths, L=N // num_paths, V=V, BLOCK_K=max(2, triton_next_pow2(num_paths)),
+    B, N, V, D = call.batch_size, call.num_nodes, call.vocab_size, call.max_depth
+    device = call.target.device
+    LMAX = min(N, D)
+    layout = _layout_args(call)
+    draft = _rows(call.draft, V, device)
+    temp = _per_request(call.temperature)
+    picked = torch.empty(B, LMAX + 6, dtype=torch.int64, device=device)
+    keys = torch.empty(B, max(LMAX, 1), V, dtype=torch.float32, device=device)
+    common = dict(
+        target_ptr=layout["target_ptr"], stride_t=layout["stride_t"], draft_ptr=draft, stride_d=draft.stride(0),
+        tokens_ptr=layout["tokens_ptr"], stride_tb=layout["stride_tb"], cu_ptr=layout["cu_ptr"],
+        num_tokens=layout["num_tokens"], temp_ptr=temp, pick_ptr=picked, N=N, LMAX=LMAX, V=V,
+        BLOCK_N=max(2, triton_next_pow2(N)), BLOCK_V=MULTIPATH_BLOCK_V, PRECISE=not interpreting(),
     )  # fmt: skip
-    return KernelLaunch(multipath_pick_kernel, (B,), args, num_warps=1, name="multipath_pick")
-
-
-def plan_verify(tb: TreeBatch, num_paths: int, picked: tuple[torch.Tensor, ...], cdf: tuple[torch.Tensor, ...], out):
-    """The verification's launch (``multipath_verify_kernel``, grid (B,)): ``picked`` = (nodes,
-    length, path) from the pick, ``cdf`` = (F(x), F(x-)) [B, L, V] fp32, ``out`` = (state,
-    residual, stop, q_ok, q_argmax)."""
-    from spec_samplers.kernels.multipath_kernels import multipath_verify_kernel
-
-    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
-    assert tb.draft is not None
-    device = tb.target.device
-    target, draft = _flat(tb.target, V, device), _flat(tb.draft, V, device)
-    seeds, offsets = seeds_of(tb)
-    nodes, length, path = picked
-    state, residual, stop, q_ok, q_argmax = out
-    args = dict(
-        target_ptr=target, stride_t=target.stride(0), draft_ptr=draft, stride_d=draft.stride(0),
-        rows_ptr=tb.target_rows.contiguous(), drows_ptr=tb.draft_rows.contiguous(), tokens_ptr=tb.tokens.contiguous(),
-        nodes_ptr=nodes, len_ptr=length, path_ptr=path, feq_ptr=cdf[0], flt_ptr=cdf[1],
-        seed_ptr=seeds.contiguous(), offset_ptr=offsets.contiguous(), state_ptr=state,
-        resid_ptr=residual, stop_ptr=stop, qok_ptr=q_ok, amax_ptr=q_argmax,
-        K=num_paths, L=N // num_paths, V=V, BLOCK_V=MULTIPATH_BLOCK_V,
+    pick = dict(common, parents_ptr=layout["parents_ptr"], stride_pb=layout["stride_pb"], keys_ptr=keys)
+    token_ids, node_ids = _outputs(call)
+    verify = dict(
+        common,
+        greedy_ptr=_per_request(call.is_greedy), seed_ptr=_per_request(call.seeds),
+        offset_ptr=_per_request(call.offsets), order_ptr=None,
+        feq_ptr=torch.empty(keys.shape, dtype=torch.float32, device=device),
+        flt_ptr=torch.empty(keys.shape, dtype=torch.float32, device=device),
+        state_ptr=torch.empty(B, LMAX + 1, 4, dtype=torch.float32, device=device),
+        resid_ptr=torch.empty(B, V, dtype=torch.float32, device=device),
+        out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts, max_depth=D, BLOCK_D=MULTIPATH_BLOCK_D,
     )  # fmt: skip
-    return KernelLaunch(multipath_verify_kernel, (B,), args, name="multipath_verify", options=NO_FMA)
+    return (
+        KernelLaunch(multipath_pick_kernel, (B,), pick, num_warps=1, name="multipath_pick"),
+        KernelLaunch(multipath_verify_kernel, (B,), verify, name="multipath_verify", options=NO_FMA),
+        keys,
+        TreeOutput(token_ids, node_ids),
+    )
 
 
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def multipath_tree_triton(tb: TreeBatch, num_paths: int, *, config: LaunchConfig | None = None) -> TreeOutput:
+def multipath_tree_triton(
+    call: TreeCall, num_paths: int | None = None, *, config: LaunchConfig | None = None
+) -> TreeOutput:
     """:func:`spec_samplers.tree.multipath.multipath_tree_reference` on the Triton kernels: the
-    same tokens on the same inputs and seeds. With ``config.launches`` a list, the two launches
-    are recorded there, not run (the output is then not meaningful)."""
-    tb = as_probabilities(tb)
-    if tb.draft is None:
+    same tokens on the same inputs and seeds. ``num_paths`` (the sampler's option, from the host
+    check of a parents list) is not needed: the pick reads each request's K and L from its
+    parents, so a parents tensor is never read on the host (a request of another shape than K
+    paths of L <= D emits nothing). With ``config.launches`` a list, the launches are recorded
+    there, not run (the output is then not meaningful)."""
+    from spec_samplers.kernels.multipath_kernels import multipath_pick_kernel, multipath_verify_kernel
+
+    if call.draft is None:
         raise input_error("draft_probs", "the draft rows the K paths were sampled from", None)
-    if num_paths == 0 or tb.batch_size == 0:  # no request has a path: one token from each root row
-        return multipath_tree_reference(tb, num_paths)
-    B, N, V = tb.batch_size, tb.num_nodes, tb.vocab_size
-    L = N // num_paths
-    device = tb.target.device
-    planning = config is not None and config.launches is not None
-    # nodes [B, L+1], length [B] and path [B] in one buffer
-    picked = torch.empty(B * (L + 3), dtype=torch.int64, device=device)
-    if planning:  # the launches are recorded, not run: the steps between them index with zeros
-        picked.zero_()
-    nodes, length, path = picked[: B * (L + 1)].view(B, L + 1), picked[B * (L + 1) : B * (L + 2)], picked[B * (L + 2) :]
-    for launch in launches_to_run(config, [plan_pick(tb, num_paths, nodes, length, path)]):
-        launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps, **launch.options)
-    f_eq, f_lt = visited_cdf(tb, nodes[:, :L])
-    state = torch.empty(B, L + 1, 4, dtype=torch.float32, device=device)
-    residual = torch.empty(B, V, dtype=torch.float32, device=device)
-    stop, q_argmax = torch.empty(B, dtype=torch.int64, device=device), torch.empty(B, dtype=torch.int64, device=device)
-    q_ok = torch.empty(B, dtype=torch.int8, device=device)
-    if planning:
-        stop.fill_(-1)
-    out = (state, residual, stop, q_ok, q_argmax)
-    verify = plan_verify(tb, num_paths, (nodes, length, path), (f_eq, f_lt), out)
-    for launch in launches_to_run(config, [verify]):
-        launch.kernel[launch.grid](**launch.args, num_warps=launch.num_warps, **launch.options)
-    return finish_multipath(tb, stop, residual, q_ok.bool(), q_argmax)
+    assert call.seeds is not None, "GBV needs per-request seeds"
+    pick, verify, keys, out = plan_multipath(call)
+    B = call.batch_size
+    if B == 0:
+        return out
+    if launches_to_run(config, [pick]):
+        multipath_pick_kernel[(B,)](**pick.args, num_warps=pick.num_warps)
+    # the order of each verified position's tokens (best first, ties by id): the one step the
+    # kernels leave to PyTorch (the verification sums the CDF in this order)
+    verify.args["order_ptr"] = torch.sort(keys, dim=-1, descending=True, stable=True).indices
+    if launches_to_run(config, [verify]):
+        multipath_verify_kernel[(B,)](**verify.args, num_warps=verify.num_warps, **verify.options)
+    return out

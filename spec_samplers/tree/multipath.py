@@ -52,8 +52,8 @@ race at depth tau (:func:`spec_samplers.output.final_draw`): with K = 1 these ar
 block verification's, token for token. Greedy rows follow the argmax walk of
 :func:`spec_samplers.tree.reference.rejection_tree_walk`. Cost: L sorts of a vocabulary row (the
 order's CDF) and O(K) vocabulary passes per position. The Triton twin
-(:mod:`spec_samplers.kernels.multipath_launch`) shares :func:`visited_cdf` (the sorts) and
-:func:`finish_multipath` (the tail) with this reference.
+(:mod:`spec_samplers.kernels.multipath_launch`) computes the same values in its kernels, around
+one PyTorch sort of the visited rows' keys.
 """
 
 from __future__ import annotations
@@ -309,16 +309,3 @@ def finish_multipath(
         stop, residual = torch.where(g, g_stop, stop), torch.where(g[:, None], g_r, residual)
         q_ok, q_argmax = torch.where(g, g_ok, q_ok), torch.where(g, g_arg, q_argmax)
     return finish_walk(tb, stop, residual, q_ok, q_argmax)
-
-
-def visited_cdf(tb: TreeBatch, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(F(x), F(x-)) [B, L, V] fp32 of the rows of ``nodes`` [B, L] (position m reads node
-    ``nodes[:, m]``'s rows), for the kernel launcher: :func:`order_cdf` of :func:`order_keys` on
-    the rows the reference reads at those positions, one sort per row."""
-    B, L = nodes.shape
-    V = tb.vocab_size
-    assert tb.draft is not None
-    q = _rows(tb.target, tb.target_rows.gather(1, nodes).reshape(-1), torch.float32)
-    p = _rows(tb.draft, tb.draft_rows.gather(1, nodes).reshape(-1), torch.float32)
-    f_eq, f_lt = order_cdf(order_keys(q, p), p)
-    return f_eq.view(B, L, V), f_lt.view(B, L, V)
