@@ -565,7 +565,10 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         if batch.counters is None:
             self._update_counters(out, num_draft_tokens)
         elif batch.target.device.type != "meta":
-            self.num_draft_tokens += out.shape[0] * (out.shape[1] - 1) if num_draft_tokens is None else num_draft_tokens
+            drafts = out.shape[0] * (out.shape[1] - 1) if num_draft_tokens is None else num_draft_tokens
+            # a host int, no parameter, buffer or submodule: set in __dict__, skipping
+            # nn.Module.__setattr__'s checks (a few us per call)
+            self.__dict__["num_draft_tokens"] += drafts
 
     def _run_as_op(self, entry: str, call: ChainCall) -> torch.Tensor:
         """The call as the ``spec_samplers::verify`` custom op (what crosses it: tensors and scalars)."""

@@ -28,8 +28,9 @@ the same inputs (tests/test_vllm_v1_fast_path.py, tests/test_vllm_v2_fast_path.p
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -224,6 +225,13 @@ class ChunkPlan(NamedTuple):
     kernels: bool  # chunk_inputs / chunk_outputs launch the bonus-row kernels (else eager ops)
     op: Prepared  # the sampler's op and counting (SpecDecodeBaseSampler._seam_op)
     vocab: int  # the vocabulary verified: the smaller of the target's and the drafter's
+    #: (bonus_row_inputs_triton, chunk_outputs_triton) with kernels, imported once here (an
+    #: import statement per call costs about a microsecond), else None
+    launchers: tuple[Callable[..., Any], Callable[..., Any]] | None
+
+
+#: a tensor's shape, in C (no Python frame per tensor of a key)
+_SHAPE = operator.attrgetter("shape")
 
 
 def chunk_plan(
@@ -247,7 +255,7 @@ def chunk_plan(
         logits.shape, logits.dtype, logits.device, cu_num_logits.shape, cu_num_logits.dtype,
         cu_num_logits.device, draft_sampled.shape, draft_sampled.dtype,
         None if draft_logits is None else (draft_logits.shape, draft_logits.dtype, draft_logits.device),
-        *(t.shape for t in rows),
+        *map(_SHAPE, rows),
     )  # fmt: skip
     plan = verifier.chunk_plans.get(key)
     if plan is not None and plan.op.config is not launch_config():
@@ -292,8 +300,14 @@ def verify_chunk_with_bonus_rows(
     S = num_speculative_steps
     sampler = verifier.sampler
     backend = getattr(sampler, "backend", "auto")
-    config = launch_config()
+    # (a plan is made under the current launch config: chunk_plan checked it)
+    config = plan.op.config if plan is not None else launch_config()
     kernels = plan.kernels if plan is not None else use_triton(backend, logits.device, config)
+    if plan is not None and plan.launchers is not None:
+        inputs_triton, outputs_triton = plan.launchers
+    elif kernels:
+        from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton as inputs_triton
+        from spec_samplers.kernels.bonus_row_kernels import chunk_outputs_triton as outputs_triton
     cache = None
     num_steps = 0
     if draft_logits is not None:
@@ -303,7 +317,8 @@ def verify_chunk_with_bonus_rows(
         # placeholder never reads a drafter row (its step k_r may be past the cached ones): -1
         # there, out of range, so the kernels skip that row.
         num_steps = draft_logits.shape[1]
-        cache = draft_logits.reshape(-1, draft_logits.shape[-1])[:, :vocab]  # [max_num_reqs * S', vocab]
+        cache = draft_logits.reshape(-1, draft_logits.shape[-1])  # [max_num_reqs * S', vocab]
+        cache = cache if cache.shape[1] == vocab else cache[:, :vocab]  # (each view costs a few us)
     args = (
         cu_num_logits,
         idx_mapping,
@@ -318,11 +333,9 @@ def verify_chunk_with_bonus_rows(
         S + 1,
     )
     if kernels:
-        from spec_samplers.kernels.bonus_row_kernels import bonus_row_inputs_triton
-
         # the checks and inputs in one launch; its outputs are the seam's workspaces (the
         # sampler's and the tail's launches read them in this call, in stream order)
-        made = bonus_row_inputs_triton(*args, config=config, checked=True, workspace=True)
+        made = inputs_triton(*args, config=config, checked=True, workspace=True)
         temp, seeds, offsets, bonus, ids, draft_rows, ok, sign = cast("list[Any]", made)
     else:
         ok, sign, inputs = chunk_inputs_reference(*args, logits_divided=True)
@@ -339,11 +352,12 @@ def verify_chunk_with_bonus_rows(
     batch_args = (logits, bonus, cache, ids, cu, S + 1, target_temperature, seeds, offsets, drafts)
     if plan is None and _in_place_direct(verifier, *batch_args):
         prepared = cast(SpecDecodeBaseSampler, sampler)._seam_op(logits.device, config)
-        plan = None if prepared is None else ChunkPlan(kernels, prepared, vocab)
-        if prepared is not None and key is not None and not (prepared.meta or _tracing_fake()):
+        launchers = (inputs_triton, outputs_triton) if kernels else None
+        plan = None if prepared is None else ChunkPlan(kernels, prepared, vocab, launchers)
+        if plan is not None and key is not None and not (plan.op.meta or _tracing_fake()):
             if len(verifier.chunk_plans) >= 64:  # (an engine's batch size changes every step: keep it small)
                 verifier.chunk_plans.clear()
-            verifier.chunk_plans[key] = ChunkPlan(kernels, prepared, vocab)
+            verifier.chunk_plans[key] = plan
     if plan is None:  # another sampler, or a check failed: the entry (its checks name the argument)
         out = _verify_in_place(verifier, *batch_args)
     else:  # the sampler's op and counters on the seam's own batch (the end of SpecDecodeBaseSampler._run)
@@ -356,9 +370,7 @@ def verify_chunk_with_bonus_rows(
         out = base_sampler._run_prepared(plan.op, _seam_batch(*batch_args, counters=counters))
     # [R, S+2]: at most k_r + 1 <= S + 1 tokens per request
     if kernels:
-        from spec_samplers.kernels.bonus_row_kernels import chunk_outputs_triton
-
-        tokens, num_sampled = chunk_outputs_triton(out, ok, S + 1, config)
+        tokens, num_sampled = outputs_triton(out, ok, S + 1, config)
     else:
         tokens, num_sampled = chunk_outputs_reference(out, ok, S + 1)
     return tokens, cast(torch.Tensor, num_sampled)  # (counted: counts=True)
