@@ -575,13 +575,13 @@ def block_tree_kernel(
     root_row = _node_row(b, 0, start, n, N, RAGGED)
     alive = root_row >= 0
     # the node workspaces (spec_samplers.layout.node_depths; children linked in index order)
-    for u in range(0, N + 1):
-        tl.store(nf + u * _NODE_F + _F_ALPHA, tl.where(u == 0, 1.0, 0.0))
-        tl.store(nf + u * _NODE_F + _F_REMOVED, 0.0)
+    for v in range(0, N + 1):
+        tl.store(nf + v * _NODE_F + _F_ALPHA, tl.where(v == 0, 1.0, 0.0))
+        tl.store(nf + v * _NODE_F + _F_REMOVED, 0.0)
         for f in tl.static_range(1, _NODE_I):
-            tl.store(ni + u * _NODE_I + f, zero)
-        tl.store(ni + u * _NODE_I + _I_ORIG, zero + 1)
-        tl.store(ni + u * _NODE_I + _I_SLOT, zero + u)
+            tl.store(ni + v * _NODE_I + f, zero)
+        tl.store(ni + v * _NODE_I + _I_ORIG, zero + 1)
+        tl.store(ni + v * _NODE_I + _I_SLOT, zero + v)
     tl.store(ni + _I_DEPTH, zero)
     tl.debug_barrier()
     for j in range(1, N + 1):
@@ -619,7 +619,7 @@ def block_tree_kernel(
                     cur_row = _node_row(b, j, start, n, N, RAGGED)
                     if LOGITS:
                         _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, j, cur_row, temp, V,
-                                     0, BLOCK_V, PRECISE)  # fmt: skip
+                                     2, BLOCK_V, PRECISE)  # fmt: skip  # (target row only)
                         tl.debug_barrier()
                     t_st = _stats(nf, ni, j, temp, _F_TST, _I_TMAX, LOGITS)
                     q_argmax, _m = _row_argmax(target_ptr, cur_row * stride_t, cur_row >= 0, V, t_st, LOGITS,
