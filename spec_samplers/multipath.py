@@ -45,7 +45,7 @@ class MultipathBlockVerificationSampler(BlockVerificationSampler):
     """
 
     tree_reference = staticmethod(multipath_tree_reference)  # type: ignore[assignment]  # takes num_paths=
-    tree_kernel = staticmethod(multipath_tree_triton)
+    tree_kernel = staticmethod(multipath_tree_triton)  # type: ignore[assignment]  # takes a TreeBatch
     tree_kernel_takes_call = False  # (BlockVerificationSampler's is True) its launcher takes a TreeBatch
     #: the decoding loop drafts K paths as the static tree [K, 1, .., 1] (level order) and hands
     #: this sampler the nodes path-major (spec_samplers.decoding.tree_drafting)

@@ -480,23 +480,23 @@ _NODE_I = tl.constexpr(NODE_I)
 
 
 @triton.jit
-def _store_stats(nf, ni, u, st, F: tl.constexpr, I: tl.constexpr):
+def _store_stats(nf, ni, u, st, F: tl.constexpr, FI: tl.constexpr):
     """Keep node u's logits rule constants (:func:`_logit_stats`) in the node workspaces."""
     m_rule, c, r, cut, argmax, _t = st
     tl.store(nf + u * _NODE_F + F, m_rule)
     tl.store(nf + u * _NODE_F + F + 1, c)
     tl.store(nf + u * _NODE_F + F + 2, r)
     tl.store(nf + u * _NODE_F + F + 3, cut)
-    tl.store(ni + u * _NODE_I + I, argmax)
+    tl.store(ni + u * _NODE_I + FI, argmax)
 
 
 @triton.jit
-def _stats(nf, ni, u, temp, F: tl.constexpr, I: tl.constexpr, LOGITS: tl.constexpr):
+def _stats(nf, ni, u, temp, F: tl.constexpr, FI: tl.constexpr, LOGITS: tl.constexpr):
     """Node u's (m, c, r, cut, argmax, T) as :func:`_load` reads them (probabilities: unused)."""
     st = (0.0, 1.0, 1.0, 0.0, tl.full([], 0, tl.int64), 1.0)
     if LOGITS:
         p = nf + u * _NODE_F + F
-        st = (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(ni + u * _NODE_I + I), temp)
+        st = (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(ni + u * _NODE_I + FI), temp)
     return st
 
 
