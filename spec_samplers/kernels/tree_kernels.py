@@ -472,7 +472,7 @@ _I_NEXT = tl.constexpr(2)  # next present sibling (0: none)
 _I_LAST = tl.constexpr(3)  # last entered child (0: none)
 _I_SKIPPED = tl.constexpr(4)  # could not have been drawn
 _I_ORIG = tl.constexpr(5)  # Q_u is still u's target row (nothing written)
-_I_SLOT = tl.constexpr(6)  # row of q_ptr holding Q_u once updated
+_I_SLOT = tl.constexpr(6)  # indexed by depth d: the row of q_ptr of the updated node at depth d
 _I_TMAX = tl.constexpr(7)  # argmax of u's target logits
 _I_DMAX = tl.constexpr(8)  # and of its draft logits
 NODE_I = 9
@@ -528,7 +528,7 @@ def block_tree_kernel(
     offset_ptr,  # [B] int64, None: 0
     greedy_ptr,  # [B] bool or None
     temp_ptr,  # [B] float temperature (0: greedy) when the rows hold logits, None: probabilities
-    q_ptr,  # [B, N+2, V] fp32 workspace: Q_u of updated nodes, one row per node and a spare
+    q_ptr,  # [B, min(D, N)+1, V] fp32 workspace: Q_u of the updated nodes on the path, and a spare
     nf_ptr,  # [B, N+1, NODE_F] fp32 workspace: alpha, removed mass, logits statistics per node
     ni_ptr,  # [B, N+1, NODE_I] int64 workspace: depth, child links, flags, Q slot per node
     out_ptr,  # [B, D+1] int64 out: TreeOutput.token_ids
@@ -545,10 +545,12 @@ def block_tree_kernel(
     """Traversal Verification (:func:`spec_samplers.tree.traversal.traversal_tree_reference`),
     the output row included. Program b runs the 2N + 1 steps of request b's walk (the module
     docstring of :mod:`spec_samplers.tree.traversal`): entering a child costs gathered scalars,
-    a failed child one vocabulary pass over its parent's Q and draft rows (two when the residual
-    is kept: normalised in place), a pass one. Q_u stays u's target row until u is updated
-    (``_I_ORIG``), then lives in a workspace row, written into the spare row and swapped, so a
-    vanished residual (mass <= RESIDUAL_MASS_EPS) keeps the old one. Greedy rows take the
+    a failed child one vocabulary pass over its parent's Q and draft rows and one that normalises
+    the new residual in place (none when its mass vanished, <= RESIDUAL_MASS_EPS: the old Q is
+    kept). Q_u stays u's target row until u is updated (``_I_ORIG``), then lives in a workspace
+    row: the residual is written into the spare row, which is swapped in. Only the nodes on the
+    walk's current path are alive (a failed node is deleted, a passing one ends the walk), one per
+    depth, so the rows are held per depth: min(D, N) + 1 rows with the spare. Greedy rows take the
     rejection tree's argmax walk. The final draw races the stop node's Q at its depth
     (:func:`_race_residual`) and the path is written by walking up from the stop node. Grid (B,);
     compiled without FP fusion (alpha Q - p rounds as the reference's multiply, then subtract)."""
@@ -571,7 +573,8 @@ def block_tree_kernel(
         greedy = tl.where(temp == 0, 1, 0)
     nf = nf_ptr + b * (N + 1) * _NODE_F
     ni = ni_ptr + b * (N + 1) * _NODE_I
-    q_base = b * (N + 2) * V
+    levels = tl.minimum(max_depth, N)  # depths whose nodes can be updated: 0 .. levels - 1
+    q_base = b * (levels + 1) * V
     root_row = _node_row(b, 0, start, n, N, RAGGED)
     alive = root_row >= 0
     # the node workspaces (spec_samplers.layout.node_depths; children linked in index order)
@@ -628,7 +631,7 @@ def block_tree_kernel(
     elif alive:
         cur = zero
         done = 0
-        spare = zero + N + 1  # the workspace row that no node holds
+        spare = zero + levels  # the workspace row that no node holds
         for _step in range(0, 2 * N + 1):
             if done == 0:
                 last = tl.load(ni + cur * _NODE_I + _I_LAST)
@@ -653,7 +656,8 @@ def block_tree_kernel(
                     t_off = u_row * stride_t
                     d_off = u_row * stride_d
                     orig = tl.load(ni + u * _NODE_I + _I_ORIG)
-                    u_slot = tl.load(ni + u * _NODE_I + _I_SLOT)
+                    du = tl.load(ni + u * _NODE_I + _I_DEPTH)
+                    u_slot = tl.load(ni + du * _NODE_I + _I_SLOT)
                     q_off = q_base + u_slot * V
                     t_st = _stats(nf, ni, u, temp, _F_TST, _I_TMAX, LOGITS)
                     d_st = _stats(nf, ni, u, temp, _F_DST, _I_DMAX, LOGITS)
@@ -713,7 +717,7 @@ def block_tree_kernel(
                                     m = offs < V
                                     r = tl.load(q_ptr + s_off + offs, mask=m, other=0.0)
                                     tl.store(q_ptr + s_off + offs, tl.math.div_rn(r, z), mask=m)
-                                tl.store(ni + u * _NODE_I + _I_SLOT, spare)
+                                tl.store(ni + du * _NODE_I + _I_SLOT, spare)
                                 tl.store(ni + u * _NODE_I + _I_ORIG, zero)
                                 spare = u_slot
                             tl.store(nf + u * _NODE_F + _F_ALPHA, new_alpha)
@@ -731,8 +735,8 @@ def block_tree_kernel(
     token = amax
     if greedy == 0:
         orig = tl.load(ni + stop_c * _NODE_I + _I_ORIG)
-        q_off = q_base + tl.load(ni + stop_c * _NODE_I + _I_SLOT) * V
         depth_s = tl.load(ni + stop_c * _NODE_I + _I_DEPTH)
+        q_off = q_base + tl.load(ni + depth_s * _NODE_I + _I_SLOT) * V
         token = _race_residual(
             target_ptr, s_toff, q_ptr, q_off, orig, t_st, seed, offset, depth_s, V, LOGITS, PRECISE, BLOCK_V
         )

@@ -151,7 +151,8 @@ def block_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> 
         draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
         seed_ptr=_per_request(call.seeds), offset_ptr=_per_request(call.offsets),
         greedy_ptr=_per_request(call.is_greedy), temp_ptr=_per_request(call.temperature),
-        q_ptr=torch.empty(B, N + 2, V, dtype=torch.float32, device=device),
+        # Q rows live only on the walk's current path: one per depth that can be updated, and a spare
+        q_ptr=torch.empty(B, min(call.max_depth, N) + 1, V, dtype=torch.float32, device=device),
         nf_ptr=torch.empty(B, N + 1, NODE_F, dtype=torch.float32, device=device),
         ni_ptr=torch.empty(B, N + 1, NODE_I, dtype=torch.int64, device=device),
         out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
