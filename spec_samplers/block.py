@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
 from spec_samplers.kernels.block_launch import block_triton
+from spec_samplers.kernels.tree_launch import block_tree_triton
 from spec_samplers.reference import block_reference
 from spec_samplers.tree.entries import TreeEntries
 from spec_samplers.tree.traversal import traversal_tree_reference
@@ -29,7 +30,8 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
 
     Trees (``forward_tree`` and its ragged and logits twins): Traversal Verification (Weng et al.
     2025, :mod:`spec_samplers.tree.traversal`), which is this rule on a chain; exact for every tree
-    and sibling policy; a PyTorch reference on every device (no tree kernel).
+    and sibling policy; one Triton launch per call (``block_tree_kernel``, the reference's tokens)
+    when the Triton backend runs, the PyTorch reference otherwise.
 
     Args:
         strict_mode: check token-id bounds and probability values too (synchronises with the host).
@@ -54,6 +56,7 @@ class BlockVerificationSampler(TreeEntries, SpecDecodeStochasticBaseSampler):
     bonus_rows_in_place = True
     kernel_op = staticmethod(block_triton)
     kernel_counts = True  # the launcher adds batch.counters
-    #: Traversal Verification (Weng et al. 2025), the tree form of block verification; a PyTorch
-    #: reference on every device (no tree kernel)
+    #: Traversal Verification (Weng et al. 2025), the tree form of block verification
     tree_reference = staticmethod(traversal_tree_reference)
+    tree_kernel = staticmethod(block_tree_triton)
+    tree_kernel_takes_call = True

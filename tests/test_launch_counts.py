@@ -70,6 +70,8 @@ _CALLS = {
 }
 # the chain entries of block verification and GBV (every registered sampler's)
 _CALLS.update((c.name, c) for c in dp._sampler_calls("triton", 1, samplers=dp._other_samplers()))
+# block verification's tree entries (Traversal Verification: one launch of block_tree_kernel)
+_CALLS.update((c.name, c) for c in dp._tree_calls("triton", 2, samplers=dp._other_samplers()[:1]))
 
 
 @pytest.mark.parametrize("name", list(_CALLS))
@@ -87,6 +89,7 @@ NO_EAGER = [
     # the tree kernels derive the layout, draw the final token and count in the launch
     "rejection.forward_tree_ragged_from_logits",
     "typical.forward_tree_from_logits",
+    "block.forward_tree_ragged_from_logits",
 ]
 
 

@@ -10,7 +10,7 @@ import torch
 from conftest import DEVICE, KERNEL_BACKEND
 from tree_cases import POLICIES, SHAPES, draw_tree_tokens, ragged_from_padded
 
-from spec_samplers import RejectionSampler
+from spec_samplers import BlockVerificationSampler, RejectionSampler
 
 
 def _workload(shape, policy, B, V, seed, dtype=torch.float32):
@@ -49,6 +49,37 @@ def _dev(*ts):
 def test_kernel_equals_reference(shape, policy):
     target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES[shape], policy, 6, 9, seed=len(shape)))
     _both(lambda s: s.forward_tree(target, draft, tokens, parents, policy, seeds=seeds))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_block_tree_kernel_equals_traversal_reference(policy):
+    """The Traversal Verification kernel (block_tree_kernel) gives traversal_tree_reference's
+    tokens: greedy rows, out-of-range children (skipped), detached nodes, a vanishing residual
+    (target = draft), ragged trees and a malformed request, logits at T = 0 / hot, point-mass
+    drafts (draft None), the chain given as a tree."""
+    cls = BlockVerificationSampler
+    target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["uneven"], policy, 4, 16, seed=31))
+    tokens[2, 0] = -3  # skipped: its subtree can never pass
+    tokens[3, 2] = 99
+    target[1] = draft[1]  # residuals of mass ~0 (kept)
+    greedy = torch.tensor([False, True, False, False], device=DEVICE)
+    _both(lambda s: s.forward_tree(target, draft, tokens, parents, policy, seeds=seeds, is_greedy=greedy), cls)
+    _both(lambda s: s.forward_tree(target, None, tokens, parents, policy, seeds=seeds, max_depth=2), cls)
+    t, d, toks, pars, cu = ragged_from_padded(target, draft, tokens, parents, [6, 2, 0, 4])
+    _both(lambda s: s.forward_tree_ragged(t, d, toks, pars.int(), cu, 6, policy, seeds=seeds), cls)
+    bad = cu.clone()
+    bad[1] = 3
+    out = _both(lambda s: s.forward_tree_ragged(t, d, toks, pars, bad, 6, policy, seeds=seeds), cls)
+    assert bool((out.token_ids[1] == -1).all())
+    temperature = torch.tensor([0.0, 0.7, 1.3, 1.0], device=DEVICE)
+    logits, dlogits = target.log(), draft.log()
+    _both(lambda s: s.forward_tree_from_logits(logits, dlogits, tokens, parents, temperature, policy, seeds=seeds), cls)
+    lt, ld = t.log(), d.log()
+    _both(lambda s: s.forward_tree_ragged_from_logits(lt, ld, toks, pars, cu, 6, temperature, policy, seeds=seeds),
+          cls)  # fmt: skip
+    chain = list(range(5))
+    c_target, c_draft, c_tokens, c_parents, c_seeds = _dev(*_workload(chain, policy, 4, 16, seed=33))
+    _both(lambda s: s.forward_tree(c_target, c_draft, c_tokens, chain, policy, seeds=c_seeds), cls)
 
 
 @pytest.mark.parametrize("policy", ["independent", "deterministic"])
@@ -100,7 +131,7 @@ def _both_typical(call):
     return _both(call, TypicalAcceptanceSampler)
 
 
-@pytest.mark.parametrize("rule", ["rejection", "typical"])
+@pytest.mark.parametrize("rule", ["rejection", "typical", "block"])
 def test_kernel_ragged_logits_and_bad_trees(rule):
     """What the kernels derive from the inputs as given (rows, cleaned parents, ragged spans),
     on both rules: ragged probabilities and logits, padded logits, sampling_params= (processed
@@ -108,11 +139,11 @@ def test_kernel_ragged_logits_and_bad_trees(rule):
     nothing), the default width (N without a list of parents)."""
     from spec_samplers import SamplingParams, TypicalAcceptanceSampler
 
-    cls = RejectionSampler if rule == "rejection" else TypicalAcceptanceSampler
+    cls = {"rejection": RejectionSampler, "typical": TypicalAcceptanceSampler}.get(rule, BlockVerificationSampler)
     target, draft, tokens, parents, seeds = _dev(*_workload(SHAPES["uneven"], "independent", 4, 11, seed=21))
     if rule == "typical":  # drafts near the target's mode so that some paths pass
         tokens = torch.where(torch.arange(tokens.shape[1], device=DEVICE) % 2 == 0, target[:, :-1].argmax(-1), tokens)
-    rnd = dict(seeds=seeds) if rule == "rejection" else {}
+    rnd = dict(seeds=seeds) if rule != "typical" else {}
     N = tokens.shape[1]
     bad = parents.clone()
     bad[0, 2] = 5  # >= j: detached
@@ -162,7 +193,7 @@ def test_tree_kernels_compile_for_sm90(tmp_path):
     script = here / "tree_compile_check.py"
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled all tree kernel variants for sm_90: 36 variants" in proc.stdout
+    assert "compiled all tree kernel variants for sm_90: 50 variants" in proc.stdout
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -456,3 +456,300 @@ def typical_tree_kernel(
     has = (stop >= 0) & (tl.load(rowok_ptr + base + stop_c) != 0)
     final = tl.where(has, tl.load(amax_ptr + base + stop_c), -1)
     _write_tail(out_ptr, nodes_ptr, counts_ptr, b, stop_depth, final, max_depth, BLOCK_D)
+
+
+#: per-node fp32 fields of block_tree_kernel's ``nf_ptr`` workspace
+_F_ALPHA = tl.constexpr(0)  # alpha_u
+_F_REMOVED = tl.constexpr(1)  # drawn mass of u's failed children (without replacement)
+_F_TST = tl.constexpr(2)  # 2..5: logits rule constants (m, c, r, cut) of u's target row
+_F_DST = tl.constexpr(6)  # 6..9: and of its draft row
+NODE_F = 10
+_NODE_F = tl.constexpr(NODE_F)
+#: per-node int64 fields of ``ni_ptr``
+_I_DEPTH = tl.constexpr(0)  # -1: detached
+_I_FIRST = tl.constexpr(1)  # first present child (0: none)
+_I_NEXT = tl.constexpr(2)  # next present sibling (0: none)
+_I_LAST = tl.constexpr(3)  # last entered child (0: none)
+_I_SKIPPED = tl.constexpr(4)  # could not have been drawn
+_I_ORIG = tl.constexpr(5)  # Q_u is still u's target row (nothing written)
+_I_SLOT = tl.constexpr(6)  # indexed by depth d: the row of q_ptr of the updated node at depth d
+_I_TMAX = tl.constexpr(7)  # argmax of u's target logits
+_I_DMAX = tl.constexpr(8)  # and of its draft logits
+NODE_I = 9
+_NODE_I = tl.constexpr(NODE_I)
+
+
+@triton.jit
+def _store_stats(nf, ni, u, st, F: tl.constexpr, FI: tl.constexpr):
+    """Keep node u's logits rule constants (:func:`_logit_stats`) in the node workspaces."""
+    m_rule, c, r, cut, argmax, _t = st
+    tl.store(nf + u * _NODE_F + F, m_rule)
+    tl.store(nf + u * _NODE_F + F + 1, c)
+    tl.store(nf + u * _NODE_F + F + 2, r)
+    tl.store(nf + u * _NODE_F + F + 3, cut)
+    tl.store(ni + u * _NODE_I + FI, argmax)
+
+
+@triton.jit
+def _stats(nf, ni, u, temp, F: tl.constexpr, FI: tl.constexpr, LOGITS: tl.constexpr):
+    """Node u's (m, c, r, cut, argmax, T) as :func:`_load` reads them (probabilities: unused)."""
+    st = (0.0, 1.0, 1.0, 0.0, tl.full([], 0, tl.int64), 1.0)
+    if LOGITS:
+        p = nf + u * _NODE_F + F
+        st = (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(ni + u * _NODE_I + FI), temp)
+    return st
+
+
+@triton.jit
+def _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, u, row, temp, V,
+                 POLICY: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):  # fmt: skip
+    """Logits rows: node u's target (and draft) row statistics, computed once when u is entered."""
+    ok = row >= 0
+    t_st = _logit_stats(target_ptr, tl.maximum(row, 0) * stride_t, ok, temp, V, BLOCK_V, PRECISE)
+    _store_stats(nf, ni, u, t_st, _F_TST, _I_TMAX)
+    if POLICY != 2:
+        d_st = _logit_stats(draft_ptr, tl.maximum(row, 0) * stride_d, ok, temp, V, BLOCK_V, PRECISE)
+        _store_stats(nf, ni, u, d_st, _F_DST, _I_DMAX)
+
+
+@triton.jit
+def block_tree_kernel(
+    target_ptr,  # [R, V] fp32/fp16/bf16, vocab stride 1
+    stride_t,
+    draft_ptr,  # [R, V] or None (point-mass drafts)
+    stride_d,
+    tokens_ptr,  # [B, N] padded / [T] ragged int32/int64, node stride 1
+    stride_tb,
+    parents_ptr,  # [B, N] or [N] padded / [T] ragged int32/int64 as given (cleaned here)
+    stride_pb,  # 0: one parents row for the batch
+    cu_ptr,  # [B] int32/int64 inclusive cumsum of N_b (ragged), None: padded
+    num_tokens,  # T (ragged)
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64, None: 0
+    greedy_ptr,  # [B] bool or None
+    temp_ptr,  # [B] float temperature (0: greedy) when the rows hold logits, None: probabilities
+    q_ptr,  # [B, min(D, N)+1, V] fp32 workspace: Q_u of the updated nodes on the path, and a spare
+    nf_ptr,  # [B, N+1, NODE_F] fp32 workspace: alpha, removed mass, logits statistics per node
+    ni_ptr,  # [B, N+1, NODE_I] int64 workspace: depth, child links, flags, Q slot per node
+    out_ptr,  # [B, D+1] int64 out: TreeOutput.token_ids
+    nodes_ptr,  # [B, D] int64 out: TreeOutput.node_ids
+    counts_ptr,  # [2 + >= D] int64 sampler counters, or None
+    N,
+    V,
+    max_depth,
+    POLICY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Traversal Verification (:func:`spec_samplers.tree.traversal.traversal_tree_reference`),
+    the output row included. Program b runs the 2N + 1 steps of request b's walk (the module
+    docstring of :mod:`spec_samplers.tree.traversal`): entering a child costs gathered scalars,
+    a failed child one vocabulary pass over its parent's Q and draft rows and one that normalises
+    the new residual in place (none when its mass vanished, <= RESIDUAL_MASS_EPS: the old Q is
+    kept). Q_u stays u's target row until u is updated (``_I_ORIG``), then lives in a workspace
+    row: the residual is written into the spare row, which is swapped in. Only the nodes on the
+    walk's current path are alive (a failed node is deleted, a passing one ends the walk), one per
+    depth, so the rows are held per depth: min(D, N) + 1 rows with the spare. Greedy rows take the
+    rejection tree's argmax walk. The final draw races the stop node's Q at its depth
+    (:func:`_race_residual`) and the path is written by walking up from the stop node. Grid (B,);
+    compiled without FP fusion (alpha Q - p rounds as the reference's multiply, then subtract)."""
+    LOGITS: tl.constexpr = temp_ptr is not None
+    RAGGED: tl.constexpr = cu_ptr is not None
+    b = tl.program_id(0).to(tl.int64)
+    zero = (b * 0).to(tl.int64)
+    start, n = _span(cu_ptr, b, N, num_tokens, RAGGED)
+    seed = tl.load(seed_ptr + b)
+    offset = zero
+    if offset_ptr is not None:
+        offset = tl.load(offset_ptr + b)
+    temp = 1.0
+    if LOGITS:
+        temp = tl.load(temp_ptr + b).to(tl.float32)
+    greedy = 0
+    if greedy_ptr is not None:
+        greedy = tl.load(greedy_ptr + b).to(tl.int32)
+    elif LOGITS:
+        greedy = tl.where(temp == 0, 1, 0)
+    nf = nf_ptr + b * (N + 1) * _NODE_F
+    ni = ni_ptr + b * (N + 1) * _NODE_I
+    levels = tl.minimum(max_depth, N)  # depths whose nodes can be updated: 0 .. levels - 1
+    q_base = b * (levels + 1) * V
+    root_row = _node_row(b, 0, start, n, N, RAGGED)
+    alive = root_row >= 0
+    # the node workspaces (spec_samplers.layout.node_depths; children linked in index order)
+    for v in range(0, N + 1):
+        tl.store(nf + v * _NODE_F + _F_ALPHA, tl.where(v == 0, 1.0, 0.0))
+        tl.store(nf + v * _NODE_F + _F_REMOVED, 0.0)
+        for f in tl.static_range(1, _NODE_I):
+            tl.store(ni + v * _NODE_I + f, zero)
+        tl.store(ni + v * _NODE_I + _I_ORIG, zero + 1)
+        tl.store(ni + v * _NODE_I + _I_SLOT, zero + v)
+    tl.store(ni + _I_DEPTH, zero)
+    tl.debug_barrier()
+    for j in range(1, N + 1):
+        _tok, par = _node(tokens_ptr, parents_ptr, b, j, start, n, stride_tb, stride_pb, RAGGED)
+        d = tl.load(ni + tl.maximum(par, 0) * _NODE_I + _I_DEPTH)
+        tl.store(ni + j * _NODE_I + _I_DEPTH, tl.where((par >= 0) & (d >= 0), d + 1, -1))
+        tl.debug_barrier()
+    for jj in range(0, N):
+        j = N - jj
+        _tok, par = _node(tokens_ptr, parents_ptr, b, j, start, n, stride_tb, stride_pb, RAGGED)
+        dj = tl.load(ni + j * _NODE_I + _I_DEPTH)
+        if (dj >= 1) & (dj <= max_depth):
+            tl.store(ni + j * _NODE_I + _I_NEXT, tl.load(ni + par * _NODE_I + _I_FIRST))
+            tl.store(ni + par * _NODE_I + _I_FIRST, zero + j)
+        tl.debug_barrier()
+    if LOGITS:
+        _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, 0, root_row, temp, V, POLICY, BLOCK_V, PRECISE)
+        tl.debug_barrier()
+    stop = tl.where(alive, 0, -1).to(tl.int64)
+    if alive & (greedy != 0):
+        # the argmax walk of spec_samplers.tree.reference.rejection_tree_walk (greedy rows)
+        cur = zero
+        cur_row = root_row
+        t_st = _stats(nf, ni, 0, temp, _F_TST, _I_TMAX, LOGITS)
+        q_argmax, _m = _row_argmax(target_ptr, root_row * stride_t, alive, V, t_st, LOGITS, PRECISE, BLOCK_V)
+        for j in range(1, N + 1):
+            tok_raw, par = _node(tokens_ptr, parents_ptr, b, j, start, n, stride_tb, stride_pb, RAGGED)
+            dj = tl.load(ni + j * _NODE_I + _I_DEPTH)
+            valid = (tok_raw >= 0) & (tok_raw < V)
+            if (par == cur) & (dj >= 1) & (dj <= max_depth) & valid & (tok_raw == q_argmax):
+                one = tok_raw + tl.arange(0, 1)
+                q_c = tl.sum(_load(target_ptr, cur_row * stride_t, one, one >= 0, t_st, LOGITS, PRECISE), 0)
+                if q_c > 0:
+                    cur = zero + j
+                    cur_row = _node_row(b, j, start, n, N, RAGGED)
+                    if LOGITS:
+                        _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, j, cur_row, temp, V,
+                                     2, BLOCK_V, PRECISE)  # fmt: skip  # (target row only)
+                        tl.debug_barrier()
+                    t_st = _stats(nf, ni, j, temp, _F_TST, _I_TMAX, LOGITS)
+                    q_argmax, _m = _row_argmax(target_ptr, cur_row * stride_t, cur_row >= 0, V, t_st, LOGITS,
+                                               PRECISE, BLOCK_V)  # fmt: skip
+        stop = cur
+    elif alive:
+        cur = zero
+        done = 0
+        spare = zero + levels  # the workspace row that no node holds
+        for _step in range(0, 2 * N + 1):
+            if done == 0:
+                last = tl.load(ni + cur * _NODE_I + _I_LAST)
+                kid = tl.where(last > 0, tl.load(ni + tl.maximum(last, 0) * _NODE_I + _I_NEXT),
+                               tl.load(ni + cur * _NODE_I + _I_FIRST))  # fmt: skip
+                passes = cur == 0
+                if (kid == 0) & (cur > 0):
+                    w0, w1, w2, w3 = random_words(seed, offset, cur - 1, _STREAM_ACCEPT)
+                    passes = uniform_from_words(w0, w1) < tl.load(nf + cur * _NODE_F + _F_ALPHA)
+                if (kid == 0) & passes:
+                    stop = cur
+                    done = 1
+                else:
+                    # u's state: Q_u (its target row or its workspace row), alpha_u, P_u; x: the child
+                    # of u concerned (entered, or cur failed)
+                    x_node = tl.where(kid > 0, kid, cur)
+                    tok_raw, up = _node(tokens_ptr, parents_ptr, b, x_node, start, n, stride_tb, stride_pb, RAGGED)
+                    u = tl.where(kid > 0, cur, up)
+                    u_row = _node_row(b, u, start, n, N, RAGGED)
+                    valid = (tok_raw >= 0) & (tok_raw < V)
+                    tok = tl.where(valid, tok_raw, 0)
+                    t_off = u_row * stride_t
+                    d_off = u_row * stride_d
+                    orig = tl.load(ni + u * _NODE_I + _I_ORIG)
+                    du = tl.load(ni + u * _NODE_I + _I_DEPTH)
+                    u_slot = tl.load(ni + du * _NODE_I + _I_SLOT)
+                    q_off = q_base + u_slot * V
+                    t_st = _stats(nf, ni, u, temp, _F_TST, _I_TMAX, LOGITS)
+                    d_st = _stats(nf, ni, u, temp, _F_DST, _I_DMAX, LOGITS)
+                    alpha_u = tl.load(nf + u * _NODE_F + _F_ALPHA)
+                    removed = tl.load(nf + u * _NODE_F + _F_REMOVED)
+                    one = tok + tl.arange(0, 1)
+                    one_m = kc.mask_if(valid, one >= 0)  # a block mask (kc.mask_if)
+                    p_drawn = 0.0
+                    p_x = 1.0
+                    rem = 1.0
+                    if POLICY != 2:
+                        p_drawn = tl.sum(_load(draft_ptr, d_off, one, one_m, d_st, LOGITS, PRECISE), 0)
+                        if POLICY == 1:
+                            rem = 1.0 - removed
+                        p_x = tl.where(rem > 0, tl.math.div_rn(p_drawn, tl.where(rem > 0, rem, 1.0)), 0.0)
+                    rem_safe = tl.where(rem > 0, rem, 1.0)
+                    if kid > 0:
+                        # entering child kid of u: alpha_c = min(alpha_u Q_u(x) / P_u(x), 1)
+                        q_x = tl.sum(_residual(target_ptr, t_off, q_ptr, q_off, orig, one, one_m, t_st, LOGITS,
+                                               PRECISE), 0)  # fmt: skip
+                        drawable = valid & (p_x > 0)
+                        ratio = tl.math.div_rn(q_x, tl.where(drawable, p_x, 1.0))
+                        alpha_c = tl.where(drawable & (alpha_u > 0), tl.minimum(alpha_u * ratio, 1.0), 0.0)
+                        tl.store(nf + kid * _NODE_F + _F_ALPHA, alpha_c)
+                        tl.store(ni + kid * _NODE_I + _I_SKIPPED, tl.where(drawable, 0, 1).to(tl.int64))
+                        tl.store(ni + u * _NODE_I + _I_LAST, kid)
+                        if LOGITS:
+                            k_row = _node_row(b, kid, start, n, N, RAGGED)
+                            _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, kid, k_row, temp, V,
+                                         POLICY, BLOCK_V, PRECISE)  # fmt: skip
+                        cur = kid
+                    else:
+                        if tl.load(ni + cur * _NODE_I + _I_SKIPPED) == 0:
+                            # u after the failure of cur: (alpha_u Q_u - P_u)+ into the spare row, its
+                            # mass z, then normalised and swapped in unless z vanished
+                            s_off = q_base + spare * V
+                            mass = zero.to(tl.float64)
+                            for s in range(0, V, BLOCK_V):
+                                offs = s + tl.arange(0, BLOCK_V)
+                                m = offs < V
+                                q = _residual(target_ptr, t_off, q_ptr, q_off, orig, offs, m, t_st, LOGITS, PRECISE)
+                                r = alpha_u * q
+                                if POLICY != 2:
+                                    p = _load(draft_ptr, d_off, offs, m, d_st, LOGITS, PRECISE)
+                                    r = tl.maximum(r - tl.math.div_rn(p, rem_safe), 0.0)
+                                else:
+                                    r = tl.where(offs == tok, tl.maximum(r - 1.0, 0.0), r)
+                                r = tl.where(m, r, 0.0)
+                                tl.store(q_ptr + s_off + offs, r, mask=m)
+                                mass += tl.sum(r.to(tl.float64), 0)
+                            z = mass.to(tl.float32)
+                            full = alpha_u >= 1.0
+                            new_alpha = tl.where(full, 1.0, tl.math.div_rn(z, tl.where(full, 1.0, z + (1.0 - alpha_u))))
+                            if z > _MASS_EPS:
+                                for s in range(0, V, BLOCK_V):
+                                    offs = s + tl.arange(0, BLOCK_V)
+                                    m = offs < V
+                                    r = tl.load(q_ptr + s_off + offs, mask=m, other=0.0)
+                                    tl.store(q_ptr + s_off + offs, tl.math.div_rn(r, z), mask=m)
+                                tl.store(ni + du * _NODE_I + _I_SLOT, spare)
+                                tl.store(ni + u * _NODE_I + _I_ORIG, zero)
+                                spare = u_slot
+                            tl.store(nf + u * _NODE_F + _F_ALPHA, new_alpha)
+                            if POLICY == 1:
+                                tl.store(nf + u * _NODE_F + _F_REMOVED, removed + p_drawn)
+                        cur = u
+            tl.debug_barrier()  # this step's node stores are visible to every thread of the program
+    # the stop node: its target row's mass and argmax, the final draw from its Q, the path
+    stop_c = tl.maximum(stop, 0)
+    s_row = _node_row(b, stop_c, start, n, N, RAGGED)
+    s_ok = alive & (s_row >= 0)
+    t_st = _stats(nf, ni, stop_c, temp, _F_TST, _I_TMAX, LOGITS)
+    s_toff = tl.maximum(s_row, 0) * stride_t
+    amax, qmax = _row_argmax(target_ptr, s_toff, s_ok, V, t_st, LOGITS, PRECISE, BLOCK_V)
+    token = amax
+    if greedy == 0:
+        orig = tl.load(ni + stop_c * _NODE_I + _I_ORIG)
+        depth_s = tl.load(ni + stop_c * _NODE_I + _I_DEPTH)
+        q_off = q_base + tl.load(ni + depth_s * _NODE_I + _I_SLOT) * V
+        token = _race_residual(
+            target_ptr, s_toff, q_ptr, q_off, orig, t_st, seed, offset, depth_s, V, LOGITS, PRECISE, BLOCK_V
+        )
+    final = tl.where(s_ok & (qmax > 0), token, -1)
+    length = tl.where(alive, tl.load(ni + stop_c * _NODE_I + _I_DEPTH), 0)
+    node = tl.where(alive, stop, 0)
+    d = length
+    for _ in range(0, max_depth):
+        on_path = node > 0
+        node_c = tl.maximum(node, 1)
+        tok_n, par_n = _node(tokens_ptr, parents_ptr, b, node_c, start, n, stride_tb, stride_pb, RAGGED)
+        tl.store(out_ptr + b * (max_depth + 1) + d - 1, tok_n, mask=on_path)
+        tl.store(nodes_ptr + b * max_depth + d - 1, node, mask=on_path)
+        node = tl.where(on_path, par_n, node)
+        d = tl.where(on_path, d - 1, d)
+    _write_tail(out_ptr, nodes_ptr, counts_ptr, b, length, final, max_depth, BLOCK_D)

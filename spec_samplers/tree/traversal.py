@@ -1,6 +1,8 @@
 """Traversal Verification (Weng et al. 2025, "Traversal Verification for Speculative Tree
-Decoding"): the tree generalisation of block verification, as a PyTorch reference that runs on
-every device (no kernel; :class:`spec_samplers.BlockVerificationSampler` uses it for trees).
+Decoding"): the tree generalisation of block verification, as a PyTorch reference.
+:class:`spec_samplers.BlockVerificationSampler` uses it for trees on the torch backend; on the
+Triton backend its twin :func:`spec_samplers.kernels.tree_kernels.block_tree_kernel` (one launch,
+the same tokens) runs instead.
 
 State of every node u: alpha_u (the acceptance probability of the path root..u), Q_u (the
 current target row, q_u at first) and P_u (the law the next untried child of u is drawn from,
@@ -46,7 +48,8 @@ of :func:`spec_samplers.tree.reference.rejection_tree_walk`.
 
 Random numbers: node j tests the accept uniform of counter j - 1 (STREAM_ACCEPT; each node is
 tested at most once); the final draw is the recovery race at the stop node's depth, as the other
-tree rules. Cost: 2N + 1 steps of [B]-vectorised work, one vocabulary pass per step.
+tree rules. Cost: 2N + 1 steps of [B]-vectorised work, one vocabulary pass per step (the kernel:
+one per failed child, two when its parent's residual is renormalised).
 """
 
 from __future__ import annotations
