@@ -209,3 +209,34 @@ def test_kernel_fuses_the_softmax_of_logits(policy):
     _both(lambda s: s.forward_tree_from_logits(tl_, dl, tokens, parents, temperature, policy, seeds=seeds))
     _both(lambda s: s.forward_tree_from_logits(tl_.bfloat16(), dl.bfloat16(), tokens, parents, temperature, policy,
                                                seeds=seeds))  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", ["rejection", "block", "typical"])
+def test_sampling_params_without_filters_reach_the_kernel_as_their_temperature(rule):
+    """``sampling_params=`` without top-k/top-p/min-p is the softmax at its temperature: the
+    kernel, which reads the logits through that rule, gets the temperature (it once got the
+    raw logits as probabilities), padded and ragged, a greedy request included; equal to the
+    reference and to ``temperature=``."""
+    from spec_samplers import TypicalAcceptanceSampler
+    from spec_samplers.sampling_params import SamplingParams
+
+    cls = {"rejection": RejectionSampler, "block": BlockVerificationSampler, "typical": TypicalAcceptanceSampler}[rule]
+    gen = torch.Generator().manual_seed(3)
+    B, V, parents = 3, 24, [0, 0, 1, 1, 3]
+    N = len(parents)
+    target, draft = 3 * torch.randn(B, N + 1, V, generator=gen), 3 * torch.randn(B, N + 1, V, generator=gen)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    params = [SamplingParams(temperature=0.8), SamplingParams(temperature=0.0), SamplingParams(temperature=1.3)]
+    temperature = torch.tensor([0.8, 0.0, 1.3])
+    seeds = dict(seeds=torch.tensor([1, 2, 3])) if rule != "typical" else {}
+    padded = _both(
+        lambda s: s.forward_tree_from_logits(target, draft, tokens, parents, sampling_params=params, **seeds), cls
+    )
+    plain = cls(backend=KERNEL_BACKEND).forward_tree_from_logits(target, draft, tokens, parents, temperature, **seeds)
+    assert torch.equal(padded.token_ids.cpu(), plain.token_ids.cpu())
+    cu = torch.tensor([N, 2 * N, 3 * N])
+    rows = target.reshape(-1, V), draft.reshape(-1, V), tokens.reshape(-1), torch.tensor(parents * B), cu, N
+    ragged = _both(lambda s: s.forward_tree_ragged_from_logits(*rows, sampling_params=params, **seeds), cls)
+    width = padded.token_ids.shape[1]  # (the ragged output is max_nodes + 1 wide, -1 past the depth)
+    assert torch.equal(ragged.token_ids[:, :width].cpu(), padded.token_ids.cpu())
+    assert (ragged.token_ids[:, width:] == -1).all()

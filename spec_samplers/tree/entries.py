@@ -212,6 +212,9 @@ class TreeEntries(SpecDecodeBaseSampler):
                                            temperature, seeds, offsets)  # fmt: skip
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
         takes_call = self._takes_call(target_logits.device)
+        temperature, sampling_params = self._temperature_only(
+            takes_call, temperature, sampling_params, B, target_logits
+        )
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
             t = self._temperature(temperature, B, target_logits.device)
             args = (target_logits, draft_logits, draft_token_ids, parents, draft_sampling, max_depth, None)
@@ -262,6 +265,9 @@ class TreeEntries(SpecDecodeBaseSampler):
         self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         B = cu_num_nodes.shape[0]
         takes_call = self._takes_call(target_logits.device)
+        temperature, sampling_params = self._temperature_only(
+            takes_call, temperature, sampling_params, B, target_logits
+        )
         args = (draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling)
         if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
             t = self._temperature(temperature, B, target_logits.device)
@@ -451,6 +457,23 @@ class TreeEntries(SpecDecodeBaseSampler):
         q = _rows_to_probs(target, request, t, filters)
         p = None if draft is None else _rows_to_probs(draft, request, t, filters)
         return t == 0, q, p, None
+
+    def _temperature_only(
+        self,
+        takes_call: bool,
+        temperature: torch.Tensor | None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        B: int,
+        target: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, SamplingParams | Sequence[SamplingParams] | None]:
+        """(temperature, sampling_params) of a logits entry: for a kernel reading a
+        :class:`TreeCall`, parameters without filters become their temperature [B] (the kernel
+        applies the softmax rule as it reads the logits; the rows must not reach it unprocessed);
+        otherwise as given (:meth:`_logits_rows` processes them, and refuses both or neither)."""
+        if not takes_call or sampling_params is None or temperature is not None:
+            return temperature, sampling_params
+        t, filters = _sampling_filters(sampling_params, B, target.device)
+        return (t, None) if not filters else (None, sampling_params)
 
     def _takes_call(self, device: torch.device) -> bool:
         """Whether the tree op of this call is a kernel that reads a :class:`TreeCall` (declared by
