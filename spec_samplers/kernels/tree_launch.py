@@ -66,28 +66,39 @@ def _layout_args(call: TreeCall) -> dict[str, object]:
     )  # fmt: skip
 
 
-def rejection_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> TreeOutput:
-    """:func:`spec_samplers.tree.reference.rejection_tree_reference` on the Triton kernel: same
-    tokens on the same inputs and seeds. With ``config.launches`` a list, the launch is recorded
-    there, not run (the output is then not meaningful)."""
-    from spec_samplers.kernels.tree_kernels import INDEPENDENT, POINT_MASS, WITHOUT_REPLACEMENT, rejection_tree_kernel
+def _walk_args(call: TreeCall, device: torch.device) -> dict[str, object]:
+    """The arguments the two walk kernels (rejection, block) share: the layout, the draft rows
+    and their policy, the per-request seeds, offsets, greedy mask and temperature."""
+    from spec_samplers.kernels.tree_kernels import INDEPENDENT, POINT_MASS, WITHOUT_REPLACEMENT
 
-    B, N, V = call.batch_size, call.num_nodes, call.vocab_size
-    device = call.target.device
-    assert call.seeds is not None, "tree rejection sampling needs per-request seeds"
     point_mass = call.draft is None or call.policy == "deterministic"
-    draft = None if point_mass else _rows(call.draft, V, device)
+    draft = None if point_mass else _rows(call.draft, call.vocab_size, device)
     policy = POINT_MASS if point_mass else WITHOUT_REPLACEMENT if call.policy == "without_replacement" else INDEPENDENT
-    token_ids, node_ids = _outputs(call)
-    args = dict(
+    return dict(
         _layout_args(call),
         draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
         seed_ptr=_per_request(call.seeds), offset_ptr=_per_request(call.offsets),
         greedy_ptr=_per_request(call.is_greedy), temp_ptr=_per_request(call.temperature),
+        POLICY=policy,
+    )  # fmt: skip
+
+
+def rejection_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> TreeOutput:
+    """:func:`spec_samplers.tree.reference.rejection_tree_reference` on the Triton kernel: same
+    tokens on the same inputs and seeds. With ``config.launches`` a list, the launch is recorded
+    there, not run (the output is then not meaningful)."""
+    from spec_samplers.kernels.tree_kernels import rejection_tree_kernel
+
+    B, N, V = call.batch_size, call.num_nodes, call.vocab_size
+    device = call.target.device
+    assert call.seeds is not None, "tree rejection sampling needs per-request seeds"
+    token_ids, node_ids = _outputs(call)
+    args = dict(
+        _walk_args(call, device),
         scratch_ptr=torch.empty(B, 2, V, dtype=torch.float32, device=device),
         out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
         N=N, V=V, max_depth=call.max_depth,
-        POLICY=policy, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
+        BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
     if B and launches_to_run(config, [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")]):
         rejection_tree_kernel[(B,)](**args)
@@ -131,33 +142,24 @@ def block_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> 
     :func:`rejection_tree_triton`). The kernel initialises its node workspaces itself; it is
     compiled without FP fusion, as the chain's block kernels."""
     from spec_samplers.kernels.tree_kernels import (
-        INDEPENDENT,
         NODE_F,
         NODE_I,
-        POINT_MASS,
-        WITHOUT_REPLACEMENT,
         block_tree_kernel,
     )
 
     B, N, V = call.batch_size, call.num_nodes, call.vocab_size
     device = call.target.device
     assert call.seeds is not None, "tree block verification needs per-request seeds"
-    point_mass = call.draft is None or call.policy == "deterministic"
-    draft = None if point_mass else _rows(call.draft, V, device)
-    policy = POINT_MASS if point_mass else WITHOUT_REPLACEMENT if call.policy == "without_replacement" else INDEPENDENT
     token_ids, node_ids = _outputs(call)
     args = dict(
-        _layout_args(call),
-        draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
-        seed_ptr=_per_request(call.seeds), offset_ptr=_per_request(call.offsets),
-        greedy_ptr=_per_request(call.is_greedy), temp_ptr=_per_request(call.temperature),
+        _walk_args(call, device),
         # Q rows live only on the walk's current path: one per depth that can be updated, and a spare
         q_ptr=torch.empty(B, min(call.max_depth, N) + 1, V, dtype=torch.float32, device=device),
         nf_ptr=torch.empty(B, N + 1, NODE_F, dtype=torch.float32, device=device),
         ni_ptr=torch.empty(B, N + 1, NODE_I, dtype=torch.int64, device=device),
         out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
         N=N, V=V, max_depth=call.max_depth,
-        POLICY=policy, BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
+        BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
     options = dict(enable_fp_fusion=False)  # alpha Q - p rounds as the reference's multiply, then subtract
     launch = KernelLaunch(block_tree_kernel, (B,), args, name="block_tree", options=options)
