@@ -195,9 +195,7 @@ def filtered_params(B: int) -> dict[str, torch.Tensor]:
 
 def ops() -> tuple[dict[str, Callable[[VerifyBatch], torch.Tensor]], dict[str, Callable[[VerifyBatch], torch.Tensor]]]:
     """(kernel op, reference op) per batch name."""
-    from spec_samplers.kernels.block_launch import block_triton
-    from spec_samplers.kernels.rejection_launch import rejection_triton
-    from spec_samplers.kernels.typical_launch import typical_triton
+    from spec_samplers.kernels.verify_launch import block_triton, rejection_triton, typical_triton
     from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 
     def typical_k(b: VerifyBatch) -> torch.Tensor:
@@ -339,7 +337,7 @@ def check_arrivals(shapes=((1, 4, 128256), (64, 4, 128256), (256, 4, 32000)), re
     show as tokens that change between identical calls or differ from the reference, and a
     counter left non-zero as every later call going wrong. Repeated calls, and two streams at
     once (each stream has its own counters), at shapes with many vocabulary blocks per request."""
-    from spec_samplers.kernels import launch_common as lc
+    from spec_samplers.kernels import backend
 
     kernel, ref = ops()
     rows = []
@@ -361,7 +359,7 @@ def check_arrivals(shapes=((1, 4, 128256), (64, 4, 128256), (256, 4, 32000)), re
                         outs.append([kernel[name](batch) for _ in range(5)])
                 torch.cuda.synchronize()
             concurrent = sum(int((o != first).any(dim=1).sum()) for run in outs for o in run)
-            counters = sum(int(buf.count_nonzero()) for key, buf in lc._ARRIVALS.items() if key[0] == DEVICE)
+            counters = sum(int(buf.count_nonzero()) for key, buf in backend._ARRIVALS.items() if key[0] == DEVICE)
             row = {
                 "kernel": name,
                 "B": B,

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kernel_compile_check import TARGET, signature  # noqa: E402
 
 from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
-from spec_samplers.kernels.verify_plan import REJECTION, plan_verify  # noqa: E402
+from spec_samplers.kernels.verify_launch import REJECTION, plan_verify  # noqa: E402
 from spec_samplers.layout import VerifyBatch  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
-from spec_samplers.kernels.block_launch import block_triton
 from spec_samplers.kernels.tree_launch import block_tree_triton
+from spec_samplers.kernels.verify_launch import block_triton
 from spec_samplers.reference import block_reference
 from spec_samplers.tree.entries import TreeEntries
 from spec_samplers.tree.traversal import traversal_tree_reference

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from spec_samplers.base import SpecDecodeStochasticBaseSampler
-from spec_samplers.kernels.rejection_launch import rejection_triton
 from spec_samplers.kernels.tree_launch import rejection_tree_triton
+from spec_samplers.kernels.verify_launch import rejection_triton
 from spec_samplers.reference import rejection_reference
 from spec_samplers.tree.entries import TreeEntries
 from spec_samplers.tree.reference import rejection_tree_reference

@@ -10,7 +10,7 @@ import torch
 from spec_samplers.base import SpecDecodeDeterministicBaseSampler
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.kernels.tree_launch import typical_tree_triton
-from spec_samplers.kernels.typical_launch import typical_triton
+from spec_samplers.kernels.verify_launch import typical_triton
 from spec_samplers.reference import typical_accepts, typical_reference
 from spec_samplers.torch_ops import clean_probs, valid_ids
 from spec_samplers.tree.entries import TreeEntries

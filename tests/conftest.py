@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import spec_samplers.kernels.tree_launch  # noqa: E402,F401
-import spec_samplers.kernels.verify_plan  # noqa: E402,F401  (the launchers import their kernels when they run)
+import spec_samplers.kernels.verify_launch  # noqa: E402,F401  (the launchers import their kernels when they run)
 from spec_samplers.kernels.backend import VocabSplit, vocab_split  # noqa: E402
 
 #: where the kernel tests put their tensors

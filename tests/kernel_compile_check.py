@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from spec_samplers.kernels.backend import plan_vocab_split  # noqa: E402
-from spec_samplers.kernels.verify_plan import BLOCK, REJECTION, plan_typical, plan_verify  # noqa: E402
+from spec_samplers.kernels.verify_launch import BLOCK, REJECTION, plan_typical, plan_verify  # noqa: E402
 from spec_samplers.layout import VerifyBatch  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -6,9 +6,7 @@ only build the batch (padded or ragged, probabilities or logits) from positional
 
 from __future__ import annotations
 
-from spec_samplers.kernels.block_launch import block_triton
-from spec_samplers.kernels.rejection_launch import rejection_triton
-from spec_samplers.kernels.typical_launch import typical_triton
+from spec_samplers.kernels.verify_launch import block_triton, rejection_triton, typical_triton
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 

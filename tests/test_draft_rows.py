@@ -8,8 +8,7 @@ import torch
 from conftest import DEVICE, KERNEL_BACKEND, small_split
 
 from spec_samplers import BlockVerificationSampler, RejectionSampler, SpecSamplerInputError
-from spec_samplers.kernels.block_launch import block_triton
-from spec_samplers.kernels.rejection_launch import rejection_triton
+from spec_samplers.kernels.verify_launch import block_triton, rejection_triton
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.reference import block_reference, rejection_reference
 from spec_samplers.torch_ops import probs_from_logits

@@ -21,10 +21,14 @@ from conftest import DEVICE, small_split
 
 from spec_samplers import SamplingParams
 from spec_samplers.kernels import sampling_kernels
-from spec_samplers.kernels.block_launch import block_triton
-from spec_samplers.kernels.rejection_launch import rejection_triton
-from spec_samplers.kernels.typical_launch import typical_triton
-from spec_samplers.kernels.verify_plan import REJECTION, plan_filter_cuts, plan_verify
+from spec_samplers.kernels.verify_launch import (
+    REJECTION,
+    block_triton,
+    plan_filter_cuts,
+    plan_verify,
+    rejection_triton,
+    typical_triton,
+)
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.reference import block_reference, rejection_reference, typical_reference
 from spec_samplers.sampling.reference import MASS_SCALE, filter_threshold, filtered_softmax_reference

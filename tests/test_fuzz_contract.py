@@ -28,7 +28,7 @@ import random
 
 import torch
 
-import spec_samplers.kernels.verify_plan  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
+import spec_samplers.kernels.verify_launch  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
 from spec_samplers import BlockVerificationSampler, RejectionSampler, SamplingParams, TypicalAcceptanceSampler
 from spec_samplers.sampling.reference import filtered_softmax_reference
 from spec_samplers.sampling_params import sampling_tensors

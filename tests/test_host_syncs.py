@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import spec_samplers.sampling as sampling
 from spec_samplers import RejectionSampler, SamplingParams
 from spec_samplers.bench.cost.trace import OpCounter
-from spec_samplers.kernels import backend, launch_common
+from spec_samplers.kernels import backend
 from spec_samplers.sampling_params import filter_tensors, sampling_tensors
 
 _Counter = OpCounter  # (shared with benchmarks/host_overhead.py: one definition of an eager launch)
@@ -119,8 +119,8 @@ def test_filtered_logits_verification_makes_no_host_sync(monkeypatch):
         return lambda: sampler.forward_from_logits(target, bonus, draft, ids, sampling_params=params, seeds=seeds)
 
     # (the per-stream arrival counters and workspaces ask the CUDA runtime for the current stream)
-    monkeypatch.setattr(launch_common, "arrival_counters", lambda device, n: torch.zeros(n, dtype=torch.int32))
-    monkeypatch.setattr(launch_common, "_stream_key", lambda device: None)  # (fresh workspaces)
+    monkeypatch.setattr(backend, "arrival_counters", lambda device, n: torch.zeros(n, dtype=torch.int32))
+    monkeypatch.setattr(backend, "_stream_key", lambda device: None)  # (fresh workspaces)
     counter, launches = _count(make, monkeypatch)
     assert counter.syncs == [] and all(counter.copies), (counter.syncs, counter.copies)
     assert "filter_cut" in launches

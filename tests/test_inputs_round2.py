@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import spec_samplers.kernels.verify_plan  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
+import spec_samplers.kernels.verify_launch  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
 import spec_samplers.sampling as sampling
 from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
 

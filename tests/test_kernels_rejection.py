@@ -216,10 +216,10 @@ def test_the_launch_finishes_each_request_and_leaves_its_arrival_counters_at_zer
     # One launch per call (no finalize kernel): the last of a request's programs to arrive
     # finishes it (kernels.common.last_to_arrive) and resets its counter, so the same buffer
     # serves the next call, also with another batch size, and the launcher's default split.
-    from spec_samplers.kernels import launch_common as lc
+    from spec_samplers.kernels import backend
 
     for B, seed in ((4, 21), (7, 22), (2, 23)):
         case = make_case(B, 3, 600, seed=seed, closeness=0.3, greedy="mixed")
         _check_padded(case, split=vocab_split(600, B, DEVICE) if B == 7 else _split(600, B, block_v=64, num_blocks=5))
-        counters = lc.arrival_counters(torch.device(DEVICE), B)
+        counters = backend.arrival_counters(torch.device(DEVICE), B)
         assert counters.numel() >= B and not counters.any(), counters[:B]

@@ -17,7 +17,7 @@ import torch
 from spec_samplers.kernels import abi
 from spec_samplers.kernels.abi import Rows
 from spec_samplers.kernels.backend import BLOCK_V_CHOICES, MAX_VOCAB_BLOCKS, plan_vocab_split
-from spec_samplers.kernels.verify_plan import BLOCK, REJECTION, plan_typical, plan_verify
+from spec_samplers.kernels.verify_launch import BLOCK, REJECTION, plan_typical, plan_verify
 from spec_samplers.layout import VerifyBatch
 
 META = torch.device("meta")
@@ -200,7 +200,7 @@ def test_a_launch_config_records_the_launches_for_its_device_without_running_the
 
 def test_a_plan_keeps_its_workspaces_per_shape_and_allocates_only_its_output():
     """Issue 40, a plan cached per shape: two calls of one shape share their partials, race sums
-    and statistics (launch_common.workspaces: launches on one stream run in order), each gets
+    and statistics (backend.workspaces: launches on one stream run in order), each gets
     its own output; another k gets workspaces of its own sizes."""
     for logits in (False, True):
         (first, out_a), (second, out_b) = (plan_verify(_batch(3, 2, 1000, logits), REJECTION, None) for _ in range(2))

@@ -19,7 +19,7 @@ from conftest import DEVICE
 
 from spec_samplers.constants import WEIGHT_MIN
 from spec_samplers.kernels import common as kc
-from spec_samplers.kernels.launch_common import precise_math
+from spec_samplers.kernels.backend import precise_math
 from spec_samplers.torch_ops import probs_from_logits, reciprocal_sum, scaled_exp
 
 INF = float("inf")

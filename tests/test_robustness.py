@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import spec_samplers.kernels.verify_plan  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
+import spec_samplers.kernels.verify_launch  # noqa: F401  (kernels built under TRITON_INTERPRET=1)
 from spec_samplers import RejectionSampler, SpecSamplerInputError, TypicalAcceptanceSampler
 from spec_samplers.torch_ops import probs_from_logits
 

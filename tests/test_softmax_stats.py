@@ -11,7 +11,7 @@ import torch
 from conftest import DEVICE
 
 from spec_samplers.kernels.backend import vocab_split
-from spec_samplers.kernels.verify_plan import plan_softmax_stats
+from spec_samplers.kernels.verify_launch import plan_softmax_stats
 from spec_samplers.layout import RowLayout
 from spec_samplers.torch_ops import scaled_exp
 

@@ -14,7 +14,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 from kernel_compile_check import TYPES, compile_all, signature  # noqa: E402
 
-from spec_samplers.kernels.launch_common import precise_math  # noqa: E402
+from spec_samplers.kernels.backend import precise_math  # noqa: E402
 from spec_samplers.kernels.tree_kernels import block_tree_kernel, rejection_tree_kernel, typical_tree_kernel  # noqa: E402
 from spec_samplers.kernels.tree_launch import TREE_BLOCK_D, TREE_BLOCK_V  # noqa: E402
 

@@ -3,10 +3,11 @@
 Modules: ``rng`` (counter RNG mirrored bit for bit), ``common`` (layout addressing, cleaning,
 partial combination, fused-softmax row statistics), ``verify_kernels`` (what rejection sampling
 and block verification share), ``rejection_kernels``, ``block_kernels``, ``typical_kernels``,
-``softmax_kernels`` (fused softmax of logits inputs); ``verify_plan`` (the one planning module of
-the verification launches), ``abi`` (the kernels' NamedTuple arguments), ``rejection_launch``,
-``block_launch``, ``typical_launch`` (the launchers: plan, then launch), ``launch_common``
-(planned launches, arrival counters), ``backend`` (which backend runs a call, vocabulary split).
+``softmax_kernels`` (fused softmax of logits inputs); ``verify_launch`` (the verification
+launchers and their one plan: rejection, block, typical), ``abi`` (the kernels' NamedTuple
+arguments), ``backend`` (which backend runs a call, vocabulary split, what every launcher shares:
+planned launches and the recording hook, plans and workspaces per shape and stream, arrival
+counters).
 Importing this package does not import triton; a launcher imports its plan and kernels when it
 runs.
 """

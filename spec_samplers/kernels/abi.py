@@ -1,5 +1,5 @@
 """The grouped arguments of the verification kernels, declared once: the plans
-(:mod:`spec_samplers.kernels.verify_plan`) pack them by keyword, the kernels read them by
+(:mod:`spec_samplers.kernels.verify_launch`) pack them by keyword, the kernels read them by
 attribute (``req.cu``, ``rows.stride_b``). No triton import: the fields' types are the Python
 values a plan passes.
 

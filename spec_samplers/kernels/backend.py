@@ -1,4 +1,15 @@
-"""Which backend runs a call, and how the vocabulary is split across program instances."""
+"""Which backend runs a call, how the vocabulary is split across program instances, and what every
+launcher shares: planned launches and the recording hook (:func:`recorded`), the plans and
+workspaces kept per shape and stream (:func:`plan_cache`), the arrival counters.
+
+A launcher looks its plan up once per call (what shapes decide: splits, grids, constexprs,
+persistent workspaces), binds the call's tensors and launches each kernel where it names it
+(``residual_partials_kernel[grid](**args)``), or, with ``config.launches`` a list, appends the
+planned launch there instead and runs nothing (:func:`recorded`): what the cost model and the
+launch counts read on meta or CPU tensors. A plan is a pure function of the inputs' shapes,
+strides and which optional tensors are present, so ``tests/kernel_compile_check.py`` compiles
+exactly the variants the launchers can reach.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +17,9 @@ import contextlib
 import contextvars
 import functools
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -113,6 +125,15 @@ def launches_to_run(config: LaunchConfig | None, launches: list[Any]) -> list[An
         return launches
     config.launches.extend(launches)
     return []
+
+
+def recorded(config: LaunchConfig | None, launch: KernelLaunch) -> bool:
+    """The recording hook: True when ``config.launches`` is a list, ``launch`` then appended there
+    (planned, not run) and the launcher skips its ``kernel[grid](...)``."""
+    if config is None or config.launches is None:
+        return False
+    config.launches.append(launch)
+    return True
 
 
 @dataclass(frozen=True)
@@ -240,3 +261,137 @@ def combine_blocks(num_positions: int, num_blocks: int) -> tuple[int, int, int]:
 
 def triton_next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+# -- what every launcher shares: planned launches, plans and workspaces per shape and stream ------
+
+
+@dataclass
+class KernelLaunch:
+    """One planned kernel launch: ``kernel[grid](**args, num_warps=num_warps, **options)``."""
+
+    kernel: Any  # a triton JITFunction
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+    num_warps: int = 4
+    name: str = field(default="")
+    #: compile options beyond num_warps (e.g. enable_fp_fusion=False), also used by the compile check
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """Kernels step through the vocabulary with unit stride; other layouts are copied once."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+#: (device, stream) -> int32 arrival counters, all 0 between launches (the last program resets its own)
+_ARRIVALS: dict[tuple[str, int | None, int], torch.Tensor] = {}
+
+
+def _tracing_fake() -> bool:
+    """True under a FakeTensorMode (tools/direct_path.py counts launches on fake tensors)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
+def _stream_key(device: torch.device) -> int | None:
+    """The current stream of ``device`` (0 off CUDA), or None where nothing may be kept for later
+    calls: while the stream captures a CUDA graph, or under a FakeTensorMode (a tool tracing
+    shapes)."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:  # (_tracing_fake, inline)
+        return None
+    if device.type != "cuda":
+        return 0
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+#: (plan, shape key, device, stream) -> a plan's persistent workspaces, least recently used first
+_WORKSPACES: OrderedDict[tuple[Any, ...], tuple[torch.Tensor | None, ...]] = OrderedDict()
+#: planned shapes kept: an engine's batch size changes every step, so the oldest are dropped
+MAX_WORKSPACE_SHAPES = 64
+
+
+def workspaces(
+    plan: str,
+    key: Hashable,  # everything the workspaces' shapes and dtypes depend on
+    device: torch.device,
+    make: Callable[[], tuple[torch.Tensor | None, ...]],
+) -> tuple[torch.Tensor | None, ...]:
+    """A plan's intermediates (partials, row statistics: what one launch writes and a later
+    launch of the same call reads), allocated once per (shape, device, stream) instead of at every
+    call: ``make()`` on the first call of a shape. Launches on one stream run in order, so the
+    next call's writes come after this call's reads; two calls in flight on different streams get
+    different buffers. A stream capturing a CUDA graph gets fresh ones (the graph keeps them; an
+    eager call must not write them between replays)."""
+    stream = _stream_key(device)
+    if stream is None:  # capturing, or fake tensors (never kept for real calls)
+        return make()
+    full = (plan, key, device.type, device.index, stream)
+    found = _WORKSPACES.get(full)  # (the hit inline: a warm call's path is one function shorter)
+    if found is None:
+        return _keep(_WORKSPACES, full, make)
+    _WORKSPACES.move_to_end(full)
+    return found
+
+
+def _keep(table: OrderedDict[tuple[Any, ...], Any], full: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """A miss of ``table[full]``: ``make()``, kept; the least recently used entry goes past
+    MAX_WORKSPACE_SHAPES."""
+    found = table[full] = make()
+    if len(table) > MAX_WORKSPACE_SHAPES:
+        table.popitem(last=False)
+    return found
+
+
+#: (plan, key, device, stream) -> what a plan decides from shapes alone, least recently used first
+_PLANS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+
+def plan_cache(plan: str, key: Hashable, device: torch.device, make: Callable[[], Any]) -> Any:
+    """A plan's shape-only part (splits, grids, constexprs, persistent workspaces: what ``make()``
+    returns), made once per (``key``, device, stream) so that a warm call only allocates its
+    outputs and binds its tensors. ``key`` holds everything ``make()`` reads, the planned-for SM
+    count included (a different ``LaunchConfig`` is a different key). Its workspaces follow
+    :func:`workspaces`' rules: a stream capturing a CUDA graph, or a tool tracing on fake tensors,
+    gets a fresh plan that is never kept."""
+    stream = _stream_key(device)
+    if stream is None:
+        return make()
+    full = (plan, key, device.type, device.index, stream)
+    found = _PLANS.get(full)
+    if found is None:
+        return _keep(_PLANS, full, make)
+    _PLANS.move_to_end(full)
+    return found
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """[>= n] int32 zeros: one arrival counter per request for a launch whose last program per
+    request finishes it (:func:`spec_samplers.kernels.common.last_to_arrive`).
+
+    The last program resets its counter, so a buffer is all zero again when its launch ends and
+    one buffer serves every launch of its stream in turn: one per (device, stream), no memset
+    per call. Two launches that may run at once must be on different streams (they are then
+    given different buffers). A buffer too small is replaced by a larger one, except while a
+    CUDA graph is being captured: the graph then gets its own zeroed buffer (a memset node)."""
+    if _tracing_fake() or device.type == "meta":
+        # a tool counting a warm call's ops on fake or meta tensors: a warm call finds its buffer
+        # kept (no op); such a buffer holds no data, so it is never kept (nor read as counters)
+        return torch.empty(max(n, 1), dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _ARRIVALS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    size = max(1024, 1 << max(n - 1, 0).bit_length())
+    fresh = torch.zeros(size, dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return fresh
+    _ARRIVALS[key] = fresh
+    return fresh
+
+
+def precise_math() -> bool:
+    """libdevice exp/log when compiled; the interpreter has no libdevice."""
+    return not interpreting()

@@ -87,7 +87,7 @@ def block_partials_kernel(
     req,
     parts,
     out_ptr,  # [B, K+1] int64, written by the last program of each request
-    arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    arrivals,  # [>= B] int32 arrival counters, 0 at launch (backend.arrival_counters)
     counts,  # [2 + >= K] int64 acceptance counters (VerifyBatch.counters), or None
     K,
     V,

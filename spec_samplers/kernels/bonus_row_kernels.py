@@ -21,9 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_samplers.kernels import launch_common as lc
-from spec_samplers.kernels.backend import LaunchConfig, launches_to_run, triton_next_pow2
-from spec_samplers.kernels.launch_common import KernelLaunch
+from spec_samplers.kernels import backend
+from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, launches_to_run, triton_next_pow2
 
 #: (temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] or None)
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -178,7 +177,7 @@ def plan_bonus_row_inputs(
     :func:`spec_samplers.bonus_rows.bonus_row_inputs_reference`, then with ``checked`` (ok [R]
     bool, sign(T) [R] fp32). Every [R] / [L] input is read through unit strides (made contiguous
     here: [R]- and [L]-sized copies at most). With ``workspace`` the outputs are allocated once
-    per shape and stream (:func:`spec_samplers.kernels.launch_common.workspaces`): for a caller
+    per shape and stream (:func:`spec_samplers.kernels.backend.workspaces`): for a caller
     whose own later launches read them, as the seams' (the next call rewrites them)."""
     R = cu.shape[0] - 1
     device = cu.device
@@ -195,15 +194,15 @@ def plan_bonus_row_inputs(
             checks = [torch.empty(R, dtype=torch.bool, device=device), torch.empty(R, dtype=f32, device=device)]
             return (*per_request, ids, rows, *(checks if checked else ()))
 
-        made = lc.workspaces("bonus_row_inputs", key, device, make) if workspace else make()
+        made = backend.workspaces("bonus_row_inputs", key, device, make) if workspace else make()
         outs = ("temp_out", "seed_out", "offset_out", "bonus_out", "ids_out", "rows_out", "ok_out", "sign_out")
         constants: dict[str, Any] = dict(zip(outs, (*made, None, None)))
         constants.update(L=num_rows, num_steps=num_steps, num_states=num_states, max_rows=max_rows_per_request)
         constants["BLOCK"] = max(16, triton_next_pow2(max(1, max_rows_per_request)))
         return constants, made
 
-    # the seam's workspaces and constexprs once per shape and stream (launch_common.plan_cache)
-    constants, made = lc.plan_cache("bonus_row_inputs", key, device, plan) if workspace else plan()
+    # the seam's workspaces and constexprs once per shape and stream (backend.plan_cache)
+    constants, made = backend.plan_cache("bonus_row_inputs", key, device, plan) if workspace else plan()
     args = dict(
         constants,
         cu_ptr=cu.contiguous(),

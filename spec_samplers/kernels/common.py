@@ -172,7 +172,7 @@ def row_stats(stats_ptr, stat, mask, scale):
 
     ``stats_ptr`` is a [B, K+1, 3] fp32 tensor holding per row (max, sum, cut) of the fused
     softmax of a logits row (written by :mod:`spec_samplers.kernels.softmax_kernels`,
-    allocated by :func:`spec_samplers.kernels.verify_plan.plan_softmax_stats`):
+    allocated by :func:`spec_samplers.kernels.verify_launch.plan_softmax_stats`):
 
     * max: the largest logit x (max of x itself, so x / T never overflows);
     * sum: the sum of the kept weights e = exp((x - max) / T) (:func:`weights`);
@@ -233,7 +233,7 @@ def last_to_arrive(counter_ptr, expected):
     and broadcasts its result through a barrier): the last program sees every other program's
     stores, as in CUTLASS's semaphore and PyTorch Inductor's grid barrier. The last program
     resets the counter, so it is 0 again for the next launch on the stream
-    (:func:`spec_samplers.kernels.launch_common.arrival_counters`)."""
+    (:func:`spec_samplers.kernels.backend.arrival_counters`)."""
     tl.debug_barrier()
     ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     last = ticket == expected - 1

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.constants import input_error
-from spec_samplers.kernels.backend import LaunchConfig, interpreting, launches_to_run, triton_next_pow2
-from spec_samplers.kernels.launch_common import KernelLaunch
+from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, interpreting, launches_to_run, triton_next_pow2
 from spec_samplers.kernels.tree_launch import _layout_args, _outputs, _per_request, _rows
 from spec_samplers.layout import TreeCall
 from spec_samplers.output import TreeOutput

@@ -47,7 +47,7 @@ def _recorded(
     and the caller skips it."""
     if config is None or config.launches is None:
         return False
-    from spec_samplers.kernels.launch_common import KernelLaunch
+    from spec_samplers.kernels.backend import KernelLaunch
 
     config.launches.append(KernelLaunch(kernel, grid, args, num_warps=num_warps, name=name))
     return True
@@ -137,8 +137,8 @@ def chain_counts_triton(
     Returns [B, K+1] int32."""
     from spec_samplers.kernels import sampling_kernels as sk
     from spec_samplers.kernels.abi import Seqs
-    from spec_samplers.kernels.launch_common import precise_math, vocab_contiguous
-    from spec_samplers.kernels.verify_plan import draft_ids, request, rows
+    from spec_samplers.kernels.backend import precise_math, vocab_contiguous
+    from spec_samplers.kernels.verify_launch import draft_ids, request, rows
 
     layout = batch.layout
     B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
@@ -171,7 +171,7 @@ def _stats_args(
     """``stats_kernel``'s arguments, grid (B, NB), with its [B, NB] block partials (``max_ptr``;
     for softmax ``sum_ptr`` and ``amax_ptr``): the max of the cleaned logits, and for softmax the
     sum of exp((x - max) / T) and the argmax."""
-    from spec_samplers.kernels.launch_common import precise_math
+    from spec_samplers.kernels.backend import precise_math
 
     B, NB = _outputs(x, rows), split.num_blocks
     softmax = temperature is not None
@@ -198,7 +198,7 @@ def _thresholds_args(
     values >= tau), ``max_ptr`` [B] fp32 (the row max), ``mass_ptr`` [B] int64 (the kept mass,
     when asked; exact when top-p is the last filter or top-k the only one)."""
     from spec_samplers.kernels import sampling_kernels as sk
-    from spec_samplers.kernels.launch_common import precise_math
+    from spec_samplers.kernels.backend import precise_math
 
     B, V, device = _outputs(x, rows), x.shape[1], x.device
     cap = sk.search_scratch(B, V) if top_k is not None or top_p is not None else 1
@@ -226,7 +226,7 @@ def thresholds_triton(
     """The filters' thresholds alone (tests compare them with the reference's): (tau [B] fp32:
     keep values >= tau, row max [B], kept mass [B] int64 when asked)."""
     from spec_samplers.kernels import sampling_kernels as sk
-    from spec_samplers.kernels.launch_common import vocab_contiguous
+    from spec_samplers.kernels.backend import vocab_contiguous
 
     x, rows = vocab_contiguous(x), None if rows is None else rows.contiguous()
     args = _thresholds_args(x, rows, logits, top_k, top_p, min_p, joint, need_kept_mass)
@@ -264,7 +264,7 @@ def sample_triton(
     (with filters; the row max of unfiltered logits), the race's group sums, the race. Returns
     (tokens [B] ``out_dtype``, -1 where invalid; valid [B] bool)."""
     from spec_samplers.kernels import sampling_kernels as sk
-    from spec_samplers.kernels.launch_common import precise_math, vocab_contiguous
+    from spec_samplers.kernels.backend import precise_math, vocab_contiguous
 
     R, B, V, device = x.shape[0], _outputs(x, rows), x.shape[1], x.device
     if R == 0 or B == 0:
@@ -315,7 +315,7 @@ def renorm_triton(
     """Kernel twin of :func:`spec_samplers.sampling.reference.renorm_reference` (one filter):
     the threshold and kept mass, then the renormalised rows."""
     from spec_samplers.kernels import sampling_kernels as sk
-    from spec_samplers.kernels.launch_common import vocab_contiguous
+    from spec_samplers.kernels.backend import vocab_contiguous
 
     B, V = probs.shape
     out = torch.empty((B, V), dtype=out_dtype, device=probs.device)
@@ -342,7 +342,7 @@ def mask_logits_triton(
 ) -> torch.Tensor:
     """Kernel twin of :func:`spec_samplers.sampling.reference.mask_logits_reference`."""
     from spec_samplers.kernels import sampling_kernels as sk
-    from spec_samplers.kernels.launch_common import vocab_contiguous
+    from spec_samplers.kernels.backend import vocab_contiguous
 
     B, V = logits.shape
     out = torch.empty((B, V), dtype=logits.dtype, device=logits.device)
@@ -371,7 +371,7 @@ def softmax_triton(
     the rounding of the row sums, whose order differs): the statistics' block partials, then
     the softmax kernel, which combines them itself. Returns [B, V] fp32."""
     from spec_samplers.kernels import sampling_kernels as sk
-    from spec_samplers.kernels.launch_common import precise_math, vocab_contiguous
+    from spec_samplers.kernels.backend import precise_math, vocab_contiguous
 
     B, V = logits.shape
     out = torch.empty((B, V), dtype=torch.float32, device=logits.device)

@@ -118,7 +118,7 @@ def softmax_partials_kernel(
     req,
     parts,
     stats,
-    arrivals,  # [>= B] int32 arrival counters, 0 at launch (launch_common.arrival_counters)
+    arrivals,  # [>= B] int32 arrival counters, 0 at launch (backend.arrival_counters)
     K,
     V,
     num_rows,

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from spec_samplers.constants import fp32_value
-from spec_samplers.kernels.backend import LaunchConfig, interpreting, launches_to_run
-from spec_samplers.kernels.launch_common import KernelLaunch
+from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, interpreting, launches_to_run
 from spec_samplers.layout import TreeCall
 from spec_samplers.output import TreeOutput
 

@@ -12,10 +12,9 @@ import torch
 
 from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import input_error
-from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
-from spec_samplers.kernels.launch_common import _tracing_fake
-from spec_samplers.kernels.rejection_launch import rejection_triton
+from spec_samplers.kernels.backend import LaunchConfig, _tracing_fake, check_backend, launch_config, use_triton
 from spec_samplers.kernels.sampling_launch import chain_counts_triton, request_seeds_triton
+from spec_samplers.kernels.verify_launch import rejection_triton
 from spec_samplers.layout import VerifyBatch
 from spec_samplers.rng import derive_row_seeds
 from spec_samplers.validation import kernel_seeds, resolve_seeds

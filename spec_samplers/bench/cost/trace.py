@@ -4,7 +4,7 @@
 ``backend.planned_for(LaunchConfig(num_sms=N, kernels=True, launches=sink))``, so the samplers
 and the sampling operations take their kernel path on meta tensors too, their launchers plan the
 vocabulary split of a GPU with N multiprocessors and append what they would launch
-(``launch_common.KernelLaunch``: kernel, grid, arguments by name, warps, options) to the sink
+(``backend.KernelLaunch``: kernel, grid, arguments by name, warps, options) to the sink
 instead of running it. Nothing of the package is patched or rebound.
 
 **Peers' launches** (vLLM's Triton kernels, code we do not own) take no such argument: they are
@@ -92,7 +92,7 @@ def _module_of(kernel: Any) -> str:
 
 
 def planned(launch: Any, after_op: int = -1) -> Launch:
-    """The :class:`Launch` of one of our launchers' planned launches (``launch_common.KernelLaunch``)."""
+    """The :class:`Launch` of one of our launchers' planned launches (``backend.KernelLaunch``)."""
     grid = tuple(int(g) for g in launch.grid)
     return Launch(launch.kernel, grid, dict(launch.args), launch.num_warps, dict(launch.options), after_op)
 

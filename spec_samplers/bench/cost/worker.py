@@ -46,7 +46,7 @@ def compiled(config: dict[str, Any]) -> dict[str, Any]:
     ops = trace.EagerOps(shape.vocab_size)
     peers = config["workload"] in PEER_WORKLOADS
     # the steady state of an engine step: what the first call alone allocates and caches
-    # (the arrival counters of launch_common) is not traced
+    # (the arrival counters of kernels.backend) is not traced
     with trace.tracing(config["num_sms"], peers=peers):
         call()
     with trace.tracing(config["num_sms"], ops=ops, peers=peers) as traced, ops:

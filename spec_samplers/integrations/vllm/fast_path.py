@@ -45,8 +45,7 @@ from spec_samplers.integrations.vllm.ragged import (
     greedy_verify_ragged,
     well_formed_requests,
 )
-from spec_samplers.kernels.backend import launch_config, use_triton
-from spec_samplers.kernels.launch_common import _tracing_fake
+from spec_samplers.kernels.backend import _tracing_fake, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import PLACEHOLDER_TOKEN_ID
 from spec_samplers.rng import row_seeds
@@ -220,7 +219,7 @@ class ChunkPlan(NamedTuple):
     first call: the checks passed (``v2_runner.check_chunk_shapes`` and the in-place batch's), the
     backend of the seam's launches, the sampler's op and whether its kernels count. A warm chunk
     then binds its tensors and launches (:func:`verify_planned_chunk`). It holds no tensor: the
-    launches' workspaces stay per stream (``kernels.launch_common.plan_cache``)."""
+    launches' workspaces stay per stream (``kernels.backend.plan_cache``)."""
 
     kernels: bool  # chunk_inputs / chunk_outputs launch the bonus-row kernels (else eager ops)
     op: Prepared  # the sampler's op and counting (SpecDecodeBaseSampler._seam_op)
