@@ -272,10 +272,6 @@ def plan_softmax_stats(
     return launches, logit_max, logit_argmax, shape.stats
 
 
-#: the statistics of probability inputs (none), one instance (a NamedTuple per call costs ~1 us)
-NO_STATS = Stats(target=None, draft=None)
-
-
 @dataclass(frozen=True)
 class CutsShape:
     """The shape-only part of the SamplingParams filter-cut launch (:func:`cuts_shape`)."""
