@@ -62,17 +62,17 @@ def _level_rows(tmp_path: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
-#: the level reached (tools/direct_path.py levels, sampler entries): mean files per call (101 / 15 =
-#: 6.73) and the most functions of one call (typical.forward_from_logits[sampling_params], 39); the
-#: targets are dp.FILES_TARGET and dp.FUNCTIONS_TARGET. A warm chain call's edge is one lookup of
-#: its prepared shape (base.py: the entry, _run, _call_key, _counter_slots; layout.py: VerifyBatch);
-#: what stands between, for rejection.forward (6 files, 21 functions): the launch side (the
-#: launcher, its plan in kernels/verify_plan.py, kernels/backend.py, kernels/launch_common.py) and
-#: the edge. A ``sampling_params=`` call reads unchanged SamplingParams objects once
-#: (sampling_params.filter_tensors: one function a warm call, 7 before). Before (143a82a): mean 8.7
-#: files, 47.2 functions, at most 59; before h40entry2 (f7017bf): 6.7 files, 29.1 functions, at most 45.
-FILES_CEILING = max(dp.FILES_TARGET, 6.8)
-FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 39)
+#: the level reached (tools/direct_path.py levels, sampler entries), under the targets
+#: dp.FILES_TARGET and dp.FUNCTIONS_TARGET: mean files per call (62 / 15 = 4.13) and the most
+#: functions of one call (the two forward_from_logits[sampling_params], 13). A warm chain call is
+#: the edge (base.py: the entry, _run, _call_key, _counter_slots; layout.py: VerifyBatch), one key
+#: and one lookup of its plan (kernels/backend.py: launch_config, plan_cache, _stream_key), the
+#: launcher binding its tensors (kernels/verify_launch.py: the launcher, bind_verify) and the
+#: recording hook (backend.recorded): 4 files, 11-12 functions; a ``sampling_params=`` call adds
+#: sampling_params.filter_tensors and the filter cut's binding (verify_launch.cuts_launch). Before
+#: (b078beb): mean 6.7 files (max 9), 28.3 functions (max 39); 143a82a: 8.7 files, 47.2 functions.
+FILES_CEILING = 4.2
+FUNCTIONS_CEILING = 13
 #: a tree entry, each call: a warm call of a checked shape is the entry, its lookup
 #: (tree/entries.py: _tree_memo, base._call_key, backend.launch_config) and _run_tree_prepared (the
 #: seeds, the TreeCall, base._counter_slots), then the launcher (kernels/tree_launch.py): 5-6 files,
@@ -80,7 +80,7 @@ FUNCTIONS_CEILING = max(dp.FUNCTIONS_TARGET, 39)
 TREE_FILES_CEILING = 6
 TREE_FUNCTIONS_CEILING = 16
 #: the sampling operations, each call (they are not in the sampler mean)
-OTHER_FILES_CEILING = 8
+OTHER_FILES_CEILING = 7
 OTHER_FUNCTIONS_CEILING = 34
 
 #: one call per family, for the quick tier (the full list takes about a minute on an idle core, more under load)
