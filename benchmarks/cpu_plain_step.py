@@ -7,8 +7,9 @@ a loaded machine does not stretch it; torch and numba run on one thread here):
 
 * n-gram steps without drafts (k_r = 0): vLLM's CPU sampler method, softmax(logits / T), then
   argmax of probs / E with E ~ Exp(1) from ``exponential_``;
-* steps with k drafts each (point-mass drafts, as n-gram's): vLLM's ``RejectionSampler.forward``
-  with its own ``Sampler`` for the bonus rows, when vLLM imports (system vLLM, CPU tensors).
+* steps with k drafts each (point-mass drafts, as n-gram's): ours alone, for before/after
+  (vLLM's ``RejectionSampler.forward`` does not run outside its engine here: its Triton kernels
+  have no CPU backend).
 
 Run it with a checkout first on PYTHONPATH; A/B: alternate processes of two checkouts.
 
@@ -18,6 +19,7 @@ Run it with a checkout first on PYTHONPATH; A/B: alternate processes of two chec
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -102,21 +104,6 @@ def vllm_cpu_draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tens
     return probs.div_(q).argmax(dim=-1)
 
 
-def vllm_forward_call(md: Any, logits: torch.Tensor, sm: Any) -> Callable[[], object] | None:
-    """vLLM's own RejectionSampler.forward with its Sampler (None when it does not run here)."""
-    try:
-        from vllm.v1.sample.rejection_sampler import RejectionSampler
-        from vllm.v1.sample.sampler import Sampler
-
-        rs = RejectionSampler(Sampler())
-        call = lambda: rs.forward(md, None, logits, sm)  # noqa: E731
-        call()
-        return call
-    except Exception as exc:  # (a vLLM build whose forward needs a GPU)
-        print(f"vLLM's RejectionSampler.forward unavailable on CPU: {type(exc).__name__}: {exc}"[:200])
-        return None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -146,14 +133,11 @@ def main() -> None:
             fns: dict[str, Callable[[], object]] = {}
             for name in args.samplers:
                 ver = RaggedVerifier(get_sampler(name))
-                fns[name] = lambda ver=ver: fast_path.verify_plain_step(ver, md, None, logits, sm)
+                fns[name] = functools.partial(fast_path.verify_plain_step, ver, md, None, logits, sm)
             if k == 0:
-                fns["vllm_method"] = lambda: vllm_cpu_draw(logits, sm.temperature)
-            forward = vllm_forward_call(md, logits, sm)
-            if forward is not None:
-                fns["vllm_forward"] = forward
+                fns["vllm_method"] = functools.partial(vllm_cpu_draw, logits, sm.temperature)
             med = interleaved(fns, args.rounds)
-            base = med.get("vllm_method", med.get("vllm_forward", 1.0))
+            base = med.get("vllm_method", float("nan"))
             row = dict(B=B, k=k, V=V, **{f"{n}_us": t * 1e6 for n, t in med.items()})
             rows.append(row)
             cells = " | ".join(f"{n} {t * 1e6:9.1f} us ({t / base:5.2f}x)" for n, t in med.items())

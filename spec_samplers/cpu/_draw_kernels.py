@@ -107,4 +107,3 @@ def draw_rows_kernel(
         for v in range(V):
             q[v] = np.float32(q[v] * r)
         out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], position, _STREAM_RECOVER)
-
