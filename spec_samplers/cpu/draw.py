@@ -7,16 +7,22 @@ from __future__ import annotations
 import functools
 import importlib
 from types import ModuleType
+from typing import Any
 
 import torch
 
-from spec_samplers.cpu import _np, _np64, kernels
+from spec_samplers.cpu import kernels
 
 
 @functools.cache
 def _kernels() -> ModuleType | None:
     """The draw kernel's module, or None without numba (``cpu.kernels`` warned once)."""
     return None if kernels() is None else importlib.import_module("spec_samplers.cpu._draw_kernels")
+
+
+def _array(t: torch.Tensor) -> Any:
+    """A numpy view of a CPU tensor, contiguous (one compiled specialisation per dtype)."""
+    return (t if t.is_contiguous() and not t.requires_grad else t.detach().contiguous()).numpy()
 
 
 def available(logits: torch.Tensor) -> bool:
@@ -43,10 +49,10 @@ def draw_from_logits(
     out = torch.empty(B, dtype=torch.int64)
     zeros = torch.zeros(B, dtype=torch.int64) if offsets is None else offsets
     module.draw_rows_kernel(
-        _np(logits),
-        _np(temperature.to(torch.float32)),
-        _np64(seeds).view("uint64"),
-        _np64(zeros).view("uint64"),
+        _array(logits),
+        _array(temperature.to(torch.float32)),
+        _array(seeds.to(torch.int64)).view("uint64"),  # (the kernels' seeds: uint64, two's complement)
+        _array(zeros.to(torch.int64)).view("uint64"),
         position,
         out.numpy(),
     )
