@@ -182,6 +182,43 @@ def test_seeded_requests_reproduce(with_draft_probs):
     assert len(seen) > 1
 
 
+def counters(sampler) -> tuple[int, int, int]:
+    return int(sampler.num_draft_tokens), int(sampler.num_accepted_tokens), int(sampler.num_emitted_tokens)
+
+
+@pytest.mark.parametrize("name", ["rejection_sampler", "block_verification"])
+def test_steps_without_drafts_are_the_references_tokens_in_one_compiled_pass(name, monkeypatch):
+    """A step whose requests have no drafts, on CPU fp32 logits with numba (the test extra), is
+    drawn by the compiled draw (softmax from logits fused with the recovery race of position 0,
+    ``spec_samplers.cpu.draw``): the tokens and counters of the seam's path with the sampler's
+    PyTorch reference (backend="torch", which never takes it), on rows with NaN, +inf logits,
+    no mass, greedy, tiny, +inf, negative and NaN temperatures, seeded and unseeded requests."""
+    from spec_samplers.cpu import draw as cpu_draw
+
+    calls = []
+    draw = cpu_draw.draw_from_logits
+    monkeypatch.setattr(cpu_draw, "draw_from_logits", lambda *a: calls.append(1) or draw(*a))
+    temps = [0.7, 1.0, 0.5, 1.2, 0.0, 2.0, 1e-30, float("inf"), -1.0, float("nan"), 0.0, 0.3]
+    for V in (7, 3000):
+        md, logits, _ = random_step([[] for _ in temps], V, V, False)
+        logits[1, 3] = float("nan")
+        logits[2] = float("-inf")
+        logits[3, 2] = logits[3, 5] = float("inf")
+        logits[10] = float("nan")
+        outs = []
+        for backend in ("auto", "torch"):
+            ver = verifier(name, backend=backend)
+            torch.manual_seed(V)  # the unseeded requests' seeds
+            sm = sampling_metadata(temps, generators(3, V))
+            outs.append((fast_path.verify_plain_step(ver, md, None, logits, sm), counters(ver.sampler)))
+        assert len(calls) == 1 + (V == 3000)  # the auto run only
+        (fast, fast_stats), (ref, ref_stats) = outs
+        assert fast.dtype == torch.int32 and fast.shape == (len(temps), 1)
+        assert torch.equal(fast, ref), V
+        assert fast_stats == ref_stats
+        assert fast[2, 0] == 0 and fast[4, 0] == logits[4].argmax()  # no mass: token 0; greedy: argmax
+
+
 # --- routing -----------------------------------------------------------------------------------
 
 

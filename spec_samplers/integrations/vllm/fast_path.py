@@ -39,6 +39,7 @@ import torch
 from spec_samplers.base import Prepared, SpecDecodeBaseSampler, SpecDecodeStochasticBaseSampler
 from spec_samplers.bonus_rows import chunk_inputs_reference, chunk_outputs, chunk_outputs_reference, step_inputs
 from spec_samplers.constants import MAX_SPEC_LEN
+from spec_samplers.cpu import draw as cpu_draw
 from spec_samplers.integrations.vllm.ragged import (
     RaggedVerifier,
     at_least_one_token,
@@ -193,6 +194,8 @@ def verify_plain_step(
         out = greedy_verify_ragged(logits.argmax(dim=-1), ids, placeholder, cu_rows, K + 1, logits.shape[1])
         out = out[:, : K + 1]
         return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
+    if draft_ids.shape[0] == 0 and _draws_without_drafts(verifier, logits, cu_rows):
+        return _draw_plain_step(verifier, logits, sm, K)
     backend = getattr(verifier.sampler, "backend", "auto")
     with_q = draft_probs is not None and draft_probs.shape[0] > 0
     # one launch with the kernels: the id each row scores (-1 at bonus rows), with q the draft row
@@ -209,6 +212,53 @@ def verify_plain_step(
     )
     # one launch with the kernels: at least one token per well-formed request, int32
     return chunk_outputs(out, ok, K + 1, backend, torch.int32, counts=False)[0]
+
+
+#: the references whose token at an out-of-range draft with no accepted draft before it is the
+#: recovery race of position 0 over the target row itself (docs/cpu.md): a request without drafts
+_RACE_AT_PLACEHOLDER = frozenset({"rejection_reference", "block_reference"})
+
+
+def _draws_without_drafts(verifier: RaggedVerifier, logits: torch.Tensor, cu_rows: torch.Tensor) -> bool:
+    """Whether a V1 plain step without drafts may be drawn by the compiled CPU draw
+    (:func:`_draw_plain_step`): rejection sampling or block verification running the base
+    class's pipeline with ``backend="auto"`` (not strict, not checking values), CPU fp32 logits
+    with numba installed, and request r's only row at row r (cu = 1, 2, ..., B; read on the CPU:
+    no synchronisation)."""
+    sampler = verifier.sampler
+    op = getattr(type(sampler), "reference_op", None)
+    ours = (
+        getattr(op, "__name__", "") in _RACE_AT_PLACEHOLDER
+        and getattr(op, "__module__", "") == "spec_samplers.reference"
+        and _base_pipeline(type(sampler))
+        and getattr(sampler, "backend", None) == "auto"
+        and not (sampler.strict_mode or sampler.check_values)
+        and logits.shape[0] == cu_rows.shape[0]
+    )
+    if not ours or cu_rows.device.type != "cpu" or not cpu_draw.available(logits):
+        return False
+    return bool(torch.equal(cu_rows, torch.arange(1, cu_rows.shape[0] + 1, dtype=cu_rows.dtype)))
+
+
+def _draw_plain_step(verifier: RaggedVerifier, logits: torch.Tensor, sm: Any, K: int) -> torch.Tensor:
+    """[B, K+1] int32 (K = 0 without drafts): the tokens and counters of the seam's path
+    (:func:`verify_with_bonus_rows`) for a step whose requests have no drafts: each request's only
+    draft is the -1 placeholder, so its token is the recovery race of position 0 over
+    softmax(logits / T) (the argmax for T = 0), drawn by one compiled pass per request over its
+    logits (``spec_samplers.cpu.draw``) instead of the logits' probabilities made with PyTorch
+    first."""
+    sampler = cast(SpecDecodeBaseSampler, verifier.sampler)
+    B = logits.shape[0]
+    seeds = row_seeds(B, logits.device, sm.generators)  # [B] int64 (the seam's seeds, in its order)
+    tokens = cpu_draw.draw_from_logits(logits, sm.temperature, seeds, None, 0)  # [B] int64, -1: no mass
+    out = torch.full((B, 2), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)  # the sampler's [R, 1 + 1] output
+    out[:, 0] = tokens
+    sampler._update_counters(out, B)  # (as _verify_counted: one row per request)
+    tokens = tokens.clamp_(min=0).to(torch.int32)  # at least one token per request (chunk_outputs)
+    width = K + 1
+    if width == 1:
+        return tokens[:, None]
+    return torch.nn.functional.pad(tokens[:, None], (0, width - 1), value=PLACEHOLDER_TOKEN_ID)
 
 
 # --- Model Runner V2: chunks verified in place, plain chunks (RejectionSampler._verify without vLLM's glue)

@@ -1,0 +1,109 @@
+"""numba kernel of the CPU path's draw from logits: softmax(logits / T) and the two-level race of
+one position, in one request's pass, no [B, V] temporary.
+
+A request without drafts in a vLLM V1 plain step (``integrations.vllm.fast_path``) is verified as
+one ragged request whose only draft is the -1 placeholder: always rejected, so rejection sampling
+and block verification both draw its token by the recovery race of position 0 over the target
+row q = ``torch_ops.probs_from_logits`` (logits, T), on ``STREAM_RECOVER`` (``_numba_kernels
+._recover`` with the raced row q itself), and a greedy request (T = 0) takes q's argmax. This
+kernel computes that q one request at a time into a [V] scratch row and runs the same
+``_recover``: the same floats as the sampler's twin, but for
+
+* the row's sum: fp64 here, rounded to fp32, where ``probs_from_logits`` sums in fp32 in torch's
+  order; the two agree within torch's rounding (a few fp32 ulps, relative), so r = 1 / sum may
+  differ in its last bits, and q = e r with it: a token changes only when two race keys agree to
+  ~2**-23 relative (docs/cpu.md, "Tokens");
+* exp2: libm's ``exp2f`` here, SLEEF's in torch, both within an ulp (equal on most entries; a
+  last-bit difference moves a weight by 2**-24 relative, the same kind of event).
+
+Imported by :func:`spec_samplers.cpu.draw.draw_from_logits` when numba is installed; compiled code is cached
+on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from spec_samplers.constants import LOG2E_FP32, WEIGHT_MIN
+from spec_samplers.cpu._numba_kernels import _STREAM_RECOVER, RES_Q, _recover
+
+_F0 = np.float32(0.0)
+_ONE = np.float32(1.0)
+_INF = np.float32(np.inf)
+_NEG_INF = np.float32(-np.inf)
+_LOG2E = np.float32(LOG2E_FP32)
+_WEIGHT_MIN = np.float32(WEIGHT_MIN)
+
+
+@njit(cache=True)
+def _row_max(x):
+    """max of the row with NaN as -inf (torch.fmax(x, -inf) then amax): NaN fails every >, so a
+    plain compare loop skips it."""
+    m = _NEG_INF
+    for v in range(x.shape[0]):
+        xv = x[v]
+        m = xv if xv > m else m
+    return m
+
+
+@njit(cache=True)
+def _first_index_of(x, m):
+    """The first v with x[v] == m (m the row's max, not NaN): torch.argmax's tie rule."""
+    for v in range(x.shape[0]):
+        if x[v] == m:
+            return v
+    return -1
+
+
+@njit(cache=True, error_model="numpy")
+def _weights(x, m, c, e):
+    """e [V] fp32 <- torch_ops.scaled_exp's weights (2**min((x - m) c, 0), 0 below WEIGHT_MIN),
+    returns their fp64 sum. m is the row's max (+inf for a row without a finite or +inf logit),
+    c = LOG2E / T (0 for T = +inf: then x - m = -inf weighs 0, probs_from_logits' mask)."""
+    acc = 0.0
+    inf_t = c == _F0
+    for v in range(x.shape[0]):
+        xv = x[v]
+        xv = xv if xv == xv else _NEG_INF  # NaN -> -inf (fmax(x, -inf))
+        d = np.float32(xv - m)
+        z = np.float32(d * c)
+        z = z if z < _F0 else _F0  # fmin(z, 0): NaN (inf - inf, 0 * inf) gives 0
+        w = np.float32(np.exp2(z))
+        w = w if w >= _WEIGHT_MIN else _F0
+        if inf_t and d == _NEG_INF:
+            w = _F0
+        e[v] = w
+        acc += np.float64(w)
+    return acc
+
+
+@njit(cache=True)
+def draw_rows_kernel(
+    logits,  # [B, V] fp32
+    temperature,  # [B] fp32, 0 = greedy
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    position,  # int: the race's position (counter base position << 32)
+    out,  # [B] int64: the token, -1 where the row has no mass
+):
+    """Per request: q = probs_from_logits(logits[b], T[b]) into one scratch row, then
+    ``_numba_kernels._recover`` of q itself (RES_Q) at ``position`` on STREAM_RECOVER; a greedy
+    request is the argmax of its logits (NaN as -inf, ties to the lowest index), -1 when the row
+    has no finite or +inf logit."""
+    B, V = logits.shape
+    q = np.empty(V, dtype=np.float32)
+    for b in range(B):
+        x = logits[b]
+        m = _row_max(x)
+        t = temperature[b]
+        if t == _F0:
+            out[b] = -1 if m == _NEG_INF else _first_index_of(x, m)
+            continue
+        t = t if t > _F0 else _ONE  # negative or NaN T counts as 1
+        c = np.float32(_LOG2E / t)
+        total = np.float32(_weights(x, m if m > _NEG_INF else _INF, c, q))
+        r = np.float32(_ONE / total) if total > _F0 else _F0
+        for v in range(V):
+            q[v] = np.float32(q[v] * r)
+        out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], position, _STREAM_RECOVER)
