@@ -265,3 +265,54 @@ def test_autoregressive_inferencer_prefill_and_decode(pair):
     assert n == 7 or all(eos in free.token_ids[b].tolist() for b in range(2))  # stops once every row has an EOS
     with pytest.raises(ValueError, match="query_token_ids"):
         inferencer.decode(prompts, cache, 2, strategy)
+
+
+class _ForwardOnly:
+    """An HFLanguageModel seen through the seed's interface alone (no ``forward_last``)."""
+
+    def __init__(self, model: HFLanguageModel) -> None:
+        self.inner = model
+        self.eos_token_ids, self.vocab_size, self.device = model.eos_token_ids, model.vocab_size, model.device
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.inner.eos_token_id
+
+    def new_kv_cache(self):
+        return self.inner.new_kv_cache()
+
+    def forward(self, query_token_ids, kv_cache):
+        return self.inner.forward(query_token_ids, kv_cache)
+
+
+def test_forward_last_runs_the_head_on_the_last_position_only(pair):
+    """Prefills and draft steps read only the last position's logits: HFLanguageModel.forward_last
+    asks transformers for them alone (logits_to_keep=1), fills the cache as forward does, and the
+    loop's tokens equal those of models that have only forward."""
+    target, draft = pair
+    model = HFLanguageModel(target)
+    query = torch.tensor([[-1, 3, 4], [5, 6, 7]])  # a left-padded row
+    full_cache, last_cache = model.new_kv_cache(), model.new_kv_cache()
+    full = model.forward(query, full_cache)[:, -1]
+    seen = []
+    original = target.forward
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("logits_to_keep"))
+        return original(*args, **kwargs)
+
+    target.forward = recording
+    try:
+        last = model.forward_last(query, last_cache)
+    finally:
+        del target.forward
+    assert seen == [1] and last.shape == (2, V)
+    torch.testing.assert_close(last, full, rtol=1e-5, atol=1e-6)  # the head over 1 row rounds as over 3
+    assert last_cache.get_num_tokens_per_request() == full_cache.get_num_tokens_per_request() == [2, 3]
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
+    params = SamplingParams(temperature=0.9, seed=5)
+    with_last = SpeculativeDecoder(model, HFLanguageModel(draft), num_speculative_tokens=3)
+    seed_only = SpeculativeDecoder(_ForwardOnly(model), _ForwardOnly(HFLanguageModel(draft)), num_speculative_tokens=3)
+    a = with_last.generate(prompts, 12, params)
+    b = seed_only.generate(prompts, 12, params)
+    assert a.token_ids.tolist() == b.token_ids.tolist()

@@ -10,7 +10,10 @@ optional for code that follows the seed alone, are:
 * ``KVCache.get_num_tokens_per_request`` and ``KVCache.batch_select_indices`` (the name of
   transformers' method: keep only some requests, e.g. the unfinished ones);
 * ``LanguageModel.new_kv_cache()`` makes an empty cache of the kind the model writes, and
-  ``LanguageModel.eos_token_ids`` lists every stop token when the configuration has several.
+  ``LanguageModel.eos_token_ids`` lists every stop token when the configuration has several;
+* ``LanguageModel.forward_last(query_token_ids, kv_cache)`` returns the last position's logits
+  [B, V] only (the decoding loops use it where they read no other position: prefills, draft
+  steps; ``decoding.rounds.last_logits`` falls back to ``forward(...)[:, -1]``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from spec_samplers.decoding.interfaces import LanguageModel
+from spec_samplers.decoding.interfaces import KVCache, LanguageModel
 from spec_samplers.decoding.output import (
     GenerationOutput,
     GenerationStart,
@@ -38,6 +38,16 @@ def for_draft(query: torch.Tensor, draft_vocab: int | None) -> torch.Tensor:
     if draft_vocab is None:
         return query
     return torch.where(query >= draft_vocab, torch.zeros_like(query), query)
+
+
+def last_logits(model: LanguageModel, query: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+    """logits [B, V] of ``query``'s last position (the cache receives every query slot): through
+    the model's ``forward_last`` where it has one (extension: ``HFLanguageModel`` then runs its LM
+    head on that position alone), else ``forward(...)[:, -1]``."""
+    forward_last = getattr(model, "forward_last", None)
+    if forward_last is not None:
+        return forward_last(query, kv_cache)
+    return model.forward(query, kv_cache)[:, -1]
 
 
 class RoundCounters:

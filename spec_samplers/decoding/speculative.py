@@ -32,7 +32,7 @@ from spec_samplers.decoding.output import (
     left_pad,
     model_device,
 )
-from spec_samplers.decoding.rounds import begin_rounds, fit_vocab, for_draft
+from spec_samplers.decoding.rounds import begin_rounds, fit_vocab, for_draft, last_logits
 from spec_samplers.decoding.strategy import BONUS_STREAM, DRAFT_STREAM, derive_seed
 from spec_samplers.decoding.tree_drafting import NodeBudget, as_tree_shape, generate_tree
 from spec_samplers.engine_seam import bind
@@ -179,12 +179,14 @@ class SpeculativeDecoder:
         longest = max(len(p) for p in prompts)
         lengths = torch.tensor([len(p) for p in prompts])
         vocab = getattr(self.target, "vocab_size", None)
+        # the prefills fill the caches; their logits are not read (the last position's only, for
+        # the vocabulary size: a model with forward_last skips the head everywhere else)
         if longest > 1:
-            logits = self.target.forward(left_pad([p[:-1] for p in prompts], longest - 1, device), target_cache)
+            logits = last_logits(self.target, left_pad([p[:-1] for p in prompts], longest - 1, device), target_cache)
             vocab = vocab or logits.shape[-1]
             stats.target_passes += (lengths > 1).to(torch.int64)
         if longest > 2:
-            self.draft.forward(left_pad([p[:-2] for p in prompts], longest - 2, device), draft_cache)
+            last_logits(self.draft, left_pad([p[:-2] for p in prompts], longest - 2, device), draft_cache)
             stats.draft_passes += (lengths > 2).to(torch.int64)
         tail = left_pad([p[-2:] for p in prompts], 2, torch.device("cpu"))  # [B, 2] last two committed
         active = torch.arange(B)  # original index of each running request
@@ -195,7 +197,7 @@ class SpeculativeDecoder:
             query = tail.to(device)
             draft_probs, drafts = [], []
             for i in range(k):
-                logits = self.draft.forward(for_draft(query, draft_vocab), draft_cache)[:, -1]  # [n, V_d]
+                logits = last_logits(self.draft, for_draft(query, draft_vocab), draft_cache)  # [n, V_d]
                 draft_vocab = logits.shape[-1]
                 vocab = vocab or draft_vocab
                 probs = strategy.probs(fit_vocab(logits, vocab))  # [n, V]

@@ -36,7 +36,7 @@ import torch
 
 from spec_samplers.constants import input_error
 from spec_samplers.decoding.output import RoundTarget, left_pad, model_device
-from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft
+from spec_samplers.decoding.rounds import RoundCounters, fit_vocab, for_draft, last_logits
 from spec_samplers.decoding.strategy import DRAFT_STREAM, SampleStrategy
 
 if TYPE_CHECKING:
@@ -234,9 +234,9 @@ def generate_tree(
     vocab = getattr(decoder.target, "vocab_size", None)
     if longest > 1:
         before = left_pad([p[:-1] for p in prompts], longest - 1, device)
-        prefill_logits = decoder.target.forward(before, target_cache)
+        prefill_logits = last_logits(decoder.target, before, target_cache)  # filling the caches: logits unread
         vocab = vocab or prefill_logits.shape[-1]
-        decoder.draft.forward(for_draft(before, None), draft_cache)
+        last_logits(decoder.draft, for_draft(before, None), draft_cache)
         stats.target_passes += (lengths > 1).to(torch.int64)
         stats.draft_passes += (lengths > 1).to(torch.int64)
     pending = torch.tensor([[p[-1]] for p in prompts], device=device)  # [B, P] committed, not in the draft

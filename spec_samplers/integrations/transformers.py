@@ -131,6 +131,15 @@ def cache_argument(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model.forward`` computes the LM head on the last positions only when asked
+    (``logits_to_keep``, transformers' causal LMs since 4.50)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class _Unset:
     pass
 
@@ -163,6 +172,7 @@ class HFLanguageModel:
             )
         self.model = model
         self._cache_argument = cache_argument(model)
+        self._keeps_logits = _takes_logits_to_keep(model)
         self._vocab_size = int(getattr(text_config, "vocab_size", 0)) or None
         if isinstance(eos_token_id, _Unset):
             generation = getattr(model, "generation_config", None)
@@ -214,6 +224,18 @@ class HFLanguageModel:
     def forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         """logits [B, Q, V] for ``query_token_ids`` [B, Q] (-1 = padding) after ``kv_cache``'s
         tokens; the cache receives the query's keys and values."""
+        return self._forward(query_token_ids, kv_cache, {})
+
+    @torch.no_grad()
+    def forward_last(self, query_token_ids: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        """(extension) logits [B, V] of the query's last position only, as ``forward(...)[:, -1]``;
+        the cache receives every query slot. The LM head runs on that position alone where the
+        model takes ``logits_to_keep`` (transformers' causal LMs): the head over a 32000-wide or
+        larger vocabulary costs a prefill or a draft step about as much as its layers."""
+        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
+        return self._forward(query_token_ids, kv_cache, extra)[:, -1]
+
+    def _forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache, extra: dict[str, Any]) -> torch.Tensor:
         if not isinstance(kv_cache, HFKVCache):
             raise input_error("kv_cache", "an HFKVCache (HFLanguageModel.new_kv_cache())", type(kv_cache).__name__)
         layout = kv_cache.query_layout(query_token_ids.to(self.device))
@@ -223,6 +245,7 @@ class HFLanguageModel:
             position_ids=layout.position_ids,
             use_cache=True,
             **{self._cache_argument: kv_cache.cache},
+            **extra,
         )
         kv_cache.append_query_slots(layout)
         return out.logits
