@@ -449,6 +449,8 @@ class TreeCall:
     seeds: torch.Tensor | None = None  # [B] int64
     offsets: torch.Tensor | None = None  # [B] int64, None: 0
     counts: torch.Tensor | None = None  # the sampler's counters' buffer (the kernels add the output to it)
+    #: {top_k, top_p, min_p} [B] each when the requests filter (sampling_params=; logits rows), else None or {}
+    filters: dict[str, torch.Tensor] | None = None
 
     @property
     def vocab_size(self) -> int:

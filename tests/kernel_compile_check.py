@@ -270,16 +270,17 @@ def multipath_launches():
     """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them:
     fp32 / bf16 / fp16 rows, probabilities or logits (read through the softmax rule), padded
     (int64 ids, one parents row for the batch) or ragged (int32 ids and spans, no offsets),
-    greedy mask or not, counters or not."""
+    greedy mask or not, counters or not, the request filters (logits rows read through the cuts of
+    tree_filter_cut_kernel, which the launcher plans first)."""
     from spec_samplers.kernels.multipath_launch import plan_multipath
     from spec_samplers.layout import TreeCall
 
     B, K, L, V = 4, 3, 4, 5000
     N = K * L
-    # (dtype, logits, ragged, greedy mask, counters): each input kind in one variant at least
-    variants = [(torch.float32, False, False, False, True), (torch.bfloat16, True, False, True, True)]
-    variants += [(torch.float16, False, True, True, False)]
-    for dtype, logits, ragged, greedy, counts in variants:
+    # (dtype, logits, ragged, greedy mask, counters, filters): each input kind in one variant at least
+    variants = [(torch.float32, False, False, False, True, False), (torch.bfloat16, True, False, True, True, False)]
+    variants += [(torch.float16, False, True, True, False, False), (torch.bfloat16, True, True, False, True, True)]
+    for dtype, logits, ragged, greedy, counts, filters in variants:
         ids = dict(dtype=torch.int32 if ragged else torch.int64, device=META)
         T = B * N
         rows = torch.empty(T + B if ragged else B * (N + 1), V, dtype=dtype, device=META)
@@ -291,8 +292,12 @@ def multipath_launches():
             None if ragged else torch.empty(B, dtype=torch.int64, device=META),
             torch.empty(2 + L, dtype=torch.int64, device=META) if counts else None,
         )  # fmt: skip
-        pick, verify, keys, _ = plan_multipath(call)
+        if filters:
+            f32 = torch.empty(B, device=META)
+            call.filters = dict(top_k=torch.empty(B, dtype=torch.int64, device=META), top_p=f32, min_p=f32)
+        cuts, pick, verify, keys, _ = plan_multipath(call)
         verify.args["order_ptr"] = torch.empty(keys.shape, dtype=torch.int64, device=META)
+        yield from cuts
         yield pick
         yield verify
 

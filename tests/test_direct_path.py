@@ -75,10 +75,11 @@ FILES_CEILING = 4.2
 FUNCTIONS_CEILING = 13
 #: a tree entry, each call: a warm call of a checked shape is the entry, its lookup
 #: (tree/entries.py: _tree_memo, base._call_key, backend.launch_config) and _run_tree_prepared (the
-#: seeds, the TreeCall, base._counter_slots), then the launcher (kernels/tree_launch.py): 5-6 files,
-#: 15-16 functions (f7017bf: 7 files, 27-36 functions)
-TREE_FILES_CEILING = 6
-TREE_FUNCTIONS_CEILING = 16
+#: seeds, the TreeCall, base._counter_slots), then the launcher (kernels/tree_launch.py); with
+#: top-k / top-p / min-p also sampling_params.filter_tensors: 4-5 files, 14-15 functions (b078beb:
+#: 5-6 files, 15-16 functions, the filter forms the cold path every call; f7017bf: 7 files, 27-36)
+TREE_FILES_CEILING = 5
+TREE_FUNCTIONS_CEILING = 15
 #: the sampling operations, each call (they are not in the sampler mean)
 OTHER_FILES_CEILING = 7
 OTHER_FUNCTIONS_CEILING = 34

@@ -90,6 +90,10 @@ NO_EAGER = [
     "rejection.forward_tree_ragged_from_logits",
     "typical.forward_tree_from_logits",
     "block.forward_tree_ragged_from_logits",
+    # top-k / top-p / min-p: the filter cuts' launch, then the tree kernel reading the logits through them
+    "rejection.forward_tree_from_logits[filters]",
+    "typical.forward_tree_ragged_from_logits[filters]",
+    "block.forward_tree_ragged_from_logits[filters]",
 ]
 
 
@@ -198,22 +202,27 @@ def test_sampling_operation_forms_run_no_eager_op(form):
 
 
 @pytest.mark.parametrize("entry", ["forward_tree", "forward_tree_ragged", "forward_tree_from_logits",
-                                   "forward_tree_ragged_from_logits", "forward_tree[parents tensor]"])  # fmt: skip
+                                   "forward_tree_ragged_from_logits", "forward_tree[parents tensor]",
+                                   "forward_tree_from_logits[filters]"])  # fmt: skip
 def test_multipath_tree_launches(entry):
     """Every ``MultipathBlockVerificationSampler`` tree entry (K = 3 paths of L = 4, V = 64) under
     the planning hook: the pick, the sort of the visited rows' keys, the verification (which
     draws, writes the output and adds the counters); no host read, a parents tensor included
-    (the pick reads each request's shape)."""
+    (the pick reads each request's shape). With top-k / top-p / min-p (``sampling_params=``) the
+    filter cuts come first: 4 launches, one over the sampler entries' bound (the sort stays an
+    eager op)."""
     from spec_samplers import MultipathBlockVerificationSampler
     from spec_samplers.tree.multipath import path_parents
 
-    calls = {c.entry: c for c in dp._tree_calls("triton", 1, (2, 0, 64), dp._other_samplers()[1:], paths=(3, 4))}
-    call = calls[entry.split("[")[0]]
+    tree_calls = dp._tree_calls("triton", 1, (2, 0, 64), dp._other_samplers()[1:], paths=(3, 4))
+    calls = {c.name.split(".", 1)[1]: c for c in tree_calls}
+    call = calls[entry.split("[parents")[0]]
     if "parents tensor" in entry:
         sampler = MultipathBlockVerificationSampler(backend="triton")
         args = call.args[:3] + (torch.tensor(path_parents(3, 4)),)
         call = dp.Call(call.name, call.entry, sampler.forward_tree, args, call.kwargs)
     row = dp.count_launches(call)
     assert row["syncs"] == 0, row
-    assert row["triton"] == ["multipath_pick", "multipath_verify"], row
-    assert row["eager_ops"] == {"sort": 1} and row["launches"] == 3, row
+    cuts = ["tree_filter_cut"] if "filters" in entry else []
+    assert row["triton"] == cuts + ["multipath_pick", "multipath_verify"], row
+    assert row["eager_ops"] == {"sort": 1} and row["launches"] == 3 + len(cuts), row

@@ -193,7 +193,7 @@ def test_tree_kernels_compile_for_sm90(tmp_path):
     script = here / "tree_compile_check.py"
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled all tree kernel variants for sm_90: 50 variants" in proc.stdout
+    assert "compiled all tree kernel variants for sm_90: 61 variants" in proc.stdout
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -240,3 +240,47 @@ def test_sampling_params_without_filters_reach_the_kernel_as_their_temperature(r
     width = padded.token_ids.shape[1]  # (the ragged output is max_nodes + 1 wide, -1 past the depth)
     assert torch.equal(ragged.token_ids[:, :width].cpu(), padded.token_ids.cpu())
     assert (ragged.token_ids[:, width:] == -1).all()
+
+
+def _filter_workload(seed, B, V, ties):
+    """Padded logits [B, N+1, V] (integer logits: ties everywhere, at the cuts too), tokens that
+    are often the target's argmax (so that paths pass), per-request seeds."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = [0, 0, 1, 1, 3]
+    N = len(parents)
+    target, draft = 3 * torch.randn(B, N + 1, V, generator=gen), 3 * torch.randn(B, N + 1, V, generator=gen)
+    if ties:
+        target, draft = target.round(), draft.round()
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    mode = target[:, torch.tensor(parents)].argmax(-1)  # [B, N]: the argmax of each node's parent row
+    tokens = torch.where(torch.arange(N) % 2 == 0, mode, tokens)
+    return target, draft, tokens, parents, torch.randint(0, 2**62, (B,), generator=gen)
+
+
+@pytest.mark.parametrize(("seed", "ties", "dtype"), [(1, True, torch.float32), (2, False, torch.bfloat16),
+                                                    (3, True, torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("rule", ["rejection", "typical", "block"])
+def test_filters_read_through_the_cuts_equal_the_reference(rule, seed, ties, dtype):
+    """``sampling_params=`` with top-k / top-p / min-p: the kernel reads the logits through each
+    row's (kept sum, cut) from ``tree_filter_cut_kernel`` (no probability rows), the reference
+    judges filtered_softmax_reference's rows: the same tokens, nodes and counters, padded and
+    ragged, fp32 and bf16, a few seeds, with a greedy request, ties at the cut (integer logits),
+    top-k = 1, a tiny top-p and min-p."""
+    from spec_samplers import SamplingParams, TypicalAcceptanceSampler
+
+    cls = {"rejection": RejectionSampler, "block": BlockVerificationSampler, "typical": TypicalAcceptanceSampler}[rule]
+    params = [
+        SamplingParams(temperature=0.9, top_k=3),
+        SamplingParams(temperature=0.0, top_k=2),  # greedy: vLLM resets its filters
+        SamplingParams(temperature=1.2, top_p=0.05),
+        SamplingParams(temperature=0.7, top_k=1, min_p=0.3),
+        SamplingParams(temperature=1.5, top_k=6, top_p=0.7, min_p=0.1),
+    ]
+    B, V, N = len(params), 24, 5
+    target, draft, tokens, parents, seeds = _filter_workload(seed, B, V, ties)
+    target, draft, tokens, seeds = _dev(target.to(dtype), draft.to(dtype), tokens, seeds)
+    rnd = dict(seeds=seeds) if rule != "typical" else {}
+    _both(lambda s: s.forward_tree_from_logits(target, draft, tokens, parents, sampling_params=params, **rnd), cls)
+    sizes = [N, 3, 0, N, 2]  # request 2: no nodes
+    t, d, toks, pars, cu = _dev(*ragged_from_padded(target, draft, tokens, torch.tensor([parents] * B), sizes))
+    _both(lambda s: s.forward_tree_ragged_from_logits(t, d, toks, pars, cu, N, sampling_params=params, **rnd), cls)

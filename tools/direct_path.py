@@ -308,7 +308,7 @@ def _tree_calls(
     kernel (RejectionSampler, TypicalAcceptanceSampler), or on ``samplers`` ((label, class,
     stochastic), ...); ``paths`` (K, L): a tree of K paths of length L (GBV's shape), every
     request with all of its nodes."""
-    from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
+    from spec_samplers import RejectionSampler, SamplingParams, TypicalAcceptanceSampler
     from spec_samplers.tree.multipath import path_parents
 
     g = _gen(seed)
@@ -321,6 +321,12 @@ def _tree_calls(
     T = int(cu[-1])
     ragged_parents = torch.tensor([p for n in sizes for p in parents[:n]])
     temperature = torch.tensor([0.7, 0.0, 1.2][:B])
+    # per-request filters (top-k, top-p, min-p; a greedy request): processed in the entry (sampling_params=)
+    filters = [
+        SamplingParams(temperature=0.8, top_k=3, top_p=0.9),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.1, top_p=0.5, min_p=0.2),
+    ][:B]
     padded_probs = (_probs((B, N + 1, V), g), _probs((B, N + 1, V), g), _ids((B, N), g, V), parents)
     ragged_probs = (_probs((T + B, V), g), _probs((T + B, V), g), _ids((T,), g, V), ragged_parents, cu, N)
     padded_logits = (_logits((B, N + 1, V), g), _logits((B, N + 1, V), g), _ids((B, N), g, V), parents)
@@ -348,6 +354,20 @@ def _tree_calls(
                 s.forward_tree_ragged_from_logits,
                 ragged_logits,
                 dict(rnd, temperature=temperature),
+            ),
+            Call(
+                f"{label}.forward_tree_from_logits[filters]",
+                "forward_tree_from_logits",
+                s.forward_tree_from_logits,
+                padded_logits,
+                dict(rnd, sampling_params=filters),
+            ),
+            Call(
+                f"{label}.forward_tree_ragged_from_logits[filters]",
+                "forward_tree_ragged_from_logits",
+                s.forward_tree_ragged_from_logits,
+                ragged_logits,
+                dict(rnd, sampling_params=filters),
             ),
         ]
     return calls

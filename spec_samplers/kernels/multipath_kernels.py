@@ -77,12 +77,13 @@ def _accept_uniform(seed, offset, m):
 
 
 @triton.jit
-def _stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
+def _stats(ptr, off, ok, temp, V, cut_ptr, row, BLOCK_V: tl.constexpr, LOGITS: tl.constexpr, PRECISE: tl.constexpr):
     """The row's softmax constants for :func:`~spec_samplers.kernels.tree_kernels._load` when the
-    rows hold logits (two vocabulary passes), placeholders for probabilities."""
+    rows hold logits (two vocabulary passes; one with the filters' ``cut_ptr``), placeholders for
+    probabilities."""
     st = (0.0, 1.0, 1.0, 0.0, (off * 0).to(tl.int64), 1.0)
     if LOGITS:
-        st = _logit_stats(ptr, off, ok, temp, V, BLOCK_V, PRECISE)
+        st = _logit_stats(ptr, off, ok, temp, V, cut_ptr, row, BLOCK_V, PRECISE)
     return st
 
 
@@ -125,6 +126,8 @@ def multipath_pick_kernel(
     cu_ptr,  # [B] int32/int64 inclusive cumsum of N_b (ragged), None: padded
     num_tokens,  # T (ragged)
     temp_ptr,  # [B] float temperature when the rows hold logits, None: probabilities
+    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (tree_filter_cut_kernel), None: no filters
+    d_cut_ptr,  # [R, 2] fp32 of the draft rows, None: no filters
     pick_ptr,  # [B, LMAX + 6] int64 out: nodes [LMAX+1], then L', path, K, L, shape ok
     keys_ptr,  # [B, >= LMAX, V] fp32 out: the keys of position m's rows, m < L' (the rest not written)
     N,
@@ -178,8 +181,8 @@ def multipath_pick_kernel(
         row = _node_row(b, node, start, n, N, RAGGED)
         t_off = tl.maximum(row, 0) * stride_t
         d_off = tl.maximum(row, 0) * stride_d
-        t_st = _stats(target_ptr, t_off, row >= 0, temp, V, BLOCK_V, LOGITS, PRECISE)
-        d_st = _stats(draft_ptr, d_off, row >= 0, temp, V, BLOCK_V, LOGITS, PRECISE)
+        t_st = _stats(target_ptr, t_off, row >= 0, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
+        d_st = _stats(draft_ptr, d_off, row >= 0, temp, V, d_cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
         raw = _token_at(tokens_ptr, b, start, kk * L + m + 1, stride_tb, in_k & ((kk * 0 + m) < L), RAGGED)
         valid = in_k & (raw >= 0) & (raw < V)
         cand = tl.where(valid, raw, 0)
@@ -238,7 +241,7 @@ def _order_cdf(draft_ptr, d_off, d_ok, d_st, order_ptr, feq_ptr, flt_ptr, f_off,
 
 
 @triton.jit
-def _greedy_walk(target_ptr, stride_t, tokens_ptr, stride_tb, b, start, n, N, K, L, LMAX, V, temp, alive,
+def _greedy_walk(target_ptr, stride_t, cut_ptr, tokens_ptr, stride_tb, b, start, n, N, K, L, LMAX, V, temp, alive,
                  BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, RAGGED: tl.constexpr, LOGITS: tl.constexpr,
                  PRECISE: tl.constexpr):  # fmt: skip
     """The argmax walk of :func:`spec_samplers.tree.reference.rejection_tree_walk` on the K paths:
@@ -248,7 +251,7 @@ def _greedy_walk(target_ptr, stride_t, tokens_ptr, stride_tb, b, start, n, N, K,
     kk = tl.arange(0, BLOCK_N)
     row = _node_row(b, 0, start, n, N, RAGGED)
     t_off = tl.maximum(row, 0) * stride_t
-    t_st = _stats(target_ptr, t_off, row >= 0, temp, V, BLOCK_V, LOGITS, PRECISE)
+    t_st = _stats(target_ptr, t_off, row >= 0, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
     amax, qmax = _row_argmax(target_ptr, t_off, alive & (row >= 0), V, t_st, LOGITS, PRECISE, BLOCK_V)
     path = (b * 0 - 1).to(tl.int64)
     depth = (b * 0).to(tl.int64)
@@ -267,7 +270,7 @@ def _greedy_walk(target_ptr, stride_t, tokens_ptr, stride_tb, b, start, n, N, K,
                 depth = (b * 0 + m + 1).to(tl.int64)
                 row = _node_row(b, path * L + m + 1, start, n, N, RAGGED)
                 t_off = tl.maximum(row, 0) * stride_t
-                t_st = _stats(target_ptr, t_off, row >= 0, temp, V, BLOCK_V, LOGITS, PRECISE)
+                t_st = _stats(target_ptr, t_off, row >= 0, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
                 amax, qmax = _row_argmax(target_ptr, t_off, row >= 0, V, t_st, LOGITS, PRECISE, BLOCK_V)
     return depth, path, amax, qmax
 
@@ -283,6 +286,8 @@ def multipath_verify_kernel(
     cu_ptr,  # [B] ragged, None: padded
     num_tokens,  # T (ragged)
     temp_ptr,  # [B] float when the rows hold logits, None: probabilities
+    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (tree_filter_cut_kernel), None: no filters
+    d_cut_ptr,  # [R, 2] fp32 of the draft rows, None: no filters
     greedy_ptr,  # [B] bool, or None
     seed_ptr,  # [B] int64
     offset_ptr,  # [B] int64, None: 0
@@ -339,8 +344,8 @@ def multipath_verify_kernel(
             ok = row >= 0
             t_off = tl.maximum(row, 0) * stride_t
             d_off = tl.maximum(row, 0) * stride_d
-            t_st = _stats(target_ptr, t_off, ok, temp, V, BLOCK_V, LOGITS, PRECISE)
-            d_st = _stats(draft_ptr, d_off, ok, temp, V, BLOCK_V, LOGITS, PRECISE)
+            t_st = _stats(target_ptr, t_off, ok, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
+            d_st = _stats(draft_ptr, d_off, ok, temp, V, d_cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
             f_off = (b * LMAX + m) * V
             _order_cdf(draft_ptr, d_off, ok, d_st, order_ptr, feq_ptr, flt_ptr, f_off, V, BLOCK_V, LOGITS, PRECISE)
             h_one = _power_sum(a * 0.0 + 1.0, a, K)
@@ -386,8 +391,8 @@ def multipath_verify_kernel(
     ok = row >= 0
     t_off = tl.maximum(row, 0) * stride_t
     d_off = tl.maximum(row, 0) * stride_d
-    t_st = _stats(target_ptr, t_off, ok, temp, V, BLOCK_V, LOGITS, PRECISE)
-    d_st = _stats(draft_ptr, d_off, ok, temp, V, BLOCK_V, LOGITS, PRECISE)
+    t_st = _stats(target_ptr, t_off, ok, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
+    d_st = _stats(draft_ptr, d_off, ok, temp, V, d_cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
     f_off = (b * LMAX + tl.minimum(tau, tl.maximum(LMAX - 1, 0))) * V
     h_one = _power_sum(a_t * 0.0 + 1.0, a_t, K)
     base = tau << 32
@@ -421,7 +426,7 @@ def multipath_verify_kernel(
     path = tl.load(pick_ptr + b * S + LMAX + 2)
     if greedy != 0:
         tau, path, amax, qmax = _greedy_walk(
-            target_ptr, stride_t, tokens_ptr, stride_tb, b, start, n, N, K, L, LMAX, V, temp, alive,
+            target_ptr, stride_t, cut_ptr, tokens_ptr, stride_tb, b, start, n, N, K, L, LMAX, V, temp, alive,
             BLOCK_N, BLOCK_V, RAGGED, LOGITS, PRECISE,
         )  # fmt: skip
         final = tl.where(qmax > 0.0, amax, -1)

@@ -606,6 +606,32 @@ def thresholds_kernel(
 
 
 @triton.jit
+def row_filter_cut(
+    base, s_max, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch, cap, V,
+    BLOCK_V: tl.constexpr, PRECISE: tl.constexpr,
+):  # fmt: skip
+    """(kept sum, cut) of the logits row at ``base`` (row max ``s_max``) under request b's
+    temperature and filters: ``filtered_softmax_reference``'s threshold and fixed-point mass."""
+    t = tl.load(temp_ptr + b).to(tl.float32)
+    # the rule's per-row constants (common.logits_rule), once: no division per element
+    c = logits_scale(tl.where(t > 0.0, t, 1.0))
+    m_rule = rule_max(s_max)
+    hi = tl.where(s_max > float("-inf"), 1.0, 0.0)  # e = 1 at the max; no mass: nothing to keep
+    lo = hi * 0.0
+    floor = tl.minimum(tl.load(min_p_ptr + b).to(tl.float32) * hi, hi)
+    top_k = tl.load(top_k_ptr + b).to(tl.int64)
+    tau_k, _, _ = pivot_search(
+        base, V, lo, tl.where(top_k > 0, hi, lo), top_k, 1.0, 0.0, m_rule, c, scratch, cap,
+        0, False, True, False, BLOCK_V, PRECISE,
+    )  # fmt: skip
+    cut, _, kept = pivot_search(
+        base, V, tl.maximum(floor, tau_k), hi, top_k, tl.load(top_p_ptr + b).to(tl.float32), 0.0, m_rule, c,
+        scratch, cap, 1, False, True, True, BLOCK_V, PRECISE,
+    )  # fmt: skip
+    return kept.to(tl.float32) * (1.0 / _MASS_SCALE), cut
+
+
+@triton.jit
 def _cut_row(
     x_ptr,
     stride_b,
@@ -637,25 +663,11 @@ def _cut_row(
         exists = ok & (i < n)
     if exists:
         slot = (b * (K + 1) + i) * 3
-        s_max = tl.load(stats_ptr + slot)
-        t = tl.load(temp_ptr + b).to(tl.float32)
-        # the rule's per-row constants (common.logits_rule), once: no division per element
-        c = logits_scale(tl.where(t > 0.0, t, 1.0))
-        m_rule = rule_max(s_max)
-        hi = tl.where(s_max > float("-inf"), 1.0, 0.0)  # e = 1 at the max; no mass: nothing to keep
-        lo = hi * 0.0
-        floor = tl.minimum(tl.load(min_p_ptr + b).to(tl.float32) * hi, hi)
-        top_k = tl.load(top_k_ptr + b).to(tl.int64)
-        base = x_ptr + off
-        tau_k, _, _ = pivot_search(
-            base, V, lo, tl.where(top_k > 0, hi, lo), top_k, 1.0, 0.0, m_rule, c, scratch, cap,
-            0, False, True, False, BLOCK_V, PRECISE,
+        kept_sum, cut = row_filter_cut(
+            x_ptr + off, tl.load(stats_ptr + slot), temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch, cap, V,
+            BLOCK_V, PRECISE,
         )  # fmt: skip
-        cut, _, kept = pivot_search(
-            base, V, tl.maximum(floor, tau_k), hi, top_k, tl.load(top_p_ptr + b).to(tl.float32), 0.0, m_rule, c,
-            scratch, cap, 1, False, True, True, BLOCK_V, PRECISE,
-        )  # fmt: skip
-        tl.store(stats_ptr + slot + 1, kept.to(tl.float32) * (1.0 / _MASS_SCALE))
+        tl.store(stats_ptr + slot + 1, kept_sum)
         tl.store(stats_ptr + slot + 2, cut)
 
 

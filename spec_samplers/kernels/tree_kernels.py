@@ -33,6 +33,7 @@ from spec_samplers.kernels.rng import (
     random_words,
     uniform_from_words,
 )
+from spec_samplers.kernels.sampling_kernels import row_filter_cut
 from spec_samplers.kernels.verify_kernels import count_row
 from spec_samplers.rng import LEVEL1_COUNTER, RACE_GROUP, STREAM_ACCEPT, STREAM_RECOVER
 
@@ -49,12 +50,14 @@ POINT_MASS = 2
 
 
 @triton.jit
-def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
+def _logit_stats(ptr, off, ok, temp, V, cut_ptr, row, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):
     """(m, c, r, cut, argmax, T) of a logits row: the rule constants of torch_ops.probs_from_logits's
     rule (:func:`spec_samplers.kernels.common.logits_rule`, cut = 0: NaN logits -inf; q = e * r with
     e = exp((x - max) / T) and r = 1 / sum, T <= 0 or NaN counting as 1), the argmax of the
     logits and T as given (T == 0: the one-hot of the argmax). The sum is accumulated in float64
-    and rounded once."""
+    and rounded once. With ``cut_ptr`` (the request filters: :func:`tree_filter_cut_kernel`'s
+    (kept sum, cut) at flat row ``row``) the sum and the cut are read, not computed: the rule of
+    ``filtered_softmax_reference``."""
     hi = tl.where(ok, V, 0)
     best = float("-inf")
     best_idx = 0
@@ -65,17 +68,81 @@ def _logit_stats(ptr, off, ok, temp, V, BLOCK_V: tl.constexpr, PRECISE: tl.const
         x = tl.where(m & (x == x), x, float("-inf"))
         best, best_idx = kc.fold_argmax(x, s, best, best_idx)
     t = tl.where(temp > 0, temp, 1.0)
-    m_rule = kc.rule_max(best)
-    c = kc.logits_scale(t)
-    total = tl.zeros([], tl.float64)
-    for s in range(0, V, BLOCK_V):
-        offs = s + tl.arange(0, BLOCK_V)
-        m = offs < hi
-        x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
-        x = tl.where(m & (x == x), x, float("-inf"))
-        total += tl.sum(kc.weights(x, m_rule, c, PRECISE).to(tl.float64), 0)
-    m_rule, c, r, cut = kc.logits_rule(best, t, total.to(tl.float32), 0.0)
+    if cut_ptr is not None:
+        kept_sum = tl.load(cut_ptr + tl.maximum(row, 0) * 2, mask=ok, other=0.0)
+        m_rule, c, r, cut = kc.logits_rule(best, t, kept_sum, tl.load(cut_ptr + tl.maximum(row, 0) * 2 + 1))
+    else:
+        m_rule = kc.rule_max(best)
+        c = kc.logits_scale(t)
+        total = tl.zeros([], tl.float64)
+        for s in range(0, V, BLOCK_V):
+            offs = s + tl.arange(0, BLOCK_V)
+            m = offs < hi
+            x = tl.load(ptr + off + offs, mask=m, other=float("-inf")).to(tl.float32)
+            x = tl.where(m & (x == x), x, float("-inf"))
+            total += tl.sum(kc.weights(x, m_rule, c, PRECISE).to(tl.float64), 0)
+        m_rule, c, r, cut = kc.logits_rule(best, t, total.to(tl.float32), 0.0)
     return m_rule, c, r, cut, best_idx.to(tl.int64), temp  # type: ignore[attr-defined]
+
+
+@triton.jit
+def _cut_tree_row(ptr, row, stride, out_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch, cap, V,
+                  BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):  # fmt: skip
+    """One row of :func:`tree_filter_cut_kernel` (none when ``row`` < 0): its max (NaN as -inf),
+    then its (kept sum, cut) into ``out_ptr``'s row ``row``."""
+    if row >= 0:
+        off = row * stride
+        best = float("-inf")
+        for s in range(0, V, BLOCK_V):
+            offs = s + tl.arange(0, BLOCK_V)
+            x = tl.load(ptr + off + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            best = tl.maximum(best, tl.max(tl.where(x == x, x, float("-inf")), 0))
+        kept_sum, cut = row_filter_cut(
+            ptr + off, best, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch, cap, V, BLOCK_V, PRECISE
+        )
+        tl.store(out_ptr + row * 2, kept_sum)
+        tl.store(out_ptr + row * 2 + 1, cut)
+
+
+@triton.jit
+def tree_filter_cut_kernel(
+    target_ptr,  # [R, V] logits, vocab stride 1
+    stride_t,
+    draft_ptr,  # [R, V] logits, or None (point-mass drafts)
+    stride_d,
+    cu_ptr,  # [B] ragged, None: padded
+    num_tokens,  # T (ragged)
+    temp_ptr,  # [B] float, <= 0 acts as 1 (greedy requests are decided by the argmax)
+    top_k_ptr,  # [B] int, 0 = off
+    top_p_ptr,  # [B] float, 1 = off
+    min_p_ptr,  # [B] float, 0 = off
+    cut_ptr,  # [R, 2] fp32 out: (kept sum, cut) of each target row
+    d_cut_ptr,  # [R, 2] fp32 out: of each draft row (with draft_ptr)
+    scratch_ptr,  # [2 or 1, B, N+1, cap] fp32: the searches' candidates (pivot_search)
+    N,
+    V,
+    cap,
+    BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    """Program (b, j, side): the (kept sum, cut) of node j's target (side 0) or draft (side 1)
+    row of request b under its temperature and filters, exactly
+    ``filtered_softmax_reference``'s (:func:`spec_samplers.kernels.sampling_kernels.row_filter_cut`,
+    the chain's ``filter_cut_kernel`` on the tree layout), which the tree kernels read through
+    :func:`_logit_stats`. Grid (B, N+1, 2 with draft rows else 1)."""
+    RAGGED: tl.constexpr = cu_ptr is not None
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    start, n = _span(cu_ptr, b, N, num_tokens, RAGGED)
+    row = _node_row(b, j, start, n, N, RAGGED)
+    side = tl.program_id(2)
+    scratch = scratch_ptr + ((side * tl.num_programs(0) + b) * (N + 1) + j) * cap
+    if side == 0:
+        _cut_tree_row(target_ptr, row, stride_t, cut_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch,
+                      cap, V, BLOCK_V, PRECISE)  # fmt: skip
+    elif draft_ptr is not None:
+        _cut_tree_row(draft_ptr, row, stride_d, d_cut_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch,
+                      cap, V, BLOCK_V, PRECISE)  # fmt: skip
 
 
 @triton.jit
@@ -213,6 +280,8 @@ def rejection_tree_kernel(
     offset_ptr,  # [B] int64, None: 0
     greedy_ptr,  # [B] bool or None
     temp_ptr,  # [B] float temperature (0: greedy) when the rows hold logits, None: probabilities
+    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (tree_filter_cut_kernel), None: no filters
+    d_cut_ptr,  # [R, 2] fp32 of the draft rows, None: no filters
     scratch_ptr,  # [B, 2, V] fp32
     out_ptr,  # [B, D+1] int64 out: TreeOutput.token_ids
     nodes_ptr,  # [B, D] int64 out: TreeOutput.node_ids
@@ -255,9 +324,10 @@ def rejection_tree_kernel(
     t_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # logits rule constants of the current target row
     d_st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)  # and of its draft row
     if LOGITS:
-        t_st = _logit_stats(target_ptr, t_off, alive, temp, V, BLOCK_V, PRECISE)
+        t_st = _logit_stats(target_ptr, t_off, alive, temp, V, cut_ptr, root_row, BLOCK_V, PRECISE)
         if POLICY != 2:
-            d_st = _logit_stats(draft_ptr, tl.maximum(root_row, 0) * stride_d, alive, temp, V, BLOCK_V, PRECISE)
+            d_off0 = tl.maximum(root_row, 0) * stride_d
+            d_st = _logit_stats(draft_ptr, d_off0, alive, temp, V, d_cut_ptr, root_row, BLOCK_V, PRECISE)
     s_base = b * 2 * V
     slot = 0
     fresh = 1
@@ -304,10 +374,10 @@ def rejection_tree_kernel(
                 z = 1.0
                 removed = 0.0
                 if LOGITS:
-                    t_st = _logit_stats(target_ptr, t_off, row_j >= 0, temp, V, BLOCK_V, PRECISE)
+                    t_st = _logit_stats(target_ptr, t_off, row_j >= 0, temp, V, cut_ptr, row_j, BLOCK_V, PRECISE)
                     if POLICY != 2:
                         d_off_j = tl.maximum(row_j, 0) * stride_d
-                        d_st = _logit_stats(draft_ptr, d_off_j, row_j >= 0, temp, V, BLOCK_V, PRECISE)
+                        d_st = _logit_stats(draft_ptr, d_off_j, row_j >= 0, temp, V, d_cut_ptr, row_j, BLOCK_V, PRECISE)
                 if greedy != 0:
                     q_argmax, node_max = _row_argmax(target_ptr, t_off, row_j >= 0, V, t_st, LOGITS, PRECISE, BLOCK_V)
             elif ok & (greedy == 0):
@@ -357,6 +427,7 @@ def typical_tree_kernel(
     cu_ptr,  # [B] ragged, None: padded
     num_tokens,  # T (ragged)
     temp_ptr,  # [B] float temperature when the rows hold logits, None: probabilities
+    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the rows (tree_filter_cut_kernel), None: no filters
     stat_ptr,  # [B, N+1, 4] fp32 scratch: logits rule constants of each node's row (LOGITS)
     lidx_ptr,  # [B, N+1] int64 scratch: argmax of each node's logits (LOGITS)
     thr_ptr,  # [B, N+1] fp64 scratch: typical threshold of each node's row
@@ -393,7 +464,7 @@ def typical_tree_kernel(
         hi = tl.where(row >= 0, V, 0)
         st = (0.0, 1.0, 1.0, 0.0, (b * 0).to(tl.int64), 1.0)
         if LOGITS:
-            st = _logit_stats(target_ptr, off, row >= 0, temp, V, BLOCK_V, PRECISE)
+            st = _logit_stats(target_ptr, off, row >= 0, temp, V, cut_ptr, row, BLOCK_V, PRECISE)
             m_rule, c, r, cut, lidx, _t = st
             tl.store(stat_ptr + (base + u) * 4, m_rule)
             tl.store(stat_ptr + (base + u) * 4 + 1, c)
@@ -501,14 +572,15 @@ def _stats(nf, ni, u, temp, F: tl.constexpr, FI: tl.constexpr, LOGITS: tl.conste
 
 
 @triton.jit
-def _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, u, row, temp, V,
+def _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, cut_ptr, d_cut_ptr, nf, ni, u, row, temp, V,
                  POLICY: tl.constexpr, BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):  # fmt: skip
     """Logits rows: node u's target (and draft) row statistics, computed once when u is entered."""
     ok = row >= 0
-    t_st = _logit_stats(target_ptr, tl.maximum(row, 0) * stride_t, ok, temp, V, BLOCK_V, PRECISE)
+    t_st = _logit_stats(target_ptr, tl.maximum(row, 0) * stride_t, ok, temp, V, cut_ptr, row, BLOCK_V, PRECISE)
     _store_stats(nf, ni, u, t_st, _F_TST, _I_TMAX)
     if POLICY != 2:
-        d_st = _logit_stats(draft_ptr, tl.maximum(row, 0) * stride_d, ok, temp, V, BLOCK_V, PRECISE)
+        d_st = _logit_stats(draft_ptr, tl.maximum(row, 0) * stride_d, ok, temp, V, d_cut_ptr, row, BLOCK_V,
+                             PRECISE)  # fmt: skip
         _store_stats(nf, ni, u, d_st, _F_DST, _I_DMAX)
 
 
@@ -528,6 +600,8 @@ def block_tree_kernel(
     offset_ptr,  # [B] int64, None: 0
     greedy_ptr,  # [B] bool or None
     temp_ptr,  # [B] float temperature (0: greedy) when the rows hold logits, None: probabilities
+    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (tree_filter_cut_kernel), None: no filters
+    d_cut_ptr,  # [R, 2] fp32 of the draft rows, None: no filters
     q_ptr,  # [B, min(D, N)+1, V] fp32 workspace: Q_u of the updated nodes on the path, and a spare
     nf_ptr,  # [B, N+1, NODE_F] fp32 workspace: alpha, removed mass, logits statistics per node
     ni_ptr,  # [B, N+1, NODE_I] int64 workspace: depth, child links, flags, Q slot per node
@@ -601,7 +675,8 @@ def block_tree_kernel(
             tl.store(ni + par * _NODE_I + _I_FIRST, zero + j)
         tl.debug_barrier()
     if LOGITS:
-        _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, 0, root_row, temp, V, POLICY, BLOCK_V, PRECISE)
+        _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, cut_ptr, d_cut_ptr, nf, ni, 0, root_row, temp, V,
+                     POLICY, BLOCK_V, PRECISE)  # fmt: skip
         tl.debug_barrier()
     stop = tl.where(alive, 0, -1).to(tl.int64)
     if alive & (greedy != 0):
@@ -621,8 +696,8 @@ def block_tree_kernel(
                     cur = zero + j
                     cur_row = _node_row(b, j, start, n, N, RAGGED)
                     if LOGITS:
-                        _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, j, cur_row, temp, V,
-                                     2, BLOCK_V, PRECISE)  # fmt: skip  # (target row only)
+                        _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, cut_ptr, d_cut_ptr, nf, ni, j,
+                                     cur_row, temp, V, 2, BLOCK_V, PRECISE)  # fmt: skip  # (target row only)
                         tl.debug_barrier()
                     t_st = _stats(nf, ni, j, temp, _F_TST, _I_TMAX, LOGITS)
                     q_argmax, _m = _row_argmax(target_ptr, cur_row * stride_t, cur_row >= 0, V, t_st, LOGITS,
@@ -686,8 +761,8 @@ def block_tree_kernel(
                         tl.store(ni + u * _NODE_I + _I_LAST, kid)
                         if LOGITS:
                             k_row = _node_row(b, kid, start, n, N, RAGGED)
-                            _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, nf, ni, kid, k_row, temp, V,
-                                         POLICY, BLOCK_V, PRECISE)  # fmt: skip
+                            _enter_stats(target_ptr, stride_t, draft_ptr, stride_d, cut_ptr, d_cut_ptr, nf, ni, kid,
+                                         k_row, temp, V, POLICY, BLOCK_V, PRECISE)  # fmt: skip
                         cur = kid
                     else:
                         if tl.load(ni + cur * _NODE_I + _I_SKIPPED) == 0:

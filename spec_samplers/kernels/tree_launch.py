@@ -9,6 +9,8 @@ needs only torch."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from spec_samplers.constants import fp32_value
@@ -20,6 +22,8 @@ from spec_samplers.output import TreeOutput
 TREE_BLOCK_V = 256
 #: output slots per vector step of the output's tail
 TREE_BLOCK_D = 16
+#: :func:`~spec_samplers.constants.fp32_value`, remembered: a sampler's options repeat every call
+_fp32 = functools.lru_cache(maxsize=64)(fp32_value)
 
 
 def _rows(x: torch.Tensor | None, V: int, device: torch.device) -> torch.Tensor:
@@ -30,38 +34,32 @@ def _rows(x: torch.Tensor | None, V: int, device: torch.device) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _nodes(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(node tensor with node stride 1, its request stride: 0 for one row shared by the batch)."""
-    x = x if x.dim() == 0 or x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
-    return x, x.stride(0) if x.dim() == 2 and x.shape[0] > 1 else 0
-
-
-def _per_request(x: torch.Tensor | None) -> torch.Tensor | None:
-    """A [B] tensor with stride 1: the kernels read element b at ``ptr + b``, so a strided view
-    would read its neighbours' values and an expanded one (stride 0) past its storage."""
-    return x if x is None or x.shape[0] <= 1 or x.stride(0) == 1 else x.contiguous()
-
-
-def _outputs(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token_ids [B, D+1], node_ids [B, D]) int64, written by the kernel (node_ids a view of at
-    least one column, so that the kernel never gets an empty tensor's pointer)."""
-    B, D = call.batch_size, call.max_depth
-    device = call.target.device
-    nodes = torch.empty(B, max(D, 1), dtype=torch.int64, device=device)
-    return torch.empty(B, D + 1, dtype=torch.int64, device=device), nodes[:, :D]
+def _unit_stride(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` with stride 1 along its last dimension (a [B] tensor per request, [B, N] or [N] nodes):
+    the kernels read element i at ``ptr + i``, so a strided view would read its neighbours' values
+    and an expanded one (stride 0) past its storage."""
+    return x if x is None or x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
 def _layout_args(call: TreeCall) -> dict[str, object]:
-    """The kernels' layout arguments: rows, tokens, parents, ragged spans."""
+    """The kernels' layout arguments (rows, tokens, parents, ragged spans) and their outputs:
+    token_ids [B, D+1] (``out_ptr``) and node_ids [B, D] (``nodes_ptr``, a view of at least one
+    column, so that the kernel never gets an empty tensor's pointer) int64, written by the kernel."""
     device = call.target.device
-    target = _rows(call.target, call.vocab_size, device)
-    tokens, stride_tb = _nodes(call.tokens)
-    parents, stride_pb = _nodes(call.parents)
-    cu = _per_request(call.cu_num_nodes)
+    B, D = call.batch_size, call.max_depth
+    nodes = torch.empty(B, max(D, 1), dtype=torch.int64, device=device)
+    target = _rows(call.target, call.target.shape[1], device)
+    tokens, parents = _unit_stride(call.tokens), _unit_stride(call.parents)
+    assert tokens is not None and parents is not None
+    cu = _unit_stride(call.cu_num_nodes)
+    # (request strides: 0 for one parents row shared by the batch)
+    stride_tb = tokens.stride(0) if tokens.dim() == 2 and tokens.shape[0] > 1 else 0
+    stride_pb = parents.stride(0) if parents.dim() == 2 and parents.shape[0] > 1 else 0
     return dict(
         target_ptr=target, stride_t=target.stride(0), tokens_ptr=tokens, stride_tb=stride_tb,
         parents_ptr=parents, stride_pb=stride_pb, cu_ptr=cu,
         num_tokens=call.tokens.shape[0] if cu is not None else 0,
+        out_ptr=torch.empty(B, D + 1, dtype=torch.int64, device=device), nodes_ptr=nodes[:, :D],
     )  # fmt: skip
 
 
@@ -71,37 +69,82 @@ def _walk_args(call: TreeCall, device: torch.device) -> dict[str, object]:
     from spec_samplers.kernels.tree_kernels import INDEPENDENT, POINT_MASS, WITHOUT_REPLACEMENT
 
     point_mass = call.draft is None or call.policy == "deterministic"
-    draft = None if point_mass else _rows(call.draft, call.vocab_size, device)
+    draft = None if point_mass else _rows(call.draft, call.target.shape[1], device)
     policy = POINT_MASS if point_mass else WITHOUT_REPLACEMENT if call.policy == "without_replacement" else INDEPENDENT
     return dict(
         _layout_args(call),
         draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
-        seed_ptr=_per_request(call.seeds), offset_ptr=_per_request(call.offsets),
-        greedy_ptr=_per_request(call.is_greedy), temp_ptr=_per_request(call.temperature),
+        seed_ptr=_unit_stride(call.seeds), offset_ptr=_unit_stride(call.offsets),
+        greedy_ptr=_unit_stride(call.is_greedy), temp_ptr=_unit_stride(call.temperature),
         POLICY=policy,
     )  # fmt: skip
+
+
+def _filter_cuts(
+    call: TreeCall, layout: dict[str, object], draft: torch.Tensor | None
+) -> tuple[list[KernelLaunch], dict[str, object]]:
+    """([the launch of ``tree_filter_cut_kernel``] when the requests filter, else []; the tree
+    kernel's ``cut_ptr`` and ``d_cut_ptr``) on the launcher's ``layout`` (:func:`_layout_args`):
+    each target row's and each ``draft`` row's (kept sum, cut), which the tree kernels read with
+    the logits (the chain's filter cuts on the tree layout,
+    :func:`spec_samplers.kernels.verify_launch.plan_filter_cuts`)."""
+    if not call.filters:
+        return [], dict(cut_ptr=None, d_cut_ptr=None)
+    from spec_samplers.kernels.sampling_kernels import SEARCH_WARPS
+    from spec_samplers.kernels.tree_kernels import tree_filter_cut_kernel
+
+    B, N, V = call.batch_size, call.num_nodes, call.target.shape[1]
+    device = call.target.device
+    sides = 1 if draft is None else 2
+    cap, block = _cut_sizes(sides * B * (N + 1), V)
+    R = max(call.target.shape[0], 1)
+    cuts: dict[str, object] = dict(cut_ptr=torch.empty(R, 2, dtype=torch.float32, device=device),
+                d_cut_ptr=None if draft is None else torch.empty(R, 2, dtype=torch.float32, device=device))  # fmt: skip
+    args = dict(
+        target_ptr=layout["target_ptr"], stride_t=layout["stride_t"],
+        draft_ptr=draft, stride_d=0 if draft is None else draft.stride(0),
+        cu_ptr=layout["cu_ptr"], num_tokens=layout["num_tokens"], temp_ptr=_unit_stride(call.temperature),
+        top_k_ptr=_unit_stride(call.filters["top_k"]), top_p_ptr=_unit_stride(call.filters["top_p"]),
+        min_p_ptr=_unit_stride(call.filters["min_p"]),
+        **cuts, scratch_ptr=torch.empty(sides, B, N + 1, cap, dtype=torch.float32, device=device),
+        N=N, V=V, cap=cap, BLOCK_V=block, PRECISE=not interpreting(),
+    )  # fmt: skip
+    return [KernelLaunch(tree_filter_cut_kernel, (B, N + 1, sides), args, SEARCH_WARPS, "tree_filter_cut")], cuts
+
+
+@functools.lru_cache(maxsize=64)
+def _cut_sizes(searches: int, vocab_size: int) -> tuple[int, int]:
+    """(scratch entries per search, BLOCK_V) of ``tree_filter_cut_kernel``
+    (:func:`~spec_samplers.kernels.sampling_kernels.search_scratch`, ``search_block``): planned
+    once per shape."""
+    from spec_samplers.kernels.sampling_kernels import search_block, search_scratch
+
+    return search_scratch(searches, vocab_size), search_block(vocab_size)
 
 
 def rejection_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> TreeOutput:
     """:func:`spec_samplers.tree.reference.rejection_tree_reference` on the Triton kernel: same
     tokens on the same inputs and seeds. With ``config.launches`` a list, the launch is recorded
     there, not run (the output is then not meaningful)."""
-    from spec_samplers.kernels.tree_kernels import rejection_tree_kernel
+    from spec_samplers.kernels.tree_kernels import rejection_tree_kernel, tree_filter_cut_kernel
 
-    B, N, V = call.batch_size, call.num_nodes, call.vocab_size
+    B, N, V = call.batch_size, call.num_nodes, call.target.shape[1]
     device = call.target.device
     assert call.seeds is not None, "tree rejection sampling needs per-request seeds"
-    token_ids, node_ids = _outputs(call)
+    walk = _walk_args(call, device)
+    cuts, cut_args = _filter_cuts(call, walk, walk["draft_ptr"])  # type: ignore[arg-type]
     args = dict(
-        _walk_args(call, device),
+        walk, **cut_args,
         scratch_ptr=torch.empty(B, 2, V, dtype=torch.float32, device=device),
-        out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
+        counts_ptr=call.counts,
         N=N, V=V, max_depth=call.max_depth,
         BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
-    if B and launches_to_run(config, [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")]):
+    if B and launches_to_run(config, cuts + [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")]):
+        for cut in cuts:
+            tree_filter_cut_kernel[cut.grid](**cut.args, num_warps=cut.num_warps)
         rejection_tree_kernel[(B,)](**args)
-    return TreeOutput(token_ids, node_ids)
+    return TreeOutput(args["out_ptr"], args["nodes_ptr"])  # type: ignore[arg-type]
 
 
 def typical_tree_triton(
@@ -109,30 +152,33 @@ def typical_tree_triton(
 ) -> TreeOutput:
     """:func:`spec_samplers.tree.reference.typical_tree_reference` on the Triton kernel
     (``config`` as :func:`rejection_tree_triton`); logits rows are read through the softmax rule."""
-    from spec_samplers.kernels.tree_kernels import typical_tree_kernel
+    from spec_samplers.kernels.tree_kernels import tree_filter_cut_kernel, typical_tree_kernel
 
     B, N = call.batch_size, call.num_nodes
     device = call.target.device
     logits = call.temperature is not None
-    token_ids, node_ids = _outputs(call)
+    layout = _layout_args(call)
+    cuts, cut_args = _filter_cuts(call, layout, None)
     args = dict(
-        _layout_args(call),
-        temp_ptr=_per_request(call.temperature),
+        layout,
+        temp_ptr=_unit_stride(call.temperature), cut_ptr=cut_args["cut_ptr"],
         stat_ptr=torch.empty(B, N + 1, 4, dtype=torch.float32, device=device) if logits else None,
         lidx_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device) if logits else None,
         thr_ptr=torch.empty(B, N + 1, dtype=torch.float64, device=device),
         amax_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device),
         rowok_ptr=torch.empty(B, N + 1, dtype=torch.int8, device=device),
         pdepth_ptr=torch.empty(B, N + 1, dtype=torch.int64, device=device),
-        out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
+        counts_ptr=call.counts,
         # fp32 values: a Triton float argument is fp32, and the reference rounds alike
-        posterior_threshold=fp32_value(posterior_threshold), posterior_alpha=fp32_value(posterior_alpha),
-        N=N, V=call.vocab_size, max_depth=call.max_depth,
+        posterior_threshold=_fp32(posterior_threshold), posterior_alpha=_fp32(posterior_alpha),
+        N=N, V=call.target.shape[1], max_depth=call.max_depth,
         BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
-    if B and launches_to_run(config, [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")]):
+    if B and launches_to_run(config, cuts + [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")]):
+        for cut in cuts:
+            tree_filter_cut_kernel[cut.grid](**cut.args, num_warps=cut.num_warps)
         typical_tree_kernel[(B,)](**args)
-    return TreeOutput(token_ids, node_ids)
+    return TreeOutput(args["out_ptr"], args["nodes_ptr"])  # type: ignore[arg-type]
 
 
 def block_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> TreeOutput:
@@ -144,24 +190,28 @@ def block_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> 
         NODE_F,
         NODE_I,
         block_tree_kernel,
+        tree_filter_cut_kernel,
     )
 
-    B, N, V = call.batch_size, call.num_nodes, call.vocab_size
+    B, N, V = call.batch_size, call.num_nodes, call.target.shape[1]
     device = call.target.device
     assert call.seeds is not None, "tree block verification needs per-request seeds"
-    token_ids, node_ids = _outputs(call)
+    walk = _walk_args(call, device)
+    cuts, cut_args = _filter_cuts(call, walk, walk["draft_ptr"])  # type: ignore[arg-type]
     args = dict(
-        _walk_args(call, device),
+        walk, **cut_args,
         # Q rows live only on the walk's current path: one per depth that can be updated, and a spare
         q_ptr=torch.empty(B, min(call.max_depth, N) + 1, V, dtype=torch.float32, device=device),
         nf_ptr=torch.empty(B, N + 1, NODE_F, dtype=torch.float32, device=device),
         ni_ptr=torch.empty(B, N + 1, NODE_I, dtype=torch.int64, device=device),
-        out_ptr=token_ids, nodes_ptr=node_ids, counts_ptr=call.counts,
+        counts_ptr=call.counts,
         N=N, V=V, max_depth=call.max_depth,
         BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
     options = dict(enable_fp_fusion=False)  # alpha Q - p rounds as the reference's multiply, then subtract
     launch = KernelLaunch(block_tree_kernel, (B,), args, name="block_tree", options=options)
-    if B and launches_to_run(config, [launch]):
+    if B and launches_to_run(config, cuts + [launch]):
+        for cut in cuts:
+            tree_filter_cut_kernel[cut.grid](**cut.args, num_warps=cut.num_warps)
         block_tree_kernel[(B,)](**args, **options)
-    return TreeOutput(token_ids, node_ids)
+    return TreeOutput(args["out_ptr"], args["nodes_ptr"])  # type: ignore[arg-type]

@@ -42,7 +42,7 @@ from spec_samplers.layout import (
 from spec_samplers.output import TreeOutput
 from spec_samplers.rng import row_seeds
 from spec_samplers.sampling.reference import filtered_softmax_reference
-from spec_samplers.sampling_params import SamplingParams
+from spec_samplers.sampling_params import SamplingParams, filter_tensors
 from spec_samplers.torch_ops import probs_from_logits
 from spec_samplers.validation import ID_DTYPES, PROBS_DTYPES, check_row_mask, check_temperature, require_tensor
 
@@ -202,23 +202,21 @@ class TreeEntries(SpecDecodeBaseSampler):
         per request (T == 0: greedy on the target's argmax), or, with ``sampling_params=``, both
         processed as the chain logits entries do (temperature, min-p, top-k, top-p): exact for the
         processed target when the children were drawn from the processed draft rows."""
-        key, prepared = None, None
-        if sampling_params is None:  # (the parameters' processing is each call's)
-            host = ("forward_tree_from_logits", draft_sampling, type(max_depth), max_depth, None)
-            tensors = (target_logits, draft_logits, draft_token_ids, temperature, None)
-            key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
+        host = ("forward_tree_from_logits", draft_sampling, type(max_depth), max_depth, None, sampling_params is None)
+        tensors = (target_logits, draft_logits, draft_token_ids, temperature, None)
+        key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
         if prepared is not None:
+            filters = None
+            if sampling_params is not None:  # (the parameters' values are each call's)
+                temperature, filters = filter_tensors(sampling_params, prepared.batch_size, target_logits.device)
             return self._run_tree_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents, None, None,
-                                           temperature, seeds, offsets)  # fmt: skip
+                                           temperature, seeds, offsets, filters)  # fmt: skip
         B, N = self._check_padded(target_logits, draft_logits, draft_token_ids, "target_logits", "draft_logits")
-        takes_call = self._takes_call(target_logits.device)
-        temperature, sampling_params = self._temperature_only(
-            takes_call, temperature, sampling_params, B, target_logits
-        )
-        if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
-            t = self._temperature(temperature, B, target_logits.device)
+        if self._takes_call(target_logits.device):  # the kernel reads the logits (softmax rule, filter cuts)
+            t, filters = self._logits_params(temperature, sampling_params, B, target_logits.device)
             args = (target_logits, draft_logits, draft_token_ids, parents, draft_sampling, max_depth, None)
-            return self._run_tree(self._padded_call(*args, t), B * N, seeds, offsets, seeded_seqs, key)
+            call = replace(self._padded_call(*args, t), filters=filters)
+            return self._run_tree(call, B * N, seeds, offsets, seeded_seqs, key)
         V = target_logits.shape[2]
         request = torch.arange(B, device=target_logits.device).repeat_interleave(N + 1)
         greedy, q, p, row_temp = self._logits_rows(
@@ -228,10 +226,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         q = q.view(B, N + 1, V)
         p = None if p is None else p.view(B, N + 1, V)
         rows = (q, p, draft_token_ids, parents, draft_sampling, max_depth, greedy)
-        if takes_call:  # sampling_params=: the rows were processed into probabilities
-            tb: TreeBatch | TreeCall = self._padded_call(*rows, None)
-        else:
-            tb = replace(self._padded_batch(*rows), temperature=row_temp)
+        tb = replace(self._padded_batch(*rows), temperature=row_temp)
         return self._run_tree(tb, B * N, seeds, offsets, seeded_seqs)
 
     def forward_tree_ragged_from_logits(
@@ -252,27 +247,24 @@ class TreeEntries(SpecDecodeBaseSampler):
         seeded_seqs: dict[int, torch.Generator] | None = None,
     ) -> TreeOutput:
         """Ragged twin of :meth:`forward_tree_from_logits`."""
-        key, prepared = None, None
-        if sampling_params is None:  # (the parameters' processing is each call's)
-            host = ("forward_tree_ragged_from_logits", draft_sampling, type(max_depth), max_depth,
-                    (type(max_nodes), max_nodes))  # fmt: skip
-            tensors = (target_logits, draft_logits, draft_token_ids, temperature, cu_num_nodes)
-            key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
+        host = ("forward_tree_ragged_from_logits", draft_sampling, type(max_depth), max_depth,
+                (type(max_nodes), max_nodes), sampling_params is None)  # fmt: skip
+        tensors = (target_logits, draft_logits, draft_token_ids, temperature, cu_num_nodes)
+        key, prepared = self._tree_memo(host, parents, tensors, seeds, offsets, seeded_seqs)
         if prepared is not None:
+            filters = None
+            if sampling_params is not None:  # (the parameters' values are each call's)
+                temperature, filters = filter_tensors(sampling_params, prepared.batch_size, target_logits.device)
             return self._run_tree_prepared(prepared, target_logits, draft_logits, draft_token_ids, parents,
-                                           cu_num_nodes, None, temperature, seeds, offsets)  # fmt: skip
+                                           cu_num_nodes, None, temperature, seeds, offsets, filters)  # fmt: skip
         names = ("target_logits", "draft_logits")
         self._check_ragged(target_logits, draft_logits, draft_token_ids, parents, cu_num_nodes, max_nodes, names)
         B = cu_num_nodes.shape[0]
-        takes_call = self._takes_call(target_logits.device)
-        temperature, sampling_params = self._temperature_only(
-            takes_call, temperature, sampling_params, B, target_logits
-        )
         args = (draft_token_ids, parents, cu_num_nodes, max_nodes, draft_sampling)
-        if takes_call and sampling_params is None:  # the kernel reads the logits through the softmax rule
-            t = self._temperature(temperature, B, target_logits.device)
-            tb0 = self._ragged_call(target_logits, draft_logits, *args, max_depth, None, t)
-            return self._run_tree(tb0, draft_token_ids.shape[0], seeds, offsets, seeded_seqs, key)
+        if self._takes_call(target_logits.device):  # the kernel reads the logits (softmax rule, filter cuts)
+            t, filters = self._logits_params(temperature, sampling_params, B, target_logits.device)
+            call = replace(self._ragged_call(target_logits, draft_logits, *args, max_depth, None, t), filters=filters)
+            return self._run_tree(call, draft_token_ids.shape[0], seeds, offsets, seeded_seqs, key)
         rows = torch.arange(target_logits.shape[0], device=target_logits.device)
         # row r belongs to the request b with cu[b-1] + b <= r < cu[b] + b + 1
         ends = cu_num_nodes.to(torch.int64) + torch.arange(1, B + 1, device=rows.device)
@@ -280,10 +272,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         greedy, q, p, row_temp = self._logits_rows(
             target_logits, draft_logits, request, temperature, sampling_params, B
         )
-        if takes_call:  # sampling_params=: the rows were processed into probabilities
-            tb: TreeBatch | TreeCall = self._ragged_call(q, p, *args, max_depth, greedy, None)
-        else:
-            tb = replace(self._ragged_batch(q, p, *args, max_depth, greedy), temperature=row_temp)
+        tb = replace(self._ragged_batch(q, p, *args, max_depth, greedy), temperature=row_temp)
         return self._run_tree(tb, draft_token_ids.shape[0], seeds, offsets, seeded_seqs)
 
     # -- the pipeline -----------------------------------------------------------------------------
@@ -458,23 +447,6 @@ class TreeEntries(SpecDecodeBaseSampler):
         p = None if draft is None else _rows_to_probs(draft, request, t, filters)
         return t == 0, q, p, None
 
-    def _temperature_only(
-        self,
-        takes_call: bool,
-        temperature: torch.Tensor | None,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        B: int,
-        target: torch.Tensor,
-    ) -> tuple[torch.Tensor | None, SamplingParams | Sequence[SamplingParams] | None]:
-        """(temperature, sampling_params) of a logits entry: for a kernel reading a
-        :class:`TreeCall`, parameters without filters become their temperature [B] (the kernel
-        applies the softmax rule as it reads the logits; the rows must not reach it unprocessed);
-        otherwise as given (:meth:`_logits_rows` processes them, and refuses both or neither)."""
-        if not takes_call or sampling_params is None or temperature is not None:
-            return temperature, sampling_params
-        t, filters = _sampling_filters(sampling_params, B, target.device)
-        return (t, None) if not filters else (None, sampling_params)
-
     def _takes_call(self, device: torch.device) -> bool:
         """Whether the tree op of this call is a kernel that reads a :class:`TreeCall` (declared by
         ``tree_kernel_takes_call``; the backend decision of :meth:`_choose_op`): then the entry
@@ -483,12 +455,23 @@ class TreeEntries(SpecDecodeBaseSampler):
         kernel = cls.tree_kernel is not None and use_triton(self.backend, device, launch_config())
         return cls.tree_kernel_takes_call and kernel
 
-    def _temperature(self, temperature: torch.Tensor | None, B: int, device: torch.device) -> torch.Tensor:
-        """``temperature=`` of a logits entry, checked (the kernels read it per request)."""
-        if temperature is None:
+    def _logits_params(
+        self,
+        temperature: torch.Tensor | None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        B: int,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(temperature [B], {top_k, top_p, min_p} [B] each, or {} without filters) of a logits
+        entry whose kernel reads the logits: ``temperature=`` checked, or ``sampling_params=``'s
+        (:func:`~spec_samplers.sampling_params.filter_tensors`); one of them."""
+        if (temperature is None) == (sampling_params is None):
             raise input_error("temperature", "a [B] float tensor (0 = greedy), or sampling_params= (one of them)", None)
-        check_temperature(temperature, B, device, self._strict_mode)
-        return temperature
+        if sampling_params is None:
+            assert temperature is not None
+            check_temperature(temperature, B, device, self._strict_mode)
+            return temperature, {}
+        return filter_tensors(sampling_params, B, device)
 
     def _call_checks(self, draft_sampling: str, max_depth: int | None, is_greedy: Any, B: int, device: Any) -> str:
         """The host checks of :meth:`_finish_batch` (metadata only)."""
@@ -602,7 +585,7 @@ class TreeEntries(SpecDecodeBaseSampler):
             memo: dict[tuple[Any, ...], Any] = self._prepared
             memo[key] = prepared
         return self._run_tree_prepared(prepared, tb.target, tb.draft, tb.tokens, tb.parents, tb.cu_num_nodes,
-                                       tb.is_greedy, tb.temperature, tb.seeds, tb.offsets)  # fmt: skip
+                                       tb.is_greedy, tb.temperature, tb.seeds, tb.offsets, tb.filters)  # fmt: skip
 
     def _tree_memo(
         self,
@@ -648,6 +631,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         temperature: torch.Tensor | None,
         seeds: torch.Tensor | None,
         offsets: torch.Tensor | None,
+        filters: dict[str, torch.Tensor] | None = None,  # the requests' {top_k, top_p, min_p} (logits rows)
     ) -> TreeOutput:
         """A call of a shape checked before (:meth:`_tree_memo`), or just checked (:meth:`_run_tree`,
         the seeds resolved): only what depends on the values runs (the seeds, the
@@ -665,7 +649,7 @@ class TreeEntries(SpecDecodeBaseSampler):
         D = p.max_depth
         counts = torch.empty(2 + D, dtype=torch.long, device=device) if p.meta else self._counter_slots(D, device)
         tc = TreeCall(target, draft, tokens, par, cu, p.batch_size, p.num_nodes, D, p.policy, is_greedy, temperature,
-                      seeds, offsets, counts)  # fmt: skip
+                      seeds, offsets, counts, filters)  # fmt: skip
         out: TreeOutput = p.op(tc, **(self.tree_options() if p.options_call else self._options))
         if not p.meta:
             self.num_draft_tokens += p.draft_nodes
