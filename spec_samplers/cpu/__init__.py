@@ -155,7 +155,7 @@ def _reference(name: str) -> Callable[..., torch.Tensor]:
     this module imports no sampler)."""
     from spec_samplers import reference
 
-    return getattr(reference, name)  # type: ignore[no-any-return]
+    return getattr(reference, name)
 
 
 def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: str, sampler: str) -> torch.Tensor:
