@@ -256,14 +256,22 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         (``kernel_counts``), else None (the pipeline counts with eager ops). On meta tensors (a
         tool planning launches) a scratch buffer of the same shape: the plan is the GPU's, and
         nothing is counted."""
-        cls = type(self)
-        if not cls.kernel_counts or cls.verify is not SpecDecodeBaseSampler.verify:
-            return None
-        if cls.kernel_op is None or not use_triton(self.backend, device, launch_config()):
+        if not self._op_counts(use_triton(self.backend, device, launch_config()), device):
             return None
         if device.type == "meta":
             return torch.empty(2 + k, dtype=torch.long, device=device)
         return self._counter_slots(k, device)
+
+    def _op_counts(self, kernels: bool, device: torch.device) -> bool:
+        """Whether the op :meth:`_choose_op` picks adds the counters (``VerifyBatch.counters``):
+        the sampler's kernels when they run (``kernel_counts``), or a compiled CPU twin (every twin
+        counts in its kernel: at B = 1 counting after the call cost about as much as the kernel)."""
+        cls = type(self)
+        if cls.verify is not SpecDecodeBaseSampler.verify or cls.reference_op is None:
+            return False
+        if cls.kernel_op is not None and kernels:
+            return cls.kernel_counts
+        return self.backend == "auto" and compiled_op(cls.reference_op, device) is not None
 
     @property
     def probs_dtype(self) -> torch.dtype:
@@ -449,8 +457,8 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             out = prepared.op(batch, **(self.op_options() if prepared.options_call else self._options))
         if counters is None:
             self._update_counters(out, layout.num_rows if layout.ragged else None)
-        elif not prepared.meta:
-            self.num_draft_tokens += layout.num_rows if layout.ragged else B * K
+        elif not prepared.meta:  # (a host int: __dict__ skips nn.Module.__setattr__'s checks, as in _count)
+            self.__dict__["num_draft_tokens"] += layout.num_rows if layout.ragged else B * K
         return out
 
     def _prepare(
@@ -503,7 +511,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             batch_size=B,
             max_drafts=K,
             vocab_size=V,
-            kernel_counts=cls.kernel_counts and not own_op and cls.kernel_op is not None and kernels,
+            kernel_counts=self._op_counts(kernels, device),
             meta=meta,
             draft_is_probs=processing is not None and drafts.kind == "probs",
         )
@@ -523,7 +531,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         own_op, reference = cls.verify is not SpecDecodeBaseSampler.verify, cls.reference_op
         if reference is None and not own_op:
             return None
-        kernels = cls.kernel_op is not None and use_triton(self.backend, device, config)
+        kernels = use_triton(self.backend, device, config)
         return Prepared(
             config=config,
             op=None
@@ -534,7 +542,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             batch_size=0,
             max_drafts=0,
             vocab_size=0,
-            kernel_counts=cls.kernel_counts and not own_op and kernels,
+            kernel_counts=self._op_counts(kernels, device),
             meta=device.type == "meta",
             draft_is_probs=False,
         )

@@ -264,6 +264,7 @@ def request_slice(batch: VerifyBatch, start: int, stop: int, rows: tuple[int, in
             batch.draft_token_ids[start:stop],
             draft_rows=batch.draft_rows,
             draft_is_probs=batch.draft_is_probs,
+            counters=batch.counters,  # (each chunk's op adds its requests')
             **fields,
         )
     assert rows is not None and layout.cu_num_draft_tokens is not None
@@ -282,6 +283,7 @@ def request_slice(batch: VerifyBatch, start: int, stop: int, rows: tuple[int, in
         batch.draft_token_ids[lo:hi],
         draft_rows=draft_rows,
         draft_is_probs=batch.draft_is_probs,
+        counters=batch.counters,
         **fields,
     )
 

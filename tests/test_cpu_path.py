@@ -276,3 +276,108 @@ def test_blocked_argmax_is_the_first_largest_clean_entry() -> None:
             q.zero_()
         clean = torch.where((q > 0) & (q < float("inf")), q, torch.zeros(()))
         assert _argmax_clean(q.numpy()) == int(torch.argmax(clean)), t
+
+
+@pytest.mark.quick
+def test_fp32_log_within_its_stated_bound() -> None:
+    """The entropy's first pass (_log32: fp32, no division) on every fp32 mantissa of the binades
+    the entropy meets (q + eps in [1e-5, 2)) and of a few far ones: within _LOG32_ERR (|log| + 1)
+    of the fp64 log, the bound _entropy_bounds relies on (measured 2**-21.6: a 4x margin)."""
+    import numpy as np
+    from numba import njit
+
+    from spec_samplers.cpu._numba_kernels import _LOG32_ERR, _log32
+
+    @njit(cache=False)
+    def logs(ys, out):  # type: ignore[no-untyped-def]
+        for i in range(ys.shape[0]):
+            out[i] = _log32(ys[i])
+
+    lo, hi = np.float32(np.sqrt(0.5)).view(np.int32), np.float32(np.sqrt(2.0)).view(np.int32)
+    mantissas = np.arange(lo, hi, dtype=np.int32).view(np.float32)
+    worst = 0.0
+    for e in (-17, -9, -1, 0, 1, 60, -120):
+        ys = mantissas * np.float32(2.0**e)
+        out = np.empty_like(ys)
+        logs(ys, out)
+        exact = np.log(ys.astype(np.float64))
+        worst = max(worst, float((np.abs(out - exact) / (np.abs(exact) + 1.0)).max()))
+    assert worst <= _LOG32_ERR / 2, (np.log2(worst), np.log2(_LOG32_ERR))
+
+
+def _entropy_rows(V: int):  # type: ignore[no-untyped-def]
+    """Rows the entropy meets: peaked, flat, with zeros, unnormalised, NaN / Inf entries."""
+    g = torch.Generator().manual_seed(V)
+    rows = [torch.softmax(s * torch.randn(V, generator=g), -1) for s in (0.1, 1.0, 4.0, 12.0)]
+    sparse = torch.softmax(torch.randn(V, generator=g), -1)
+    sparse[: V // 2] = 0.0
+    bad = rows[1].clone()
+    bad[:3] = torch.tensor([float("nan"), float("inf"), -1.0])
+    return rows + [sparse, 3.0 * rows[2], bad, torch.full((V,), 1.0 / V)]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("V", [7, 513, 32000])
+def test_typical_first_pass_holds_the_entropy_and_decides_as_the_fp64_pass(V: int) -> None:
+    """_entropy_bounds's interval [h - e, h + e] holds the fp64 pass's h (e small: the fp32 pass
+    decides all but q(x) that close to the threshold), and _typical_accepts decides as the fp64
+    test for drafts at, one ulp and 1e-7 .. 1e-1 (relative) around the threshold. Power: deciding
+    by the fp32 h alone (e = 0) differs from the fp64 test on some of those drafts, so the
+    interval's fall-back pass is what keeps them exact."""
+    import math
+
+    import numpy as np
+
+    from spec_samplers.constants import ENTROPY_EPS_FP32
+    from spec_samplers.cpu._numba_kernels import (
+        _BOUNDS_BLOCK,
+        _ENTROPY_BLOCK,
+        _entropy_bounds,
+        _typical_accepts,
+        _typical_threshold,
+    )
+
+    eps = float(ENTROPY_EPS_FP32)
+    terms, terms32 = np.empty(_ENTROPY_BLOCK), np.empty(_BOUNDS_BLOCK, dtype=np.float32)
+    alpha, threshold = float(np.float32(0.3)), 1.0
+    alone_differs = 0
+    for row in _entropy_rows(V):
+        q = row.numpy()
+        h64 = math.log(_typical_threshold(q, eps, math.inf, 1.0, terms))  # alpha = 1: exp(h) itself
+        h, e = _entropy_bounds(q, eps, terms32)
+        assert abs(h - h64) <= e <= 2.0**-12 * (abs(h64) + 1.0), (h, e, h64)
+        exact_threshold = min(alpha * math.exp(h64), threshold)
+        for rel in (0.0, 1e-7, -1e-7, 1e-5, -1e-5, 1e-3, -1e-3, 0.1, -0.1, 1e-4, -1e-4):
+            for q_x in {exact_threshold * (1.0 + rel), float(np.nextafter(exact_threshold, 2.0))}:
+                if not 0.0 < q_x <= threshold:
+                    continue
+                want = q_x > _typical_threshold(q, eps, threshold, alpha, terms)
+                assert _typical_accepts(q, q_x, eps, threshold, alpha, terms, terms32) == want, (rel, q_x)
+                alone_differs += (q_x > min(alpha * math.exp(h), threshold)) != want
+    assert alone_differs > 0
+
+
+def test_kernels_count_as_the_pipeline_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled twins add the sampler's counters in their kernels (no counting op after the
+    call): padded and ragged calls (a malformed request included), and logits a chunk of requests
+    at a time, leave the counters the reference path (counting after the call) leaves."""
+    from spec_samplers.registry import get_sampler
+
+    monkeypatch.setattr(cpu, "COMPILED_CHUNK_ELEMENTS", 2 * 4 * 300)  # logits: chunks of two requests
+    c = make_case(5, 3, 300, 4, closeness=0.05, greedy="none")
+    k_b = torch.tensor([3, 0, 2, 1, 3])
+    t, d, ids, cu = ragged_view(c.target, c.draft, c.draft_ids, k_b)
+    bad = cu.clone()
+    bad[-1] = t.shape[0] + 2
+    for name in ("rejection_sampler", "block_verification", "typical_acceptance_sampler"):
+        samplers = {b: get_sampler(name, backend=b) for b in ("auto", "torch")}
+        for s in samplers.values():
+            rnd = {} if name.startswith("typical") else {"seeds": c.seeds}
+            s(c.target, c.bonus, c.draft, c.draft_ids, **rnd)
+            s.forward_ragged(t, c.bonus, d, ids, cu, 3, **rnd)
+            s.forward_ragged(t, c.bonus, d, ids, bad, 3, **rnd)
+            s.forward_from_logits(c.target_logits, c.bonus, c.draft_logits, c.draft_ids, c.temperature, **rnd)
+        auto, ref = samplers["auto"], samplers["torch"]
+        assert next(iter(auto._prepared.values())).kernel_counts  # (the twin counts)
+        assert torch.equal(auto._counts, ref._counts) and auto._counts[0] > 0, (name, auto._counts, ref._counts)
+        assert auto.num_draft_tokens == ref.num_draft_tokens

@@ -118,28 +118,60 @@ def _fp32(t: torch.Tensor | None) -> bool:
 
 def _seeds_offsets_np(batch: VerifyBatch, sampler: str) -> tuple[Any, Any]:
     """The batch's seeds and offsets (reference._seeds_offsets: its checks) as uint64 arrays."""
-    from spec_samplers.reference import _seeds_offsets
+    seeds = batch.seeds
+    if seeds is None:
+        from spec_samplers.reference import _seeds_offsets
 
-    seeds = batch.seeds if batch.seeds is not None else _seeds_offsets(batch, sampler)[0]
+        seeds = _seeds_offsets(batch, sampler)[0]
     B = batch.layout.batch_size
     offsets = _zeros(B, np.uint64) if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
     return _np64(seeds).view(np.uint64), offsets
 
 
-def _verify_cpu(
-    batch: VerifyBatch, kernel_name: str, reference: Callable[[VerifyBatch], torch.Tensor], sampler: str
-) -> torch.Tensor:
+#: the counters argument of a kernel call that does not count (never written)
+_NO_COUNTS = np.zeros(1, dtype=np.int64)
+
+
+def _counts(batch: VerifyBatch) -> tuple[Any, bool]:
+    """(counters as an int64 numpy view, whether the kernel adds to them): the sampler's counters
+    (``VerifyBatch.counters``, given when the sampler's pipeline lets the kernels count)."""
+    counters = batch.counters
+    if counters is None:
+        return _NO_COUNTS, False
+    return counters.numpy(), True
+
+
+def _degenerate(batch: VerifyBatch, out: torch.Tensor) -> torch.Tensor:
+    """The reference's output of a batch without rows to read, counted as a kernel would."""
+    if batch.counters is not None:
+        from spec_samplers.base import _count_on_host
+
+        _count_on_host(batch.counters.numpy(), out.numpy())
+    return out
+
+
+def _reference(name: str) -> Callable[..., torch.Tensor]:
+    """The reference ``name`` of spec_samplers.reference (imported when a twin falls back to it:
+    this module imports no sampler)."""
+    from spec_samplers import reference
+
+    return getattr(reference, name)
+
+
+def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: str, sampler: str) -> torch.Tensor:
     """Run the kernel ``kernel_name`` (rejection_kernel, block_kernel: one signature) on the
-    batch's fp32 rows; the reference where numba is missing or there are no rows to read."""
+    batch's fp32 rows; the reference ``reference`` where numba is missing or there are no rows to
+    read."""
     k = kernels()
     if k is None:
-        return reference(batch)
+        return _reference(reference)(batch)
     r = _Rows(batch)
     if r.target.shape[0] == 0 or (r.draft is not None and r.draft.shape[0] == 0):
-        return reference(batch)  # (no rows to read: the reference's degenerate cases)
+        # (no rows to read: the reference's degenerate cases)
+        return _degenerate(batch, _reference(reference)(batch))
     seeds, offsets = _seeds_offsets_np(batch, sampler)
     B, K = r.draft_ids.shape
-    out = torch.empty(B, K + 1, dtype=torch.int64)
+    out = np.empty((B, K + 1), dtype=np.int64)
     getattr(k, kernel_name)(
         r.target,
         r.target_rows,
@@ -153,23 +185,20 @@ def _verify_cpu(
         r.greedy is not None,
         seeds,
         offsets,
-        out.numpy(),
+        out,
+        *_counts(batch),
     )
-    return out
+    return torch.from_numpy(out)
 
 
 def rejection_cpu(batch: VerifyBatch) -> torch.Tensor:
     """:func:`spec_samplers.reference.rejection_reference`, compiled. Returns [B, K+1] int64."""
-    from spec_samplers.reference import rejection_reference
-
-    return _verify_cpu(batch, "rejection_kernel", rejection_reference, "rejection sampling")
+    return _verify_cpu(batch, "rejection_kernel", "rejection_reference", "rejection sampling")
 
 
 def block_cpu(batch: VerifyBatch) -> torch.Tensor:
     """:func:`spec_samplers.reference.block_reference`, compiled. Returns [B, K+1] int64."""
-    from spec_samplers.reference import block_reference
-
-    return _verify_cpu(batch, "block_kernel", block_reference, "block verification")
+    return _verify_cpu(batch, "block_kernel", "block_reference", "block verification")
 
 
 def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: object) -> torch.Tensor:
@@ -186,29 +215,33 @@ def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options:
 
 def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
     """:func:`spec_samplers.reference.typical_reference`, compiled. Returns [B, K+1] int64."""
-    from spec_samplers.constants import ENTROPY_EPS_FP32, fp32_value
-    from spec_samplers.reference import typical_reference
-
     k = kernels()
     if k is None:
-        return typical_reference(batch, posterior_threshold, posterior_alpha)
+        return _reference("typical_reference")(batch, posterior_threshold, posterior_alpha)
     r = _Rows(batch)
     if r.target.shape[0] == 0:
-        return typical_reference(batch, posterior_threshold, posterior_alpha)
+        return _degenerate(batch, _reference("typical_reference")(batch, posterior_threshold, posterior_alpha))
     B, K = r.draft_ids.shape
-    out = torch.empty(B, K + 1, dtype=torch.int64)
+    out = np.empty((B, K + 1), dtype=np.int64)
     k.typical_kernel(
         r.target,
         r.target_rows,
         r.draft_ids,
         r.num_draft,
         r.bonus,
-        float(ENTROPY_EPS_FP32),
-        fp32_value(posterior_threshold),
-        fp32_value(posterior_alpha),
-        out.numpy(),
+        *_typical_floats(posterior_threshold, posterior_alpha),
+        out,
+        *_counts(batch),
     )
-    return out
+    return torch.from_numpy(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _typical_floats(posterior_threshold: float, posterior_alpha: float) -> tuple[float, float, float]:
+    """(eps, threshold, alpha) as the kernel reads them: the reference's fp32 values."""
+    from spec_samplers.constants import ENTROPY_EPS_FP32, fp32_value
+
+    return float(ENTROPY_EPS_FP32), fp32_value(posterior_threshold), fp32_value(posterior_alpha)
 
 
 #: reference -> compiled twin (by name, so that importing this module imports no sampler)

@@ -300,6 +300,18 @@ def _write(out, b, draft_ids, n, final, kb):
             out[b, i] = -1
 
 
+@njit(cache=True, inline="always")
+def _count(out, b, counts):
+    """base._count_on_host for row b of ``out``: counts [2 + >= K] int64 += (accepted, emitted,
+    per position), so that a call runs no counting op after the kernel."""
+    for i in range(out.shape[1]):
+        if out[b, i] != -1:
+            counts[1] += 1
+            if i > 0:
+                counts[0] += 1
+                counts[1 + i] += 1
+
+
 @njit(cache=True)
 def rejection_kernel(
     target,  # [R, V] fp32 (R > 0)
@@ -315,6 +327,8 @@ def rejection_kernel(
     seeds,  # [B] uint64
     offsets,  # [B] uint64
     out,  # [B, K+1] int64
+    counts,  # [2 + >= K] int64: the sampler's counters (_count), when ``count``
+    count,  # bool
 ):
     """reference._rejection_core then _drop_malformed, one request per iteration: the accept test
     on gathered scalars, then one race over the first rejected position's row."""
@@ -356,6 +370,8 @@ def rejection_kernel(
         if qr >= 0:
             recovered = _recover(target[qr], draft[pr], mode, _ONE32, skip, greedy, seed, offset, n, _STREAM_RECOVER)
         _write(out, b, draft_ids, n, _final(recovered, has_draft, bonus[b], V), kb)
+        if count:
+            _count(out, b, counts)
 
 
 @njit(cache=True, fastmath={"reassoc"})
@@ -384,6 +400,8 @@ def block_kernel(
     seeds,  # [B] uint64
     offsets,  # [B] uint64
     out,  # [B, K+1] int64
+    counts,  # [2 + >= K] int64: the sampler's counters (_count), when ``count``
+    count,  # bool
 ):
     """reference._block_core then _drop_malformed, one request per iteration: running ratios
     from gathered scalars, the residual mass of each tested position, the longest accepted block,
@@ -456,6 +474,8 @@ def block_kernel(
             greedy = has_greedy and is_greedy[b]
             recovered = _recover(target[qr], draft[pr], mode, rho[j], skip, greedy, seed, offset, j, _STREAM_RECOVER)
         _write(out, b, draft_ids, j, _final(recovered, has_draft, bonus[b], V), kb)
+        if count:
+            _count(out, b, counts)
 
 
 @intrinsic
@@ -561,6 +581,127 @@ def _typical_threshold(q, eps, threshold, alpha, terms):
     return min(alpha * math.exp(h), threshold)
 
 
+@intrinsic
+def _bits_f32(typingctx, x):
+    """The fp32 whose bits are the int32 ``x``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+# The entropy's first pass (_entropy_bounds): fp32 log(y) = k ln2 + f P(f), 1 + f in
+# [sqrt(2)/2, sqrt(2)), P the degree-6 polynomial of a Chebyshev fit of log1p(f) / f there
+# (numpy.polynomial.chebyshev.chebfit at 4000 nodes, in the power basis): |error| < 2**-21 over
+# every fp32 mantissa, evaluated in fp32 (tests/test_cpu_path.py checks the bound _LOG32_ERR).
+_C1 = np.float32(1.0000009643975842)
+_C2 = np.float32(-0.5000114503774584)
+_C3 = np.float32(0.3331467380855004)
+_C4 = np.float32(-0.24908289184723012)
+_C5 = np.float32(0.20491759650007274)
+_C6 = np.float32(-0.18680751427111542)
+_C7 = np.float32(0.11931054435702354)
+_LN2_32 = np.float32(math.log(2.0))
+_MANT32 = np.int32(0x7FFFFF)
+_SQRT2_CARRY32 = np.int32(0x800000 - 0x3504F3)  # carries into bit 23 when the mantissa is >= sqrt(2)
+_BIT23 = np.int32(0x800000)
+_EXP_ONE32 = np.int32(0x3F800000)
+#: |_log32(y) - log(y)| <= _LOG32_ERR * (|log(y)| + 1) for every normal fp32 y (the fit's 2**-21,
+#: the argument's and k ln2's fp32 roundings; the test measures 2**-21.6 at most: a 4x margin)
+_LOG32_ERR = 2.0**-19.5
+#: entries per fp32 block sum of the first pass: the sum of n fp32 terms in any order is within
+#: (n - 1) 2**-24 of the sum of their magnitudes, 2**-15 here (the blocks are added in fp64)
+_BOUNDS_BLOCK = 512
+
+
+@njit(cache=True, inline="always")
+def _log32(y):
+    """fp32 log of a normal positive fp32 y, without branches or a division (vectorised)."""
+    bits = _f32_bits(y)
+    m = np.int32(bits & _MANT32)
+    carry = np.int32((m + _SQRT2_CARRY32) & _BIT23)
+    f = _bits_f32(np.int32(m | (carry ^ _EXP_ONE32))) - _ONE32
+    k = np.float32(np.int32((bits >> np.int32(23)) - np.int32(127) + (carry >> np.int32(23))))
+    p = _C6 + f * _C7
+    p = _C5 + f * p
+    p = _C4 + f * p
+    p = _C3 + f * p
+    p = _C2 + f * p
+    p = _C1 + f * p
+    return k * _LN2_32 + f * p
+
+
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
+def _approx_terms(q, lo, hi, eps32, terms):
+    """terms[: hi - lo] <- x log32(x + eps), x the clean fp32 q[lo:hi], all in fp32 (vectorised
+    8 lanes wide; FMA contraction only makes each step more accurate)."""
+    for v in range(lo, hi):
+        x = _clean(np.float32(q[v]))
+        terms[v - lo] = x * _log32(x + eps32)
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _sum_bounds(q, lo, terms, n):
+    """(sum terms, sum |terms|, sum x) over terms[:n] and the clean q[lo:lo + n], in fp32
+    (vectorised; the block's size bounds their error, _BOUNDS_BLOCK)."""
+    h = _F0
+    a = _F0
+    s = _F0
+    for v in range(n):
+        t = terms[v]
+        h += t
+        a += abs(t)
+        s += _clean(np.float32(q[lo + v]))
+    return h, a, s
+
+
+@njit(cache=True)
+def _entropy_bounds(q, eps, terms):
+    """(h, e): -H of the clean row q (reference.typical_threshold's sum q log(q + eps)) within
+    +-e of the fp64 value _typical_threshold computes, from one fp32 pass (~4x cheaper than the
+    fp64 log). Per entry |x log32(x + eps) - x log(x + eps)| <= _LOG32_ERR (|x log| + x) plus the
+    product's and eps's fp32 roundings (2**-24 each, relative); the fp32 block sums add (n - 1)
+    2**-24 of the magnitudes; e doubles the sum of those and adds 2**-30 of the magnitudes for the
+    fp64 pass's own order and log (~2**-36 at V = 2**17)."""
+    V = q.shape[0]
+    eps32 = np.float32(eps)
+    h = 0.0
+    a = 0.0
+    s = 0.0
+    for lo in range(0, V, _BOUNDS_BLOCK):
+        n = min(lo + _BOUNDS_BLOCK, V) - lo
+        _approx_terms(q, lo, lo + n, eps32, terms)
+        bh, ba, bs = _sum_bounds(q, lo, terms, n)
+        h += np.float64(bh)
+        a += np.float64(ba)
+        s += np.float64(bs)
+    gamma = (_BOUNDS_BLOCK - 1) * 2.0**-24
+    a = a * (1.0 + 2.0 * gamma)
+    s = s * (1.0 + 2.0 * gamma)
+    u = 2.0**-24
+    err = 2.0 * ((_LOG32_ERR + 2.0 * u + gamma) * (1.0 + _LOG32_ERR) * a + (_LOG32_ERR + 2.0 * u) * s)
+    err += 2.0**-30 * (a + s)
+    return h, err
+
+
+@njit(cache=True)
+def _typical_accepts(q, q_x, eps, threshold, alpha, terms, terms32):
+    """q_x > reference.typical_threshold(q) (q_x in (0, threshold] when called): decided by the fp32
+    pass's interval [h - e, h + e] when the threshold min(threshold, alpha exp(h')), increasing in
+    h', puts q_x on one side for the whole interval; else by the fp64 pass (_typical_threshold),
+    whose h the interval holds. Rows whose bounds are not finite (entries near fp32's overflow)
+    take the fp64 pass."""
+    h, e = _entropy_bounds(q, eps, terms32)
+    top = alpha * math.exp(h + e)
+    if top < np.inf and e < np.inf:
+        if q_x > min(top, threshold):
+            return True
+        if not q_x > min(alpha * math.exp(h - e), threshold):
+            return False
+    return q_x > _typical_threshold(q, eps, threshold, alpha, terms)
+
+
 @njit(cache=True)
 def typical_kernel(
     target,  # [R, V] fp32 (R > 0)
@@ -572,6 +713,8 @@ def typical_kernel(
     threshold,  # float: posterior_threshold rounded to fp32
     alpha,  # float: posterior_alpha rounded to fp32
     out,  # [B, K+1] int64
+    counts,  # [2 + >= K] int64: the sampler's counters (_count), when ``count``
+    count,  # bool
 ):
     """reference._typical_core then _drop_malformed, one request per iteration: the entropy test
     of each position until the first rejection (the rows of later positions are never read; a
@@ -580,6 +723,7 @@ def typical_kernel(
     B, K = draft_ids.shape
     V = target.shape[1]
     terms = np.empty(_ENTROPY_BLOCK, dtype=np.float64)
+    terms32 = np.empty(_BOUNDS_BLOCK, dtype=np.float32)
     for b in range(B):
         kb = num_draft[b]
         n = 0
@@ -594,7 +738,7 @@ def typical_kernel(
             # it a number where exp(-H) overflows): outside that interval q(x) decides the test
             # exactly, without the entropy pass over the row
             if not (q_x > threshold and alpha > 0.0):
-                if not (q_x > 0.0 and q_x > _typical_threshold(q, eps, threshold, alpha, terms)):
+                if not (q_x > 0.0 and _typical_accepts(q, q_x, eps, threshold, alpha, terms, terms32)):
                     break
             n += 1
         qr = target_rows[b, n]
@@ -604,3 +748,5 @@ def typical_kernel(
             if _clean(np.float32(target[qr, arg])) > _F0:
                 recovered = arg
         _write(out, b, draft_ids, n, _final(recovered, n < kb, bonus[b], V), kb)
+        if count:
+            _count(out, b, counts)
