@@ -29,7 +29,7 @@ import torch
 from spec_samplers import custom_ops, validation
 from spec_samplers.chunking import run_chunked
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID, input_error
-from spec_samplers.cpu import compiled_op, run_compiled
+from spec_samplers.cpu import compiled_op, count_on_host, run_compiled
 from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
 from spec_samplers.layout import RowLayout, VerifyBatch
 from spec_samplers.output import build_output, num_leading_accepted
@@ -682,7 +682,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         k = kp1 - 1
         counts = self._counter_slots(k, output_token_ids.device)
         if output_token_ids.device.type == "cpu" and type(output_token_ids) is torch.Tensor:
-            _count_on_host(counts.numpy(), output_token_ids.numpy())  # (five eager ops cost more than a small call)
+            count_on_host(counts.numpy(), output_token_ids.numpy())  # (five eager ops cost more than a small call)
         else:
             # Position i's draft was accepted iff slot i+1 holds a token.
             accepted = output_token_ids[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, k]
@@ -1266,13 +1266,3 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler):
         draft, drafts = _draft_rows(self, sampling_params, draft_logits, draft_probs, draft_rows, draft_temperature)
         inputs = (target_logits, bonus_token_ids, draft, draft_token_ids)
         return self._run("forward_ragged_from_logits", *inputs, ragged, processing, randomness, drafts)
-
-
-def _count_on_host(counts: Any, out: Any) -> None:
-    """SpecDecodeBaseSampler._update_counters's sums on numpy views of CPU tensors: ``counts``
-    [2 + >= k] int64 (accepted, emitted, per position), ``out`` [B, k+1] int64."""
-    k = out.shape[1] - 1
-    per_position = (out[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(axis=0)
-    counts[2 : 2 + k] += per_position
-    counts[0] += per_position.sum()
-    counts[1] += (out != PLACEHOLDER_TOKEN_ID).sum()

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
 from spec_samplers.layout import VerifyBatch
 
 #: vocabulary entries of target rows per chunk of a logits batch on the compiled path: its only
@@ -144,9 +145,7 @@ def _counts(batch: VerifyBatch) -> tuple[Any, bool]:
 def _degenerate(batch: VerifyBatch, out: torch.Tensor) -> torch.Tensor:
     """The reference's output of a batch without rows to read, counted as a kernel would."""
     if batch.counters is not None:
-        from spec_samplers.base import _count_on_host
-
-        _count_on_host(batch.counters.numpy(), out.numpy())
+        count_on_host(batch.counters.numpy(), out.numpy())
     return out
 
 
@@ -261,3 +260,13 @@ def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) ->
     if twin is None or getattr(reference, "__module__", "") != "spec_samplers.reference" or kernels() is None:
         return None
     return twin
+
+
+def count_on_host(counts: Any, out: Any) -> None:
+    """SpecDecodeBaseSampler._update_counters's sums on numpy views of CPU tensors: ``counts``
+    [2 + >= k] int64 (accepted, emitted, per position), ``out`` [B, k+1] int64."""
+    k = out.shape[1] - 1
+    per_position = (out[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(axis=0)
+    counts[2 : 2 + k] += per_position
+    counts[0] += per_position.sum()
+    counts[1] += (out != PLACEHOLDER_TOKEN_ID).sum()

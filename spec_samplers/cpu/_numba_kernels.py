@@ -302,7 +302,7 @@ def _write(out, b, draft_ids, n, final, kb):
 
 @njit(cache=True, inline="always")
 def _count(out, b, counts):
-    """base._count_on_host for row b of ``out``: counts [2 + >= K] int64 += (accepted, emitted,
+    """cpu.count_on_host for row b of ``out``: counts [2 + >= K] int64 += (accepted, emitted,
     per position), so that a call runs no counting op after the kernel."""
     for i in range(out.shape[1]):
         if out[b, i] != -1:
