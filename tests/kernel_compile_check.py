@@ -294,7 +294,8 @@ def multipath_launches():
         )  # fmt: skip
         if filters:
             f32 = torch.empty(B, device=META)
-            call.filters = dict(top_k=torch.empty(B, dtype=torch.int64, device=META), top_p=f32, min_p=f32)
+            top_k = torch.empty(B, dtype=torch.int64, device=META)
+            call = dataclasses.replace(call, filters=dict(top_k=top_k, top_p=f32, min_p=f32))
         cuts, pick, verify, keys, _ = plan_multipath(call)
         verify.args["order_ptr"] = torch.empty(keys.shape, dtype=torch.int64, device=META)
         yield from cuts
