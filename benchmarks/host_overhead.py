@@ -13,12 +13,14 @@ entry and every sampling operation (ours only: vLLM has no entry of that interfa
 
 * ``launches``: Triton launches plus eager ops that launch a kernel on a GPU
   (``cost.trace.OpCounter``, the counter of tests/test_host_syncs.py), second call of the row;
-* ``host_us``: wall time of one call (one thread), launches recorded, not run: the Python,
+* ``host_us``: time of one call (one thread; ``--clock thread``, the default, counts the thread's
+  CPU time, ``wall`` wall time), launches recorded, not run: the Python,
   planning and eager dispatch a CPU thread pays before the GPU sees anything. On a GPU an eager
   op's arithmetic runs on the device; on these CPU tensors it runs on the host, in proportion to
   the vocabulary (vLLM's fp32 copy of the logits, say). So the call is timed at a tiny vocabulary,
   ``--host-vocab`` (default 64: the arithmetic of B * (k + 1) rows of 64 entries is a few
-  microseconds), median of ``--repeats``; the launch counts there are checked equal to the full
+  microseconds), median of ``--repeats``, the rows of a batch size timed in turns (one call of
+  each per round, so ours and vLLM's see the same machine); the launch counts there are checked equal to the full
   shape's (a mismatch, a different path, is listed in ``notes``). (An extrapolation to no
   vocabulary from two small ones was tried: on a loaded machine it doubled the noise.)
 * ``binder_us``: Triton's binder (argument specialisation) plus its cache key for every Triton
@@ -27,7 +29,9 @@ entry and every sampling operation (ours only: vLLM has no entry of that interfa
   include (launches are recorded, not run).
 
 The JSON: ``{"meta": {...}, "rows": [{"entry", "impl", "B", "launches", "host_us", "binder_us"}],
-"details": [...], "notes": [...]}``; ``details`` names each row's kernels and eager ops. Every
+"details": [...], "notes": [...]}``; ``details`` names each row's kernels and eager ops and counts
+the Python and C functions a warm call runs (``functions_run``: host work the machine's speed does
+not move). Every
 number is **measured on this CPU** (its load in ``meta``), none on a GPU.
 """
 
@@ -142,6 +146,30 @@ def rows_to_build(B: int, V: int, only: list[str] | None) -> list[tuple[str, str
     return [r for r in out if not only or any(text in r[0] for text in only)]
 
 
+def calls_made(call: Callable[[], Any]) -> dict[str, int]:
+    """Python functions and C functions one warm call runs (``sys.setprofile``), its launches
+    recorded: a count of host work that the machine's speed does not move."""
+    from spec_samplers.bench.cost import trace
+
+    made = {"python": 0, "c": 0}
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            made["python"] += 1
+        elif event == "c_call":
+            made["c"] += 1
+
+    with trace.tracing(NUM_SMS, peers=True):
+        call()
+        sys.setprofile(count)
+        try:
+            call()
+        finally:
+            sys.setprofile(None)
+    made["c"] -= 1  # (sys.setprofile's own return into C)
+    return made
+
+
 def recorded(call: Callable[[], Any]) -> tuple[list[Any], Any]:
     """(the Triton launches, the eager-op counter) of the second call (the first allocates what a
     steady engine step has: arrival counters, a sampler's counters on the device)."""
@@ -156,34 +184,42 @@ def recorded(call: Callable[[], Any]) -> tuple[list[Any], Any]:
         return list(sink), counter
 
 
-def host_us(call: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of one call, its launches recorded, not run."""
+def in_turns(calls: list[Callable[[], Any]], repeats: int, clock: Callable[[], float]) -> list[float]:
+    """Median time in us of one call of each of ``calls``. The calls take turns (one of each per
+    round), so a change of the machine's state during the run (the shared machine's speed moves up
+    to 2x between minutes) reaches ours and vLLM's rows alike: rows timed one after the other once
+    showed a 1.5x "regression" of code that ran fewer functions."""
+    for call in calls:
+        call()  # (warm: fills the caches a steady process has)
+    samples: list[list[float]] = [[] for _ in calls]
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for call, own in zip(calls, samples):
+                t0 = clock()
+                call()
+                own.append(clock() - t0)
+    finally:
+        gc.enable()
+    return [statistics.median(own) * 1e6 for own in samples]
+
+
+def host_us(calls: list[Callable[[], Any]], repeats: int, clock: Callable[[], float]) -> list[float]:
+    """:func:`in_turns` of the calls with their launches recorded, not run."""
     from spec_samplers.bench.cost import trace
 
-    samples = []
     with trace.tracing(NUM_SMS, peers=True) as sink:
-        call()
-        gc.collect()
-        gc.disable()
-        try:
-            for _ in range(repeats):
-                sink.clear()
-                t0 = time.perf_counter()
-                call()
-                samples.append(time.perf_counter() - t0)
-        finally:
-            gc.enable()
-    return statistics.median(samples) * 1e6
+        # (each call's recorded launches are dropped first: the sink grows otherwise)
+        return in_turns([lambda c=call: (sink.clear(), c()) for call in calls], repeats, clock)
 
 
-def binder_us(launches: list[Any], repeats: int) -> float:
-    """Median time of Triton's binder plus cache key over all ``launches`` (sm_90 target)."""
+def binder_pass(launches: list[Any]) -> Callable[[], None]:
+    """Triton's binder plus cache key over all ``launches`` (sm_90 target), as one call."""
     from triton.runtime import jit
 
     from spec_samplers.bench.cost import sass
 
-    if not launches:
-        return 0.0
     prepared = []
     for launch in launches:
         _, binder = sass.sm90_binder(launch.kernel)
@@ -200,18 +236,14 @@ def binder_us(launches: list[Any], repeats: int) -> float:
             else:  # Triton before compute_cache_key: the key built inline in run()
                 _ = str(specialization) + str(options)
 
-    once()  # (fills the key caches, as a warm process has them)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        once()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e6
+    return once
 
 
 def measure(
     entry: str, impl: str, B: int, V: int, host_vocab: int, build: Callable[..., Callable[[], Any]], repeats: int
-) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+) -> tuple[dict[str, Any], dict[str, Any], list[str], Callable[[], Any], Callable[[], None]]:
+    """One row but its times (each row of a batch is timed in turns with the others: :func:`in_turns`),
+    its details, notes, the call at ``host_vocab`` to time and its binder pass."""
     notes = []
     call = build()
     launches, counter = recorded(call)
@@ -230,8 +262,8 @@ def measure(
         "impl": impl,
         "B": B,
         "launches": len(launches) + eager,
-        "host_us": round(host_us(small, repeats), 1),
-        "binder_us": round(binder_us(launches, repeats), 1),
+        "host_us": 0.0,  # (set by main: every row of a batch timed in turns)
+        "binder_us": 0.0,
     }
     detail = {
         "entry": entry,
@@ -240,8 +272,9 @@ def measure(
         "triton": [launch.name for launch in launches],
         "eager": dict(counter.eager),
         "syncs": len(counter.syncs),
+        "functions_run": calls_made(small),
     }
-    return row, detail, notes
+    return row, detail, notes, small, binder_pass(launches)
 
 
 def build_at(entry: str, impl: str, B: int, V: int) -> Callable[[], Any]:
@@ -284,6 +317,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
         "versions": versions,
         "shape": {"V": args.vocab, "host_vocab": args.host_vocab, "k": K, "dtype": "bfloat16", "num_sms": NUM_SMS},
         "repeats": args.repeats,
+        "clock": args.clock,
         "how": "measured on CPU tensors, launches planned for a 132-SM GPU and recorded, not run "
         "(benchmarks/host_overhead.py docstring)",
     }
@@ -316,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-vocab", type=int, default=64, help="vocabulary of the host-time calls")
     ap.add_argument("--repeats", type=int, default=30, help="timed calls per row (median)")
     ap.add_argument("--only", action="append", help="rows whose entry contains this text (repeatable)")
+    ap.add_argument(
+        "--clock",
+        choices=("thread", "wall"),
+        default="thread",
+        help="host time as the thread's CPU time (default: what the call itself runs, which the shared "
+        "machine's load does not stretch) or wall time",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from spec_samplers.bench.cost.workloads import prepare_vllm
@@ -323,19 +364,25 @@ def main(argv: list[str] | None = None) -> int:
     prepare_vllm()  # vLLM's real Triton kernels without a GPU (as the cost model loads them)
     doc: dict[str, Any] = {"meta": meta(args), "rows": [], "details": [], "notes": []}
     out = Path(args.json)
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     for B in args.batch:
+        measured = []
         for entry, impl, build in rows_to_build(B, args.vocab, args.only):
             try:
-                row, detail, notes = measure(entry, impl, B, args.vocab, args.host_vocab, build, args.repeats)
+                measured.append(measure(entry, impl, B, args.vocab, args.host_vocab, build, args.repeats))
             except Exception as exc:  # one broken row must not hide the others
                 doc["notes"].append(f"{entry}/{impl} B={B} failed: {type(exc).__name__}: {str(exc)[:300]}")
                 print(doc["notes"][-1], file=sys.stderr, flush=True)
-                continue
+        host = host_us([m[3] for m in measured], args.repeats, clock)
+        binder = in_turns([m[4] for m in measured], args.repeats, clock)
+        for (row, detail, notes, *_), us, bus in zip(measured, host, binder):
+            row["host_us"] = round(us, 1)
+            row["binder_us"] = round(bus, 1) if detail["triton"] else 0.0
             doc["rows"].append(row)
             doc["details"].append(detail)
             doc["notes"] += notes
             print(json.dumps(row), flush=True)
-            out.write_text(json.dumps(doc, indent=1) + "\n")  # (a crash later keeps what was measured)
+        out.write_text(json.dumps(doc, indent=1) + "\n")  # (a crash later keeps what was measured)
     doc["meta"]["load_average_end"] = list(os.getloadavg())
     out.write_text(json.dumps(doc, indent=1) + "\n")
     out.with_suffix(".md").write_text(
