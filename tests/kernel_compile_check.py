@@ -270,8 +270,8 @@ def multipath_launches():
     """The GBV kernels (spec_samplers.kernels.multipath_kernels) as their launcher plans them:
     fp32 / bf16 / fp16 rows, probabilities or logits (read through the softmax rule), padded
     (int64 ids, one parents row for the batch) or ragged (int32 ids and spans, no offsets),
-    greedy mask or not, counters or not, the request filters (logits rows read through the cuts of
-    tree_filter_cut_kernel, which the launcher plans first)."""
+    greedy mask or not, counters or not, the request filters (logits rows read through the cuts,
+    which the pick writes: with a greedy mask and without)."""
     from spec_samplers.kernels.multipath_launch import plan_multipath
     from spec_samplers.layout import TreeCall
 
@@ -280,6 +280,7 @@ def multipath_launches():
     # (dtype, logits, ragged, greedy mask, counters, filters): each input kind in one variant at least
     variants = [(torch.float32, False, False, False, True, False), (torch.bfloat16, True, False, True, True, False)]
     variants += [(torch.float16, False, True, True, False, False), (torch.bfloat16, True, True, False, True, True)]
+    variants += [(torch.float32, True, False, True, False, True)]
     for dtype, logits, ragged, greedy, counts, filters in variants:
         ids = dict(dtype=torch.int32 if ragged else torch.int64, device=META)
         T = B * N
@@ -296,9 +297,8 @@ def multipath_launches():
             f32 = torch.empty(B, device=META)
             top_k = torch.empty(B, dtype=torch.int64, device=META)
             call = dataclasses.replace(call, filters=dict(top_k=top_k, top_p=f32, min_p=f32))
-        cuts, pick, verify, keys, _ = plan_multipath(call)
+        pick, verify, keys, _ = plan_multipath(call)
         verify.args["order_ptr"] = torch.empty(keys.shape, dtype=torch.int64, device=META)
-        yield from cuts
         yield pick
         yield verify
 

@@ -111,6 +111,38 @@ def test_kernel_greedy_ragged_and_logits():
     _both("forward_tree_ragged_from_logits", lt, ld, tok, pr, cu, K * L, temp, seeds=seeds)
 
 
+def test_filters_read_through_the_picks_cuts():
+    """``sampling_params=`` with top-k / top-p / min-p: the pick writes the (kept sum, cut) of the
+    rows it and the verification read (no launch of their own), the reference judges
+    filtered_softmax_reference's rows: the same tokens and nodes, padded (bf16) and ragged
+    (fp32), integer logits (ties at the cuts), top-k = 1, a tiny top-p, min-p, a greedy request
+    (whose argmax walk may leave the picked path)."""
+    from spec_samplers import SamplingParams
+
+    params = [
+        SamplingParams(temperature=0.9, top_k=3),
+        SamplingParams(temperature=0.0, top_k=2),
+        SamplingParams(temperature=1.2, top_p=0.05),
+        SamplingParams(temperature=0.7, top_k=1, min_p=0.3),
+        SamplingParams(temperature=1.5, top_k=6, top_p=0.7, min_p=0.1),
+    ]
+    K, L, V, B = 2, 3, 24, len(params)
+    q, p, ids, seeds = _workload(B, K, L, V, seed=41)
+    lq, lp = (3 * q.log()).clamp(min=-30).round(), (3 * p.log()).clamp(min=-30).round()
+    # the greedy request 1: path 1 is the target's argmax walk, but its first token has no draft
+    # mass, so the pick takes path 0 and the argmax walk reads rows off the picked path
+    for d in range(L):
+        ids[1, L + d] = lq[1, 0 if d == 0 else L + d].argmax()
+    ids[1, 0] = (ids[1, L] + 1) % V
+    lp[1, 0, ids[1, L]] = float("-inf")
+    parents = path_parents(K, L)
+    t, d, tok, sd = _dev(lq.bfloat16(), lp.bfloat16(), ids, seeds)
+    _both("forward_tree_from_logits", t, d, tok, parents, sampling_params=params, seeds=sd)
+    par = torch.tensor(parents)[None, :].expand(B, -1)
+    rows = ragged_from_padded(lq, lp, ids, par, [K * L] * B)
+    _both("forward_tree_ragged_from_logits", *_dev(*rows), K * L, sampling_params=params, seeds=seeds.to(DEVICE))
+
+
 def test_kernel_reads_a_parents_tensor_without_the_host():
     """A parents tensor ([N] or [B, N]) gives the list's tokens: the pick reads each request's
     shape on the device. A request of another shape (or longer than max_depth), which the

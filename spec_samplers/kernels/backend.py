@@ -118,15 +118,6 @@ def launch_config() -> LaunchConfig | None:
     return _CONFIG.get()
 
 
-def launches_to_run(config: LaunchConfig | None, launches: list[Any]) -> list[Any]:
-    """The planned ``launches`` a launcher runs: all of them, or none when ``config.launches`` is
-    a list, which they are appended to instead (a tool planning for a device it does not have)."""
-    if config is None or config.launches is None:
-        return launches
-    config.launches.extend(launches)
-    return []
-
-
 def recorded(config: LaunchConfig | None, launch: KernelLaunch) -> bool:
     """The recording hook: True when ``config.launches`` is a list, ``launch`` then appended there
     (planned, not run) and the launcher skips its ``kernel[grid](...)``."""

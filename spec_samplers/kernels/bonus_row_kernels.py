@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from spec_samplers.kernels import backend
-from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, launches_to_run, triton_next_pow2
+from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, recorded, triton_next_pow2
 
 #: (temperature [R] fp32, seeds [R] int64, offsets [R] int64, bonus [R] int64, ids [L], draft rows [L] or None)
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -224,8 +224,9 @@ def bonus_row_inputs_triton(
     """:func:`plan_bonus_row_inputs`'s outputs, its launch run (same arguments); with
     ``config.launches`` a list, the launch is appended to it and not run."""
     launches, outputs = plan_bonus_row_inputs(*args, checked=checked, workspace=workspace)
-    for launch in launches_to_run(config, launches):
-        bonus_row_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
+    for launch in launches:
+        if not recorded(config, launch):
+            bonus_row_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     return outputs
 
 
@@ -247,8 +248,8 @@ def chunk_outputs_triton(
     args: dict[str, Any] = dict(out_ptr=out, stride_out=out.stride(0), stride_col=out.stride(1), dst_ptr=dst)
     args["ok_ptr"] = ok
     args.update(num_sampled_ptr=num_sampled, width=width, BLOCK=block)
-    launches = [KernelLaunch(chunk_outputs_kernel, (R,), args, 1, "chunk_outputs")] if R > 0 else []
-    for launch in launches_to_run(config, launches):
+    launch = KernelLaunch(chunk_outputs_kernel, (R,), args, 1, "chunk_outputs")
+    if R > 0 and not recorded(config, launch):
         chunk_outputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     if dst is not None:
         return dst, num_sampled
@@ -275,7 +276,7 @@ def step_inputs_triton(
     args["rows_out"] = rows
     args.update(bonus_out=bonus, ok_out=ok, L=num_rows, T=draft_token_ids.shape[0], max_rows=max_rows)
     args["BLOCK"] = max(16, triton_next_pow2(max(1, max_rows)))
-    launches = [KernelLaunch(step_inputs_kernel, (B,), args, 1, "step_inputs")] if B > 0 else []
-    for launch in launches_to_run(config, launches):
+    launch = KernelLaunch(step_inputs_kernel, (B,), args, 1, "step_inputs")
+    if B > 0 and not recorded(config, launch):
         step_inputs_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
     return ids, rows, bonus, ok

@@ -35,7 +35,15 @@ import triton.language as tl
 
 from spec_samplers.kernels import common as kc
 from spec_samplers.kernels.rng import race_exponential, race_in_group, random_words, uniform_from_words
-from spec_samplers.kernels.tree_kernels import _load, _logit_stats, _node_row, _row_argmax, _span, _write_tail
+from spec_samplers.kernels.tree_kernels import (
+    _cut_tree_row,
+    _load,
+    _logit_stats,
+    _node_row,
+    _row_argmax,
+    _span,
+    _write_tail,
+)
 from spec_samplers.rng import LEVEL1_COUNTER, RACE_GROUP, STREAM_ACCEPT, STREAM_RECOVER
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
@@ -114,6 +122,17 @@ def _token_at(tokens_ptr, b, start, j, stride_tb, mask, RAGGED: tl.constexpr):
 
 
 @triton.jit
+def _node_cuts(ptr, stride, out_ptr, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch_ptr, cap, V,
+               CUT_BLOCK_V: tl.constexpr, PRECISE: tl.constexpr):  # fmt: skip
+    """The (kept sum, cut) of flat row ``row`` of ``ptr`` (none when ``row`` < 0) under request
+    b's filters, as ``tree_filter_cut_kernel`` writes it (request b's [cap] scratch), then
+    visible to every thread of the program (they read it next, through :func:`_stats`)."""
+    _cut_tree_row(ptr, row, stride, out_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, scratch_ptr + b * cap,
+                  cap, V, CUT_BLOCK_V, PRECISE)  # fmt: skip
+    tl.debug_barrier()
+
+
+@triton.jit
 def multipath_pick_kernel(
     target_ptr,  # [R, V] fp32/fp16/bf16 probabilities or logits, vocab stride 1
     stride_t,
@@ -126,8 +145,14 @@ def multipath_pick_kernel(
     cu_ptr,  # [B] int32/int64 inclusive cumsum of N_b (ragged), None: padded
     num_tokens,  # T (ragged)
     temp_ptr,  # [B] float temperature when the rows hold logits, None: probabilities
-    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (tree_filter_cut_kernel), None: no filters
-    d_cut_ptr,  # [R, 2] fp32 of the draft rows, None: no filters
+    greedy_ptr,  # [B] bool, or None (read with the filters only: see cut_ptr)
+    top_k_ptr,  # [B] int, 0 = off; None: no filters (then every pointer below to scratch_ptr is None)
+    top_p_ptr,  # [B] float, 1 = off
+    min_p_ptr,  # [B] float, 0 = off
+    cut_ptr,  # [R, 2] fp32 out: (kept sum, cut) of the target rows the kernels read (see below)
+    d_cut_ptr,  # [R, 2] fp32 out: of the draft rows
+    scratch_ptr,  # [B, cap] fp32: the searches' candidates (sampling_kernels.pivot_search)
+    cap,
     pick_ptr,  # [B, LMAX + 6] int64 out: nodes [LMAX+1], then L', path, K, L, shape ok
     keys_ptr,  # [B, >= LMAX, V] fp32 out: the keys of position m's rows, m < L' (the rest not written)
     N,
@@ -135,6 +160,7 @@ def multipath_pick_kernel(
     V,
     BLOCK_N: tl.constexpr,  # >= N
     BLOCK_V: tl.constexpr,
+    CUT_BLOCK_V: tl.constexpr,  # of the filters' searches (sampling_kernels.search_block)
     PRECISE: tl.constexpr,
 ):
     """The request's shape, then the greedy pick of :func:`spec_samplers.tree.multipath.multipath_plan`
@@ -145,12 +171,20 @@ def multipath_pick_kernel(
     positive compete; the highest key wins, then the lowest token id; the paths with another
     token drop out. Writes the node whose rows each position reads, the picked path's length L',
     its lowest path index, and the keys of every position before L'
-    (:func:`~spec_samplers.tree.multipath.order_keys`), which the launcher sorts. Grid (B,)."""
+    (:func:`~spec_samplers.tree.multipath.order_keys`), which the launcher sorts.
+
+    With the request filters (``top_k_ptr``), the pick also writes the (kept sum, cut) of every
+    row it or the verification reads (:func:`_node_cuts`), before it reads them: both rows of
+    each node on the picked path, the last one reached included (the residual at tau = L'), and,
+    for a greedy request, every target row (its argmax walk may leave the picked path). So the
+    filters cost no launch of their own (the tree entries' ``tree_filter_cut_kernel`` computes
+    every row's, in a grid of its own). Grid (B,)."""
     LOGITS: tl.constexpr = temp_ptr is not None
     RAGGED: tl.constexpr = cu_ptr is not None
+    FILTERS: tl.constexpr = top_k_ptr is not None
     b = tl.program_id(0).to(tl.int64)
     S = LMAX + 6
-    start, n, temp, _ = _request(b, cu_ptr, num_tokens, temp_ptr, None, N, RAGGED, LOGITS)
+    start, n, temp, greedy = _request(b, cu_ptr, num_tokens, temp_ptr, greedy_ptr, N, RAGGED, LOGITS)
     # the shape, from the parents as given (cleaned: a parent outside [0, j) is none)
     jj = tl.arange(0, BLOCK_N)  # node jj + 1
     exists = jj < n
@@ -176,39 +210,49 @@ def multipath_pick_kernel(
     node = (b * 0).to(tl.int64)
     length = (b * 0).to(tl.int64)
     tl.store(pick_ptr + b * S, node)
-    for m in range(0, LMAX):
-        within = m < L
+    cut_node = (b * 0 - 1).to(tl.int64)  # the node whose rows' cuts were written last
+    # (one step more than the walk: the cuts of the last node reached)
+    for m in range(0, LMAX + 1):
         row = _node_row(b, node, start, n, N, RAGGED)
-        t_off = tl.maximum(row, 0) * stride_t
-        d_off = tl.maximum(row, 0) * stride_d
-        t_st = _stats(target_ptr, t_off, row >= 0, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
-        d_st = _stats(draft_ptr, d_off, row >= 0, temp, V, d_cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
-        raw = _token_at(tokens_ptr, b, start, kk * L + m + 1, stride_tb, in_k & ((kk * 0 + m) < L), RAGGED)
-        valid = in_k & (raw >= 0) & (raw < V)
-        cand = tl.where(valid, raw, 0)
-        q_c = _load(target_ptr, t_off, cand, valid & (cand * 0 + row >= 0), t_st, LOGITS, PRECISE)
-        p_c = _load(draft_ptr, d_off, cand, valid & (cand * 0 + row >= 0), d_st, LOGITS, PRECISE)
-        ok = alive & valid & (p_c > 0) & going & within
-        drawn = tl.max(ok.to(tl.int32), axis=0) > 0
-        length = tl.where(going & within, m, length)
-        moves = going & within & drawn
-        going = going & (drawn | ~within)
-        key = tl.where(ok, _key(q_c, p_c), -1.0)
-        top = tl.max(key, axis=0)
-        x = tl.min(tl.where(ok & (key == top), cand, _BIG_TOKEN), axis=0)
-        x = tl.where(moves, x, 0)
-        alive = tl.where(within, ok & (cand == x), alive)
-        first = tl.min(tl.where(alive, kk, BLOCK_N), axis=0)
-        if moves:  # position m is verified: its keys, for the order's CDF
-            k_off = (b * LMAX + m) * V
-            for s in range(0, V, BLOCK_V):
-                offs = s + tl.arange(0, BLOCK_V)
-                msk = offs < V
-                q = _load(target_ptr, t_off, offs, kc.mask_if(row >= 0, msk), t_st, LOGITS, PRECISE)
-                p = _load(draft_ptr, d_off, offs, kc.mask_if(row >= 0, msk), d_st, LOGITS, PRECISE)
-                tl.store(keys_ptr + k_off + offs, _key(q, p), mask=msk)
-        node = tl.where(moves, tl.minimum(first, tl.maximum(K - 1, 0)).to(tl.int64) * L + m + 1, node)
-        tl.store(pick_ptr + b * S + m + 1, node)
+        if FILTERS:
+            if node != cut_node:
+                _node_cuts(target_ptr, stride_t, cut_ptr, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b,
+                           scratch_ptr, cap, V, CUT_BLOCK_V, PRECISE)  # fmt: skip
+                _node_cuts(draft_ptr, stride_d, d_cut_ptr, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b,
+                           scratch_ptr, cap, V, CUT_BLOCK_V, PRECISE)  # fmt: skip
+                cut_node = node
+        if m < LMAX:
+            within = m < L
+            t_off = tl.maximum(row, 0) * stride_t
+            d_off = tl.maximum(row, 0) * stride_d
+            t_st = _stats(target_ptr, t_off, row >= 0, temp, V, cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
+            d_st = _stats(draft_ptr, d_off, row >= 0, temp, V, d_cut_ptr, row, BLOCK_V, LOGITS, PRECISE)
+            raw = _token_at(tokens_ptr, b, start, kk * L + m + 1, stride_tb, in_k & ((kk * 0 + m) < L), RAGGED)
+            valid = in_k & (raw >= 0) & (raw < V)
+            cand = tl.where(valid, raw, 0)
+            q_c = _load(target_ptr, t_off, cand, valid & (cand * 0 + row >= 0), t_st, LOGITS, PRECISE)
+            p_c = _load(draft_ptr, d_off, cand, valid & (cand * 0 + row >= 0), d_st, LOGITS, PRECISE)
+            ok = alive & valid & (p_c > 0) & going & within
+            drawn = tl.max(ok.to(tl.int32), axis=0) > 0
+            length = tl.where(going & within, m, length)
+            moves = going & within & drawn
+            going = going & (drawn | ~within)
+            key = tl.where(ok, _key(q_c, p_c), -1.0)
+            top = tl.max(key, axis=0)
+            x = tl.min(tl.where(ok & (key == top), cand, _BIG_TOKEN), axis=0)
+            x = tl.where(moves, x, 0)
+            alive = tl.where(within, ok & (cand == x), alive)
+            first = tl.min(tl.where(alive, kk, BLOCK_N), axis=0)
+            if moves:  # position m is verified: its keys, for the order's CDF
+                k_off = (b * LMAX + m) * V
+                for s in range(0, V, BLOCK_V):
+                    offs = s + tl.arange(0, BLOCK_V)
+                    msk = offs < V
+                    q = _load(target_ptr, t_off, offs, kc.mask_if(row >= 0, msk), t_st, LOGITS, PRECISE)
+                    p = _load(draft_ptr, d_off, offs, kc.mask_if(row >= 0, msk), d_st, LOGITS, PRECISE)
+                    tl.store(keys_ptr + k_off + offs, _key(q, p), mask=msk)
+            node = tl.where(moves, tl.minimum(first, tl.maximum(K - 1, 0)).to(tl.int64) * L + m + 1, node)
+            tl.store(pick_ptr + b * S + m + 1, node)
     length = tl.where(going, L, length)
     length = tl.where(root_row >= 0, length, 0)
     tl.store(pick_ptr + b * S + LMAX + 1, length)
@@ -217,6 +261,11 @@ def multipath_pick_kernel(
     tl.store(pick_ptr + b * S + LMAX + 3, K)
     tl.store(pick_ptr + b * S + LMAX + 4, L)
     tl.store(pick_ptr + b * S + LMAX + 5, shape_ok.to(tl.int64))
+    if FILTERS:
+        if greedy != 0:  # the verification's argmax walk may read any node's target row
+            for j in range(0, N + 1):
+                _node_cuts(target_ptr, stride_t, cut_ptr, _node_row(b, j, start, n, N, RAGGED), temp_ptr, top_k_ptr,
+                           top_p_ptr, min_p_ptr, b, scratch_ptr, cap, V, CUT_BLOCK_V, PRECISE)  # fmt: skip
 
 
 @triton.jit
@@ -286,7 +335,7 @@ def multipath_verify_kernel(
     cu_ptr,  # [B] ragged, None: padded
     num_tokens,  # T (ragged)
     temp_ptr,  # [B] float when the rows hold logits, None: probabilities
-    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (tree_filter_cut_kernel), None: no filters
+    cut_ptr,  # [R, 2] fp32 (kept sum, cut) of the target rows (multipath_pick_kernel), None: no filters
     d_cut_ptr,  # [R, 2] fp32 of the draft rows, None: no filters
     greedy_ptr,  # [B] bool, or None
     seed_ptr,  # [B] int64

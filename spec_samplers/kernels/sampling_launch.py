@@ -7,7 +7,8 @@ synchronisation; grids depend on shapes only, so a CUDA graph can capture a call
 Each public ``*_triton`` function is a launcher: it plans its launches and launches each where
 it names its kernel (``sk.race_kernel[grid](**args)``), or, with ``config.launches`` a list
 (:class:`~spec_samplers.kernels.backend.LaunchConfig`), appends it there instead and runs nothing
-(:func:`_recorded`): what the cost model and the launch counts read on meta or CPU tensors.
+(:func:`~spec_samplers.kernels.backend.recorded`): what the cost model and the launch counts
+read on meta or CPU tensors.
 
 No eager op runs around the launches: the per-request parameters reach the kernels as the caller
 gave them ([B] tensors of any real dtype, or Python scalars already canonical:
@@ -33,24 +34,19 @@ from typing import Any
 import torch
 
 from spec_samplers import rng
-from spec_samplers.kernels.backend import LaunchConfig, VocabSplit, plan_vocab_split, triton_next_pow2, vocab_split
+from spec_samplers.kernels.backend import (
+    KernelLaunch,
+    LaunchConfig,
+    VocabSplit,
+    plan_vocab_split,
+    recorded,
+    triton_next_pow2,
+    vocab_split,
+)
 from spec_samplers.layout import VerifyBatch
 
 #: a per-request parameter as the kernels read it: a [B] tensor (any real dtype) or a Python scalar
 Param = torch.Tensor | int | float | None
-
-
-def _recorded(
-    config: LaunchConfig | None, kernel: Any, grid: tuple[int, ...], args: dict[str, Any], name: str, num_warps: int = 4
-) -> bool:
-    """True when ``config.launches`` is a list: the launch is appended there (planned, not run)
-    and the caller skips it."""
-    if config is None or config.launches is None:
-        return False
-    from spec_samplers.kernels.backend import KernelLaunch
-
-    config.launches.append(KernelLaunch(kernel, grid, args, num_warps=num_warps, name=name))
-    return True
 
 
 def _param(name: str, value: Param, default: float | int) -> dict[str, Any]:
@@ -117,7 +113,7 @@ def request_seeds_triton(
         grid = (-(-num_rows // block),)
         args = dict(**_seed_args(seeds, offsets, derive), out_ptr=out, offsets_out_ptr=out_offsets)
         args.update(num_rows=num_rows, BLOCK=block)
-        if not _recorded(config, sk.row_seeds_kernel, grid, args, "row_seeds", num_warps=2):
+        if not recorded(config, KernelLaunch(sk.row_seeds_kernel, grid, args, 2, name="row_seeds")):
             sk.row_seeds_kernel[grid](**args, num_warps=2)
     return out, out_offsets
 
@@ -157,7 +153,7 @@ def chain_counts_triton(
     args.update(emitted_ptr=emitted, stride_emitted=emitted.stride(0))
     args.update(K=K, V=V, num_rows=layout.num_rows, BLOCK_K=triton_next_pow2(K + 1), PRECISE=precise_math())
     args.update(ADD_ACCEPTED=add[0], ADD_EMITTED=add[1])
-    if not _recorded(config, sk.chain_counts_kernel, (B,), args, "chain_counts", num_warps=1):
+    if not recorded(config, KernelLaunch(sk.chain_counts_kernel, (B,), args, 1, name="chain_counts")):
         sk.chain_counts_kernel[(B,)](**args, num_warps=1)
     return tokens
 
@@ -231,7 +227,7 @@ def thresholds_triton(
     x, rows = vocab_contiguous(x), None if rows is None else rows.contiguous()
     args = _thresholds_args(x, rows, logits, top_k, top_p, min_p, joint, need_kept_mass)
     grid, warps = (_outputs(x, rows),), sk.SEARCH_WARPS
-    if not _recorded(config, sk.thresholds_kernel, grid, args, "thresholds", warps):
+    if not recorded(config, KernelLaunch(sk.thresholds_kernel, grid, args, warps, name="thresholds")):
         sk.thresholds_kernel[grid](**args, num_warps=warps)
     return args["tau_ptr"], args["max_ptr"], args["mass_ptr"]
 
@@ -275,12 +271,12 @@ def sample_triton(
     max_nb = 1
     if top_k is not None or top_p is not None or min_p is not None:
         args = _thresholds_args(x, rows, logits, top_k, top_p, min_p, joint, False)
-        if not _recorded(config, sk.thresholds_kernel, (B,), args, "thresholds", sk.SEARCH_WARPS):
+        if not recorded(config, KernelLaunch(sk.thresholds_kernel, (B,), args, sk.SEARCH_WARPS, name="thresholds")):
             sk.thresholds_kernel[(B,)](**args, num_warps=sk.SEARCH_WARPS)
         tau, row_max = args["tau_ptr"], args["max_ptr"]
     elif logits:  # every token is kept; the weights exp(x - max) need the row max, in NB partials
         args = _stats_args(x, rows, split)
-        if not _recorded(config, sk.stats_kernel, (B, split.num_blocks), args, "stats"):
+        if not recorded(config, KernelLaunch(sk.stats_kernel, (B, split.num_blocks), args, name="stats")):
             sk.stats_kernel[(B, split.num_blocks)](**args)
         row_max, max_nb = args["max_ptr"], split.num_blocks
     sums = torch.empty((B, rng.race_num_groups(V)), dtype=torch.float64, device=device)
@@ -288,12 +284,12 @@ def sample_triton(
     common.update(LOGITS=logits, PRECISE=precise_math())
     race_args = dict(common, **_blocks(split))
     grid = (B, split.num_blocks)
-    if not _recorded(config, sk.race_kernel, grid, race_args, "race"):
+    if not recorded(config, KernelLaunch(sk.race_kernel, grid, race_args, name="race")):
         sk.race_kernel[grid](**race_args)
     tokens = torch.empty((B,), dtype=out_dtype, device=device)
     valid = torch.empty((B,), dtype=torch.bool, device=device)
     finalize_args = dict(common, **_seed_args(seeds, offsets, derive), out_ptr=tokens, valid_ptr=valid)
-    if not _recorded(config, sk.race_finalize_kernel, (B,), finalize_args, "race_finalize"):
+    if not recorded(config, KernelLaunch(sk.race_finalize_kernel, (B,), finalize_args, name="race_finalize")):
         sk.race_finalize_kernel[(B,)](**finalize_args)
     return tokens, valid
 
@@ -324,11 +320,11 @@ def renorm_triton(
     probs = vocab_contiguous(probs)
     split = _split(V, B, probs.device, split, config)
     cut = _thresholds_args(probs, None, False, top_k, top_p, None, False, True)
-    if not _recorded(config, sk.thresholds_kernel, (B,), cut, "thresholds", sk.SEARCH_WARPS):
+    if not recorded(config, KernelLaunch(sk.thresholds_kernel, (B,), cut, sk.SEARCH_WARPS, name="thresholds")):
         sk.thresholds_kernel[(B,)](**cut, num_warps=sk.SEARCH_WARPS)
     args = dict(_elementwise_args(probs, out, split), stride_o=V, tau_ptr=cut["tau_ptr"], mass_ptr=cut["mass_ptr"])
     grid = (B, split.num_blocks)
-    if not _recorded(config, sk.renorm_kernel, grid, args, "renorm"):
+    if not recorded(config, KernelLaunch(sk.renorm_kernel, grid, args, name="renorm")):
         sk.renorm_kernel[grid](**args)
     return out
 
@@ -351,11 +347,11 @@ def mask_logits_triton(
     logits = vocab_contiguous(logits)
     split = _split(V, B, logits.device, split, config)
     cut = _thresholds_args(logits, None, True, top_k, None, None, False, False)
-    if not _recorded(config, sk.thresholds_kernel, (B,), cut, "thresholds", sk.SEARCH_WARPS):
+    if not recorded(config, KernelLaunch(sk.thresholds_kernel, (B,), cut, sk.SEARCH_WARPS, name="thresholds")):
         sk.thresholds_kernel[(B,)](**cut, num_warps=sk.SEARCH_WARPS)
     args = dict(_elementwise_args(logits, out, split), stride_o=V, tau_ptr=cut["tau_ptr"])
     grid = (B, split.num_blocks)
-    if not _recorded(config, sk.mask_kernel, grid, args, "mask"):
+    if not recorded(config, KernelLaunch(sk.mask_kernel, grid, args, name="mask")):
         sk.mask_kernel[grid](**args)
     return out
 
@@ -382,11 +378,11 @@ def softmax_triton(
     split = _split(V, B, logits.device, split, config)
     grid = (B, split.num_blocks)
     stats = _stats_args(logits, None, split, temperature)
-    if not _recorded(config, sk.stats_kernel, grid, stats, "stats"):
+    if not recorded(config, KernelLaunch(sk.stats_kernel, grid, stats, name="stats")):
         sk.stats_kernel[grid](**stats)
     parts = {name: stats[name] for name in ("max_ptr", "sum_ptr", "amax_ptr")}
     args = dict(_elementwise_args(logits, out, split), **_param("temp", temperature, 1.0), **parts)
     args.update(NB=split.num_blocks, PRECISE=precise_math())
-    if not _recorded(config, sk.softmax_kernel, grid, args, "softmax"):
+    if not recorded(config, KernelLaunch(sk.softmax_kernel, grid, args, name="softmax")):
         sk.softmax_kernel[grid](**args)
     return out

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from spec_samplers.constants import fp32_value
-from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, interpreting, launches_to_run
+from spec_samplers.kernels.backend import KernelLaunch, LaunchConfig, interpreting, recorded
 from spec_samplers.layout import TreeCall
 from spec_samplers.output import TreeOutput
 
@@ -82,14 +82,14 @@ def _walk_args(call: TreeCall, device: torch.device) -> dict[str, object]:
 
 def _filter_cuts(
     call: TreeCall, layout: dict[str, object], draft: torch.Tensor | None
-) -> tuple[list[KernelLaunch], dict[str, object]]:
-    """([the launch of ``tree_filter_cut_kernel``] when the requests filter, else []; the tree
+) -> tuple[KernelLaunch | None, dict[str, object]]:
+    """(the launch of ``tree_filter_cut_kernel`` when the requests filter, else None; the tree
     kernel's ``cut_ptr`` and ``d_cut_ptr``) on the launcher's ``layout`` (:func:`_layout_args`):
     each target row's and each ``draft`` row's (kept sum, cut), which the tree kernels read with
     the logits (the chain's filter cuts on the tree layout,
     :func:`spec_samplers.kernels.verify_launch.plan_filter_cuts`)."""
     if not call.filters:
-        return [], dict(cut_ptr=None, d_cut_ptr=None)
+        return None, dict(cut_ptr=None, d_cut_ptr=None)
     from spec_samplers.kernels.sampling_kernels import SEARCH_WARPS
     from spec_samplers.kernels.tree_kernels import tree_filter_cut_kernel
 
@@ -109,7 +109,7 @@ def _filter_cuts(
         **cuts, scratch_ptr=torch.empty(sides, B, N + 1, cap, dtype=torch.float32, device=device),
         N=N, V=V, cap=cap, BLOCK_V=block, PRECISE=not interpreting(),
     )  # fmt: skip
-    return [KernelLaunch(tree_filter_cut_kernel, (B, N + 1, sides), args, SEARCH_WARPS, "tree_filter_cut")], cuts
+    return KernelLaunch(tree_filter_cut_kernel, (B, N + 1, sides), args, SEARCH_WARPS, "tree_filter_cut"), cuts
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,10 +140,11 @@ def rejection_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None)
         N=N, V=V, max_depth=call.max_depth,
         BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
-    if B and launches_to_run(config, cuts + [KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")]):
-        for cut in cuts:
-            tree_filter_cut_kernel[cut.grid](**cut.args, num_warps=cut.num_warps)
-        rejection_tree_kernel[(B,)](**args)
+    tree = KernelLaunch(rejection_tree_kernel, (B,), args, name="rejection_tree")
+    if B and cuts is not None and not recorded(config, cuts):
+        tree_filter_cut_kernel[cuts.grid](**cuts.args, num_warps=cuts.num_warps)
+    if B and not recorded(config, tree):
+        rejection_tree_kernel[tree.grid](**tree.args)
     return TreeOutput(args["out_ptr"], args["nodes_ptr"])  # type: ignore[arg-type]
 
 
@@ -174,10 +175,11 @@ def typical_tree_triton(
         N=N, V=call.target.shape[1], max_depth=call.max_depth,
         BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
-    if B and launches_to_run(config, cuts + [KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")]):
-        for cut in cuts:
-            tree_filter_cut_kernel[cut.grid](**cut.args, num_warps=cut.num_warps)
-        typical_tree_kernel[(B,)](**args)
+    tree = KernelLaunch(typical_tree_kernel, (B,), args, name="typical_tree")
+    if B and cuts is not None and not recorded(config, cuts):
+        tree_filter_cut_kernel[cuts.grid](**cuts.args, num_warps=cuts.num_warps)
+    if B and not recorded(config, tree):
+        typical_tree_kernel[tree.grid](**tree.args)
     return TreeOutput(args["out_ptr"], args["nodes_ptr"])  # type: ignore[arg-type]
 
 
@@ -209,9 +211,9 @@ def block_tree_triton(call: TreeCall, *, config: LaunchConfig | None = None) -> 
         BLOCK_V=TREE_BLOCK_V, BLOCK_D=TREE_BLOCK_D, PRECISE=not interpreting(),
     )  # fmt: skip
     options = dict(enable_fp_fusion=False)  # alpha Q - p rounds as the reference's multiply, then subtract
-    launch = KernelLaunch(block_tree_kernel, (B,), args, name="block_tree", options=options)
-    if B and launches_to_run(config, cuts + [launch]):
-        for cut in cuts:
-            tree_filter_cut_kernel[cut.grid](**cut.args, num_warps=cut.num_warps)
-        block_tree_kernel[(B,)](**args, **options)
+    tree = KernelLaunch(block_tree_kernel, (B,), args, name="block_tree", options=options)
+    if B and cuts is not None and not recorded(config, cuts):
+        tree_filter_cut_kernel[cuts.grid](**cuts.args, num_warps=cuts.num_warps)
+    if B and not recorded(config, tree):
+        block_tree_kernel[tree.grid](**tree.args, **tree.options)
     return TreeOutput(args["out_ptr"], args["nodes_ptr"])  # type: ignore[arg-type]
