@@ -214,6 +214,56 @@ def test_vectorised_log_within_an_ulp() -> None:
     assert max(ulps) <= 1, max(ulps)
 
 
+@pytest.mark.quick
+def test_race_exponentials_and_clean_equal_their_rules() -> None:
+    """The kernels' vectorised race exponentials (-_log(1 - u), no libm call) equal
+    rng.race_exponentials (PyTorch's fp64 log1p, rounded to fp32) on 256 keys' level-1 and level-2
+    draws (~1.3e5 draws; the two can differ only where an fp64 value lies within an ulp or two of
+    an fp32 rounding boundary, ~2**-28 of the draws: a false failure every ~2000 such seeds, and
+    these are fixed), and the fp64 rule on uniforms under 2**-30 (the series branch), which no
+    random key reaches; ``_clean`` (an int32 range test) equals its float rule on the special
+    values and 2**20 random bit patterns of every sign and exponent."""
+    import numpy as np
+    from numba import njit
+
+    from spec_samplers import rng
+    from spec_samplers.cpu import _numba_kernels as nk
+
+    fill = njit(lambda seed, offset, base, stream, e, n: nk._fill_exponentials(seed, offset, base, stream, e, n))
+    g = torch.Generator().manual_seed(3)
+    N, G = 256, 127
+    seeds = torch.randint(-(2**62), 2**62, (N,), generator=g)
+    offsets = torch.randint(0, 2**40, (N,), generator=g)
+    base = torch.randint(0, 8, (N,), generator=g) << 32
+    level1, level2 = rng.race_exponentials(seeds, offsets, base, G, rng.STREAM_RECOVER)
+    e = np.empty(max(G + 1, rng.RACE_GROUP), dtype=np.float32)
+    stream = np.uint64(rng.STREAM_RECOVER)
+    for n in range(N):
+        seed, offset = np.uint64(int(seeds[n]) % 2**64), np.uint64(int(offsets[n]))
+        fill(seed, offset, np.int64(int(base[n]) + rng.LEVEL1_COUNTER), stream, e, G + 1)
+        assert torch.equal(torch.from_numpy(e[:G]), level1[n]), n
+        fill(seed, offset, np.int64(int(base[n])), stream, e, rng.RACE_GROUP)
+        assert torch.equal(torch.from_numpy(e[: rng.RACE_GROUP]), level2[n]), n
+    exp_of = njit(lambda a, b: nk._exponential_v(a, b))
+    for a, b in [(0, 0), (0, 1), (0, 2**32 - 1), (1, 0), (2**10, 2**31), (2**13, 5)]:  # u in [2**-64, 2**-19]
+        u = float(rng.uniform_from_words(torch.tensor(a), torch.tensor(b)))
+        want = np.float32(-np.log1p(-np.float64(u)))
+        assert exp_of(np.uint64(a), np.uint64(b)) == want, (a, b, u)
+
+    @njit
+    def clean_all(xs, out):  # type: ignore[no-untyped-def]
+        for i in range(xs.shape[0]):
+            out[i] = nk._clean(xs[i])
+
+    bits = np.random.default_rng(0).integers(0, 2**32, 2**20, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38], np.float32)
+    xs = np.concatenate([specials, bits.view(np.float32)])
+    got = np.empty_like(xs)
+    clean_all(xs, got)
+    keep = (xs > 0) & (xs < np.inf)
+    assert np.array_equal(got.view(np.uint32), np.where(keep, xs, np.float32(0.0)).view(np.uint32))
+
+
 def test_typical_at_a_large_vocabulary() -> None:
     """Typical acceptance at V = 32000 (many entropy blocks) with peaked rows that accept some
     drafts and reject others, over seeds: the twin's tokens are the reference's."""

@@ -22,7 +22,7 @@ import importlib
 import warnings
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -69,64 +69,77 @@ def _np64(t: torch.Tensor) -> Any:
 
 class _Rows:
     """What a kernel reads, as numpy arrays: fp32 rows [R, V] and the [B]-indexed maps
-    (:class:`spec_samplers.reference.FlatInputs`'s fields)."""
+    (:class:`spec_samplers.reference.FlatInputs`'s fields), the seeds and offsets as uint64 and
+    the greedy flags (``has_greedy`` False: ``greedy`` is zeros, never read)."""
 
-    __slots__ = ("target", "target_rows", "draft", "draft_rows", "draft_ids", "num_draft", "bonus", "greedy")
+    __slots__ = (
+        "target", "target_rows", "draft", "draft_rows", "draft_ids", "num_draft", "bonus", "greedy", "has_greedy",
+        "has_draft", "seeds", "offsets",
+    )  # fmt: skip
 
-    def __init__(self, batch: VerifyBatch) -> None:
+    def __init__(self, batch: VerifyBatch, sampler: str | None) -> None:
         layout = batch.layout
         B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-        plain = batch.temperature is None and batch.draft_rows is None  # (flat_inputs refuses draft_rows here)
-        if not layout.ragged and plain and _fp32(batch.target) and _fp32(batch.draft):
-            # padded fp32 probabilities (the common call): the rows in place and the padded maps
-            # made in numpy (FlatInputs' torch ops cost more than the kernel at B = 1)
-            self.target = _np(batch.target).reshape(-1, V)
-            self.draft = None if batch.draft is None else _np(batch.draft).reshape(-1, V)
-            self.target_rows, self.draft_rows, self.num_draft = _padded_maps(B, K)
+        target, draft, greedy = batch.target, batch.draft, batch.is_greedy
+        if (
+            not layout.ragged
+            and batch.temperature is None
+            and batch.draft_rows is None  # (flat_inputs refuses draft_rows without a temperature)
+            and target.dtype == torch.float32
+            and (draft is None or draft.dtype == torch.float32)
+        ):
+            # padded fp32 probabilities (the common call): the rows in place and the shape's plan
+            # (row maps, zeros) made once (FlatInputs' torch ops cost more than the kernel at B = 1)
+            plan = _padded_plan(B, K)
+            self.target = _np(target).reshape(-1, V)
+            self.has_draft = draft is not None
+            self.draft = self.target[:1] if draft is None else _np(draft).reshape(-1, V)
+            self.target_rows, self.draft_rows, self.num_draft = plan.target_rows, plan.draft_rows, plan.num_draft
             self.draft_ids = _np64(batch.draft_token_ids).reshape(B, K)
             self.bonus = _np64(batch.bonus_token_ids).reshape(B)
-            self.greedy = None if batch.is_greedy is None else _np(batch.is_greedy.to(torch.bool))
-            return
-        from spec_samplers.reference import flat_inputs
+        else:
+            from spec_samplers.reference import flat_inputs
 
-        f = flat_inputs(batch)
-        self.target = _np(f.target.to(torch.float32))
-        self.draft = None if f.draft is None else _np(f.draft.to(torch.float32))
-        self.target_rows, self.draft_rows, self.num_draft = map(_np64, (f.target_rows, f.draft_rows, f.num_draft))
-        self.draft_ids = _np64(f.draft_ids)
-        self.bonus = _np64(f.bonus).reshape(B)
-        self.greedy = None if f.is_greedy is None else _np(f.is_greedy.to(torch.bool))
+            f = flat_inputs(batch)
+            plan = _padded_plan(B, 0)  # (its zeros)
+            self.target = _np(f.target.to(torch.float32))
+            self.has_draft = f.draft is not None
+            self.draft = self.target[:1] if f.draft is None else _np(f.draft.to(torch.float32))
+            self.target_rows, self.draft_rows, self.num_draft = map(_np64, (f.target_rows, f.draft_rows, f.num_draft))
+            self.draft_ids = _np64(f.draft_ids)
+            self.bonus = _np64(f.bonus).reshape(B)
+            greedy = f.is_greedy
+        self.has_greedy = greedy is not None
+        self.greedy = plan.no_greedy if greedy is None else _np(greedy.to(torch.bool))
+        if sampler is None:  # (typical acceptance: no randomness)
+            return
+        seeds = batch.seeds
+        if seeds is None:
+            from spec_samplers.reference import _seeds_offsets
+
+            seeds = _seeds_offsets(batch, sampler)[0]
+        self.seeds = _np64(seeds).view(np.uint64)
+        self.offsets = plan.zero_offsets if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
+
+
+class _Plan(NamedTuple):
+    """What every padded call of a shape (B, K) passes a kernel besides its tensors: made once,
+    only read by the kernels."""
+
+    target_rows: Any  # [B, K+1] int64: request b's rows b (K+1) + i
+    draft_rows: Any  # [B, K] int64
+    num_draft: Any  # [B] int64: K
+    no_greedy: Any  # [B] bool zeros (no greedy rows)
+    zero_offsets: Any  # [B] uint64 zeros (no offsets)
 
 
 @functools.lru_cache(maxsize=64)
-def _padded_maps(B: int, K: int) -> tuple[Any, Any, Any]:
-    """The padded layout's row maps (target rows [B, K+1], draft rows [B, K], K drafts each):
-    the same for every call of a shape, so made once (the kernels only read them)."""
+def _padded_plan(B: int, K: int) -> _Plan:
+    """The padded layout's :class:`_Plan` (K = 0: only its zeros are read)."""
     target_rows = np.arange(B * (K + 1), dtype=np.int64).reshape(B, K + 1)
     draft_rows = np.arange(B * K, dtype=np.int64).reshape(B, K)
-    return target_rows, draft_rows, np.full(B, K, dtype=np.int64)
-
-
-@functools.lru_cache(maxsize=64)
-def _zeros(B: int, dtype: Any) -> Any:
-    """A read-only-by-convention array of B zeros (no greedy rows; offsets 0), made once per B."""
-    return np.zeros(B, dtype=dtype)
-
-
-def _fp32(t: torch.Tensor | None) -> bool:
-    return t is None or t.dtype == torch.float32
-
-
-def _seeds_offsets_np(batch: VerifyBatch, sampler: str) -> tuple[Any, Any]:
-    """The batch's seeds and offsets (reference._seeds_offsets: its checks) as uint64 arrays."""
-    seeds = batch.seeds
-    if seeds is None:
-        from spec_samplers.reference import _seeds_offsets
-
-        seeds = _seeds_offsets(batch, sampler)[0]
-    B = batch.layout.batch_size
-    offsets = _zeros(B, np.uint64) if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
-    return _np64(seeds).view(np.uint64), offsets
+    num_draft = np.full(B, K, dtype=np.int64)
+    return _Plan(target_rows, draft_rows, num_draft, np.zeros(B, dtype=np.bool_), np.zeros(B, dtype=np.uint64))
 
 
 #: the counters argument of a kernel call that does not count (never written)
@@ -164,28 +177,29 @@ def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: str, sampler: s
     k = kernels()
     if k is None:
         return _reference(reference)(batch)
-    r = _Rows(batch)
-    if r.target.shape[0] == 0 or (r.draft is not None and r.draft.shape[0] == 0):
+    r = _Rows(batch, sampler)
+    if r.target.shape[0] == 0 or r.draft.shape[0] == 0:
         # (no rows to read: the reference's degenerate cases)
         return _degenerate(batch, _reference(reference)(batch))
-    seeds, offsets = _seeds_offsets_np(batch, sampler)
     B, K = r.draft_ids.shape
     out = np.empty((B, K + 1), dtype=np.int64)
+    counts, count = _counts(batch)
     getattr(k, kernel_name)(
         r.target,
         r.target_rows,
-        r.target[:1] if r.draft is None else r.draft,
+        r.draft,
         r.draft_rows,
-        r.draft is not None,
+        r.has_draft,
         r.draft_ids,
         r.num_draft,
         r.bonus,
-        _zeros(B, np.bool_) if r.greedy is None else r.greedy,
-        r.greedy is not None,
-        seeds,
-        offsets,
+        r.greedy,
+        r.has_greedy,
+        r.seeds,
+        r.offsets,
         out,
-        *_counts(batch),
+        counts,
+        count,
     )
     return torch.from_numpy(out)
 
@@ -204,11 +218,11 @@ def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options:
     """``op(batch, **options)``: whole when it reads its rows in place (fp32 probabilities), else
     (logits, or fp16 / bf16 rows: fp32 rows made first) :data:`COMPILED_CHUNK_ELEMENTS` entries of
     target rows at a time, which bounds those temporaries."""
-    from spec_samplers.chunking import run_chunked
-
     if batch.temperature is None and batch.target.dtype == torch.float32:
         if batch.draft is None or batch.draft.dtype == torch.float32:
             return op(batch, **options)
+    from spec_samplers.chunking import run_chunked
+
     return run_chunked(op, batch, budget=COMPILED_CHUNK_ELEMENTS, **options)
 
 
@@ -217,7 +231,7 @@ def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha:
     k = kernels()
     if k is None:
         return _reference("typical_reference")(batch, posterior_threshold, posterior_alpha)
-    r = _Rows(batch)
+    r = _Rows(batch, None)
     if r.target.shape[0] == 0:
         return _degenerate(batch, _reference("typical_reference")(batch, posterior_threshold, posterior_alpha))
     B, K = r.draft_ids.shape

@@ -16,9 +16,11 @@ Exactness notes (tests/test_cpu_path.py compares tokens with the references):
 * fp64 sums of a race group are taken in one fixed order here and in another by ``torch.sum``:
   they differ by at most ~2**-53 relative, which changes a level-1 winner only when its two best
   keys agree to that precision (the same argument as the Triton kernels', rng.race_group_sums);
-* the exponentials' fp64 ``log1p`` (libm here, SLEEF in PyTorch) agree within an fp64 ulp, and are
-  rounded to fp32: they differ only when an fp64 result lies within an ulp of an fp32 rounding
-  boundary (about 2**-29 of the draws);
+* the race exponentials' fp64 ``-log1p(-u)`` is ``-_log(1 - u)`` here (1 - u exact; fdlibm's
+  kernel, branch-free, so that the loop filling a group's exponentials vectorises: a libm call per
+  entry was half the race's time), SLEEF's ``log1p`` in PyTorch: both within an fp64 ulp, rounded
+  to fp32, so they differ only when an fp64 result lies within an ulp or two of an fp32 rounding
+  boundary (about 2**-28 of the draws);
 * typical acceptance's fp64 ``log`` is :func:`_log` (fdlibm's kernel, branch-free so that LLVM
   vectorises it), within an ulp of the true value as SLEEF's is, and unequal to it in a last bit
   on ~4% of entries: the entropy moves by ~2**-52 relative, as with the order of its sum.
@@ -55,13 +57,15 @@ _P64 = np.float32(2.0**-64)
 _UMAX = np.float32(rng.UNIFORM_MAX)
 _SCALE = np.float32(rng.RACE_SCALE)
 _F0 = np.float32(0.0)
-_INF = np.float32(np.inf)
+_INF_BITS = np.int32(0x7F800000)
 _ONE32 = np.float32(1.0)
 _G = rng.RACE_GROUP
 _L1 = np.int64(rng.LEVEL1_COUNTER)
 _EPS = RESIDUAL_MASS_EPS
 _STREAM_ACCEPT = np.uint64(rng.STREAM_ACCEPT)
 _STREAM_RECOVER = np.uint64(rng.STREAM_RECOVER)
+#: below it, 1 - u is not exact in fp64 (_exponential_v)
+_TINY_U = 2.0**-30
 
 
 @njit(cache=True, inline="always")
@@ -94,36 +98,53 @@ def _uniform(a, b):
 
 
 @njit(cache=True, inline="always")
-def _exponential(a, b):
-    """rng.exponential_from_words on the CPU: fp64 log1p of the fp32 -u, rounded to fp32."""
-    return np.float32(-math.log1p(np.float64(-_uniform(a, b))))
-
-
-@njit(cache=True, inline="always")
 def _clean(x):
-    """torch_ops.clean_probs of one fp32 value: NaN, Inf and negatives to 0 (selects, no branch)."""
-    y = x if x > _F0 else _F0  # NaN and negatives
-    return y if y < _INF else _F0
+    """torch_ops.clean_probs of one fp32 value: NaN, Inf and negatives to 0 (a select, no branch).
+    The kept values are the positive finite ones, whose bits as an int32 lie in (0, +Inf's bits):
+    one integer range test, which LLVM vectorises 8 lanes wide (the float tests ``0 < x < inf``
+    became a dozen integer ops per 4 lanes, half the speed of a row's group sums; the two forms
+    agree on all 2**32 inputs)."""
+    b = _f32_bits(x)
+    return x if (b > np.int32(0)) & (b < _INF_BITS) else _F0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _exponential_v(a, b):
+    """rng.exponential_from_words on the CPU (the fp64 -log1p(-u) of the fp32 u, rounded to fp32),
+    without a libm call, so that a loop of it vectorises: -log(1 - u) by _log
+    (fdlibm's kernel, within an ulp as libm's log1p is), 1 - u exact in fp64 for u >= 2**-30 (u's
+    24 bits then lie within 53 of 2**0); below, -log1p(-u) = u + u**2 / 2 to 2**-60 relative.
+    Rounded to fp32, the two differ only where the fp64 value lies within an ulp or two of an
+    fp32 rounding boundary (~2**-28 of the draws, as libm's and SLEEF's do: module docstring)."""
+    u = np.float64(_uniform(a, b))
+    small = u + 0.5 * u * u
+    return np.float32(-_log(1.0 - u) if u >= _TINY_U else small)
+
+
+@njit(cache=True, error_model="numpy")
+def _fill_exponentials(seed, offset, base, stream, e, n):
+    """e[i] <- the race exponential of index i < n (n even): words (0, 1) of counter base + i // 2
+    for even i, (2, 3) for odd i (rng.race_exponentials), in one loop LLVM vectorises."""
+    for h in range(n // 2):
+        w = _words(seed, offset, base + h, stream)
+        e[2 * h] = _exponential_v(w[0], w[1])
+        e[2 * h + 1] = _exponential_v(w[2], w[3])
 
 
 @njit(cache=True)
-def _pick_group(sums, seed, offset, base, stream):
+def _pick_group(sums, seed, offset, base, stream, e):
     """Level 1 (rng.pick_group): argmax_g sums[g] / E1_g in fp64, ties to the lowest group; group
-    g's exponential is words (0, 1) (even g) or (2, 3) (odd g) of counter base + LEVEL1 + g // 2."""
+    g's exponential is words (0, 1) (even g) or (2, 3) (odd g) of counter base + LEVEL1 + g // 2
+    (``e``: a buffer of >= G + 1 fp32)."""
     G = sums.shape[0]
+    _fill_exponentials(seed, offset, base + _L1, stream, e, G + (G & 1))
     best = -1.0
     best_g = 0
-    for h in range((G + 1) // 2):
-        w = _words(seed, offset, base + _L1 + h, stream)
-        key = sums[2 * h] / np.float64(_exponential(w[0], w[1]))
+    for g in range(G):
+        key = sums[g] / np.float64(e[g])
         if key > best:
             best = key
-            best_g = 2 * h
-        if 2 * h + 1 < G:
-            key = sums[2 * h + 1] / np.float64(_exponential(w[2], w[3]))
-            if key > best:
-                best = key
-                best_g = 2 * h + 1
+            best_g = g
     return best_g
 
 
@@ -242,25 +263,23 @@ def _argmax_clean(q):
 
 
 @njit(cache=True)
-def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):
+def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream, e):
     """rng.two_level_race of the raced row (_residual) given its group sums: level 1 picks a
     group, level 2 races its entries, argmax (w * 2**32) / E_i in fp32 (-1 past the vocabulary),
-    entry i's exponential from counter base + i // 2, words (0, 1) or (2, 3)."""
+    entry i's exponential from counter base + i // 2, words (0, 1) or (2, 3) (``e``: a buffer of
+    >= max(G + 1, RACE_GROUP) fp32)."""
     V = q.shape[0]
-    g = _pick_group(sums, seed, offset, base, stream)
+    g = _pick_group(sums, seed, offset, base, stream, e)
+    _fill_exponentials(seed, offset, base, stream, e, _G)
     best = np.float32(-np.inf)
     best_i = 0
-    for h in range(_G // 2):
-        w = _words(seed, offset, base + h, stream)
-        for lane in range(2):
-            i = 2 * h + lane
-            v = g * _G + i
-            weight = _residual(q, p, v, mode, rho, skip) if v < V else np.float32(-1.0)
-            e = _exponential(w[0], w[1]) if lane == 0 else _exponential(w[2], w[3])
-            key = (weight * _SCALE) / e
-            if key > best:
-                best = key
-                best_i = i
+    for i in range(_G):
+        v = g * _G + i
+        weight = _residual(q, p, v, mode, rho, skip) if v < V else np.float32(-1.0)
+        key = (weight * _SCALE) / e[i]
+        if key > best:
+            best = key
+            best_i = i
     return g * _G + best_i
 
 
@@ -268,7 +287,8 @@ def _race(q, p, mode, rho, skip, sums, seed, offset, base, stream):
 def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):
     """reference._recover_from for one request: the race of position j over the raced row
     (_residual), over q when it has no mass; argmax q on greedy rows; -1 when q has no mass."""
-    sums = np.empty(max(-(-q.shape[0] // _G), 1), dtype=np.float64)
+    G = max(-(-q.shape[0] // _G), 1)
+    sums = np.empty(G, dtype=np.float64)
     _group_sums(q, p, mode, rho, skip, sums)
     if not _total(sums) > _EPS:  # the residual has no mass: race q itself
         _group_sums(q, p, RES_Q, rho, skip, sums)
@@ -277,7 +297,8 @@ def _recover(q, p, mode, rho, skip, greedy, seed, offset, j, stream):
         mode = RES_Q
     if greedy:
         return _argmax_clean(q)
-    return _race(q, p, mode, rho, skip, sums, seed, offset, np.int64(j) << 32, stream)
+    e = np.empty(max(G + 1, _G), dtype=np.float32)
+    return _race(q, p, mode, rho, skip, sums, seed, offset, np.int64(j) << 32, stream, e)
 
 
 @njit(cache=True, inline="always")
