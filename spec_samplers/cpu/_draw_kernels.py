@@ -79,6 +79,24 @@ def _weights(x, m, c, e):
 
 
 @njit(cache=True)
+def _unnormalised(x, m, t, q):
+    """q [V] fp32 <- the weights of row x (its max m, NaN as -inf) at temperature t > 0 (negative
+    or NaN t counts as 1); returns r = 1 / sum in fp32, 0 for a row without mass: q * r is the
+    row of ``probs_from_logits`` (a non-greedy row)."""
+    t = t if t > _F0 else _ONE  # negative or NaN T counts as 1
+    c = np.float32(_LOG2E / t)
+    total = np.float32(_weights(x, m if m > _NEG_INF else _INF, c, q))
+    return np.float32(_ONE / total) if total > _F0 else _F0
+
+
+@njit(cache=True)
+def _normalise(q, r):
+    """q <- q * r in fp32 (probs_from_logits' e * r)."""
+    for v in range(q.shape[0]):
+        q[v] = np.float32(q[v] * r)
+
+
+@njit(cache=True)
 def draw_rows_kernel(
     logits,  # [B, V] fp32
     temperature,  # [B] fp32, 0 = greedy
@@ -100,10 +118,5 @@ def draw_rows_kernel(
         if t == _F0:
             out[b] = -1 if m == _NEG_INF else _first_index_of(x, m)
             continue
-        t = t if t > _F0 else _ONE  # negative or NaN T counts as 1
-        c = np.float32(_LOG2E / t)
-        total = np.float32(_weights(x, m if m > _NEG_INF else _INF, c, q))
-        r = np.float32(_ONE / total) if total > _F0 else _F0
-        for v in range(V):
-            q[v] = np.float32(q[v] * r)
+        _normalise(q, _unnormalised(x, m, t, q))
         out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], position, _STREAM_RECOVER)

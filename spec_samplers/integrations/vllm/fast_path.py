@@ -28,9 +28,12 @@ the same inputs (tests/test_vllm_v1_fast_path.py, tests/test_vllm_v2_fast_path.p
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import operator
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import ModuleType
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -196,6 +199,8 @@ def verify_plain_step(
         return at_least_one_token(out, well_formed_requests(cu_rows, K + 1, logits.shape[0])).to(torch.int32)
     if draft_ids.shape[0] == 0 and _draws_without_drafts(verifier, logits, cu_rows):
         return _draw_plain_step(verifier, logits, sm, K)
+    if draft_probs is None and _verifies_point_drafts(verifier, logits, cu_rows, draft_ids, K):
+        return _verify_point_drafts(verifier, logits, cu_rows, draft_ids, sm, K)
     backend = getattr(verifier.sampler, "backend", "auto")
     with_q = draft_probs is not None and draft_probs.shape[0] > 0
     # one launch with the kernels: the id each row scores (-1 at bonus rows), with q the draft row
@@ -225,19 +230,24 @@ def _draws_without_drafts(verifier: RaggedVerifier, logits: torch.Tensor, cu_row
     class's pipeline with ``backend="auto"`` (not strict, not checking values), CPU fp32 logits
     with numba installed, and request r's only row at row r (cu = 1, 2, ..., B; read on the CPU:
     no synchronisation)."""
-    sampler = verifier.sampler
+    ours = _compiled_cpu_step(verifier.sampler, _RACE_AT_PLACEHOLDER) and logits.shape[0] == cu_rows.shape[0]
+    if not ours or cu_rows.device.type != "cpu" or not cpu_draw.available(logits):
+        return False
+    return bool(torch.equal(cu_rows, torch.arange(1, cu_rows.shape[0] + 1, dtype=cu_rows.dtype)))
+
+
+def _compiled_cpu_step(sampler: Any, references: frozenset[str]) -> bool:
+    """Whether the sampler's op is one of ``references`` (of spec_samplers.reference) run by the
+    base class's pipeline with ``backend="auto"``, not strict, not checking values: what a
+    compiled V1 step replaces (its tokens and counters are that pipeline's)."""
     op = getattr(type(sampler), "reference_op", None)
-    ours = (
-        getattr(op, "__name__", "") in _RACE_AT_PLACEHOLDER
+    return bool(
+        getattr(op, "__name__", "") in references
         and getattr(op, "__module__", "") == "spec_samplers.reference"
         and _base_pipeline(type(sampler))
         and getattr(sampler, "backend", None) == "auto"
         and not (sampler.strict_mode or sampler.check_values)
-        and logits.shape[0] == cu_rows.shape[0]
     )
-    if not ours or cu_rows.device.type != "cpu" or not cpu_draw.available(logits):
-        return False
-    return bool(torch.equal(cu_rows, torch.arange(1, cu_rows.shape[0] + 1, dtype=cu_rows.dtype)))
 
 
 def _draw_plain_step(verifier: RaggedVerifier, logits: torch.Tensor, sm: Any, K: int) -> torch.Tensor:
@@ -259,6 +269,72 @@ def _draw_plain_step(verifier: RaggedVerifier, logits: torch.Tensor, sm: Any, K:
     if width == 1:
         return tokens[:, None]
     return torch.nn.functional.pad(tokens[:, None], (0, width - 1), value=PLACEHOLDER_TOKEN_ID)
+
+
+def _verifies_point_drafts(
+    verifier: RaggedVerifier, logits: torch.Tensor, cu_rows: torch.Tensor, draft_ids: torch.Tensor, K: int
+) -> bool:
+    """Whether a V1 plain step with point-mass drafts (no draft probabilities: n-gram, EAGLE) may
+    be verified by the compiled step (:func:`_verify_point_drafts`): rejection sampling running the
+    base class's pipeline with ``backend="auto"`` (not strict, not checking values), CPU fp32
+    logits with numba installed, and well-formed rows (read on the CPU, no synchronisation):
+    every request 1 to K + 1 rows, L rows in all, one draft per row but the B bonus rows."""
+    if not _compiled_cpu_step(verifier.sampler, _REJECTION) or not cpu_draw.available(logits):
+        return False
+    if cu_rows.device.type != "cpu" or draft_ids.device.type != "cpu" or cu_rows.dim() != 1:
+        return False
+    B, L = cu_rows.shape[0], logits.shape[0]
+    if B == 0 or draft_ids.dim() != 1 or draft_ids.shape[0] != L - B or _point_kernels() is None:
+        return False
+    cu = cu_rows.numpy()
+    rows = np.diff(cu, prepend=0)  # k_r + 1
+    return bool(cu[-1] == L and rows.min() >= 1 and rows.max() <= K + 1)
+
+
+#: the reference the compiled step with drafts computes (_verifies_point_drafts)
+_REJECTION = frozenset({"rejection_reference"})
+
+
+@functools.cache
+def _point_kernels() -> ModuleType | None:
+    """``spec_samplers.cpu._logits_kernels`` (numba: imported when the plain step's draw is
+    available, ``cpu_draw.available``), or None when it does not import."""
+    try:
+        return importlib.import_module("spec_samplers.cpu._logits_kernels")
+    except (ImportError, OSError):
+        return None
+
+
+def _verify_point_drafts(
+    verifier: RaggedVerifier,
+    logits: torch.Tensor,  # [L, V] fp32 CPU: request r's k_r draft rows, then its bonus row
+    cu_rows: torch.Tensor,  # [B] inclusive cumulative sum of k_r + 1 (well formed)
+    draft_ids: torch.Tensor,  # [L - B]
+    sm: Any,  # SamplingMetadata of a plain step, not all greedy
+    K: int,
+) -> torch.Tensor:
+    """[B, K+1] int32: the tokens and counters of the seam's path (:func:`verify_with_bonus_rows`
+    on the sampler's rejection reference) for a step with point-mass drafts, by one compiled pass
+    per request (``cpu._logits_kernels.step_rejection_kernel``): each row's softmax is made from
+    its logits only when the verification reads it (its rows up to the first rejection), instead
+    of every row's probabilities made with PyTorch first."""
+    sampler = cast(SpecDecodeBaseSampler, verifier.sampler)
+    B = cu_rows.shape[0]
+    seeds = row_seeds(B, logits.device, sm.generators)  # [B] int64 (the seam's seeds, in its order)
+    out = torch.empty((B, K + 2), dtype=torch.int64)  # the sampler's [R, (K + 1) + 1] output
+    cast(ModuleType, _point_kernels()).step_rejection_kernel(
+        logits.detach().contiguous().numpy(),
+        cu_rows.to(torch.int64).numpy(),
+        draft_ids.to(torch.int64).numpy(),
+        sm.temperature.to(torch.float32).contiguous().numpy(),
+        seeds.numpy().view(np.uint64),  # (the kernels' seeds: uint64, two's complement)
+        np.zeros(B, dtype=np.uint64),
+        out.numpy(),
+    )
+    sampler._update_counters(out, logits.shape[0])  # (as _verify_counted: the seam's L rows)
+    tokens = out[:, : K + 1]
+    tokens[:, 0].clamp_(min=0)  # at least one token per request (chunk_outputs)
+    return tokens.to(torch.int32)
 
 
 # --- Model Runner V2: chunks verified in place, plain chunks (RejectionSampler._verify without vLLM's glue)

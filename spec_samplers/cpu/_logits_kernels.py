@@ -1,0 +1,107 @@
+"""numba kernel of the CPU path's V1 step with point-mass drafts: rejection sampling verified from
+the model's raw logits, each row's softmax made only when the verification reads it.
+
+A vLLM V1 plain step (``integrations.vllm.fast_path.verify_plain_step``) with n-gram or EAGLE
+drafts hands no draft probabilities (point-mass drafts): request r's k_r draft rows and its bonus
+row are one ragged request of k_r + 1 rows whose last draft is the -1 placeholder. The sampler's
+reference (``reference.rejection_reference`` on ``torch_ops.probs_from_logits`` of every row)
+then reads, per request:
+
+* at each position i until the first rejection, q_i(x_i) only: the accept test u_i < q_i(x_i)
+  (p = 1), on STREAM_ACCEPT; a greedy request (T = 0) accepts x_i iff it is the row's argmax;
+* at the first rejected position j (j = k_r: the bonus row, whose placeholder draft is always
+  rejected), the recovery race of position j over q_j without x_j (q_j itself at the bonus row),
+  ``_numba_kernels._recover`` on STREAM_RECOVER; a greedy request takes q_j's argmax.
+
+So one request's pass reads rows 0..j only: per row its max, its weights into one [V] scratch
+row (``_draw_kernels._unnormalised``: ``torch_ops.scaled_exp``'s operations) and their sum, then
+q_i(x_i) = e(x_i) r; the rejected row's weights are normalised in place and raced. Rows past j,
+which the reference turns into probabilities too, are never read. The floats are those of the
+plain step's draw (``_draw_kernels``' docstring: the sum in fp64, rounded to fp32, and exp2 within
+an ulp of torch's), so a token differs from the reference's only when a uniform or two race keys
+agree with it to ~2**-23 relative (docs/cpu.md, "Tokens").
+
+Imported by ``integrations.vllm.fast_path`` when numba is installed; compiled code is cached on
+disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from spec_samplers.cpu._draw_kernels import _first_index_of, _normalise, _row_max, _unnormalised
+from spec_samplers.cpu._numba_kernels import (
+    _STREAM_ACCEPT,
+    _STREAM_RECOVER,
+    RES_Q,
+    RES_REJECT_POINT,
+    _recover,
+    _uniform,
+    _words,
+)
+
+_F0 = np.float32(0.0)
+_ONE = np.float32(1.0)
+_NEG_INF = np.float32(-np.inf)
+
+
+@njit(cache=True)
+def step_rejection_kernel(
+    logits,  # [L, V] fp32: request b's k_b draft rows, then its bonus row
+    cu,  # [B] int64: inclusive cumulative sum of k_b + 1 (well formed: checked by the caller)
+    draft_ids,  # [L - B] int64: request b's drafts from cu[b - 1] - b on
+    temperature,  # [B] fp32, 0 = greedy
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    out,  # [B, >= K + 2] int64: the reference's output (drafts accepted, the token, then -1)
+):
+    """reference.rejection_reference of the ragged request of each b's k_b + 1 rows (point-mass
+    drafts, the last the -1 placeholder), with each row's probabilities made from its logits in
+    the pass that reads them (module docstring); -1 where the raced row has no mass."""
+    B = cu.shape[0]
+    V = logits.shape[1]
+    q = np.empty(V, dtype=np.float32)
+    start = 0
+    for b in range(B):
+        kb = cu[b] - start - 1
+        first_draft = start - b
+        t = temperature[b]
+        greedy = t == _F0
+        seed, offset = seeds[b], offsets[b]
+        n = 0
+        m = _NEG_INF
+        r = _F0
+        while n < kb:  # the accept tests, until the first rejection
+            x = logits[start + n]
+            xid = draft_ids[first_draft + n]
+            valid = xid >= 0 and xid < V
+            m = _row_max(x)
+            if greedy:  # q is the one-hot of the argmax (all zero without mass)
+                ok = valid and m > _NEG_INF and _first_index_of(x, m) == xid
+            else:
+                r = _unnormalised(x, m, t, q)
+                q_x = np.float32(q[xid] * r) if valid else _F0
+                w = _words(seed, offset, np.int64(n), _STREAM_ACCEPT)
+                ok = valid and _uniform(w[0], w[1]) < q_x
+            if not ok:
+                break
+            n += 1
+        x = logits[start + n]  # the rejected row (n < kb: its weights are in q), or the bonus row
+        if n == kb:
+            m = _row_max(x)
+            if not greedy:
+                r = _unnormalised(x, m, t, q)
+        if greedy:
+            token = -1 if m == _NEG_INF else _first_index_of(x, m)
+        else:
+            _normalise(q, r)
+            mode, skip = RES_Q, -1  # the bonus row, or an out-of-range draft: race q itself
+            if n < kb:
+                xid = draft_ids[first_draft + n]
+                if xid >= 0 and xid < V:
+                    mode, skip = RES_REJECT_POINT, xid
+            token = _recover(q, q, mode, _ONE, skip, False, seed, offset, n, _STREAM_RECOVER)
+        for i in range(out.shape[1]):
+            out[b, i] = draft_ids[first_draft + i] if i < n else (token if i == n else -1)
+        start = cu[b]
