@@ -13,8 +13,8 @@ warm-up round), on ``--threads`` CPU threads:
 * batch 8 (left-padded prompts of different lengths): transformers' plain sampling and ours
   (transformers' assisted generation serves one sequence at a time).
 
-Reported per method: generated tokens per second (median over rounds), target forward passes
-(counted by a forward hook) and accepted drafts per verification step: ours from its statistics
+Reported per method: generated tokens per second (median over rounds), target and draft forward
+passes (counted by forward hooks) and accepted drafts per verification step: ours from its statistics
 (accepted drafts / rounds, over all rows); transformers' from the passes (each of its steps emits
 the accepted drafts plus one token: (tokens - passes) / passes). EOS is disabled so every row
 generates ``--max-new-tokens``.
@@ -113,7 +113,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     target, draft = build_pair(args.layers, args.hidden, args.vocab, args.init, args.later_scale)
-    passes = PassCounter(target)
+    passes, draft_passes = PassCounter(target), PassCounter(draft)
     sample = dict(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     assisted = dict(assistant_model=draft, num_assistant_tokens=args.k)
     if hasattr(transformers.GenerationMixin, "_extract_generation_mode_kwargs"):
@@ -141,7 +141,7 @@ def main() -> None:
         for (name, batch), extra in methods.items():
             ids, mask = inputs[batch]
             torch.manual_seed(rep)
-            passes.calls = 0
+            passes.calls = draft_passes.calls = 0
             ours_stats.clear()
             start = time.perf_counter()
             with torch.no_grad():
@@ -156,11 +156,11 @@ def main() -> None:
                     accepted = sum(st.num_accepted for st in result.stats) / sum(st.num_rounds for st in result.stats)
                 elif "assistant_model" in extra:
                     accepted = (new - passes.calls) / passes.calls
-                counts[(name, batch)] = (new, passes.calls, accepted)
+                counts[(name, batch)] = (new, passes.calls, accepted, draft_passes.calls)
     load_after = os.getloadavg()
     rows = []
     for (name, batch), elapsed in times.items():
-        new, calls, accepted = counts[(name, batch)]
+        new, calls, accepted, draft_calls = counts[(name, batch)]
         tokens = new * batch
         row = {
             "method": name,
@@ -169,6 +169,7 @@ def main() -> None:
             "seconds": elapsed,
             "new_tokens_per_row": new,
             "target_passes": calls,
+            "draft_passes": draft_calls,
             "accepted_per_step": accepted,
         }
         rows.append(row)
@@ -178,14 +179,17 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {args.threads} thread(s); "
         f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     )
-    print("| batch | method | tokens/s (median) | s per round | vs plain | target passes | accepted drafts/step |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| batch | method | tokens/s (median) | s per round | vs plain | target passes | draft passes "
+        "| accepted drafts/step |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         acc = "-" if r["accepted_per_step"] is None else f"{r['accepted_per_step']:.2f}"
         print(
             f"| {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
             f"{min(r['seconds']):.2f}-{max(r['seconds']):.2f} | {r['tokens_per_s'] / base[r['batch']]:.2f}x | "
-            f"{r['target_passes']} | {acc} |"
+            f"{r['target_passes']} | {r['draft_passes']} | {acc} |"
         )
     if args.json:
         write_json(args.json, args, (load_before, load_after), rows)

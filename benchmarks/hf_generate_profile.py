@@ -98,13 +98,15 @@ def profile_batch(target: Any, draft: Any, batch: int, repeats: int, parts: tupl
             torch.manual_seed(rep)
             ours()
     rounds = max(s.num_rounds for s in stats[0].stats)
+    drafted = sum(s.num_drafted for s in stats[0].stats) / sum(s.num_rounds for s in stats[0].stats)
     total = seconds.pop("loop total") / repeats
     calls.pop("loop total")
     tokens = sample["max_new_tokens"]
     print(
         f"batch {batch}: load average {os.getloadavg()[0]:.1f}; plain sampling "
         f"{1e3 * sum(plain_s) / repeats / tokens:.0f} ms per token step; ours {total:.2f} s per call, {rounds} rounds "
-        f"(last call), {1e3 * total / rounds:.0f} ms per round, {1e3 * total / tokens:.0f} ms per token step"
+        f"(last call), {1e3 * total / rounds:.0f} ms per round, {1e3 * total / tokens:.0f} ms per token step; "
+        f"{drafted:.2f} drafts per request and round (the draft-length policy's)"
     )
     print("| part | s per call | share | calls per call | ms per call | ms per round |")
     print("|---|---|---|---|---|---|")

@@ -75,6 +75,65 @@ def test_first_two_tokens_follow_the_target_joint(pair, name):
     assert abs(accepted - expected) <= Z_BOUND * math.sqrt(verified / 4)
 
 
+def _two_token_sample(pair, sampler, **policy):
+    """3000 requests, k = 2, 2 new tokens each: (decoder, output, exact joint of the first two
+    tokens under the target)."""
+    target, draft = pair
+    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.02)
+    prompt = [3, 5, 7]
+    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), sampler, 2, **policy)
+    out = decoder.generate(torch.tensor([prompt] * 3000), max_new_tokens=2, sampling_params=params, seed=11)
+    with torch.no_grad():
+        q1 = process_logits(target(torch.tensor([prompt])).logits[:, -1], params)[0]  # [V]
+        context = torch.cat([torch.tensor([prompt] * V), torch.arange(V)[:, None]], dim=1)
+        q2 = process_logits(target(context).logits[:, -1], params)  # [V, V], row x1
+    return decoder, out, (q1[:, None] * q2).flatten()
+
+
+def test_draft_policy_keeps_the_target_joint(pair):
+    """transformers' draft-length policy (stop after a draft whose own probability is below the
+    threshold): the length is a stopping time of the draft's values, so rejection sampling keeps
+    the target's joint: chi-square, false-failure rate CHI2_ALPHA = 1e-3 (fixed seed). The
+    threshold splits the first round's requests between 1 and 2 drafts, so both paths are sampled."""
+    decoder, out, joint = _two_token_sample(pair, "rejection_sampler", confidence_threshold=0.3)
+    drafted = torch.tensor([s.num_drafted for s in out.stats])
+    full = 2 * torch.tensor([s.num_rounds for s in out.stats])
+    assert int((drafted < full).sum()) > 300 and int((drafted == full).sum()) > 300  # stopped early / drafted k
+    cells = out.token_ids[:, 0] * V + out.token_ids[:, 1]
+    assert chi2_pvalue(cells, joint) > CHI2_ALPHA
+
+
+def test_draft_policy_law_test_has_power(pair, monkeypatch):
+    """The same check fails on a planted fault: the bonus of a request that stopped drafting
+    early is drawn after the batch's last draft instead of its own."""
+    from spec_samplers.decoding import speculative
+
+    monkeypatch.setattr(speculative, "after_own_drafts", lambda q, own_k: q[:, -1])
+    _, out, joint = _two_token_sample(pair, "rejection_sampler", confidence_threshold=0.3)
+    assert chi2_pvalue(out.token_ids[:, 0] * V + out.token_ids[:, 1], joint) < CHI2_ALPHA
+
+
+def test_draft_policy_only_where_it_keeps_the_law(pair):
+    """Block verification (acceptance of a position depends on the drafts after it) and trees draft
+    their fixed shape; typical acceptance (token-wise) takes the policy; bad values name the argument."""
+    target, draft = HFLanguageModel(pair[0]), HFLanguageModel(pair[1])
+    policy = dict(confidence_threshold=0.4, draft_schedule="heuristic_transient")
+    for sampler, tree, on in [
+        ("rejection_sampler", None, True),
+        ("typical_acceptance_sampler", None, True),
+        ("block_verification", None, False),
+        ("rejection_sampler", [2, 1], False),
+    ]:
+        decoder = SpeculativeDecoder(target, draft, sampler, 3, tree=tree, **policy)
+        assert (decoder.confidence_threshold, decoder.draft_schedule) == (
+            (0.4, "heuristic_transient") if on else (0.0, "constant")
+        )
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        SpeculativeDecoder(target, draft, confidence_threshold=1.5)
+    with pytest.raises(ValueError, match="draft_schedule"):
+        SpeculativeDecoder(target, draft, draft_schedule="adaptive")
+
+
 def test_greedy_equals_the_targets_own_generate(pair):
     target, draft = pair
     prompts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 0]])
@@ -88,7 +147,11 @@ def test_greedy_equals_the_targets_own_generate(pair):
     assert torch.equal(ar.token_ids, out.token_ids)
 
 
-def test_batched_equals_one_request_at_a_time(pair, monkeypatch):
+@pytest.mark.parametrize("policy", [{}, {"confidence_threshold": 0.4, "draft_schedule": "heuristic"}])
+def test_batched_equals_one_request_at_a_time(pair, monkeypatch, policy):
+    """Also with transformers' draft-length policy: each request stops drafting on its own draft's
+    confidence, so its tokens do not depend on its batch (only its draft passes do: the batch
+    drafts until every request stopped)."""
     target, draft = pair
     compactions = []
     original = SlotKVCache.compact
@@ -106,7 +169,7 @@ def test_batched_equals_one_request_at_a_time(pair, monkeypatch):
         SamplingParams(temperature=1.0, top_k=5, seed=3),
         SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05, seed=4),
     ]
-    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=3)
+    decoder = SpeculativeDecoder(HFLanguageModel(target), HFLanguageModel(draft), num_speculative_tokens=3, **policy)
     batched = decoder.generate(prompts, max_new_tokens=14, sampling_params=params)
     accepted_per_round = {tuple(s.accepted_per_position) for s in batched.stats}
     assert len(accepted_per_round) > 1, "rows should accept different numbers of drafts"
@@ -116,8 +179,9 @@ def test_batched_equals_one_request_at_a_time(pair, monkeypatch):
         assert alone.token_ids[0].tolist() == batched.token_ids[b].tolist(), f"request {b}"
         # statistics agree; sum_x min(p', q') only to rounding (batched matmuls round differently)
         assert alone.stats[0].expected_accepted == pytest.approx(batched.stats[b].expected_accepted, rel=1e-5)
+        passes = alone.stats[0].draft_forward_passes if policy else batched.stats[b].draft_forward_passes
         assert dataclasses.replace(alone.stats[0], expected_accepted=0.0) == dataclasses.replace(
-            batched.stats[b], expected_accepted=0.0
+            batched.stats[b], expected_accepted=0.0, draft_forward_passes=passes
         )
 
 

@@ -134,6 +134,39 @@ def test_per_sequence_seeds_do_not_depend_on_the_batch(pair):
     assert torch.equal(batch[:2], again[:2]) and not torch.equal(batch[2], again[2])
 
 
+def test_draft_policy_read_from_the_generation_config(pair, monkeypatch):
+    """assistant_confidence_threshold and num_assistant_tokens_schedule reach the decoding loop
+    (transformers' defaults, 0.4 and "constant", when unset; not for trees); threshold 0 gives the
+    fixed-k loop's tokens exactly."""
+    target, draft = pair
+    real = hf_generate.SpeculativeDecoder
+    seen = []
+
+    class Spy(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append((self.confidence_threshold, self.draft_schedule))
+
+    class FixedK(real):
+        def __init__(self, *args, confidence_threshold=0.0, draft_schedule="constant", **kwargs):
+            super().__init__(*args, **kwargs)
+
+    ids, mask = left_padded([5, 3], seed=2)
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=True, temperature=1.0, top_k=0)
+    common.update(assistant_model=draft, num_assistant_tokens=3)
+    stats: list = []
+    monkeypatch.setattr(hf_generate, "SpeculativeDecoder", Spy)
+    target.generate(**common, **spec_kwargs(seeds=[1, 2], stats=stats))
+    policy = dict(assistant_confidence_threshold=0.9, num_assistant_tokens_schedule="heuristic")
+    target.generate(**common, **policy, **spec_kwargs(seeds=[1, 2]))
+    off = target.generate(**common, assistant_confidence_threshold=0.0, **spec_kwargs(seeds=[1, 2]))
+    target.generate(**common, **policy, **spec_kwargs(seeds=[1, 2], tree=[2, 1]))
+    assert seen == [(0.4, "constant"), (0.9, "heuristic"), (0.0, "constant"), (0.0, "constant")]
+    assert any(s.num_drafted < 3 * s.num_rounds for s in stats[0].stats)  # the default threshold stopped drafts
+    monkeypatch.setattr(hf_generate, "SpeculativeDecoder", FixedK)
+    assert torch.equal(off, target.generate(**common, **spec_kwargs(seeds=[1, 2])))
+
+
 def test_prompt_lookup_drafts_without_a_draft_model(pair):
     """n-gram drafting on a repetitive prompt: drafts are proposed, some accepted; no draft model."""
     target, _ = pair

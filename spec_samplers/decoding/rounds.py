@@ -64,18 +64,24 @@ class RoundCounters:
         self.verified = torch.zeros(batch_size, dtype=torch.int64)
         self.expected = torch.zeros(batch_size, dtype=torch.float64)
 
-    def round(self, rows: torch.Tensor, num_accepted: torch.Tensor, overlap: torch.Tensor) -> None:
-        """num_accepted [n] int64, overlap [n, k] float64 (sum_x min(p', q') per position)."""
-        position = torch.arange(self.k)[None, :]
+    def round(
+        self, rows: torch.Tensor, num_accepted: torch.Tensor, overlap: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> None:
+        """num_accepted [n] int64, overlap [n, K] float64 (sum_x min(p', q') per position; K <= k
+        the round's draft passes), lengths [n] int64 each request's own drafts (None: K)."""
+        K = overlap.shape[1]
+        position = torch.arange(K)[None, :]
         reached = position <= num_accepted[:, None]  # drafts the sampler had to judge: all before were accepted
-        self.drafted[rows] += self.k
+        if lengths is not None:
+            reached &= position < lengths[:, None]
+        self.drafted[rows] += K if lengths is None else lengths
         self.accepted[rows] += num_accepted
         self.verified[rows] += reached.sum(dim=1)
         self.expected[rows] += (overlap * reached).sum(dim=1)
-        self.per_position[rows] += (position < num_accepted[:, None]).to(torch.int64)
+        self.per_position[rows, :K] += (position < num_accepted[:, None]).to(torch.int64)
         self.rounds[rows] += 1
         self.target_passes[rows] += 1
-        self.draft_passes[rows] += self.k
+        self.draft_passes[rows] += K
 
     def output(self, buffer: TokenBuffer) -> GenerationOutput:
         stats = [

@@ -15,6 +15,16 @@ the draft holds every committed token but the last two, which it reads again in 
 keyed by each request's seed and round (see ``strategy``), so a request's output does not depend
 on the batch it runs in. The loop reads the sampler's output back once per round (to crop the
 caches and retire finished requests).
+
+Draft length (transformers' assisted-generation policy, ``confidence_threshold`` and
+``draft_schedule``): a round stops drafting after the step where every running request's draft
+gave its own sampled token a processed probability below the threshold (that token is still
+verified), and the heuristic schedule moves the round's cap k by +2 / -1. The length is decided by
+the draft's own values and earlier rounds only (a stopping time), so a token-wise sampler keeps its
+law: each position's token is verified against the draft distribution it was drawn from, or, past
+the last draft, is the bonus token drawn from the target. Block verification's acceptance of a
+position depends on the drafts after it, so a draft-dependent length would change its law: block
+samplers (and trees) always draft their fixed shape.
 """
 
 from __future__ import annotations
@@ -40,6 +50,48 @@ from spec_samplers.layout import check_policy
 from spec_samplers.registry import get_sampler
 from spec_samplers.sampling_params import SamplingParams
 
+#: transformers' ``num_assistant_tokens_schedule`` values
+DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+def draft_confidence(
+    probs: torch.Tensor, logits: torch.Tensor, token: torch.Tensor, greedy: torch.Tensor | None
+) -> torch.Tensor:
+    """[n] the draft's probability of its own sampled ``token`` [n], as transformers'
+    ``ConfidenceCriteria`` reads it: the processed distribution ``probs`` [n, V] (what the token was
+    drawn from); for greedy rows (``greedy`` [n] bool, None when there are none) the softmax of the
+    raw ``logits`` [n, V], as transformers' greedy assistant has no warpers."""
+    conf = probs.gather(1, token[:, None])[:, 0]
+    if greedy is None:
+        return conf
+    raw = torch.softmax(logits.float(), dim=-1).gather(1, token[:, None])[:, 0]
+    return torch.where(greedy, raw, conf)
+
+
+def after_own_drafts(q: torch.Tensor, own_k: torch.Tensor | None) -> torch.Tensor:
+    """[n, V]: the target's distribution after each request's own last draft, where its bonus
+    token is drawn: q [n, K+1, V] at own_k [n] (None: every request drafted K)."""
+    if own_k is None:
+        return q[:, -1]
+    return q[torch.arange(q.shape[0], device=q.device), own_k]
+
+
+def own_length(
+    out: torch.Tensor, num_accepted: torch.Tensor, lengths: torch.Tensor, bonus: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round's tokens as if request b had drafted only its own ``lengths[b]`` tokens (the batch
+    drafts until every request stopped): out [n, K+1] host, num_accepted, lengths and bonus [n].
+
+    A token-wise sampler decides each position from that position's draft alone, so the first
+    lengths[b] positions stand; a request that accepted all of its own drafts then takes its bonus
+    token, drawn from the target after its last draft. Its tokens are those it would get alone."""
+    full = num_accepted >= lengths
+    num_accepted = torch.minimum(num_accepted, lengths)
+    column = torch.arange(out.shape[1])[None]
+    out = torch.where(column > num_accepted[:, None], PLACEHOLDER_TOKEN_ID, out)
+    out = torch.where(full[:, None] & (column == lengths[:, None]), bonus[:, None], out)
+    return out, num_accepted
+
 
 class SpeculativeDecoder:
     """Speculative decoding with a target and a draft :class:`LanguageModel`.
@@ -63,6 +115,14 @@ class SpeculativeDecoder:
         num_paths: K: draft K independent paths of k tokens per round (the tree [K, 1, .., 1]),
             verified in one target pass; what ``sampler="multipath_block_verification"`` needs
             (docs/multipath.md). Any tree sampler takes them; not with ``tree``.
+        confidence_threshold: transformers' ``assistant_confidence_threshold``: stop a round's
+            drafting once every running request's draft gave its sampled token a probability below
+            it (0: always k drafts). Token-wise samplers on chains only (module docstring); costs
+            one host read-back per draft step when > 0.
+        draft_schedule: transformers' ``num_assistant_tokens_schedule``: "constant" (k per round),
+            or "heuristic" / "heuristic_transient": the next round's cap is k + 2 when every running
+            request accepted all drafts, else max(1, k - 1) (it starts at ``num_speculative_tokens``
+            in every call). Token-wise samplers on chains only.
 
     Example::
 
@@ -82,6 +142,8 @@ class SpeculativeDecoder:
         tree: Sequence[int] | NodeBudget | None = None,
         draft_sampling: str = "independent",
         num_paths: int | None = None,
+        confidence_threshold: float = 0.0,
+        draft_schedule: str = "constant",
     ) -> None:
         k = num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -106,6 +168,15 @@ class SpeculativeDecoder:
         self.num_speculative_tokens = k
         self._bound = bind(sampler)  # how it takes randomness, read once
         self.tree = None if tree is None else as_tree_shape(tree)
+        threshold = confidence_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise input_error("confidence_threshold", "a float in [0, 1]", repr(threshold))
+        if draft_schedule not in DRAFT_SCHEDULES:
+            raise input_error("draft_schedule", f"one of {DRAFT_SCHEDULES}", repr(draft_schedule))
+        # the policy only where the draft length cannot change the law (module docstring)
+        adaptive = self.tree is None and getattr(sampler, "acceptance_law", "token") == "token"
+        self.confidence_threshold = float(threshold) if adaptive else 0.0
+        self.draft_schedule = draft_schedule if adaptive else "constant"
         self.draft_sampling = check_policy(draft_sampling)
         if self.tree is not None and not hasattr(sampler, "forward_tree"):
             raise input_error("sampler", "a sampler with forward_tree when tree= is given", type(sampler).__name__)
@@ -166,6 +237,8 @@ class SpeculativeDecoder:
         """
         k = self.num_speculative_tokens
         positions = k if self.tree is None else self.tree.depth  # counted per round
+        if self.tree is None and self.draft_schedule != "constant":  # the heuristic cap grows up to the budget
+            positions = max(k, max_new_tokens) if isinstance(max_new_tokens, int) else k
         start, stats, strategy = begin_rounds(
             self.target, prompt_ids, max_new_tokens, sampling_params, seed, positions, observer
         )
@@ -192,11 +265,18 @@ class SpeculativeDecoder:
         active = torch.arange(B)  # original index of each running request
         rounds = torch.zeros(B, dtype=torch.int64, device=device)  # [B_active], the requests' offsets
         draft_vocab: int | None = None
+        threshold = self.confidence_threshold
+        policy = threshold > 0 or self.draft_schedule != "constant"  # transformers' draft-length policy
+        caps = torch.full((B,), k, dtype=torch.int64)  # [B_active] host: each request's draft cap
+        greedy = torch.tensor([p.is_greedy for p in strategy.params])  # [B_active] host
         while active.numel():
-            # 1. draft k tokens
+            # 1. draft k tokens (with the policy: each request up to its cap, until its draft's confidence drops)
+            cap = int(caps.max()) if policy else k
+            own_k = caps.to(device) if policy else None  # [n] each request's drafts this round
+            rows_greedy = greedy.to(device) if threshold > 0 and bool(greedy.any()) else None
             query = tail.to(device)
             draft_probs, drafts = [], []
-            for i in range(k):
+            for i in range(cap):
                 logits = last_logits(self.draft, for_draft(query, draft_vocab), draft_cache)  # [n, V_d]
                 draft_vocab = logits.shape[-1]
                 vocab = vocab or draft_vocab
@@ -205,24 +285,36 @@ class SpeculativeDecoder:
                 draft_probs.append(probs)
                 drafts.append(token)
                 query = token[:, None]
-            draft_ids = torch.stack(drafts, dim=1)  # [n, k]
-            p = torch.stack(draft_probs, dim=1)  # [n, k, V]
+                if own_k is not None and threshold > 0 and i + 1 < cap:
+                    unsure = draft_confidence(probs, logits, token, rows_greedy) < threshold
+                    own_k = torch.where(unsure & (own_k > i + 1), i + 1, own_k)
+                    if not bool((own_k > i + 1).any()):  # the policy's read-back: every request stopped
+                        break
+            K = len(drafts)
+            draft_ids = torch.stack(drafts, dim=1)  # [n, K]
+            p = torch.stack(draft_probs, dim=1)  # [n, K, V]
             # 2. score them with the target
             logits = self.target.forward(torch.cat([tail[:, 1:].to(device), draft_ids], dim=1), target_cache)
             if logits.shape[-1] != vocab:
                 raise ValueError(f"target logits have {logits.shape[-1]} columns but its vocab_size is {vocab}")
-            q = strategy.probs(logits)  # [n, k+1, V]
-            bonus = strategy.draw(q[:, k], rounds, 0, BONUS_STREAM)  # [n]
+            q = strategy.probs(logits)  # [n, K+1, V]
+            bonus = strategy.draw(after_own_drafts(q, own_k), rounds, 0, BONUS_STREAM)  # [n]
             # 3. verify
-            out = self._verify(q, bonus[:, None], p, draft_ids, strategy.seeds, rounds)  # [n, k+1]
-            overlap = torch.minimum(p, q[:, :k]).sum(dim=-1)  # [n, k] sum_x min(p', q'): lossless acceptance
+            out = self._verify(q, bonus[:, None], p, draft_ids, strategy.seeds, rounds)  # [n, K+1]
+            overlap = torch.minimum(p, q[:, :K]).sum(dim=-1)  # [n, K] sum_x min(p', q'): lossless acceptance
             out_host, overlap_host = out.cpu(), overlap.double().cpu()  # the round's read-back
             num_accepted = (out_host[:, 1:] != PLACEHOLDER_TOKEN_ID).sum(dim=1)  # [n]
-            emitted = torch.arange(k + 1, device=device)[None].expand(out.shape[0], k + 1)
+            own_k_host = None if own_k is None else own_k.cpu()
+            if own_k_host is not None:
+                out_host, num_accepted = own_length(out_host, num_accepted, own_k_host, bonus.cpu())
+            emitted = torch.arange(K + 1, device=device)[None].expand(out.shape[0], K + 1)
             finished = buffer.append(active, out_host, num_accepted + 1, RoundTarget(logits, q, emitted))
-            stats.round(active, num_accepted, overlap_host)
+            stats.round(active, num_accepted, overlap_host, own_k_host)
+            if self.draft_schedule != "constant" and own_k_host is not None:  # transformers' +2 / -1, per request
+                all_in = num_accepted == own_k_host
+                caps = torch.where(all_in, caps + 2, caps - 1).clamp(min=1, max=stats.k)
             # 4. crop both caches to the committed tokens (see the module docstring)
-            crop = (k - num_accepted).tolist()
+            crop = (K - num_accepted).tolist()
             target_cache.crop(crop)
             draft_cache.crop(crop)
             last = out_host.gather(1, num_accepted[:, None])[:, 0]
@@ -231,7 +323,7 @@ class SpeculativeDecoder:
             rounds = rounds + 1
             if bool(finished.any()):
                 keep = (~finished).nonzero()[:, 0]
-                active, tail = active[keep], tail[keep]
+                active, tail, greedy, caps = active[keep], tail[keep], greedy[keep], caps[keep]
                 rounds = rounds[keep.to(device)]
                 strategy = strategy.select(keep)
                 target_cache.batch_select_indices(keep.to(device))

@@ -16,7 +16,11 @@ What crosses over, and how:
   the target's law for a distribution both models are processed to.
 * drafting: ``assistant_model`` (a draft model), ``prompt_lookup_num_tokens`` without one
   (n-gram drafting), ``tree=`` (token trees). k is ``num_assistant_tokens`` (or
-  ``prompt_lookup_num_tokens``), fixed for the whole call.
+  ``prompt_lookup_num_tokens``). With a draft model and a token-wise sampler, the draft length
+  follows transformers' policy, read from the same generation config: a round stops drafting
+  once the draft's probability of its own token falls below ``assistant_confidence_threshold``
+  (transformers' default 0.4; 0 drafts k every round), and ``num_assistant_tokens_schedule``
+  "heuristic" / "heuristic_transient" moves k by +2 / -1 per round (default "constant").
 * stopping: EOS and ``max_new_tokens``/``max_length`` natively; any other stopping criterion
   (stop strings, max time, your own) is checked after every emitted token, so a request ends at
   the token where transformers' own loop would end it.
@@ -84,6 +88,22 @@ def sampling_fields(logits_processor: Sequence[Any], do_sample: bool) -> dict[st
             "filters min-p before top-p, which keep different tokens; set only one of min_p and top_p"
         )
     return fields
+
+
+#: transformers' GenerationConfig defaults for assisted generation (its global defaults in 5.x)
+_ASSISTED_DEFAULTS = {"assistant_confidence_threshold": 0.4, "num_assistant_tokens_schedule": "constant"}
+
+
+def draft_policy(config: Any) -> dict[str, Any]:
+    """SpeculativeDecoder's ``confidence_threshold`` and ``draft_schedule`` from a generation
+    config's ``assistant_confidence_threshold`` and ``num_assistant_tokens_schedule`` (None:
+    transformers' defaults, 0.4 and "constant")."""
+    values = {name: getattr(config, name, None) for name in _ASSISTED_DEFAULTS}
+    values = {name: default if values[name] is None else values[name] for name, default in _ASSISTED_DEFAULTS.items()}
+    return {
+        "confidence_threshold": values["assistant_confidence_threshold"],
+        "draft_schedule": values["num_assistant_tokens_schedule"],
+    }
 
 
 def _generate_frame_locals() -> dict[str, Any]:
@@ -339,6 +359,8 @@ def _speculative_generate(
         tree=tree,
         draft_sampling=options.get("draft_sampling") or "independent",
         num_paths=options.get("num_paths"),
+        # transformers' draft-length policy, for a draft model's chains (n-gram drafts are not scored)
+        **(draft_policy(config) if draft_model is not None and tree is None and not options.get("num_paths") else {}),
     )
     eos = _as_id_list(getattr(config, "eos_token_id", None))
     target = HFLanguageModel(model, eos_token_id=eos)
@@ -347,7 +369,7 @@ def _speculative_generate(
     else:
         vocab = target.vocab_size or int(model.get_output_embeddings().weight.shape[0])
         draft = PromptLookupDrafter(vocab, getattr(config, "max_matching_ngram_size", None) or 2, model.device)
-    decoder = SpeculativeDecoder(target, draft, **decoder_args)  # type: ignore[arg-type]
+    decoder = SpeculativeDecoder(target, draft, **decoder_args)
 
     max_new_tokens = int(config.max_length) - P
     streamer = options.get("streamer")
