@@ -104,6 +104,22 @@ def vllm_cpu_draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tens
     return probs.div_(q).argmax(dim=-1)
 
 
+def write_rows(rows: list[dict[str, Any]], out: str | None) -> None:
+    """The run's rows with where they were measured, as JSON at ``out`` (None: not written)."""
+    import spec_samplers
+
+    doc = dict(
+        spec_samplers=spec_samplers.__file__,
+        machine=platform.processor() or platform.machine(),
+        load=os.getloadavg(),
+        clock="thread_time",
+        rows=rows,
+    )
+    if out:
+        with open(out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -142,16 +158,7 @@ def main() -> None:
             rows.append(row)
             cells = " | ".join(f"{n} {t * 1e6:9.1f} us ({t / base:5.2f}x)" for n, t in med.items())
             print(f"B={B:3d} k={k}: {cells}", flush=True)
-    doc = dict(
-        spec_samplers=spec_samplers.__file__,
-        machine=platform.processor() or platform.machine(),
-        load=os.getloadavg(),
-        clock="thread_time",
-        rows=rows,
-    )
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(doc, fh, indent=1)
+    write_rows(rows, args.out)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import platform
 from collections.abc import Callable
 
 import torch
-from cpu_plain_step import interleaved, sampling_metadata, step_metadata
+from cpu_plain_step import interleaved, sampling_metadata, step_metadata, write_rows
 
 
 def vllm_rejection_sampler() -> torch.nn.Module:
@@ -94,16 +92,7 @@ def main() -> None:
                     f"vLLM {med['vllm'] * 1e6:9.1f} us | ours/vLLM {ratio:5.2f}",
                     flush=True,
                 )
-    doc = dict(
-        spec_samplers=spec_samplers.__file__,
-        machine=platform.processor() or platform.machine(),
-        load=os.getloadavg(),
-        clock="thread_time",
-        rows=rows,
-    )
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(doc, fh, indent=1)
+    write_rows(rows, args.out)
 
 
 if __name__ == "__main__":
