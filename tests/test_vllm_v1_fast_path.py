@@ -186,6 +186,19 @@ def counters(sampler) -> tuple[int, int, int]:
     return int(sampler.num_draft_tokens), int(sampler.num_accepted_tokens), int(sampler.num_emitted_tokens)
 
 
+def auto_and_reference(name, md, logits, temps, seeded, seed):
+    """(tokens, counters) of the plain step with backend="auto", then with the PyTorch reference,
+    each from the same global seed (the unseeded requests' seeds) and fresh generators for the
+    first ``seeded`` requests."""
+    outs = []
+    for backend in ("auto", "torch"):
+        ver = verifier(name, backend=backend)
+        torch.manual_seed(seed)
+        sm = sampling_metadata(temps, generators(seeded, seed))
+        outs.append((fast_path.verify_plain_step(ver, md, None, logits, sm), counters(ver.sampler)))
+    return outs
+
+
 @pytest.mark.parametrize("name", ["rejection_sampler", "block_verification"])
 def test_steps_without_drafts_are_the_references_tokens_in_one_compiled_pass(name, monkeypatch):
     """A step whose requests have no drafts, on CPU fp32 logits with numba (the test extra), is
@@ -205,14 +218,8 @@ def test_steps_without_drafts_are_the_references_tokens_in_one_compiled_pass(nam
         logits[2] = float("-inf")
         logits[3, 2] = logits[3, 5] = float("inf")
         logits[10] = float("nan")
-        outs = []
-        for backend in ("auto", "torch"):
-            ver = verifier(name, backend=backend)
-            torch.manual_seed(V)  # the unseeded requests' seeds
-            sm = sampling_metadata(temps, generators(3, V))
-            outs.append((fast_path.verify_plain_step(ver, md, None, logits, sm), counters(ver.sampler)))
+        (fast, fast_stats), (ref, ref_stats) = auto_and_reference(name, md, logits, temps, 3, V)
         assert len(calls) == 1 + (V == 3000)  # the auto run only
-        (fast, fast_stats), (ref, ref_stats) = outs
         assert fast.dtype == torch.int32 and fast.shape == (len(temps), 1)
         assert torch.equal(fast, ref), V
         assert fast_stats == ref_stats
@@ -244,14 +251,8 @@ def test_steps_with_point_drafts_are_the_references_tokens_in_one_compiled_pass(
         logits[4, 2] = logits[4, 5] = float("inf")
         logits[10] = float("nan")
         logits[-1] = float("-inf")  # a bonus row without mass
-        outs = []
-        for backend in ("auto", "torch"):
-            ver = verifier(backend=backend)
-            torch.manual_seed(V)  # the unseeded requests' seeds
-            sm = sampling_metadata(temps, generators(4, V))
-            outs.append((fast_path.verify_plain_step(ver, md, None, logits, sm), counters(ver.sampler)))
+        (fast, fast_stats), (ref, ref_stats) = auto_and_reference("rejection_sampler", md, logits, temps, 4, V)
         assert len(calls) == 1 + (V == 3000)  # the auto run only
-        (fast, fast_stats), (ref, ref_stats) = outs
         assert fast.dtype == torch.int32 and fast.shape == (len(drafts), 5)
         assert torch.equal(fast, ref), V
         assert fast_stats == ref_stats
