@@ -67,11 +67,13 @@ def build_pair(layers: int, hidden: int, vocab: int, init: float, later_scale: f
 
 
 class PassCounter:
-    """Counts a model's forward calls (a forward pre-hook)."""
+    """Counts a model's forward passes (a forward pre-hook on its decoder, ``model.model``, which
+    every pass runs: the causal LM's own forward and the decoding loop's, which takes the head
+    product itself)."""
 
     def __init__(self, model) -> None:
         self.calls = 0
-        model.register_forward_pre_hook(self._hook)
+        model.model.register_forward_pre_hook(self._hook)
 
     def _hook(self, module, args) -> None:
         self.calls += 1

@@ -219,23 +219,55 @@ def test_with_options_names_unknown_options():
 
 def test_cache_passed_under_the_models_own_name(pair):
     """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns until 5.40):
-    the model gets its cache under the name its forward declares, never the deprecated one."""
+    the model (or its decoder, when the wrapper takes the head product itself) gets its cache
+    under the name its forward declares, never the deprecated one."""
     target, _ = pair
     seen = []
-    original = target.forward
+    wrapped = HFLanguageModel(target, eos_token_id=None)  # reads the real forwards' signatures
+    modules = (target, target.model)
+    originals = [module.forward for module in modules]
 
-    def recording(*args, **kwargs):
-        seen.append({name for name in ("cache", "past_key_values") if name in kwargs})
-        return original(*args, **kwargs)
+    def recording(original):
+        def forward(*args, **kwargs):
+            declared = inspect.signature(original).parameters
+            seen.append(({name for name in ("cache", "past_key_values") if name in kwargs}, declared))
+            return original(*args, **kwargs)
 
-    wrapped = HFLanguageModel(target, eos_token_id=None)  # reads the real forward's signature
-    target.forward = recording
+        return forward
+
+    for module, original in zip(modules, originals):
+        module.forward = recording(original)
     try:
         wrapped.forward(torch.tensor([[3, 4, 5]]), wrapped.new_kv_cache())
     finally:
-        del target.forward
-    expected = "cache" if "cache" in inspect.signature(original).parameters else "past_key_values"
-    assert seen == [{expected}]
+        for module in modules:
+            del module.forward
+    assert len(seen) == 1  # the decoder alone (the listed Llama) or the model
+    names, declared = seen[0]
+    assert names == {"cache" if "cache" in declared else "past_key_values"}
+
+
+def test_head_product_is_the_models_own(pair):
+    """A listed causal LM's head product is taken by the wrapper (``head_logits``: ``weight @
+    rows.T`` for 2-8 CPU rows, which reads the head once, else F.linear): the model's own logits
+    to fp32 rounding, for every row count; a subclass or a head with a bias runs the model's
+    forward."""
+    from spec_samplers.integrations.transformers import _plain_head, head_logits
+
+    target, _ = pair
+    weight = torch.randn(300, 16)
+    for B, Q in ((1, 1), (1, 2), (2, 3), (4, 2), (1, 9), (3, 4)):
+        hidden = torch.randn(B, Q, 16)
+        torch.testing.assert_close(head_logits(hidden, weight), torch.nn.functional.linear(hidden, weight))
+    wrapped = HFLanguageModel(target, eos_token_id=None)
+    assert wrapped._head is not None
+    ids = torch.randint(2, 40, (2, 3))
+    torch.testing.assert_close(wrapped.forward(ids, wrapped.new_kv_cache()), target(ids).logits)
+    subclass = type("ScaledLlamaForCausalLM", (type(target),), {})
+    assert _plain_head(subclass(target.config)) is None
+    biased = type(target)(target.config)
+    biased.lm_head = torch.nn.Linear(32, 40, bias=True)
+    assert _plain_head(biased) is None
 
 
 def _exact_two_token_law(model, prompt, warpers):

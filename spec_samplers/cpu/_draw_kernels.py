@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from spec_samplers import rng
 from spec_samplers.constants import LOG2E_FP32, WEIGHT_MIN
-from spec_samplers.cpu._numba_kernels import _STREAM_RECOVER, RES_Q, _recover
+from spec_samplers.cpu._numba_kernels import _STREAM_RECOVER, _U32, RES_Q, _recover, _words
 
 _F0 = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -34,6 +35,7 @@ _INF = np.float32(np.inf)
 _NEG_INF = np.float32(-np.inf)
 _LOG2E = np.float32(LOG2E_FP32)
 _WEIGHT_MIN = np.float32(WEIGHT_MIN)
+_STREAM_SAMPLE = np.uint64(rng.STREAM_SAMPLE)
 
 
 @njit(cache=True)
@@ -120,3 +122,43 @@ def draw_rows_kernel(
             continue
         _normalise(q, _unnormalised(x, m, t, q))
         out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], position, _STREAM_RECOVER)
+
+
+@njit(cache=True)
+def sample_rows_kernel(
+    probs,  # [R, V] fp32, unnormalised rows
+    rows,  # [B] int64: the input row of each output (outside [0, R): no row)
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    out,  # [B] int64: the token, -1 where the row is missing or has no mass
+):
+    """``sampling.reference.sample_reference`` without filters, one output row at a time:
+    ``rng.sample_race`` of the clean row (NaN, inf and negatives weigh 0) is the two-level race
+    with counter base 0 on STREAM_SAMPLE, which ``_recover`` of the row itself (RES_Q) at
+    position 0 runs; a row whose clean sum is 0 gives -1, the reference's invalid row."""
+    R = probs.shape[0]
+    for b in range(rows.shape[0]):
+        r = rows[b]
+        if r < 0 or r >= R:
+            out[b] = -1
+            continue
+        q = probs[r]
+        out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], 0, _STREAM_SAMPLE)
+
+
+@njit(cache=True)
+def decode_rows_kernel(
+    probs,  # [N, V] fp32, unnormalised rows
+    seeds,  # [N] uint64: the requests' seeds
+    offsets,  # [N] uint64: the requests' step counters
+    position,  # int: the draw's position
+    stream,  # uint64: the decoding loop's stream of the draw
+    out,  # [N] int64: the token, -1 where the row has no mass
+):
+    """``decoding.strategy.draw``: row b's draw seed is words (0, 1) of (seeds[b], offsets[b],
+    position) on ``stream`` (``rng.derive_seeds``), then :func:`sample_rows_kernel`'s race of the
+    row with that seed at offset 0."""
+    for b in range(probs.shape[0]):
+        w0, w1, _, _ = _words(seeds[b], offsets[b], np.int64(position), stream)
+        q = probs[b]
+        out[b] = _recover(q, q, RES_Q, _ONE, -1, False, (w1 << _U32) | w0, np.uint64(0), 0, _STREAM_SAMPLE)

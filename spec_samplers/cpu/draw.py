@@ -1,6 +1,10 @@
-"""The CPU path's seeded draw from logits: softmax(logits / T) and the recovery race of one
-position, compiled (numba kernel: ``_draw_kernels.draw_rows_kernel``), for the requests of an
-engine step that have no drafts (``integrations.vllm.fast_path.verify_plain_step``)."""
+"""The CPU path's seeded draws, compiled (numba kernels in ``_draw_kernels``):
+
+* :func:`draw_from_logits`: softmax(logits / T) and the recovery race of one position, for the
+  requests of an engine step that have no drafts (``integrations.vllm.fast_path.verify_plain_step``);
+* :func:`sample_rows`: ``sampling_from_probs`` without filters (``sampling.api._sample``);
+* :func:`decode_rows`: the decoding loop's draw of draft, bonus and plain tokens
+  (``decoding.strategy.draw``): its per-draw seed and that sample in one pass."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 
 from spec_samplers.cpu import kernels
@@ -26,8 +31,8 @@ def _array(t: torch.Tensor) -> Any:
 
 
 def available(logits: torch.Tensor) -> bool:
-    """Whether :func:`draw_from_logits` runs on these logits: contiguous fp32 rows on the CPU with
-    a vocabulary, and numba installed."""
+    """Whether :func:`draw_from_logits` (or :func:`sample_rows`) runs on these rows: fp32 [R, V]
+    on the CPU with a vocabulary, and numba installed."""
     ok = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
     return ok and logits.shape[1] > 0 and _kernels() is not None
 
@@ -54,6 +59,51 @@ def draw_from_logits(
         _array(seeds.to(torch.int64)).view("uint64"),  # (the kernels' seeds: uint64, two's complement)
         _array(zeros.to(torch.int64)).view("uint64"),
         position,
+        out.numpy(),
+    )
+    return out
+
+
+def sample_rows(
+    probs: torch.Tensor,  # [R, V] fp32 CPU (available), unnormalised rows
+    rows: torch.Tensor,  # [B] int64: the input row of each output (outside [0, R): no row)
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B] int64, valid [B] bool): ``sampling.reference.sample_reference(probs, rows,
+    seeds, offsets)`` without filters, the same tokens (its group sums in fp64 here too, summed
+    in another order: docs/cpu.md, "Tokens"), one compiled pass per output row."""
+    module = _kernels()
+    assert module is not None, "sample_rows needs numba (check available())"
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    module.sample_rows_kernel(
+        _array(probs),
+        _array(rows.to(torch.int64)),
+        _array(seeds.to(torch.int64)).view("uint64"),  # (the kernels' seeds: uint64, two's complement)
+        _array(offsets.to(torch.int64)).view("uint64"),
+        out.numpy(),
+    )
+    return out, out >= 0
+
+
+def decode_rows(
+    probs: torch.Tensor,  # [N, V] fp32 CPU (available), unnormalised rows
+    seeds: torch.Tensor,  # [N] int64
+    offsets: torch.Tensor,  # [N] int64
+    position: int,
+    stream: int,  # one of rng.STREAM_DECODE_*
+) -> torch.Tensor:
+    """[N] int64: ``sampling_from_probs(probs, seed=rng.derive_seeds(seeds, offsets, position,
+    stream), offset=0)``, the same tokens, without the eager Philox of the seeds."""
+    module = _kernels()
+    assert module is not None, "decode_rows needs numba (check available())"
+    out = torch.empty(probs.shape[0], dtype=torch.int64)
+    module.decode_rows_kernel(
+        _array(probs),
+        _array(seeds.to(torch.int64)).view("uint64"),
+        _array(offsets.to(torch.int64)).view("uint64"),
+        position,
+        np.uint64(stream),
         out.numpy(),
     )
     return out

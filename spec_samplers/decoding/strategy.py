@@ -74,9 +74,13 @@ def draw(
 
     The draw is the FlashInfer-compatible ``sampling_from_probs`` with a per-draw seed (words of
     (seed, offset, position) on ``stream``): its Triton kernels on CUDA, its PyTorch reference
-    elsewhere, the same tokens on both (``backend="auto"``)."""
+    elsewhere, and on CPU fp32 rows with numba one compiled pass that derives the seed too
+    (``cpu.draw.decode_rows``); the same tokens on all three."""
+    from spec_samplers.cpu import draw as cpu_draw
     from spec_samplers.sampling.api import sampling_from_probs
 
+    if cpu_draw.available(probs):  # the compiled CPU path (numba): the seeds and the race in one pass
+        return cpu_draw.decode_rows(probs, seeds.cpu(), offsets.cpu(), position, stream)
     pos = torch.full((probs.shape[0],), position, dtype=torch.int64, device=probs.device)
     draw_seeds = derive_seeds(seeds.to(probs.device), offsets.to(probs.device), pos, stream)
     tokens = sampling_from_probs(probs, seed=draw_seeds, offset=torch.zeros_like(draw_seeds), backend="auto")

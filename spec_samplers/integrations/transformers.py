@@ -140,6 +140,35 @@ def _takes_logits_to_keep(model: Any) -> bool:
         return False
 
 
+#: causal LMs whose forward is ``lm_head(self.model(...).last_hidden_state)`` and nothing more (no
+#: logit scale or soft-capping; read in transformers 4.56 and 5.20)
+_PLAIN_HEAD_MODELS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+#: most rows of a CPU head product taken as ``weight @ hidden.T``. F.linear (MKL, fp32, one thread)
+#: reads the [V, H] head once per row for 2-10 rows: at V = 32000, H = 512 it took 1.3-2.2x the
+#: time of this form, which reads it once; from 12 rows on they are even (measured,
+#: docs/cpu.md "generate"). A verification pass has k + 1 rows per request.
+HEAD_STREAM_MAX_ROWS = 8
+
+
+def _plain_head(model: Any) -> tuple[Any, Any] | None:
+    """(the decoder, the LM head) of a listed causal LM whose head is a linear map without bias, else
+    None: :meth:`HFLanguageModel.forward` then takes the head product itself (:func:`head_logits`)."""
+    head, decoder = getattr(model, "lm_head", None), getattr(model, "model", None)
+    if type(model).__name__ not in _PLAIN_HEAD_MODELS or type(head) is not torch.nn.Linear or decoder is None:
+        return None
+    return (decoder, head) if head.bias is None else None
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(hidden, weight)``, logits [B, Q, V] of hidden states [B, Q, H] and a head [V, H]:
+    on the CPU with 2 to :data:`HEAD_STREAM_MAX_ROWS` rows as ``weight @ rows.T``, which streams
+    the head once (the same products, summed in another order: equal to a few fp32 ulps)."""
+    B, Q, H = hidden.shape
+    if hidden.device.type != "cpu" or not 2 <= B * Q <= HEAD_STREAM_MAX_ROWS:
+        return torch.nn.functional.linear(hidden, weight)
+    return (weight @ hidden.reshape(B * Q, H).T).T.reshape(B, Q, -1).contiguous()
+
+
 class _Unset:
     pass
 
@@ -173,6 +202,8 @@ class HFLanguageModel:
         self.model = model
         self._cache_argument = cache_argument(model)
         self._keeps_logits = _takes_logits_to_keep(model)
+        self._head = _plain_head(model)
+        self._decoder_cache_argument = None if self._head is None else cache_argument(self._head[0])
         self._vocab_size = int(getattr(text_config, "vocab_size", 0)) or None
         if isinstance(eos_token_id, _Unset):
             generation = getattr(model, "generation_config", None)
@@ -239,16 +270,20 @@ class HFLanguageModel:
         if not isinstance(kv_cache, HFKVCache):
             raise input_error("kv_cache", "an HFKVCache (HFLanguageModel.new_kv_cache())", type(kv_cache).__name__)
         layout = kv_cache.query_layout(query_token_ids.to(self.device))
-        out = self.model(
-            input_ids=layout.input_ids,
-            attention_mask=layout.attention_mask,
-            position_ids=layout.position_ids,
-            use_cache=True,
-            **{self._cache_argument: kv_cache.cache},
-            **extra,
-        )
+        inputs = {
+            "input_ids": layout.input_ids,
+            "attention_mask": layout.attention_mask,
+            "position_ids": layout.position_ids,
+            "use_cache": True,
+        }
+        if self._head is not None and not extra:  # every position's logits: the head product is ours
+            decoder, head = self._head
+            inputs[str(self._decoder_cache_argument)] = kv_cache.cache
+            logits = head_logits(decoder(**inputs).last_hidden_state, head.weight)
+        else:
+            logits = self.model(**inputs, **{self._cache_argument: kv_cache.cache}, **extra).logits
         kv_cache.append_query_slots(layout)
-        return out.logits
+        return logits
 
     @torch.no_grad()
     def forward_tree(

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from spec_samplers import custom_ops, validation
+from spec_samplers.cpu import draw as cpu_draw
 from spec_samplers.kernels import sampling_launch
 from spec_samplers.kernels.backend import LaunchConfig, check_backend, launch_config, use_triton
 from spec_samplers.rng import derive_row_seeds
@@ -103,6 +104,9 @@ def _sample(
     draw = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
     if kernels is None:
         tokens, valid = custom_ops.sample(**draw, backend=backend)
+    elif backend == "auto" and not logits and all(f is None for f in filters.values()) and cpu_draw.available(x):
+        # the compiled CPU path (numba), as the samplers' twins: the reference's tokens
+        tokens, valid = cpu_draw.sample_rows(x, rows, seeds, offsets)
     else:
         tokens, valid = reference.sample_reference(**draw)
     tokens = tokens.to(out_dtype)
