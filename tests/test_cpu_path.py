@@ -435,14 +435,15 @@ def test_kernels_count_as_the_pipeline_does(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.quick
 def test_sampling_draws_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """sampling_from_probs without filters on CPU fp32 rows (``cpu.draw.sample_rows``) and the
-    decoding loop's draw (``cpu.draw.decode_rows``: its per-draw seed derived in the kernel) give
-    the reference's tokens and valid flags: rows with NaN, inf and negative entries, rows without
-    mass, a lone subnormal, output rows outside the input, extreme seeds and offsets."""
+    """sampling_from_probs and sampling_from_logits without filters on CPU fp32 rows
+    (``cpu.draw.sample_rows``) and the decoding loop's draw (``cpu.draw.decode_rows``: its per-draw
+    seed derived in the kernel) give the reference's tokens and valid flags: rows with NaN, inf
+    and negative entries, rows without mass (all -inf logits), a lone subnormal, output rows
+    outside the input, extreme seeds and offsets, a scalar seed."""
     from spec_samplers.cpu import draw as cpu_draw
     from spec_samplers.decoding import strategy
     from spec_samplers.rng import derive_seeds
-    from spec_samplers.sampling import sampling_from_probs
+    from spec_samplers.sampling import sampling_from_logits, sampling_from_probs
 
     calls: list[str] = []
     for name in ("sample_rows", "decode_rows"):
@@ -462,14 +463,19 @@ def test_sampling_draws_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> 
             offsets = torch.randint(0, 2**50, (6,), generator=gen)
             rows = torch.tensor([0, 5, -1, 2, 6, 4, 1, 3])
             row_seeds = torch.randint(-(2**63), 2**63 - 1, (8,), generator=gen)
-            for indices, s, o in ((None, seeds, offsets), (rows, row_seeds, torch.zeros(8, dtype=torch.int64))):
+            zeros = torch.zeros(8, dtype=torch.int64)
+            for indices, s, o in ((None, seeds, offsets), (rows, row_seeds, zeros), (None, 11, 5)):
                 auto = sampling_from_probs(p, indices, seed=s, offset=o, return_valid=True)
                 ref = sampling_from_probs(p, indices, seed=s, offset=o, return_valid=True, backend="torch")
                 assert torch.equal(auto[0], ref[0]) and torch.equal(auto[1], ref[1])
+                logits = torch.where(p > 0, p.log() * 4, float("-inf"))  # NaN and inf rows stay as they are
+                logits[2] = p[2]
+                auto = sampling_from_logits(logits, indices, seed=s, offset=o)
+                assert torch.equal(auto, sampling_from_logits(logits, indices, seed=s, offset=o, backend="torch"))
             streams = ((0, strategy.DRAFT_STREAM), (7, strategy.BONUS_STREAM), (2**20, strategy.STEP_STREAM))
             for position, stream in streams:
                 drawn = strategy.draw(p, seeds, offsets, position, stream)
                 ds = derive_seeds(seeds, offsets, torch.full((6,), position), stream)
                 ref = sampling_from_probs(p, seed=ds, offset=torch.zeros_like(ds), backend="torch")
                 assert torch.equal(drawn, ref.to(torch.int64))
-    assert calls.count("sample_rows") == 48 and calls.count("decode_rows") == 72
+    assert calls.count("sample_rows") == 144 and calls.count("decode_rows") == 72

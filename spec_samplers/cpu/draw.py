@@ -2,7 +2,8 @@
 
 * :func:`draw_from_logits`: softmax(logits / T) and the recovery race of one position, for the
   requests of an engine step that have no drafts (``integrations.vllm.fast_path.verify_plain_step``);
-* :func:`sample_rows`: ``sampling_from_probs`` without filters (``sampling.api._sample``);
+* :func:`sample_rows`: ``sampling_from_probs`` and ``sampling_from_logits`` without filters
+  (``sampling.api._sample``);
 * :func:`decode_rows`: the decoding loop's draw of draft, bonus and plain tokens
   (``decoding.strategy.draw``): its per-draw seed and that sample in one pass."""
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from spec_samplers.cpu import kernels
+from spec_samplers.sampling import reference
 
 
 @functools.cache
@@ -65,19 +67,27 @@ def draw_from_logits(
 
 
 def sample_rows(
-    probs: torch.Tensor,  # [R, V] fp32 CPU (available), unnormalised rows
+    x: torch.Tensor,  # [R, V] fp32 CPU (available), R > 0: unnormalised probabilities, or logits
     rows: torch.Tensor,  # [B] int64: the input row of each output (outside [0, R): no row)
     seeds: torch.Tensor,  # [B] int64
     offsets: torch.Tensor,  # [B] int64
+    logits: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B] int64, valid [B] bool): ``sampling.reference.sample_reference(probs, rows,
-    seeds, offsets)`` without filters, the same tokens (its group sums in fp64 here too, summed
-    in another order: docs/cpu.md, "Tokens"), one compiled pass per output row."""
+    """(tokens [B] int64, valid [B] bool): ``sampling.reference.sample_reference(x, rows, seeds,
+    offsets, logits)`` without filters, the same tokens (the race's group sums in fp64 here too,
+    summed in another order: docs/cpu.md, "Tokens"), the race compiled, one pass per output row.
+    Logits become the reference's weights exp(x - max) in torch first (its vectorised exp: numba's
+    scalar expf is 5x slower and differs from it in the last bit of about 1% of entries)."""
     module = _kernels()
     assert module is not None, "sample_rows needs numba (check available())"
+    if logits:
+        R = x.shape[0]
+        # (a row without a finite or +inf logit weighs 0 everywhere: the kernel gives it -1)
+        x = reference.values_and_weights(x[rows.clamp(0, R - 1)], True, owned=True)[1]
+        rows = torch.where((rows >= 0) & (rows < R), torch.arange(rows.shape[0]), -1)
     out = torch.empty(rows.shape[0], dtype=torch.int64)
     module.sample_rows_kernel(
-        _array(probs),
+        _array(x),
         _array(rows.to(torch.int64)),
         _array(seeds.to(torch.int64)).view("uint64"),  # (the kernels' seeds: uint64, two's complement)
         _array(offsets.to(torch.int64)).view("uint64"),

@@ -104,9 +104,9 @@ def _sample(
     draw = dict(x=x, rows=rows, seeds=seeds, offsets=offsets, logits=logits, joint=joint, **filters)
     if kernels is None:
         tokens, valid = custom_ops.sample(**draw, backend=backend)
-    elif backend == "auto" and not logits and all(f is None for f in filters.values()) and cpu_draw.available(x):
+    elif backend == "auto" and all(f is None for f in filters.values()) and x.shape[0] and cpu_draw.available(x):
         # the compiled CPU path (numba), as the samplers' twins: the reference's tokens
-        tokens, valid = cpu_draw.sample_rows(x, rows, seeds, offsets)
+        tokens, valid = cpu_draw.sample_rows(x, rows, seeds, offsets, logits)
     else:
         tokens, valid = reference.sample_reference(**draw)
     tokens = tokens.to(out_dtype)
