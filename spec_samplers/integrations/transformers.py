@@ -144,9 +144,10 @@ def _takes_logits_to_keep(model: Any) -> bool:
 #: logit scale or soft-capping; read in transformers 4.56 and 5.20)
 _PLAIN_HEAD_MODELS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 #: most rows of a CPU head product taken as ``weight @ hidden.T``. F.linear (MKL, fp32, one thread)
-#: reads the [V, H] head once per row for 2-10 rows: at V = 32000, H = 512 it took 1.3-2.2x the
-#: time of this form, which reads it once; from 12 rows on they are even (measured,
-#: docs/cpu.md "generate"). A verification pass has k + 1 rows per request.
+#: reads the [V, H] head about once per row for 2-5 rows: at V = 32000, H = 512 it took 1.6-2.2x
+#: the time of this form, which reads it once; at 8-48 rows the two are within 0.8-1.2x of each
+#: other, and at 1 row F.linear is as fast (measured, docs/cpu.md "generate"). A verification pass
+#: has k + 1 rows per request.
 HEAD_STREAM_MAX_ROWS = 8
 
 
