@@ -242,7 +242,7 @@ class SpecDecodeBaseSampler(torch.nn.Module):
             self._num_positions = per_position.shape[0]
         if counts.device != device:
             counts = counts.to(device)
-        if counts.shape[0] < 2 + k:
+        if k > self._num_positions and counts.shape[0] < 2 + k:  # (room for _num_positions: no shape read)
             grown = torch.zeros(2 + max(k, 2 * (counts.shape[0] - 2)), dtype=torch.long, device=device)
             grown[: counts.shape[0]] = counts
             counts = grown
@@ -422,9 +422,10 @@ class SpecDecodeBaseSampler(torch.nn.Module):
         if randomness is not None:
             if seeds is None or randomness.seeded_seqs:
                 seeds = row_seeds(B, device, randomness.seeded_seqs, seeds)
-            else:
+            elif seeds.dtype != torch.int64:  # (the test costs less than to()'s no-op)
                 seeds = seeds.to(torch.int64)
-            offsets = None if offsets is None else offsets.to(torch.int64)
+            if offsets is not None and offsets.dtype != torch.int64:
+                offsets = offsets.to(torch.int64)
         filters: dict[str, torch.Tensor] = {}
         if params is not None and type(self).applies_filters:
             # fused: the op reads logits and applies each request's parameters (no probability tensor)

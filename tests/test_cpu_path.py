@@ -479,3 +479,22 @@ def test_sampling_draws_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> 
                 ref = sampling_from_probs(p, seed=ds, offset=torch.zeros_like(ds), backend="torch")
                 assert torch.equal(drawn, ref.to(torch.int64))
     assert calls.count("sample_rows") == 144 and calls.count("decode_rows") == 72
+
+
+def test_kernels_count_into_each_samplers_own_buffer() -> None:
+    """The twins keep the numpy view of the last counters buffer (cpu._counts): two samplers called
+    in turn, and a counter a caller assigns between calls (a new buffer), each leave the counts
+    of the reference path."""
+    from spec_samplers.registry import get_sampler
+
+    c = make_case(3, 2, 64, 7, closeness=0.05, greedy="none")
+    samplers = {(i, b): get_sampler("rejection_sampler", backend=b) for i in (0, 1) for b in ("auto", "torch")}
+    for step in range(3):
+        for (i, _), s in samplers.items():
+            s(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds + i + 10 * step)
+            if step == 1 and i == 0:
+                s.num_accepted_tokens = torch.tensor(5)  # folded into a new buffer at the next call
+    for i in (0, 1):
+        auto, ref = samplers[(i, "auto")], samplers[(i, "torch")]
+        assert torch.equal(auto._counts, ref._counts) and auto._counts[1] > 0, (i, auto._counts, ref._counts)
+    assert samplers[(0, "auto")].num_accepted_tokens >= 5

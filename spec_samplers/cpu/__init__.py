@@ -64,7 +64,12 @@ def _np(t: torch.Tensor) -> Any:
 
 def _np64(t: torch.Tensor) -> Any:
     """An int64 numpy array of an integer (or bool) CPU tensor (a view when it is int64)."""
-    return _np(t).astype(np.int64, copy=False)
+    return _int64(_np(t))
+
+
+def _int64(a: Any) -> Any:
+    """``a`` as int64 (itself when it is: the test costs less than ``astype``'s no-op)."""
+    return a if a.dtype == np.int64 else a.astype(np.int64)
 
 
 class _Rows:
@@ -95,8 +100,9 @@ class _Rows:
             self.has_draft = draft is not None
             self.draft = self.target[:1] if draft is None else _np(draft).reshape(-1, V)
             self.target_rows, self.draft_rows, self.num_draft = plan.target_rows, plan.draft_rows, plan.num_draft
-            self.draft_ids = _np64(batch.draft_token_ids).reshape(B, K)
-            self.bonus = _np64(batch.bonus_token_ids).reshape(B)
+            self.draft_ids = _np64(batch.draft_token_ids)  # [B, K]
+            # (VerifyBatch's [B] fields are contiguous, and an integer tensor never requires grad)
+            self.bonus = _int64(batch.bonus_token_ids.numpy())  # [B]
         else:
             from spec_samplers.reference import flat_inputs
 
@@ -119,7 +125,8 @@ class _Rows:
 
             seeds = _seeds_offsets(batch, sampler)[0]
         self.seeds = _np64(seeds).view(np.uint64)
-        self.offsets = plan.zero_offsets if batch.offsets is None else _np64(batch.offsets).view(np.uint64)
+        offsets = batch.offsets
+        self.offsets = plan.zero_offsets if offsets is None else _int64(offsets.numpy()).view(np.uint64)
 
 
 class _Plan(NamedTuple):
@@ -145,6 +152,11 @@ def _padded_plan(B: int, K: int) -> _Plan:
 #: the counters argument of a kernel call that does not count (never written)
 _NO_COUNTS = np.zeros(1, dtype=np.int64)
 
+#: (counters tensor, its data pointer, its numpy view) of the last counting call, in a one-slot
+#: list (a tuple read and replaced whole: threads never mix two buffers' entries). A sampler passes
+#: the same buffer every call, and ``.numpy()`` costs more than the identity and pointer test.
+_last_counts: list[tuple[Any, int, Any]] = [(None, 0, _NO_COUNTS)]
+
 
 def _counts(batch: VerifyBatch) -> tuple[Any, bool]:
     """(counters as an int64 numpy view, whether the kernel adds to them): the sampler's counters
@@ -152,7 +164,11 @@ def _counts(batch: VerifyBatch) -> tuple[Any, bool]:
     counters = batch.counters
     if counters is None:
         return _NO_COUNTS, False
-    return counters.numpy(), True
+    last, ptr, view = _last_counts[0]
+    if counters is not last or counters.data_ptr() != ptr:  # another buffer, or its storage replaced
+        view = counters.numpy()
+        _last_counts[0] = (counters, counters.data_ptr(), view)
+    return view, True
 
 
 def _degenerate(batch: VerifyBatch, out: torch.Tensor) -> torch.Tensor:
