@@ -19,7 +19,9 @@ median time / floor.
 
 Draw (``--part draw``): one seeded draw per row from softmax(logits / T) (``sampling_from_logits``
 with per-row seeds, the plugin's bonus draw) against vLLM's CPU method written out here (softmax,
-then probs / Exp(1) from ``exponential_``, argmax), V = 128256.
+then probs / Exp(1) from ``exponential_``, argmax), V = 128256; and, where vLLM's C++ CPU ops load
+(run with the engine environment's python), against the draw vLLM's x86 CPU build really runs
+(``TopKTopPSampler.forward_cpu``: ``torch.ops._C.fused_gumbel_argmax``, per-row seeds).
 
 Threads: ``--threads`` (default 1) for torch and numba alike. A benchmark: nothing is asserted.
 
@@ -146,8 +148,31 @@ def vllm_cpu_draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tens
     return probs.div_(q).argmax(dim=-1)
 
 
+def vllm_fused_draw() -> Callable[[torch.Tensor, dict[int, torch.Generator]], torch.Tensor] | None:
+    """vLLM's x86 CPU build's own draw, where its C++ ops load (the engine environment): its
+    ``TopKTopPSampler.forward_cpu`` takes one 31-bit seed per row (from the row's generator when
+    seeded) and calls ``torch.ops._C.fused_gumbel_argmax`` on the fp32 logits (already divided by
+    T); None elsewhere."""
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads the ISA's _C library)
+
+        op = torch.ops._C.fused_gumbel_argmax
+    except (ImportError, AttributeError, RuntimeError, OSError):
+        return None
+
+    def draw(scaled: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+        seeds = torch.randint(0, 2**31, (scaled.shape[0],), dtype=torch.long)
+        for i, gen in generators.items():
+            seeds[i] = torch.randint(0, 2**31, (1,), generator=gen, dtype=torch.long).item()
+        return op(scaled.to(torch.float32), seeds)
+
+    return draw
+
+
 def draw_rows(batches: list[int], V: int, calls: int, budget_s: float) -> list[dict[str, object]]:
     from spec_samplers.sampling import sampling_from_logits
+
+    fused = vllm_fused_draw()
 
     rows: list[dict[str, object]] = []
     for B in batches:
@@ -159,13 +184,22 @@ def draw_rows(batches: list[int], V: int, calls: int, budget_s: float) -> list[d
         scaled = logits / temperature[:, None]  # (the plugin hands the draw logits already divided)
         ours = functools.partial(sampling_from_logits, scaled, seed=seeds, offset=offsets)
         theirs = functools.partial(vllm_cpu_draw, logits, temperature)
-        med = interleaved({"vllm": theirs, "ours": ours}, calls, budget_s)
+        fns = {"vllm": theirs, "ours": ours}
+        if fused is not None:  # every row seeded, as ours: one generator per request
+            generators = {i: torch.Generator().manual_seed(i) for i in range(B)}
+            fns["vllm_fused"] = functools.partial(fused, scaled, generators)
+        med = interleaved(fns, calls, budget_s)
         row = dict(op="seeded draw", B=B, V=V, vllm_ms=med["vllm"] * 1e3, ours_ms=med["ours"] * 1e3)
         row["ours_over_vllm"] = med["ours"] / med["vllm"]
+        fused_text = ""
+        if fused is not None:
+            row["vllm_fused_ms"] = med["vllm_fused"] * 1e3
+            row["ours_over_vllm_fused"] = med["ours"] / med["vllm_fused"]
+            fused_text = f" | vLLM's C++ draw {row['vllm_fused_ms']:7.2f} ms ({row['ours_over_vllm_fused']:.2f}x)"
         rows.append(row)
         print(
             f"seeded draw B={B:3d} V={V}: vLLM method {med['vllm'] * 1e3:7.2f} ms | ours {med['ours'] * 1e3:7.2f} ms "
-            f"({row['ours_over_vllm']:.2f}x)",
+            f"({row['ours_over_vllm']:.2f}x){fused_text}",
             flush=True,
         )
     return rows

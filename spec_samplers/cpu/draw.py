@@ -83,7 +83,7 @@ def sample_rows(
     if logits:
         R = x.shape[0]
         # (a row without a finite or +inf logit weighs 0 everywhere: the kernel gives it -1)
-        x = reference.values_and_weights(x[rows.clamp(0, R - 1)], True, owned=True)[1]
+        x = reference.logit_weights(reference.clean_logits(x.index_select(0, rows.clamp(0, R - 1)), True), True)
         rows = torch.where((rows >= 0) & (rows < R), torch.arange(rows.shape[0]), -1)
     out = torch.empty(rows.shape[0], dtype=torch.int64)
     module.sample_rows_kernel(

@@ -46,12 +46,13 @@ def clean_logits(x: torch.Tensor, owned: bool = False) -> torch.Tensor:
     return torch.nan_to_num_(x, nan=float("-inf"), posinf=FLOAT32_MAX, neginf=float("-inf")).add_(0.0)
 
 
-def logit_weights(x: torch.Tensor) -> torch.Tensor:
+def logit_weights(x: torch.Tensor, owned: bool = False) -> torch.Tensor:
     """x: [N, V] cleaned logits. Returns [N, V] fp32 exp(x - row max) (0 everywhere on a row
-    that is all -inf)."""
+    that is all -inf); in x when ``owned`` (the caller's copy: no second [N, V] allocation, whose
+    page faults cost as much as the exp on one CPU thread)."""
     m = x.amax(dim=-1, keepdim=True)
     m = torch.where(m > float("-inf"), m, torch.zeros((), device=x.device))
-    return torch.sub(x, m).exp_()
+    return (x.sub_(m) if owned else torch.sub(x, m)).exp_()
 
 
 def fixed_mass(w: torch.Tensor) -> torch.Tensor:
@@ -275,7 +276,8 @@ def sample_reference(
     if fast is None:
         fast = x.device.type == "cpu"
     row_ok = (rows >= 0) & (rows < R)
-    values, weights = values_and_weights(x[rows.clamp(0, R - 1)], logits, owned=True)
+    # (index_select: a tenth of x[rows]'s time on one CPU thread, 34 against 248 us at [1, 128256])
+    values, weights = values_and_weights(x.index_select(0, rows.clamp(0, R - 1)), logits, owned=True)
     if top_k is None and top_p is None and min_p is None:  # no filter: every token is kept
         tokens = rng.sample_race(weights, seeds, offsets)
     else:
