@@ -478,7 +478,23 @@ def test_sampling_draws_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> 
                 ds = derive_seeds(seeds, offsets, torch.full((6,), position), stream)
                 ref = sampling_from_probs(p, seed=ds, offset=torch.zeros_like(ds), backend="torch")
                 assert torch.equal(drawn, ref.to(torch.int64))
-    assert calls.count("sample_rows") == 144 and calls.count("decode_rows") == 72
+    # strided and expanded rows: the compiled path reads them as the reference does
+    base = torch.rand(3000, 4, generator=gen) ** 6
+    seeds = torch.randint(-(2**63), 2**63 - 1, (4,), generator=gen)
+    zeros = torch.zeros(4, dtype=torch.int64)
+    for probs in (base.T, base.T[:1].expand(4, -1)):  # [4, 3000]: strided, then expanded (stride 0)
+        assert not probs.is_contiguous()
+        auto = sampling_from_probs(probs, seed=seeds, offset=zeros, return_valid=True)
+        ref = sampling_from_probs(probs, seed=seeds, offset=zeros, return_valid=True, backend="torch")
+        assert torch.equal(auto[0], ref[0]) and torch.equal(auto[1], ref[1])
+        logits = probs.log()
+        ref = sampling_from_logits(logits, seed=seeds, offset=zeros, backend="torch")
+        assert torch.equal(sampling_from_logits(logits, seed=seeds, offset=zeros), ref)
+        drawn = strategy.draw(probs, seeds, zeros, 3, strategy.DRAFT_STREAM)
+        ds = derive_seeds(seeds, zeros, torch.full((4,), 3), strategy.DRAFT_STREAM)
+        ref = sampling_from_probs(probs, seed=ds, offset=torch.zeros_like(ds), backend="torch")
+        assert torch.equal(drawn, ref.to(torch.int64))
+    assert calls.count("sample_rows") == 148 and calls.count("decode_rows") == 74
 
 
 def test_kernels_count_into_each_samplers_own_buffer() -> None:

@@ -124,6 +124,14 @@ def draw_rows_kernel(
         out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], position, _STREAM_RECOVER)
 
 
+@njit(cache=True, inline="always")
+def _sample_row(q, seed, offset):
+    """``rng.sample_race`` of the clean row q (NaN, inf and negatives weigh 0): the two-level race
+    with counter base 0 on STREAM_SAMPLE, which ``_recover`` of the row itself (RES_Q) at position
+    0 runs; -1 when the clean row sums to 0 (the reference's invalid row)."""
+    return _recover(q, q, RES_Q, _ONE, -1, False, seed, offset, 0, _STREAM_SAMPLE)
+
+
 @njit(cache=True)
 def sample_rows_kernel(
     probs,  # [R, V] fp32, unnormalised rows
@@ -132,18 +140,15 @@ def sample_rows_kernel(
     offsets,  # [B] uint64
     out,  # [B] int64: the token, -1 where the row is missing or has no mass
 ):
-    """``sampling.reference.sample_reference`` without filters, one output row at a time:
-    ``rng.sample_race`` of the clean row (NaN, inf and negatives weigh 0) is the two-level race
-    with counter base 0 on STREAM_SAMPLE, which ``_recover`` of the row itself (RES_Q) at
-    position 0 runs; a row whose clean sum is 0 gives -1, the reference's invalid row."""
+    """``sampling.reference.sample_reference`` without filters, one output row at a time
+    (:func:`_sample_row`)."""
     R = probs.shape[0]
     for b in range(rows.shape[0]):
         r = rows[b]
         if r < 0 or r >= R:
             out[b] = -1
             continue
-        q = probs[r]
-        out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], 0, _STREAM_SAMPLE)
+        out[b] = _sample_row(probs[r], seeds[b], offsets[b])
 
 
 @njit(cache=True)
@@ -156,9 +161,8 @@ def decode_rows_kernel(
     out,  # [N] int64: the token, -1 where the row has no mass
 ):
     """``decoding.strategy.draw``: row b's draw seed is words (0, 1) of (seeds[b], offsets[b],
-    position) on ``stream`` (``rng.derive_seeds``), then :func:`sample_rows_kernel`'s race of the
-    row with that seed at offset 0."""
+    position) on ``stream`` (``rng.derive_seeds``), then :func:`_sample_row` with that seed at
+    offset 0."""
     for b in range(probs.shape[0]):
         w0, w1, _, _ = _words(seeds[b], offsets[b], np.int64(position), stream)
-        q = probs[b]
-        out[b] = _recover(q, q, RES_Q, _ONE, -1, False, (w1 << _U32) | w0, np.uint64(0), 0, _STREAM_SAMPLE)
+        out[b] = _sample_row(probs[b], (w1 << _U32) | w0, np.uint64(0))

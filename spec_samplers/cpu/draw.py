@@ -32,6 +32,11 @@ def _array(t: torch.Tensor) -> Any:
     return (t if t.is_contiguous() and not t.requires_grad else t.detach().contiguous()).numpy()
 
 
+def _u64(t: torch.Tensor) -> Any:
+    """The kernels' seeds and offsets: an int64 tensor's numpy view as uint64 (two's complement)."""
+    return _array(t.to(torch.int64)).view("uint64")
+
+
 def available(logits: torch.Tensor) -> bool:
     """Whether :func:`draw_from_logits` (or :func:`sample_rows`) runs on these rows: fp32 [R, V]
     on the CPU with a vocabulary, and numba installed."""
@@ -58,8 +63,8 @@ def draw_from_logits(
     module.draw_rows_kernel(
         _array(logits),
         _array(temperature.to(torch.float32)),
-        _array(seeds.to(torch.int64)).view("uint64"),  # (the kernels' seeds: uint64, two's complement)
-        _array(zeros.to(torch.int64)).view("uint64"),
+        _u64(seeds),
+        _u64(zeros),
         position,
         out.numpy(),
     )
@@ -89,8 +94,8 @@ def sample_rows(
     module.sample_rows_kernel(
         _array(x),
         _array(rows.to(torch.int64)),
-        _array(seeds.to(torch.int64)).view("uint64"),  # (the kernels' seeds: uint64, two's complement)
-        _array(offsets.to(torch.int64)).view("uint64"),
+        _u64(seeds),
+        _u64(offsets),
         out.numpy(),
     )
     return out, out >= 0
@@ -110,8 +115,8 @@ def decode_rows(
     out = torch.empty(probs.shape[0], dtype=torch.int64)
     module.decode_rows_kernel(
         _array(probs),
-        _array(seeds.to(torch.int64)).view("uint64"),
-        _array(offsets.to(torch.int64)).view("uint64"),
+        _u64(seeds),
+        _u64(offsets),
         position,
         np.uint64(stream),
         out.numpy(),

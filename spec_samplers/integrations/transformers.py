@@ -151,13 +151,14 @@ _PLAIN_HEAD_MODELS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2
 HEAD_STREAM_MAX_ROWS = 8
 
 
-def _plain_head(model: Any) -> tuple[Any, Any] | None:
-    """(the decoder, the LM head) of a listed causal LM whose head is a linear map without bias, else
-    None: :meth:`HFLanguageModel.forward` then takes the head product itself (:func:`head_logits`)."""
+def _plain_head(model: Any) -> tuple[Any, str, Any] | None:
+    """(the decoder, the name it takes its cache under, the LM head) of a listed causal LM whose
+    head is a linear map without bias, else None: :meth:`HFLanguageModel.forward` then takes the
+    head product itself (:func:`head_logits`)."""
     head, decoder = getattr(model, "lm_head", None), getattr(model, "model", None)
     if type(model).__name__ not in _PLAIN_HEAD_MODELS or type(head) is not torch.nn.Linear or decoder is None:
         return None
-    return (decoder, head) if head.bias is None else None
+    return (decoder, cache_argument(decoder), head) if head.bias is None else None
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -204,7 +205,6 @@ class HFLanguageModel:
         self._cache_argument = cache_argument(model)
         self._keeps_logits = _takes_logits_to_keep(model)
         self._head = _plain_head(model)
-        self._decoder_cache_argument = None if self._head is None else cache_argument(self._head[0])
         self._vocab_size = int(getattr(text_config, "vocab_size", 0)) or None
         if isinstance(eos_token_id, _Unset):
             generation = getattr(model, "generation_config", None)
@@ -278,9 +278,8 @@ class HFLanguageModel:
             "use_cache": True,
         }
         if self._head is not None and not extra:  # every position's logits: the head product is ours
-            decoder, head = self._head
-            inputs[str(self._decoder_cache_argument)] = kv_cache.cache
-            logits = head_logits(decoder(**inputs).last_hidden_state, head.weight)
+            decoder, cache_name, head = self._head
+            logits = head_logits(decoder(**inputs, **{cache_name: kv_cache.cache}).last_hidden_state, head.weight)
         else:
             logits = self.model(**inputs, **{self._cache_argument: kv_cache.cache}, **extra).logits
         kv_cache.append_query_slots(layout)
