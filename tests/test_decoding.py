@@ -349,30 +349,39 @@ class _ForwardOnly:
         return self.inner.forward(query_token_ids, kv_cache)
 
 
-def test_forward_last_runs_the_head_on_the_last_position_only(pair):
+def test_forward_last_runs_the_head_on_the_last_position_only(pair, monkeypatch):
     """Prefills and draft steps read only the last position's logits: HFLanguageModel.forward_last
-    asks transformers for them alone (logits_to_keep=1), fills the cache as forward does, and the
-    loop's tokens equal those of models that have only forward."""
+    takes the head product of that position alone (the wrapper's for a listed model, else
+    transformers' with logits_to_keep=1), fills the cache as forward does, and the loop's tokens
+    equal those of models that have only forward."""
+    from spec_samplers.integrations import transformers as hf
+
     target, draft = pair
-    model = HFLanguageModel(target)
     query = torch.tensor([[-1, 3, 4], [5, 6, 7]])  # a left-padded row
-    full_cache, last_cache = model.new_kv_cache(), model.new_kv_cache()
-    full = model.forward(query, full_cache)[:, -1]
-    seen = []
-    original = target.forward
-
-    def recording(*args, **kwargs):
-        seen.append(kwargs.get("logits_to_keep"))
-        return original(*args, **kwargs)
-
-    target.forward = recording
-    try:
-        last = model.forward_last(query, last_cache)
-    finally:
-        del target.forward
-    assert seen == [1] and last.shape == (2, V)
-    torch.testing.assert_close(last, full, rtol=1e-5, atol=1e-6)  # the head over 1 row rounds as over 3
-    assert last_cache.get_num_tokens_per_request() == full_cache.get_num_tokens_per_request() == [2, 3]
+    unlisted = type("OtherLlamaForCausalLM", (type(target),), {})(target.config)
+    unlisted.load_state_dict(target.state_dict())
+    listed, other = HFLanguageModel(target), HFLanguageModel(unlisted)  # (before the recording forward)
+    assert listed._head is not None and other._head is None and other._keeps_logits
+    heads, kept = [], []
+    original_head, original_forward = hf.head_logits, unlisted.forward
+    monkeypatch.setattr(
+        hf, "head_logits", lambda hidden, weight: heads.append(hidden.shape) or original_head(hidden, weight)
+    )
+    monkeypatch.setattr(
+        unlisted, "forward", lambda *a, **kw: kept.append(kw.get("logits_to_keep")) or original_forward(*a, **kw)
+    )
+    for wrapped, seen, expected in (
+        (listed, heads, [(2, 1, target.config.hidden_size)]),
+        (other, kept, [1]),
+    ):
+        full_cache, last_cache = wrapped.new_kv_cache(), wrapped.new_kv_cache()
+        full = wrapped.forward(query, full_cache)[:, -1]
+        seen.clear()
+        last = wrapped.forward_last(query, last_cache)
+        assert seen == expected and last.shape == (2, V)
+        torch.testing.assert_close(last, full, rtol=1e-5, atol=1e-6)  # the head over 1 row rounds as over 3
+        assert last_cache.get_num_tokens_per_request() == full_cache.get_num_tokens_per_request() == [2, 3]
+    model = HFLanguageModel(target)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
     params = SamplingParams(temperature=0.9, seed=5)
     with_last = SpeculativeDecoder(model, HFLanguageModel(draft), num_speculative_tokens=3)

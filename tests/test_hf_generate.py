@@ -249,9 +249,9 @@ def test_cache_passed_under_the_models_own_name(pair):
 
 def test_head_product_is_the_models_own(pair):
     """A listed causal LM's head product is taken by the wrapper (``head_logits``: ``weight @
-    rows.T`` for 2-8 CPU rows, which reads the head once, else F.linear): the model's own logits
-    to fp32 rounding, for every row count; a subclass or a head with a bias runs the model's
-    forward."""
+    rows.T`` for the CPU shapes of HEAD_STREAM_ROWS, one row padded to two, else F.linear): the
+    model's own logits to fp32 rounding, for every row count; a subclass or a head with a bias runs
+    the model's forward."""
     from spec_samplers.integrations.transformers import _plain_head, head_logits
 
     target, _ = pair

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -64,15 +65,22 @@ def require_transformers() -> ModuleType:
             f"spec_samplers.integrations.transformers needs the transformers package (>= {needed}), "
             f"which is not installed: {INSTALL_HINT}"
         ) from exc
-    try:
-        installed = metadata.version("transformers")
-    except metadata.PackageNotFoundError:
-        installed = getattr(module, "__version__", "0")
+    installed = _installed_version(getattr(module, "__version__", "0"))
     if _version_tuple(installed) < MIN_TRANSFORMERS:
         raise ImportError(
             f"spec_samplers.integrations.transformers needs transformers >= {needed}, found {installed}: {INSTALL_HINT}"
         )
     return module
+
+
+@functools.cache
+def _installed_version(fallback: str) -> str:
+    """transformers' installed version (its metadata, else ``fallback``): looked up once, since
+    reading package metadata takes about 2 ms and every ``generate`` call checks it."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return fallback
 
 
 class HFKVCache(SlotKVCache):
@@ -143,12 +151,18 @@ def _takes_logits_to_keep(model: Any) -> bool:
 #: causal LMs whose forward is ``lm_head(self.model(...).last_hidden_state)`` and nothing more (no
 #: logit scale or soft-capping; read in transformers 4.56 and 5.20)
 _PLAIN_HEAD_MODELS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
-#: most rows of a CPU head product taken as ``weight @ hidden.T``. F.linear (MKL, fp32, one thread)
-#: reads the [V, H] head about once per row for 2-5 rows: at V = 32000, H = 512 it took 1.6-2.2x
-#: the time of this form, which reads it once; at 8-48 rows the two are within 0.8-1.2x of each
-#: other, and at 1 row F.linear is as fast (measured, docs/cpu.md "generate"). A verification pass
-#: has k + 1 rows per request.
-HEAD_STREAM_MAX_ROWS = 8
+#: (widest hidden size, most rows) of the CPU fp32 head products taken as ``weight @ rows.T``
+#: (rows padded to two when there is one) instead of ``F.linear``. On the project's CPU (MKL, one
+#: thread; docs/cpu.md "generate") ``F.linear`` reads a [V, H] head about once per row for 2-5 rows,
+#: and its one-row product (a matrix-vector kernel) reads slower than the two-row matrix product:
+#: at V = 32000 the streamed form took 1/1.64 (1 row), 1/3.1 (2) and 1/2.2 (4) of F.linear's time
+#: at H = 512, 1/1.1-1/2.4 at H = 1024, 1/1.1 at 8 rows and H <= 768; at 8 rows and H >= 1024, and at
+#: H = 4096, F.linear was faster, so it keeps those.
+HEAD_STREAM_ROWS = ((768, 8), (1024, 4))
+
+
+def _streams_head(rows: int, width: int) -> bool:
+    return any(width <= widest and rows <= most for widest, most in HEAD_STREAM_ROWS)
 
 
 def _plain_head(model: Any) -> tuple[Any, str, Any] | None:
@@ -163,12 +177,23 @@ def _plain_head(model: Any) -> tuple[Any, str, Any] | None:
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(hidden, weight)``, logits [B, Q, V] of hidden states [B, Q, H] and a head [V, H]:
-    on the CPU with 2 to :data:`HEAD_STREAM_MAX_ROWS` rows as ``weight @ rows.T``, which streams
-    the head once (the same products, summed in another order: equal to a few fp32 ulps)."""
+    for the CPU fp32 shapes of :data:`HEAD_STREAM_ROWS` as ``weight @ rows.T`` (one row padded to
+    two), which streams the head once (the same products, summed in another order: equal to a few
+    fp32 ulps)."""
     B, Q, H = hidden.shape
-    if hidden.device.type != "cpu" or not 2 <= B * Q <= HEAD_STREAM_MAX_ROWS:
+    rows = B * Q
+    if (
+        hidden.device.type != "cpu"
+        or hidden.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or rows == 0
+        or not _streams_head(rows, H)
+    ):
         return torch.nn.functional.linear(hidden, weight)
-    return (weight @ hidden.reshape(B * Q, H).T).T.reshape(B, Q, -1).contiguous()
+    x = hidden.reshape(rows, H)
+    if rows == 1:
+        x = torch.cat([x, x.new_zeros(1, H)])
+    return (weight @ x.T).T[:rows].reshape(B, Q, -1).contiguous()
 
 
 class _Unset:
@@ -256,18 +281,18 @@ class HFLanguageModel:
     def forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         """logits [B, Q, V] for ``query_token_ids`` [B, Q] (-1 = padding) after ``kv_cache``'s
         tokens; the cache receives the query's keys and values."""
-        return self._forward(query_token_ids, kv_cache, {})
+        return self._forward(query_token_ids, kv_cache, last=False)
 
     @torch.no_grad()
     def forward_last(self, query_token_ids: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         """(extension) logits [B, V] of the query's last position only, as ``forward(...)[:, -1]``;
-        the cache receives every query slot. The LM head runs on that position alone where the
-        model takes ``logits_to_keep`` (transformers' causal LMs): the head over a 32000-wide or
-        larger vocabulary costs a prefill or a draft step about as much as its layers."""
-        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        return self._forward(query_token_ids, kv_cache, extra)[:, -1]
+        the cache receives every query slot. The LM head runs on that position alone (taken by
+        the wrapper for the listed models, else where the model takes ``logits_to_keep``,
+        transformers' causal LMs): the head over a 32000-wide or larger vocabulary costs a prefill
+        or a draft step about as much as its layers."""
+        return self._forward(query_token_ids, kv_cache, last=True)[:, -1]
 
-    def _forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache, extra: dict[str, Any]) -> torch.Tensor:
+    def _forward(self, query_token_ids: torch.Tensor, kv_cache: KVCache, last: bool) -> torch.Tensor:
         if not isinstance(kv_cache, HFKVCache):
             raise input_error("kv_cache", "an HFKVCache (HFLanguageModel.new_kv_cache())", type(kv_cache).__name__)
         layout = kv_cache.query_layout(query_token_ids.to(self.device))
@@ -277,10 +302,12 @@ class HFLanguageModel:
             "position_ids": layout.position_ids,
             "use_cache": True,
         }
-        if self._head is not None and not extra:  # every position's logits: the head product is ours
+        if self._head is not None:  # the head product is ours
             decoder, cache_name, head = self._head
-            logits = head_logits(decoder(**inputs, **{cache_name: kv_cache.cache}).last_hidden_state, head.weight)
+            hidden = decoder(**inputs, **{cache_name: kv_cache.cache}).last_hidden_state
+            logits = head_logits(hidden[:, -1:] if last else hidden, head.weight)
         else:
+            extra = {"logits_to_keep": 1} if last and self._keeps_logits else {}
             logits = self.model(**inputs, **{self._cache_argument: kv_cache.cache}, **extra).logits
         kv_cache.append_query_slots(layout)
         return logits
