@@ -7,6 +7,13 @@ level-1 keys), and Philox4x32-10 runs inside the loop over the vocabulary group 
 reads its rows once. (``prange`` over requests cost 10-25 ms a call on a loaded 2-core machine,
 the OpenMP region waiting for a descheduled thread, against 0.1 ms for one request serially.)
 
+Blocked passes (a race's group sums, the argmax's first pass, the entropy's two passes) call their
+inline block helper with ``hi = lo + BLOCK`` for the full blocks and once more for the shorter
+last block: with the trip count known, LLVM unrolls the vector loop into independent accumulators.
+On the project's CPU that made a 128256-entry row's group sums 6x faster (92 -> 14 us) and the
+argmax's first pass 12x (39 -> 3.3 us) as against ``hi = min(lo + BLOCK, V)``; the group sums came
+out bit for bit the same on rows of a group or more.
+
 Imported only by :mod:`spec_samplers.cpu` when numba is installed (``pip install
 spec-samplers[cpu]``); compiled code is cached on disk (``cache=True``), so only the first process
 on a machine compiles.
@@ -195,18 +202,22 @@ def _sum(q, p, lo, hi, mode, rho, skip):
 @njit(cache=True, fastmath={"reassoc"})
 def _group_sums(q, p, mode, rho, skip, sums):
     """sums [G] fp64 <- the group sums of the raced row (_residual). The common modes get a loop
-    each with ``mode`` a constant (a branch per entry would keep LLVM from vectorising)."""
+    each with ``mode`` a constant (a branch per entry would keep LLVM from vectorising); the full
+    groups end at lo + _G, a known trip count (module docstring), the last one at V."""
     V = q.shape[0]
-    for g in range(sums.shape[0]):
-        lo, hi = g * _G, min((g + 1) * _G, V)
+    full = min(V // _G, sums.shape[0])
+    for g in range(full):
+        lo = g * _G
         if mode == RES_REJECT:
-            sums[g] = _sum(q, p, lo, hi, RES_REJECT, rho, skip)
+            sums[g] = _sum(q, p, lo, lo + _G, RES_REJECT, rho, skip)
         elif mode == RES_Q:
-            sums[g] = _sum(q, p, lo, hi, RES_Q, rho, skip)
+            sums[g] = _sum(q, p, lo, lo + _G, RES_Q, rho, skip)
         elif mode == RES_BLOCK:
-            sums[g] = _sum(q, p, lo, hi, RES_BLOCK, rho, skip)
+            sums[g] = _sum(q, p, lo, lo + _G, RES_BLOCK, rho, skip)
         else:
-            sums[g] = _sum(q, p, lo, hi, mode, rho, skip)
+            sums[g] = _sum(q, p, lo, lo + _G, mode, rho, skip)
+    for g in range(full, sums.shape[0]):
+        sums[g] = _sum(q, p, g * _G, min((g + 1) * _G, V), mode, rho, skip)
 
 
 @njit(cache=True)
@@ -232,7 +243,7 @@ def _f32_bits(typingctx, x):
 _ARGMAX_BLOCK = 2048
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _max_bits(q, lo, hi):
     """The largest bits of the clean fp32 entries q[lo:hi]: clean values are +0 or positive, and
     there the int32 order of the bits is the float order, so the reduction is an integer max,
@@ -251,11 +262,15 @@ def _argmax_clean(q):
     V = q.shape[0]
     best = np.int32(-1)
     best_lo = 0
-    for lo in range(0, V, _ARGMAX_BLOCK):
-        m = _max_bits(q, lo, min(lo + _ARGMAX_BLOCK, V))
+    full = V - V % _ARGMAX_BLOCK
+    for lo in range(0, full, _ARGMAX_BLOCK):
+        m = _max_bits(q, lo, lo + _ARGMAX_BLOCK)  # (a known trip count: module docstring)
         if m > best:
             best = m
             best_lo = lo
+    if full < V and _max_bits(q, full, V) > best:
+        best = _max_bits(q, full, V)
+        best_lo = full
     for v in range(best_lo, min(best_lo + _ARGMAX_BLOCK, V)):
         if _f32_bits(_clean(np.float32(q[v]))) == best:
             return v
@@ -563,7 +578,7 @@ def _log(x):
     return a if (hx >= np.int64(0x6147A)) & (hx <= np.int64(0x6B851)) else b
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _entropy_terms(q, lo, hi, eps, terms):
     """terms[: hi - lo] <- log(x + eps) * x, x the clean fp32 q[lo:hi] in fp64 (the reference's
     operations, in its order). No fastmath here: _log's float order is its accuracy. The numpy
@@ -574,7 +589,7 @@ def _entropy_terms(q, lo, hi, eps, terms):
         terms[v - lo] = _log(x + eps) * x
 
 
-@njit(cache=True, fastmath={"reassoc"})
+@njit(cache=True, fastmath={"reassoc"}, inline="always")
 def _sum_terms(terms, n):
     """fp64 sum of terms[:n], vectorised (its lanes fix an order: module docstring)."""
     acc = 0.0
@@ -595,10 +610,13 @@ def _typical_threshold(q, eps, threshold, alpha, terms):
     test differs only for q(x) that close to its threshold."""
     V = q.shape[0]
     h = 0.0
-    for lo in range(0, V, _ENTROPY_BLOCK):
-        hi = min(lo + _ENTROPY_BLOCK, V)
-        _entropy_terms(q, lo, hi, eps, terms)
-        h += _sum_terms(terms, hi - lo)
+    full = V - V % _ENTROPY_BLOCK
+    for lo in range(0, full, _ENTROPY_BLOCK):  # (a known trip count: module docstring)
+        _entropy_terms(q, lo, lo + _ENTROPY_BLOCK, eps, terms)
+        h += _sum_terms(terms, _ENTROPY_BLOCK)
+    if full < V:
+        _entropy_terms(q, full, V, eps, terms)
+        h += _sum_terms(terms, V - full)
     return min(alpha * math.exp(h), threshold)
 
 
@@ -653,7 +671,7 @@ def _log32(y):
     return k * _LN2_32 + f * p
 
 
-@njit(cache=True, error_model="numpy", fastmath={"contract"})
+@njit(cache=True, error_model="numpy", fastmath={"contract"}, inline="always")
 def _approx_terms(q, lo, hi, eps32, terms):
     """terms[: hi - lo] <- x log32(x + eps), x the clean fp32 q[lo:hi], all in fp32 (vectorised
     8 lanes wide; FMA contraction only makes each step more accurate)."""
@@ -662,7 +680,7 @@ def _approx_terms(q, lo, hi, eps32, terms):
         terms[v - lo] = x * _log32(x + eps32)
 
 
-@njit(cache=True, fastmath={"reassoc"})
+@njit(cache=True, fastmath={"reassoc"}, inline="always")
 def _sum_bounds(q, lo, terms, n):
     """(sum terms, sum |terms|, sum x) over terms[:n] and the clean q[lo:lo + n], in fp32
     (vectorised; the block's size bounds their error, _BOUNDS_BLOCK)."""
@@ -690,10 +708,16 @@ def _entropy_bounds(q, eps, terms):
     h = 0.0
     a = 0.0
     s = 0.0
-    for lo in range(0, V, _BOUNDS_BLOCK):
-        n = min(lo + _BOUNDS_BLOCK, V) - lo
-        _approx_terms(q, lo, lo + n, eps32, terms)
-        bh, ba, bs = _sum_bounds(q, lo, terms, n)
+    full = V - V % _BOUNDS_BLOCK
+    for lo in range(0, full, _BOUNDS_BLOCK):  # (a known trip count: module docstring)
+        _approx_terms(q, lo, lo + _BOUNDS_BLOCK, eps32, terms)
+        bh, ba, bs = _sum_bounds(q, lo, terms, _BOUNDS_BLOCK)
+        h += np.float64(bh)
+        a += np.float64(ba)
+        s += np.float64(bs)
+    if full < V:
+        _approx_terms(q, full, V, eps32, terms)
+        bh, ba, bs = _sum_bounds(q, full, terms, V - full)
         h += np.float64(bh)
         a += np.float64(ba)
         s += np.float64(bs)
