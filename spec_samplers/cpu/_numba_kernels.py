@@ -7,12 +7,13 @@ level-1 keys), and Philox4x32-10 runs inside the loop over the vocabulary group 
 reads its rows once. (``prange`` over requests cost 10-25 ms a call on a loaded 2-core machine,
 the OpenMP region waiting for a descheduled thread, against 0.1 ms for one request serially.)
 
-Blocked passes (a race's group sums, the argmax's first pass, the entropy's two passes) call their
-inline block helper with ``hi = lo + BLOCK`` for the full blocks and once more for the shorter
-last block: with the trip count known, LLVM unrolls the vector loop into independent accumulators.
-On the project's CPU that made a 128256-entry row's group sums 6x faster (92 -> 14 us) and the
-argmax's first pass 12x (39 -> 3.3 us) as against ``hi = min(lo + BLOCK, V)``; the group sums came
-out bit for bit the same on rows of a group or more.
+Blocked passes (a race's group sums, the argmax's first pass) call their inline block helper with
+``hi = lo + BLOCK`` for the full blocks and once more for the shorter last block: with the trip
+count known, LLVM unrolls the vector loop into independent accumulators. On the project's CPU that
+made a 128256-entry row's group sums 6x faster (92 -> 14 us) and the argmax's first pass 10x
+(40 -> 3.7 us) as against ``hi = min(lo + BLOCK, V)``; the group sums came out bit for bit the same
+on rows of a group or more. (The entropy's passes keep the general loop: inlined so, they ran
+1.4-5x slower.)
 
 Imported only by :mod:`spec_samplers.cpu` when numba is installed (``pip install
 spec-samplers[cpu]``); compiled code is cached on disk (``cache=True``), so only the first process
@@ -578,7 +579,7 @@ def _log(x):
     return a if (hx >= np.int64(0x6147A)) & (hx <= np.int64(0x6B851)) else b
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _entropy_terms(q, lo, hi, eps, terms):
     """terms[: hi - lo] <- log(x + eps) * x, x the clean fp32 q[lo:hi] in fp64 (the reference's
     operations, in its order). No fastmath here: _log's float order is its accuracy. The numpy
@@ -589,7 +590,7 @@ def _entropy_terms(q, lo, hi, eps, terms):
         terms[v - lo] = _log(x + eps) * x
 
 
-@njit(cache=True, fastmath={"reassoc"}, inline="always")
+@njit(cache=True, fastmath={"reassoc"})
 def _sum_terms(terms, n):
     """fp64 sum of terms[:n], vectorised (its lanes fix an order: module docstring)."""
     acc = 0.0
@@ -610,13 +611,10 @@ def _typical_threshold(q, eps, threshold, alpha, terms):
     test differs only for q(x) that close to its threshold."""
     V = q.shape[0]
     h = 0.0
-    full = V - V % _ENTROPY_BLOCK
-    for lo in range(0, full, _ENTROPY_BLOCK):  # (a known trip count: module docstring)
-        _entropy_terms(q, lo, lo + _ENTROPY_BLOCK, eps, terms)
-        h += _sum_terms(terms, _ENTROPY_BLOCK)
-    if full < V:
-        _entropy_terms(q, full, V, eps, terms)
-        h += _sum_terms(terms, V - full)
+    for lo in range(0, V, _ENTROPY_BLOCK):
+        hi = min(lo + _ENTROPY_BLOCK, V)
+        _entropy_terms(q, lo, hi, eps, terms)
+        h += _sum_terms(terms, hi - lo)
     return min(alpha * math.exp(h), threshold)
 
 
@@ -671,7 +669,7 @@ def _log32(y):
     return k * _LN2_32 + f * p
 
 
-@njit(cache=True, error_model="numpy", fastmath={"contract"}, inline="always")
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
 def _approx_terms(q, lo, hi, eps32, terms):
     """terms[: hi - lo] <- x log32(x + eps), x the clean fp32 q[lo:hi], all in fp32 (vectorised
     8 lanes wide; FMA contraction only makes each step more accurate)."""
@@ -680,7 +678,7 @@ def _approx_terms(q, lo, hi, eps32, terms):
         terms[v - lo] = x * _log32(x + eps32)
 
 
-@njit(cache=True, fastmath={"reassoc"}, inline="always")
+@njit(cache=True, fastmath={"reassoc"})
 def _sum_bounds(q, lo, terms, n):
     """(sum terms, sum |terms|, sum x) over terms[:n] and the clean q[lo:lo + n], in fp32
     (vectorised; the block's size bounds their error, _BOUNDS_BLOCK)."""
@@ -708,16 +706,10 @@ def _entropy_bounds(q, eps, terms):
     h = 0.0
     a = 0.0
     s = 0.0
-    full = V - V % _BOUNDS_BLOCK
-    for lo in range(0, full, _BOUNDS_BLOCK):  # (a known trip count: module docstring)
-        _approx_terms(q, lo, lo + _BOUNDS_BLOCK, eps32, terms)
-        bh, ba, bs = _sum_bounds(q, lo, terms, _BOUNDS_BLOCK)
-        h += np.float64(bh)
-        a += np.float64(ba)
-        s += np.float64(bs)
-    if full < V:
-        _approx_terms(q, full, V, eps32, terms)
-        bh, ba, bs = _sum_bounds(q, full, terms, V - full)
+    for lo in range(0, V, _BOUNDS_BLOCK):
+        n = min(lo + _BOUNDS_BLOCK, V) - lo
+        _approx_terms(q, lo, lo + n, eps32, terms)
+        bh, ba, bs = _sum_bounds(q, lo, terms, n)
         h += np.float64(bh)
         a += np.float64(ba)
         s += np.float64(bs)
