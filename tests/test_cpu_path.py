@@ -8,6 +8,9 @@ requests. numba is in the test extra, so these run wherever the tests do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from kernel_cases import make_case, ragged_view
@@ -543,11 +546,12 @@ def test_in_place_reads_every_tensor_as_the_reference(sampler: str) -> None:
     int32 ids and bonus, strided [B] tensors, rows that require grad, offsets, greedy rows and
     point-mass drafts all give the reference's tokens (each tensor read as its values)."""
     B, K, V = 4, 3, 97
-    reference, twin, options = {
+    twins: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor], dict[str, float]]] = {
         "rejection": (rejection_reference, cpu.rejection_cpu, {}),
         "block": (block_reference, cpu.block_cpu, {}),
         "typical": (typical_reference, cpu.typical_cpu, TYPICAL),
-    }[sampler]
+    }
+    reference, twin, options = twins[sampler]
     for seed in range(4):
         c = make_case(B, K, V, seed, closeness=2.0)
         wide = torch.zeros(B, K + 1, 2 * V)
@@ -558,7 +562,7 @@ def test_in_place_reads_every_tensor_as_the_reference(sampler: str) -> None:
         for t in (strided_neg, contiguous_neg):
             assert t.is_neg() and torch.equal(t, c.draft)
         assert contiguous_neg.is_contiguous()
-        variants = {
+        variants: dict[str, dict[str, Any]] = {
             "strided target": dict(target=wide[..., ::2]),
             "strided negative-bit draft": dict(draft=strided_neg),
             "negative-bit draft": dict(draft=contiguous_neg),
@@ -570,10 +574,10 @@ def test_in_place_reads_every_tensor_as_the_reference(sampler: str) -> None:
             "point-mass": dict(draft=None),
         }
         for name, change in variants.items():
-            args = dict(target=c.target, bonus_token_ids=c.bonus, draft=c.draft, draft_token_ids=c.draft_ids)
-            args["seeds"] = c.seeds
+            args: dict[str, Any] = dict(target=c.target, bonus_token_ids=c.bonus, draft=c.draft, seeds=c.seeds)
+            args["draft_token_ids"] = c.draft_ids
             args.update(change)
-            batch = VerifyBatch.padded(**args)  # type: ignore[arg-type]
+            batch = VerifyBatch.padded(**args)
             assert cpu._in_place(batch, None if sampler == "typical" else "x") is not None, name
             want = reference(_detached(batch), **options)
             got = cpu.run_compiled(twin, batch, **options)
