@@ -8,6 +8,9 @@ requests. numba is in the test extra, so these run wherever the tests do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from kernel_cases import make_case, ragged_view
@@ -514,3 +517,76 @@ def test_kernels_count_into_each_samplers_own_buffer() -> None:
         auto, ref = samplers[(i, "auto")], samplers[(i, "torch")]
         assert torch.equal(auto._counts, ref._counts) and auto._counts[1] > 0, (i, auto._counts, ref._counts)
     assert samplers[(0, "auto")].num_accepted_tokens >= 5
+
+
+def test_verify_batch_init_is_its_fields() -> None:
+    """VerifyBatch's written-out __init__ (layout.py: cheaper than the generated frozen one) takes
+    exactly its dataclass fields, with their defaults; the instance stays frozen, and strided [B]
+    fields are made contiguous."""
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(VerifyBatch.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(VerifyBatch)
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields, strict=True):
+        assert p.default == (inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default), p.name
+    c = make_case(3, 2, 50, 1)
+    seeds = torch.arange(6)[::2]
+    batch = VerifyBatch.padded(c.target, c.bonus, c.draft, c.draft_ids, seeds=seeds, is_greedy=c.is_greedy)
+    assert batch.seeds is not None and batch.seeds.is_contiguous() and torch.equal(batch.seeds, seeds)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.seeds = None  # type: ignore[misc]
+    assert dataclasses.replace(batch, seeds=c.seeds).seeds is c.seeds
+
+
+@pytest.mark.parametrize("sampler", ["rejection", "block", "typical"])
+def test_in_place_reads_every_tensor_as_the_reference(sampler: str) -> None:
+    """The padded fp32 path passes addresses (cpu._in_place): strided and negative-bit rows,
+    int32 ids and bonus, strided [B] tensors, rows that require grad, offsets, greedy rows and
+    point-mass drafts all give the reference's tokens (each tensor read as its values)."""
+    B, K, V = 4, 3, 97
+    twins: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor], dict[str, float]]] = {
+        "rejection": (rejection_reference, cpu.rejection_cpu, {}),
+        "block": (block_reference, cpu.block_cpu, {}),
+        "typical": (typical_reference, cpu.typical_cpu, TYPICAL),
+    }
+    reference, twin, options = twins[sampler]
+    for seed in range(4):
+        c = make_case(B, K, V, seed, closeness=2.0)
+        wide = torch.zeros(B, K + 1, 2 * V)
+        wide[..., ::2] = c.target
+        # the draft's values behind a negative bit: a strided view, and a contiguous one
+        strided_neg = torch.view_as_complex(torch.stack([torch.zeros_like(c.draft), -c.draft], -1)).conj().imag
+        contiguous_neg = torch._neg_view(-c.draft)
+        for t in (strided_neg, contiguous_neg):
+            assert t.is_neg() and torch.equal(t, c.draft)
+        assert contiguous_neg.is_contiguous()
+        variants: dict[str, dict[str, Any]] = {
+            "strided target": dict(target=wide[..., ::2]),
+            "strided negative-bit draft": dict(draft=strided_neg),
+            "negative-bit draft": dict(draft=contiguous_neg),
+            "int32 ids": dict(draft_token_ids=c.draft_ids.to(torch.int32), bonus_token_ids=c.bonus.to(torch.int32)),
+            "grad target": dict(target=c.target.clone().requires_grad_()),
+            "strided seeds": dict(seeds=torch.stack([c.seeds, c.seeds], 1)[:, 0]),
+            "offsets": dict(offsets=torch.arange(B) * 7),
+            "greedy": dict(is_greedy=c.is_greedy),
+            "point-mass": dict(draft=None),
+        }
+        for name, change in variants.items():
+            args: dict[str, Any] = dict(target=c.target, bonus_token_ids=c.bonus, draft=c.draft, seeds=c.seeds)
+            args["draft_token_ids"] = c.draft_ids
+            args.update(change)
+            batch = VerifyBatch.padded(**args)
+            assert cpu._in_place(batch, None if sampler == "typical" else "x") is not None, name
+            want = reference(_detached(batch), **options)
+            got = cpu.run_compiled(twin, batch, **options)
+            assert torch.equal(got, want), f"{sampler} {name} seed {seed}: {got.tolist()} != {want.tolist()}"
+
+
+def _detached(batch: VerifyBatch) -> VerifyBatch:
+    """``batch`` with its rows detached (the references' torch ops need no grad)."""
+    import dataclasses
+
+    draft = None if batch.draft is None else batch.draft.detach()
+    return dataclasses.replace(batch, target=batch.target.detach(), draft=draft)

@@ -73,9 +73,10 @@ def _int64(a: Any) -> Any:
 
 
 class _Rows:
-    """What a kernel reads, as numpy arrays: fp32 rows [R, V] and the [B]-indexed maps
-    (:class:`spec_samplers.reference.FlatInputs`'s fields), the seeds and offsets as uint64 and
-    the greedy flags (``has_greedy`` False: ``greedy`` is zeros, never read)."""
+    """What a kernel reads, as numpy arrays, for the calls it does not read in place
+    (:func:`_in_place`: ragged, logits, fp16 / bf16 rows): fp32 rows [R, V] and the [B]-indexed
+    maps (:class:`spec_samplers.reference.FlatInputs`'s fields), the seeds and offsets as uint64
+    and the greedy flags (``has_greedy`` False: ``greedy`` is zeros, never read)."""
 
     __slots__ = (
         "target", "target_rows", "draft", "draft_rows", "draft_ids", "num_draft", "bonus", "greedy", "has_greedy",
@@ -83,40 +84,20 @@ class _Rows:
     )  # fmt: skip
 
     def __init__(self, batch: VerifyBatch, sampler: str | None) -> None:
-        layout = batch.layout
-        B, K, V = layout.batch_size, layout.max_drafts, layout.vocab_size
-        target, draft, greedy = batch.target, batch.draft, batch.is_greedy
-        if (
-            not layout.ragged
-            and batch.temperature is None
-            and batch.draft_rows is None  # (flat_inputs refuses draft_rows without a temperature)
-            and target.dtype == torch.float32
-            and (draft is None or draft.dtype == torch.float32)
-        ):
-            # padded fp32 probabilities (the common call): the rows in place and the shape's plan
-            # (row maps, zeros) made once (FlatInputs' torch ops cost more than the kernel at B = 1)
-            plan = _padded_plan(B, K)
-            self.target = _np(target).reshape(-1, V)
-            self.has_draft = draft is not None
-            self.draft = self.target[:1] if draft is None else _np(draft).reshape(-1, V)
-            self.target_rows, self.draft_rows, self.num_draft = plan.target_rows, plan.draft_rows, plan.num_draft
-            self.draft_ids = _np64(batch.draft_token_ids)  # [B, K]
-            # (VerifyBatch's [B] fields are contiguous, and an integer tensor never requires grad)
-            self.bonus = _int64(batch.bonus_token_ids.numpy())  # [B]
-        else:
-            from spec_samplers.reference import flat_inputs
+        from spec_samplers.reference import flat_inputs
 
-            f = flat_inputs(batch)
-            plan = _padded_plan(B, 0)  # (its zeros)
-            self.target = _np(f.target.to(torch.float32))
-            self.has_draft = f.draft is not None
-            self.draft = self.target[:1] if f.draft is None else _np(f.draft.to(torch.float32))
-            self.target_rows, self.draft_rows, self.num_draft = map(_np64, (f.target_rows, f.draft_rows, f.num_draft))
-            self.draft_ids = _np64(f.draft_ids)
-            self.bonus = _np64(f.bonus).reshape(B)
-            greedy = f.is_greedy
+        B = batch.layout.batch_size
+        f = flat_inputs(batch)
+        no_greedy, zero_offsets = _zeros(B)
+        self.target = _np(f.target.to(torch.float32))
+        self.has_draft = f.draft is not None
+        self.draft = self.target[:1] if f.draft is None else _np(f.draft.to(torch.float32))
+        self.target_rows, self.draft_rows, self.num_draft = map(_np64, (f.target_rows, f.draft_rows, f.num_draft))
+        self.draft_ids = _np64(f.draft_ids)
+        self.bonus = _np64(f.bonus).reshape(B)
+        greedy = f.is_greedy
         self.has_greedy = greedy is not None
-        self.greedy = plan.no_greedy if greedy is None else _np(greedy.to(torch.bool))
+        self.greedy = no_greedy if greedy is None else _np(greedy.to(torch.bool))
         if sampler is None:  # (typical acceptance: no randomness)
             return
         seeds = batch.seeds
@@ -126,27 +107,77 @@ class _Rows:
             seeds = _seeds_offsets(batch, sampler)[0]
         self.seeds = _np64(seeds).view(np.uint64)
         offsets = batch.offsets
-        self.offsets = plan.zero_offsets if offsets is None else _int64(offsets.numpy()).view(np.uint64)
+        self.offsets = zero_offsets if offsets is None else _int64(offsets.numpy()).view(np.uint64)
 
 
-class _Plan(NamedTuple):
-    """What every padded call of a shape (B, K) passes a kernel besides its tensors: made once,
-    only read by the kernels."""
+class _InPlace(NamedTuple):
+    """The tensors of a padded fp32 probabilities call as the ``*_padded`` kernels read them at
+    their addresses (``data_ptr()``, spec_samplers.cpu._numba_kernels): each contiguous, without a
+    negative bit, of the dtype read there (a copy only of one that is not). Holding them keeps
+    every address alive until the kernel returns."""
 
-    target_rows: Any  # [B, K+1] int64: request b's rows b (K+1) + i
-    draft_rows: Any  # [B, K] int64
-    num_draft: Any  # [B] int64: K
-    no_greedy: Any  # [B] bool zeros (no greedy rows)
-    zero_offsets: Any  # [B] uint64 zeros (no offsets)
+    target: torch.Tensor  # [B, K+1, V] fp32
+    draft: torch.Tensor | None  # [B, K, V] fp32, None: point-mass drafts
+    draft_ids: torch.Tensor  # [B, K] int64
+    bonus: torch.Tensor  # [B] int64
+    is_greedy: torch.Tensor | None  # [B] bool
+    seeds: torch.Tensor | None  # [B] int64 (None: typical acceptance, no randomness)
+    offsets: torch.Tensor | None  # [B] int64, None: 0
+
+
+def _plain(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a kernel reads it at its address: of ``dtype``, contiguous, without a negative
+    bit (a view that ``.numpy()`` would refuse; ``resolve_neg`` copies it)."""
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if not t.is_contiguous() or t.is_neg():
+        t = t.resolve_neg().contiguous()
+    return t
+
+
+def _in_place(batch: VerifyBatch, sampler: str | None) -> _InPlace | None:
+    """The call's tensors for the ``*_padded`` kernels when it is padded fp32 probabilities (the
+    common call: the rows read in place and the layout's maps made in the kernel; FlatInputs' torch
+    ops cost more than the kernel at B = 1), else None (the kernels read :class:`_Rows`). B >= 1."""
+    layout, target, draft = batch.layout, batch.target, batch.draft
+    if (
+        layout.ragged
+        or batch.temperature is not None
+        or batch.draft_rows is not None  # (flat_inputs refuses draft_rows without a temperature)
+        or target.dtype != torch.float32
+        or (draft is not None and draft.dtype != torch.float32)
+    ):
+        return None
+    greedy, seeds, offsets = batch.is_greedy, None, None
+    if sampler is not None:  # (typical acceptance: no randomness)
+        seeds = batch.seeds
+        if seeds is None:
+            from spec_samplers.reference import _seeds_offsets
+
+            seeds = _seeds_offsets(batch, sampler)[0]
+        seeds = _plain(seeds, torch.int64)
+        offsets = None if batch.offsets is None else _plain(batch.offsets, torch.int64)
+    return _InPlace(
+        _plain(target, torch.float32),
+        None if draft is None else _plain(draft, torch.float32),
+        _plain(batch.draft_token_ids, torch.int64),
+        _plain(batch.bonus_token_ids, torch.int64),
+        None if greedy is None else _plain(greedy, torch.bool),
+        seeds,
+        offsets,
+    )
+
+
+def _address(t: torch.Tensor | None) -> int:
+    """The address a ``*_padded`` kernel reads ``t`` at; 0 for an absent tensor."""
+    return 0 if t is None else t.data_ptr()
 
 
 @functools.lru_cache(maxsize=64)
-def _padded_plan(B: int, K: int) -> _Plan:
-    """The padded layout's :class:`_Plan` (K = 0: only its zeros are read)."""
-    target_rows = np.arange(B * (K + 1), dtype=np.int64).reshape(B, K + 1)
-    draft_rows = np.arange(B * K, dtype=np.int64).reshape(B, K)
-    num_draft = np.full(B, K, dtype=np.int64)
-    return _Plan(target_rows, draft_rows, num_draft, np.zeros(B, dtype=np.bool_), np.zeros(B, dtype=np.uint64))
+def _zeros(B: int) -> tuple[Any, Any]:
+    """([B] bool zeros: no greedy rows, [B] uint64 zeros: no offsets), made once per B and only
+    read by the kernels."""
+    return np.zeros(B, dtype=np.bool_), np.zeros(B, dtype=np.uint64)
 
 
 #: the counters argument of a kernel call that does not count (never written)
@@ -186,20 +217,36 @@ def _reference(name: str) -> Callable[..., torch.Tensor]:
     return getattr(reference, name)
 
 
-def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: str, sampler: str) -> torch.Tensor:
+def _verify_cpu(batch: VerifyBatch, kernel_name: str, padded_name: str, reference: str, sampler: str) -> torch.Tensor:
     """Run the kernel ``kernel_name`` (rejection_kernel, block_kernel: one signature) on the
-    batch's fp32 rows; the reference ``reference`` where numba is missing or there are no rows to
+    batch's fp32 rows, or its twin ``padded_name`` on the tensors a padded fp32 call reads in place
+    (:func:`_in_place`); the reference ``reference`` where numba is missing or there are no rows to
     read."""
     k = kernels()
     if k is None:
         return _reference(reference)(batch)
-    r = _Rows(batch, sampler)
-    if r.target.shape[0] == 0 or r.draft.shape[0] == 0:
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    t = _in_place(batch, sampler)
+    r = _Rows(batch, sampler) if t is None else None
+    if r is None:  # (padded: B (K+1) target rows, B K draft rows)
+        empty = B == 0 or (K == 0 and batch.draft is not None)
+    else:
+        empty = r.target.shape[0] == 0 or r.draft.shape[0] == 0
+    if empty:
         # (no rows to read: the reference's degenerate cases)
         return _degenerate(batch, _reference(reference)(batch))
-    B, K = r.draft_ids.shape
     out = np.empty((B, K + 1), dtype=np.int64)
     counts, count = _counts(batch)
+    if t is not None:
+        assert t.seeds is not None  # (resolved by _in_place for a stochastic sampler)
+        getattr(k, padded_name)(
+            t.target.data_ptr(), _address(t.draft), t.draft_ids.data_ptr(), t.bonus.data_ptr(),
+            _address(t.is_greedy), t.seeds.data_ptr(), _address(t.offsets), B, K, layout.vocab_size, out, counts,
+            count,
+        )  # fmt: skip
+        return torch.from_numpy(out)
+    assert r is not None
     getattr(k, kernel_name)(
         r.target,
         r.target_rows,
@@ -222,12 +269,12 @@ def _verify_cpu(batch: VerifyBatch, kernel_name: str, reference: str, sampler: s
 
 def rejection_cpu(batch: VerifyBatch) -> torch.Tensor:
     """:func:`spec_samplers.reference.rejection_reference`, compiled. Returns [B, K+1] int64."""
-    return _verify_cpu(batch, "rejection_kernel", "rejection_reference", "rejection sampling")
+    return _verify_cpu(batch, "rejection_kernel", "rejection_padded", "rejection_reference", "rejection sampling")
 
 
 def block_cpu(batch: VerifyBatch) -> torch.Tensor:
     """:func:`spec_samplers.reference.block_reference`, compiled. Returns [B, K+1] int64."""
-    return _verify_cpu(batch, "block_kernel", "block_reference", "block verification")
+    return _verify_cpu(batch, "block_kernel", "block_padded", "block_reference", "block verification")
 
 
 def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: object) -> torch.Tensor:
@@ -247,21 +294,22 @@ def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha:
     k = kernels()
     if k is None:
         return _reference("typical_reference")(batch, posterior_threshold, posterior_alpha)
-    r = _Rows(batch, None)
-    if r.target.shape[0] == 0:
+    layout = batch.layout
+    B, K = layout.batch_size, layout.max_drafts
+    t = _in_place(batch, None)
+    r = _Rows(batch, None) if t is None else None
+    if B == 0 if r is None else r.target.shape[0] == 0:
         return _degenerate(batch, _reference("typical_reference")(batch, posterior_threshold, posterior_alpha))
-    B, K = r.draft_ids.shape
     out = np.empty((B, K + 1), dtype=np.int64)
-    k.typical_kernel(
-        r.target,
-        r.target_rows,
-        r.draft_ids,
-        r.num_draft,
-        r.bonus,
-        *_typical_floats(posterior_threshold, posterior_alpha),
-        out,
-        *_counts(batch),
-    )
+    floats = _typical_floats(posterior_threshold, posterior_alpha)
+    if t is not None:
+        k.typical_padded(
+            t.target.data_ptr(), t.draft_ids.data_ptr(), t.bonus.data_ptr(), B, K, layout.vocab_size, *floats, out,
+            *_counts(batch),
+        )  # fmt: skip
+        return torch.from_numpy(out)
+    assert r is not None
+    k.typical_kernel(r.target, r.target_rows, r.draft_ids, r.num_draft, r.bonus, *floats, out, *_counts(batch))
     return torch.from_numpy(out)
 
 

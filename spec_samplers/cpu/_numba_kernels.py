@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from spec_samplers import rng
@@ -787,3 +787,81 @@ def typical_kernel(
         _write(out, b, draft_ids, n, _final(recovered, n < kb, bonus[b], V), kb)
         if count:
             _count(out, b, counts)
+
+
+# --- Padded fp32 calls read in place ----------------------------------------------------------
+# The common call (padded fp32 probabilities, spec_samplers.cpu._in_place) passes its tensors'
+# addresses, not numpy views: ``Tensor.numpy()`` costs ~0.6 us a tensor (five a call) where
+# ``data_ptr()`` costs ~0.05 us, and at B = 1 the host work around a ~25 us kernel is what the call
+# costs beyond its read floor. The caller guarantees what a numpy view would: each address is that
+# of a live, contiguous CPU tensor of the dtype read here, without a negative bit, holding the
+# stated shape (B >= 1, and K >= 1 where there are draft rows); 0 marks an absent tensor.
+
+
+@intrinsic
+def _void_pointer(typingctx, address):
+    """An int64 address as a ``void*`` (what ``numba.carray`` takes)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(types.int64), codegen
+
+
+@njit(cache=True, inline="always")
+def _padded_maps(B, K):
+    """(target_rows [B, K+1], draft_rows [B, K], num_draft [B]) int64 of the padded layout
+    (RowLayout.maps): request b's rows b (K+1) + i and b K + i, K drafts each."""
+    target_rows = np.arange(B * (K + 1)).reshape(B, K + 1)
+    draft_rows = np.arange(B * K).reshape(B, K)
+    return target_rows, draft_rows, np.full(B, K, dtype=np.int64)
+
+
+@njit(cache=True, inline="always")
+def _padded_chain(kernel, target, draft, draft_ids, bonus, is_greedy, seeds, offsets, B, K, V, out, counts, count):
+    """``kernel`` (rejection_kernel or block_kernel) on the padded call at these addresses:
+    target [B (K+1), V] fp32, draft [B K, V] fp32 (0: point-mass drafts), draft_ids [B, K] int64,
+    bonus [B] int64, is_greedy [B] bool (0: none), seeds [B] int64 (read as uint64), offsets
+    [B] int64 (0: zeros)."""
+    q = carray(_void_pointer(target), (B * (K + 1), V), np.float32)
+    # point-mass drafts: a target row stands in for the draft rows (never read), as in _Rows
+    p = carray(_void_pointer(draft if draft != 0 else target), (B * K if draft != 0 else 1, V), np.float32)
+    ids = carray(_void_pointer(draft_ids), (B, K), np.int64)
+    greedy = np.zeros(B, dtype=np.bool_)
+    if is_greedy != 0:
+        greedy = carray(_void_pointer(is_greedy), (B,), np.bool_)
+    off = np.zeros(B, dtype=np.uint64)
+    if offsets != 0:
+        off = carray(_void_pointer(offsets), (B,), np.uint64)
+    target_rows, draft_rows, num_draft = _padded_maps(B, K)
+    kernel(
+        q, target_rows, p, draft_rows, draft != 0, ids, num_draft, carray(_void_pointer(bonus), (B,), np.int64),
+        greedy, is_greedy != 0, carray(_void_pointer(seeds), (B,), np.uint64), off, out, counts, count,
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def rejection_padded(target, draft, draft_ids, bonus, is_greedy, seeds, offsets, B, K, V, out, counts, count):
+    """:func:`rejection_kernel` on a padded fp32 call's addresses (:func:`_padded_chain`)."""
+    _padded_chain(
+        rejection_kernel, target, draft, draft_ids, bonus, is_greedy, seeds, offsets, B, K, V, out, counts, count
+    )
+
+
+@njit(cache=True)
+def block_padded(target, draft, draft_ids, bonus, is_greedy, seeds, offsets, B, K, V, out, counts, count):
+    """:func:`block_kernel` on a padded fp32 call's addresses (:func:`_padded_chain`)."""
+    _padded_chain(block_kernel, target, draft, draft_ids, bonus, is_greedy, seeds, offsets, B, K, V, out, counts, count)
+
+
+@njit(cache=True)
+def typical_padded(target, draft_ids, bonus, B, K, V, eps, threshold, alpha, out, counts, count):
+    """:func:`typical_kernel` on a padded fp32 call's addresses: target [B (K+1), V] fp32,
+    draft_ids [B, K] int64, bonus [B] int64."""
+    q = carray(_void_pointer(target), (B * (K + 1), V), np.float32)
+    ids = carray(_void_pointer(draft_ids), (B, K), np.int64)
+    target_rows, _, num_draft = _padded_maps(B, K)
+    typical_kernel(
+        q, target_rows, ids, num_draft, carray(_void_pointer(bonus), (B,), np.int64), eps, threshold, alpha,
+        out, counts, count,
+    )  # fmt: skip
