@@ -21,7 +21,9 @@ one-hot of x_i; ``step_block_kernel``) reads:
   min(rho_i q_i(x_i), 1), 0 past an out-of-range draft): the thresholds h_m = Z_m / (Z_m + 1 -
   rho_m) with Z_m = (rho_m (1 - q_m(x_m)))+ (1 when rho_m = 1; rho_m at an out-of-range draft and
   at the placeholder, m = k_r), tested u_{m-1} < h_m on STREAM_ACCEPT, tau the largest m that
-  passes (0 if none); once rho is 0 every later h is 0 and no later row is read;
+  passes (0 if none). Every later h is at most rho_m (h_m' <= rho_m' <= rho_m, within a few fp32
+  ulps here), so once each uniform left is >= 2 rho_m (rho_m = 0 included) none can pass and no
+  later row is read: a draft the target gives little mass (an n-gram miss) ends the reading;
 * at tau, the recovery race of position tau over rho_tau q_tau with (rho_tau q_tau(x_tau) - 1)+ at
   x_tau (RES_BLOCK_POINT; q_tau itself at the bonus row or an out-of-range draft); a greedy request
   (T = 0) follows the argmax rule, tokens as rejection sampling's.
@@ -140,6 +142,8 @@ def step_block_kernel(
     V = logits.shape[1]
     q = np.empty((out.shape[1] - 1, V), dtype=np.float32)  # row m: position m's weights
     r = np.empty(out.shape[1] - 1, dtype=np.float32)  # their 1 / sum
+    u = np.empty(out.shape[1] - 1, dtype=np.float32)  # u[m] = u_{m-1}, the uniform testing h_m
+    u_min = np.empty(out.shape[1] - 1, dtype=np.float32)  # u_min[m] = min(u[m:k_b + 1])
     start = 0
     for b in range(B):
         kb = cu[b] - start - 1
@@ -159,12 +163,19 @@ def step_block_kernel(
             m = _row_max(x)
             token = -1 if m == _NEG_INF else _first_index_of(x, m)
         else:
-            # rho_m and h_m (m = 1 .. k_b; the placeholder's h_{k_b} = rho_{k_b}) while rho_m > 0:
-            # from there on every h is 0 (never u < h), so no later row is read
+            # rho_m and h_m (m = 1 .. k_b; the placeholder's h_{k_b} = rho_{k_b}) while some later
+            # test can pass: h_m' <= rho_m' <= rho_m for m' >= m (exactly; a few fp32 ulps here),
+            # so once every uniform left is >= 2 rho_m (rho_m = 0 included) no later row is read
+            for m in range(1, kb + 1):  # u_{m-1} tests h_m; u_min[m]: the least of u_{m-1} ..
+                w = _words(seed, offset, np.int64(m - 1), _STREAM_ACCEPT)
+                u[m] = _uniform(w[0], w[1])
+            u_min[kb] = u[kb] if kb >= 1 else _F0
+            for m in range(kb - 1, 0, -1):
+                u_min[m] = min(u[m], u_min[m + 1])
             rho = _ONE
             tau, rho_tau = 0, _ONE
             for m in range(kb + 1):
-                if not rho > _F0:
+                if m >= 1 and u_min[m] >= np.float32(2.0) * rho:
                     break
                 xid = draft_ids[first_draft + m] if m < kb else -1
                 valid = xid >= 0 and xid < V
@@ -179,8 +190,7 @@ def step_block_kernel(
                         z = np.float32(rho * np.float32(_ONE - q_x))
                         z = z if z > _F0 else _F0
                         h = np.float32(z / np.float32(z + np.float32(_ONE - rho)))
-                    w = _words(seed, offset, np.int64(m - 1), _STREAM_ACCEPT)
-                    if _uniform(w[0], w[1]) < h:
+                    if u[m] < h:
                         tau, rho_tau = m, rho
                 rho = min(np.float32(rho * q_x), _ONE)  # the ratio q_x / 1, 0 past an invalid draft
             xid = draft_ids[first_draft + tau] if tau < kb else -1

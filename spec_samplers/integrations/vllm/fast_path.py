@@ -320,8 +320,8 @@ def _verify_point_drafts(
     request (the reference's kernel in ``cpu._logits_kernels``, :data:`_POINT_STEP_KERNELS`:
     ``step_rejection_kernel``, ``step_block_kernel``): each row's softmax is made from its logits
     only when the verification reads it (rejection sampling: its rows up to the first rejection;
-    block verification: its draft rows while the running ratio is positive, and the emitted
-    token's row), instead of every row's probabilities made with PyTorch first."""
+    block verification: its draft rows while a later threshold can pass, and the emitted token's
+    row), instead of every row's probabilities made with PyTorch first."""
     sampler = cast(SpecDecodeBaseSampler, verifier.sampler)
     kernel = getattr(_point_kernels(), _POINT_STEP_KERNELS[getattr(type(sampler).reference_op, "__name__", "")])
     B = cu_rows.shape[0]
