@@ -17,7 +17,8 @@ does). Both sides get the same step: B requests of k point-mass drafts each (n-g
 Drafts: ``random`` (uniform token ids: rejected at once, n-gram drafts that miss) and
 ``argmax`` (each row's argmax: accepted with probability q(argmax), so more rows are read).
 Timed by the calling thread's CPU time (``time.thread_time``), median of the rounds, the two
-functions called in turn.
+functions called in turn. ``--sampler block_verification`` verifies our side by block
+verification (vLLM's side stays its rejection sampler: a reference point, not the same law).
 
     PYTHONPATH=<checkout> .venv-engine/bin/python benchmarks/cpu_seam_step.py --out F.json
 
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--drafts", nargs="+", default=["random", "argmax"], choices=["random", "argmax"])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--sampler", default="rejection_sampler", choices=["rejection_sampler", "block_verification"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -63,8 +65,8 @@ def main() -> None:
     from spec_samplers.registry import get_sampler
 
     rs = vllm_rejection_sampler()
-    ver = RaggedVerifier(get_sampler("rejection_sampler"))
-    print(f"spec_samplers: {spec_samplers.__file__}; load {os.getloadavg()}", flush=True)
+    ver = RaggedVerifier(get_sampler(args.sampler))
+    print(f"spec_samplers: {spec_samplers.__file__}; {args.sampler}; load {os.getloadavg()}", flush=True)
     rows = []
     for V in args.vocabs:
         for B in args.batches:
@@ -85,7 +87,15 @@ def main() -> None:
                 med = interleaved(fns, args.rounds)
                 ratio = med["ours"] / med["vllm"]
                 rows.append(
-                    dict(V=V, B=B, k=args.k, drafts=kind, ratio=ratio, **{f"{n}_us": t * 1e6 for n, t in med.items()})
+                    dict(
+                        V=V,
+                        B=B,
+                        k=args.k,
+                        drafts=kind,
+                        sampler=args.sampler,
+                        ratio=ratio,
+                        **{f"{n}_us": t * 1e6 for n, t in med.items()},
+                    )
                 )
                 print(
                     f"V={V:6d} B={B:3d} k={args.k} {kind:6s}: ours {med['ours'] * 1e6:9.1f} us | "

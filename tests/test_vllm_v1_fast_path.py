@@ -226,37 +226,54 @@ def test_steps_without_drafts_are_the_references_tokens_in_one_compiled_pass(nam
         assert fast[2, 0] == 0 and fast[4, 0] == logits[4].argmax()  # no mass: token 0; greedy: argmax
 
 
-def test_steps_with_point_drafts_are_the_references_tokens_in_one_compiled_pass(monkeypatch):
-    """A rejection-sampling step with point-mass drafts (n-gram, EAGLE: no draft probabilities),
-    on CPU fp32 logits with numba (the test extra), is verified by the compiled step (each row's
-    softmax made from its logits as the verification reads it, ``cpu._logits_kernels``): the
-    tokens and counters of the seam's path with the sampler's PyTorch reference
-    (backend="torch"), with drafts accepted (argmax drafts), rejected, out of range (-1, V + 3),
-    requests without drafts, rows with NaN, +inf logits and without mass (before and at a
-    rejection), greedy, tiny, +inf, negative and NaN temperatures, seeded and unseeded requests."""
+@pytest.mark.parametrize("name", ["rejection_sampler", "block_verification"])
+def test_steps_with_point_drafts_are_the_references_tokens_in_one_compiled_pass(name, monkeypatch):
+    """A rejection-sampling or block-verification step with point-mass drafts (n-gram, EAGLE: no
+    draft probabilities), on CPU fp32 logits with numba (the test extra), is verified by the
+    compiled step (each row's softmax made from its logits as the verification reads it,
+    ``cpu._logits_kernels``' kernel of the sampler's reference): the tokens and counters of the
+    seam's path with the sampler's PyTorch reference (backend="torch"), with drafts accepted
+    (argmax drafts), rejected, out of range (-1, V + 3), a request whose drafts are all accepted
+    and one whose first draft is rejected, requests without drafts, rows with NaN, +inf logits and
+    without mass (before and at a rejection), greedy, tiny, +inf, negative and NaN temperatures,
+    seeded and unseeded requests."""
     calls = []
     compiled = fast_path._verify_point_drafts
     monkeypatch.setattr(fast_path, "_verify_point_drafts", lambda *a: calls.append(1) or compiled(*a))
+    kernels = []
+    module = fast_path._point_kernels()
+    kernel_name = fast_path._POINT_STEP_KERNELS[get_sampler(name).reference_op.__name__]
+    kernel = getattr(module, kernel_name)
+    monkeypatch.setattr(module, kernel_name, lambda *a: kernels.append(1) or kernel(*a))
     drafts = [[1, 2, 3], [4], [], [5, 6], [7, 0, 1, 2], [3], [8, 8], [], [2, 2, 2, 2], [6]] * 2
+    drafts += [[1, 2, 0, 3], [3, 1, 2, 0]]  # all accepted (each draft's logit + 40), first rejected
     temps = [0.7, 1.0, 0.5, 1.2, 0.0, 2.0, 1e-30, float("inf"), -1.0, float("nan")] * 2
     temps[10:] = [0.9, 1e-30, 0.6, 0.0, 1.1, 0.8, float("inf"), 0.0, 1.0, 0.4]
+    temps += [1.0, 0.8]
     for V in (7, 3000):
         md, logits, _ = random_step(drafts, V, V + 1, False)
         ids = logits.argmax(-1)[md.target_logits_indices.long()].to(torch.int32)  # accepted often
         ids[1::3] = md.draft_token_ids[1::3]  # and random drafts
         ids[5], ids[17] = -1, V + 3  # out of range
+        ids[-8:] = md.draft_token_ids[-8:]
         md.draft_token_ids.copy_(ids)
         logits[1, 3] = float("nan")
         logits[2] = float("-inf")  # request 0's third row: no mass
         logits[4, 2] = logits[4, 5] = float("inf")
         logits[10] = float("nan")
-        logits[-1] = float("-inf")  # a bonus row without mass
-        (fast, fast_stats), (ref, ref_stats) = auto_and_reference("rejection_sampler", md, logits, temps, 4, V)
-        assert len(calls) == 1 + (V == 3000)  # the auto run only
+        logits[-11] = float("-inf")  # a bonus row without mass (request 19's)
+        first_rows = md.target_logits_indices.long()
+        for i in range(1, 5):  # request 20's drafts weigh ~1, request 21's first draft 0
+            logits[first_rows[-i - 4], ids[-i - 4]] += 40.0
+        logits[first_rows[-4], ids[-4]] = float("-inf")
+        (fast, fast_stats), (ref, ref_stats) = auto_and_reference(name, md, logits, temps, 4, V)
+        assert len(calls) == len(kernels) == 1 + (V == 3000)  # the auto run only
         assert fast.dtype == torch.int32 and fast.shape == (len(drafts), 5)
         assert torch.equal(fast, ref), V
         assert fast_stats == ref_stats
         assert 0 < fast_stats[1] < md.draft_token_ids.shape[0]  # some drafts accepted, some rejected
+        assert torch.equal(fast[-2, :4], ids[-8:-4]) and fast[-2, 4] >= 0  # all accepted, and a bonus
+        assert fast[-1, 0] >= 0 and fast[-1, 0] != ids[-4] and (fast[-1, 1:] == -1).all()  # first rejected
 
 
 # --- routing -----------------------------------------------------------------------------------

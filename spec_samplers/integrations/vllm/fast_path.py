@@ -275,11 +275,12 @@ def _verifies_point_drafts(
     verifier: RaggedVerifier, logits: torch.Tensor, cu_rows: torch.Tensor, draft_ids: torch.Tensor, K: int
 ) -> bool:
     """Whether a V1 plain step with point-mass drafts (no draft probabilities: n-gram, EAGLE) may
-    be verified by the compiled step (:func:`_verify_point_drafts`): rejection sampling running the
-    base class's pipeline with ``backend="auto"`` (not strict, not checking values), CPU fp32
+    be verified by the compiled step (:func:`_verify_point_drafts`): a sampler whose reference has
+    a compiled step (:data:`_POINT_STEP_KERNELS`: rejection sampling, block verification) running
+    the base class's pipeline with ``backend="auto"`` (not strict, not checking values), CPU fp32
     logits with numba installed, and well-formed rows (read on the CPU, no synchronisation):
     every request 1 to K + 1 rows, L rows in all, one draft per row but the B bonus rows."""
-    if not _compiled_cpu_step(verifier.sampler, _REJECTION) or not cpu_draw.available(logits):
+    if not _compiled_cpu_step(verifier.sampler, frozenset(_POINT_STEP_KERNELS)) or not cpu_draw.available(logits):
         return False
     if cu_rows.device.type != "cpu" or draft_ids.device.type != "cpu" or cu_rows.dim() != 1:
         return False
@@ -291,8 +292,9 @@ def _verifies_point_drafts(
     return bool(cu[-1] == L and rows.min() >= 1 and rows.max() <= K + 1)
 
 
-#: the reference the compiled step with drafts computes (_verifies_point_drafts)
-_REJECTION = frozenset({"rejection_reference"})
+#: the references the compiled step with drafts computes (_verifies_point_drafts), each with its
+#: kernel in ``cpu._logits_kernels`` (_verify_point_drafts)
+_POINT_STEP_KERNELS = {"rejection_reference": "step_rejection_kernel", "block_reference": "step_block_kernel"}
 
 
 @functools.cache
@@ -314,15 +316,18 @@ def _verify_point_drafts(
     K: int,
 ) -> torch.Tensor:
     """[B, K+1] int32: the tokens and counters of the seam's path (:func:`verify_with_bonus_rows`
-    on the sampler's rejection reference) for a step with point-mass drafts, by one compiled pass
-    per request (``cpu._logits_kernels.step_rejection_kernel``): each row's softmax is made from
-    its logits only when the verification reads it (its rows up to the first rejection), instead
-    of every row's probabilities made with PyTorch first."""
+    on the sampler's reference) for a step with point-mass drafts, by one compiled pass per
+    request (the reference's kernel in ``cpu._logits_kernels``, :data:`_POINT_STEP_KERNELS`:
+    ``step_rejection_kernel``, ``step_block_kernel``): each row's softmax is made from its logits
+    only when the verification reads it (rejection sampling: its rows up to the first rejection;
+    block verification: its draft rows while a later threshold can pass, and the emitted token's
+    row), instead of every row's probabilities made with PyTorch first."""
     sampler = cast(SpecDecodeBaseSampler, verifier.sampler)
+    kernel = getattr(_point_kernels(), _POINT_STEP_KERNELS[getattr(type(sampler).reference_op, "__name__", "")])
     B = cu_rows.shape[0]
     seeds = row_seeds(B, logits.device, sm.generators)  # [B] int64 (the seam's seeds, in its order)
     out = torch.empty((B, K + 2), dtype=torch.int64)  # the sampler's [R, (K + 1) + 1] output
-    cast(ModuleType, _point_kernels()).step_rejection_kernel(
+    kernel(
         logits.detach().contiguous().numpy(),
         cu_rows.to(torch.int64).numpy(),
         draft_ids.to(torch.int64).numpy(),
