@@ -15,8 +15,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# The interpreter's math is numpy's. On a CPU with AVX-512, numpy dispatches fp32 exp2 / exp / log
+# to AVX-512 kernels whose last bits differ from torch's about 3x as often as its AVX2 kernels'
+# (exp2: 10.8% of fp32 inputs against 3.1%), and the kernel tests' token-for-token comparisons
+# (a near tie flipped by an ulp: test_kernels_multipath's logits entries at seed 11) were written
+# against the AVX2 kernels. numpy reads this once, when it is first imported (torch imports it):
+# set only where nothing imported numpy yet; the compiled kernels on a GPU never read numpy.
+if "numpy" not in sys.modules:
+    os.environ.setdefault(
+        "NPY_DISABLE_CPU_FEATURES", "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"
+    )
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
