@@ -17,13 +17,18 @@ from pathlib import Path
 
 # The interpreter's math is numpy's. On a CPU with AVX-512, numpy dispatches fp32 exp2 / exp / log
 # to AVX-512 kernels whose last bits differ from torch's about 3x as often as its AVX2 kernels'
-# (exp2: 10.8% of fp32 inputs against 3.1%), and the kernel tests' token-for-token comparisons
-# (a near tie flipped by an ulp: test_kernels_multipath's logits entries at seed 11) were written
-# against the AVX2 kernels. numpy reads this once, when it is first imported (torch imports it):
-# set only where nothing imported numpy yet; the compiled kernels on a GPU never read numpy.
+# (exp2: 10.8% of fp32 inputs against 3.1%, numpy 2.3 and 2.4), and the kernel tests'
+# token-for-token comparisons (a near tie flipped by an ulp: test_kernels_multipath's logits
+# entries at seed 11) were written against the AVX2 kernels. numpy reads this once, when it is
+# first imported (torch imports it): set only where nothing imported numpy yet, under the names of
+# its dispatch targets (2.4 renamed them; an unknown name warns). GPUs never run numpy's math.
 if "numpy" not in sys.modules:
+    from importlib.metadata import version
+
+    numpy_2_4 = tuple(int(part) for part in version("numpy").split(".")[:2]) >= (2, 4)
     os.environ.setdefault(
-        "NPY_DISABLE_CPU_FEATURES", "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"
+        "NPY_DISABLE_CPU_FEATURES",
+        "X86_V4 AVX512_ICL AVX512_SPR" if numpy_2_4 else "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL",
     )
 
 import pytest  # noqa: E402
