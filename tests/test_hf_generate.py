@@ -259,6 +259,11 @@ def test_head_product_is_the_models_own(pair):
     for B, Q in ((1, 1), (1, 2), (2, 3), (4, 2), (1, 9), (3, 4)):
         hidden = torch.randn(B, Q, 16)
         torch.testing.assert_close(head_logits(hidden, weight), torch.nn.functional.linear(hidden, weight))
+    # strided (the last position of a query), expanded and bf16 hidden states
+    wide = torch.randn(3, 4, 16)
+    for hidden in (wide[:, -1:], wide[:1, :1].expand(2, 1, 16), wide[:, ::2], wide.to(torch.bfloat16)):
+        expected = torch.nn.functional.linear(hidden, weight.to(hidden.dtype))
+        torch.testing.assert_close(head_logits(hidden, weight.to(hidden.dtype)), expected)
     wrapped = HFLanguageModel(target, eos_token_id=None)
     assert wrapped._head is not None
     ids = torch.randint(2, 40, (2, 3))

@@ -298,7 +298,8 @@ def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha:
     B, K = layout.batch_size, layout.max_drafts
     t = _in_place(batch, None)
     r = _Rows(batch, None) if t is None else None
-    if B == 0 if r is None else r.target.shape[0] == 0:
+    empty = B == 0 if r is None else r.target.shape[0] == 0  # (no rows to read)
+    if empty:
         return _degenerate(batch, _reference("typical_reference")(batch, posterior_threshold, posterior_alpha))
     out = np.empty((B, K + 1), dtype=np.int64)
     floats = _typical_floats(posterior_threshold, posterior_alpha)

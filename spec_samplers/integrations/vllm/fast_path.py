@@ -280,7 +280,7 @@ def _verifies_point_drafts(
     the base class's pipeline with ``backend="auto"`` (not strict, not checking values), CPU fp32
     logits with numba installed, and well-formed rows (read on the CPU, no synchronisation):
     every request 1 to K + 1 rows, L rows in all, one draft per row but the B bonus rows."""
-    if not _compiled_cpu_step(verifier.sampler, frozenset(_POINT_STEP_KERNELS)) or not cpu_draw.available(logits):
+    if not _compiled_cpu_step(verifier.sampler, _POINT_STEP_REFERENCES) or not cpu_draw.available(logits):
         return False
     if cu_rows.device.type != "cpu" or draft_ids.device.type != "cpu" or cu_rows.dim() != 1:
         return False
@@ -295,6 +295,7 @@ def _verifies_point_drafts(
 #: the references the compiled step with drafts computes (_verifies_point_drafts), each with its
 #: kernel in ``cpu._logits_kernels`` (_verify_point_drafts)
 _POINT_STEP_KERNELS = {"rejection_reference": "step_rejection_kernel", "block_reference": "step_block_kernel"}
+_POINT_STEP_REFERENCES = frozenset(_POINT_STEP_KERNELS)
 
 
 @functools.cache
