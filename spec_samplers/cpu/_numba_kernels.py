@@ -585,9 +585,10 @@ def _entropy_terms(q, lo, hi, eps, terms):
     operations, in its order). No fastmath here: _log's float order is its accuracy. The numpy
     error model drops the division's zero check (2 + f >= 1.7), a branch that stops LLVM's
     vectoriser."""
-    for v in range(lo, hi):
-        x = np.float64(_clean(np.float32(q[v])))
-        terms[v - lo] = _log(x + eps) * x
+    row = q[lo:hi]  # (indices from 0, as in _approx_terms)
+    for v in range(hi - lo):
+        x = np.float64(_clean(np.float32(row[v])))
+        terms[v] = _log(x + eps) * x
 
 
 @njit(cache=True, fastmath={"reassoc"})
@@ -673,9 +674,11 @@ def _log32(y):
 def _approx_terms(q, lo, hi, eps32, terms):
     """terms[: hi - lo] <- x log32(x + eps), x the clean fp32 q[lo:hi], all in fp32 (vectorised
     8 lanes wide; FMA contraction only makes each step more accurate)."""
-    for v in range(lo, hi):
-        x = _clean(np.float32(q[v]))
-        terms[v - lo] = x * _log32(x + eps32)
+    row = q[lo:hi]  # (indices from 0: LLVM then drops numba's negative-index wraparound, which
+    # made this loop gather its entries one lane at a time)
+    for v in range(hi - lo):
+        x = _clean(np.float32(row[v]))
+        terms[v] = x * _log32(x + eps32)
 
 
 @njit(cache=True, fastmath={"reassoc"})
@@ -685,11 +688,12 @@ def _sum_bounds(q, lo, terms, n):
     h = _F0
     a = _F0
     s = _F0
+    row = q[lo : lo + n]  # (indices from 0, as in _approx_terms)
     for v in range(n):
         t = terms[v]
         h += t
         a += abs(t)
-        s += _clean(np.float32(q[lo + v]))
+        s += _clean(np.float32(row[v]))
     return h, a, s
 
 
