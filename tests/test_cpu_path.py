@@ -358,6 +358,57 @@ def test_fp32_log_within_its_stated_bound() -> None:
     assert worst <= _LOG32_ERR / 2, (np.log2(worst), np.log2(_LOG32_ERR))
 
 
+@pytest.mark.quick
+def test_vectorised_exp2_is_the_correctly_rounded_one() -> None:
+    """The draws' weights (_draw_kernels._exp2: fp64 polynomial, rounded to fp32) on every fp32 z
+    of three binades, random z down to -130 (the subnormal weights) and the limits: equal to the
+    correctly rounded 2**z (numpy's fp64 exp2, rounded) on each. A planted fault (the polynomial's
+    terms from f**8 on dropped, ~2**-27 relative) fails it."""
+    import numpy as np
+    from numba import njit
+
+    from spec_samplers.cpu._draw_kernels import _exp2
+
+    @njit(cache=False)
+    def exps(zs, out):  # type: ignore[no-untyped-def]
+        for i in range(zs.shape[0]):
+            out[i] = _exp2(zs[i])
+
+    ones = np.float32(1.0).view(np.int32)
+    mantissas = np.arange(ones, ones + 2**23, dtype=np.int32).view(np.float32)
+    binades = [mantissas * np.float32(-(2.0**e)) for e in (-3, 0, 4)]
+    rand = -np.random.default_rng(0).random(2**20).astype(np.float32) * np.float32(130.0)
+    limits = np.array([0.0, -0.0, -0.5, -126.0, -149.0, -149.5, -150.0, -151.0, -3e38], dtype=np.float32)
+    zs = np.concatenate([*binades, rand, limits])
+    out = np.empty_like(zs)
+    exps(zs, out)
+    exact = np.exp2(zs.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(out, exact), int((out != exact).sum())
+    assert exps is not None and _exp2(np.float32(-np.inf)) == 0.0
+
+
+@pytest.mark.quick
+def test_row_max_is_fmax_then_amax() -> None:
+    """_draw_kernels._row_max (an integer max of order keys) against torch.fmax(x, -inf).amax() on
+    rows with NaN, +-inf, -0.0, all-NaN and all-negative entries."""
+    import numpy as np
+
+    from spec_samplers.cpu._draw_kernels import _row_max
+
+    g = torch.Generator().manual_seed(3)
+    nan, inf = float("nan"), float("inf")
+    rows = [torch.randn(1000, generator=g), -torch.rand(37, generator=g) - 1.0, torch.tensor([-0.0, -1.0])]
+    rows += [torch.tensor([nan, nan]), torch.tensor([nan, -inf]), torch.tensor([-inf, 5.0, nan, inf])]
+    rows.append(torch.tensor([-3e38]))
+    with_nan = torch.randn(513, generator=g)
+    with_nan[::7] = nan
+    rows.append(with_nan)
+    for x in rows:
+        want = float(torch.fmax(x, torch.tensor(-inf)).amax())
+        got = float(_row_max(x.numpy()))
+        assert got == want and (np.signbit(got) == np.signbit(want) or got != 0.0), (x, got, want)
+
+
 def _entropy_rows(V: int):  # type: ignore[no-untyped-def]
     """Rows the entropy meets: peaked, flat, with zeros, unnormalised, NaN / Inf entries."""
     g = torch.Generator().manual_seed(V)

@@ -13,8 +13,10 @@ kernel computes that q one request at a time into a [V] scratch row and runs the
   order; the two agree within torch's rounding (a few fp32 ulps, relative), so r = 1 / sum may
   differ in its last bits, and q = e r with it: a token changes only when two race keys agree to
   ~2**-23 relative (docs/cpu.md, "Tokens");
-* exp2: libm's ``exp2f`` here, SLEEF's in torch, both within an ulp (equal on most entries; a
-  last-bit difference moves a weight by 2**-24 relative, the same kind of event).
+* exp2: here the correctly rounded fp32 2**z (``_exp2``: an fp64 polynomial, vectorised), SLEEF's
+  ``exp2f`` in torch, within an ulp of it (the two differ in the last bit on ~6% of entries, as
+  libm's ``exp2f`` and SLEEF's do; a last-bit difference moves a weight by 2**-24 relative, the
+  same kind of event).
 
 Imported by :func:`spec_samplers.cpu.draw.draw_from_logits` when numba is installed; compiled code is cached
 on disk (``cache=True``).
@@ -27,7 +29,17 @@ from numba import njit
 
 from spec_samplers import rng
 from spec_samplers.constants import LOG2E_FP32, WEIGHT_MIN
-from spec_samplers.cpu._numba_kernels import _STREAM_RECOVER, _U32, RES_Q, _recover, _words
+from spec_samplers.cpu._numba_kernels import (
+    _STREAM_RECOVER,
+    _U32,
+    RES_Q,
+    _bits_f32,
+    _bits_f64,
+    _f32_bits,
+    _f64_bits,
+    _recover,
+    _words,
+)
 
 _F0 = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -38,15 +50,31 @@ _WEIGHT_MIN = np.float32(WEIGHT_MIN)
 _STREAM_SAMPLE = np.uint64(rng.STREAM_SAMPLE)
 
 
+#: the int32 key of -inf: keys (_key) order fp32 values as floats, NaN excluded
+_NEG_INF_KEY = np.int32(-0x7F800001)
+_LOW31 = np.int32(0x7FFFFFFF)
+
+
+@njit(cache=True, inline="always")
+def _key(x):
+    """An int32 whose order is fp32 x's (x not NaN): the bits of x >= +0, the bits with the 31 low
+    ones flipped below (-0.0 keys -1, one under +0.0: the max's sign of zero is not read, every use
+    compares with ==, where -0.0 == +0.0)."""
+    b = _f32_bits(x)
+    return b if b >= np.int32(0) else b ^ _LOW31
+
+
 @njit(cache=True)
 def _row_max(x):
-    """max of the row with NaN as -inf (torch.fmax(x, -inf) then amax): NaN fails every >, so a
-    plain compare loop skips it."""
-    m = _NEG_INF
+    """max of the row with NaN as -inf (torch.fmax(x, -inf) then amax), as an integer max of the
+    values' keys (_key; a NaN keys -inf), which LLVM vectorises (a float max with NaN skipped does
+    not vectorise without fastmath flags: 0.49 against ~0.03 ns an entry at V = 128256)."""
+    m = _NEG_INF_KEY
     for v in range(x.shape[0]):
         xv = x[v]
-        m = xv if xv > m else m
-    return m
+        k = _key(xv) if xv == xv else _NEG_INF_KEY
+        m = k if k > m else m
+    return _bits_f32(m if m >= np.int32(0) else m ^ _LOW31)
 
 
 @njit(cache=True)
@@ -58,12 +86,57 @@ def _first_index_of(x, m):
     return -1
 
 
+#: 1.5 * 2**52: z + it, for |z| < 2**51, is round(z) + it exactly, and its bits' low word is round(z)
+_SHIFTER = 6755399441055744.0
+_SHIFTER_BITS = np.int64(0x4338000000000000)
+_EXP_BIAS = np.int64(1023)
+_EXP_SHIFT = np.int64(52)
+#: ln2**n / n! for n = 0 ... 12: 2**f = exp(f ln2) to ~2**-52 relative for |f| <= 1/2 (the next
+#: term is under 2**-52)
+_E0 = 1.0
+_E1 = 0.6931471805599453
+_E2 = 0.2402265069591007
+_E3 = 0.05550410866482158
+_E4 = 0.009618129107628477
+_E5 = 0.0013333558146428443
+_E6 = 0.00015403530393381608
+_E7 = 1.525273380405984e-05
+_E8 = 1.3215486790144307e-06
+_E9 = 1.0178086009239699e-07
+_E10 = 7.054911620801123e-09
+_E11 = 4.445538271870811e-10
+_E12 = 2.5678435993488202e-11
+
+
+@njit(cache=True, fastmath={"contract"})
+def _exp2(z):
+    """2**z of an fp32 z in [-inf, 0], rounded to fp32, without a branch or a libm call (LLVM
+    vectorises a loop of it; libm's exp2f is a scalar call, 3 ns an entry): in fp64, 2**k times
+    the Taylor polynomial of 2**f, z = k + f, |f| <= 1/2, within ~2**-50 relative, so the fp32
+    result is the correctly rounded one but where 2**z lies within 2**-50 of a rounding boundary
+    (libm's and SLEEF's exp2f are within an ulp of it: they agree on most entries, as they agree
+    with each other). z below -150 is taken as -150: 2**z is 0 in fp32 either way (and every
+    weight under WEIGHT_MIN = 2**-126 becomes 0)."""
+    zd = max(np.float64(z), -150.0)
+    t = zd + _SHIFTER
+    k = t - _SHIFTER
+    f = zd - k  # exact: |f| <= 1/2 and zd, k have bits in common
+    scale = _bits_f64((_f64_bits(t) - _SHIFTER_BITS + _EXP_BIAS) << _EXP_SHIFT)
+    # Estrin's scheme: four independent chains, not a 12-step one (its latency bound the loop)
+    f2 = f * f
+    f4 = f2 * f2
+    a = (_E0 + f * _E1) + f2 * (_E2 + f * _E3)
+    b = (_E4 + f * _E5) + f2 * (_E6 + f * _E7)
+    c = (_E8 + f * _E9) + f2 * (_E10 + f * _E11)
+    p = a + f4 * (b + f4 * (c + f4 * _E12))
+    return np.float32(p * scale)
+
+
 @njit(cache=True, error_model="numpy")
-def _weights(x, m, c, e):
-    """e [V] fp32 <- torch_ops.scaled_exp's weights (2**min((x - m) c, 0), 0 below WEIGHT_MIN),
-    returns their fp64 sum. m is the row's max (+inf for a row without a finite or +inf logit),
-    c = LOG2E / T (0 for T = +inf: then x - m = -inf weighs 0, probs_from_logits' mask)."""
-    acc = 0.0
+def _fill_weights(x, m, c, e):
+    """e [V] fp32 <- torch_ops.scaled_exp's weights (2**min((x - m) c, 0), 0 below WEIGHT_MIN).
+    m is the row's max (+inf for a row without a finite or +inf logit), c = LOG2E / T (0 for
+    T = +inf: then x - m = -inf weighs 0, probs_from_logits' mask)."""
     inf_t = c == _F0
     for v in range(x.shape[0]):
         xv = x[v]
@@ -71,13 +144,25 @@ def _weights(x, m, c, e):
         d = np.float32(xv - m)
         z = np.float32(d * c)
         z = z if z < _F0 else _F0  # fmin(z, 0): NaN (inf - inf, 0 * inf) gives 0
-        w = np.float32(np.exp2(z))
+        w = _exp2(z)
         w = w if w >= _WEIGHT_MIN else _F0
-        if inf_t and d == _NEG_INF:
-            w = _F0
-        e[v] = w
-        acc += np.float64(w)
+        e[v] = _F0 if inf_t and d == _NEG_INF else w
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _sum64(e):
+    """fp64 sum of the fp32 row e (vectorised: its lanes fix an order, docs/cpu.md "Tokens")."""
+    acc = 0.0
+    for v in range(e.shape[0]):
+        acc += np.float64(e[v])
     return acc
+
+
+@njit(cache=True)
+def _weights(x, m, c, e):
+    """e [V] fp32 <- the weights of row x (_fill_weights); returns their fp64 sum."""
+    _fill_weights(x, m, c, e)
+    return _sum64(e)
 
 
 @njit(cache=True)
