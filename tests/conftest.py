@@ -31,6 +31,11 @@ if "numpy" not in sys.modules:
         "X86_V4 AVX512_ICL AVX512_SPR" if numpy_2_4 else "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL",
     )
 
+# the CPU path's kernels compile at their first call in tests (spec_samplers.cpu.kernels: by default
+# a process without cached kernels runs the references while a thread compiles them, which would make
+# a test's path depend on timing; tests/test_cpu_path.py tests that mode in its own processes)
+os.environ.setdefault("SPEC_SAMPLERS_CPU_COMPILE", "foreground")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -182,7 +182,7 @@ def test_without_numba_the_reference_runs_after_one_warning(monkeypatch: pytest.
 
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     monkeypatch.delitem(sys.modules, "spec_samplers.cpu._numba_kernels", raising=False)
-    cpu.kernels.cache_clear()
+    cpu._import_kernels.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -193,7 +193,49 @@ def test_without_numba_the_reference_runs_after_one_warning(monkeypatch: pytest.
         batch = VerifyBatch.padded(c.target, c.bonus, c.draft, c.draft_ids, seeds=c.seeds)
         assert torch.equal(cpu.rejection_cpu(batch), rejection_reference(batch))
     finally:
-        cpu.kernels.cache_clear()
+        cpu._import_kernels.cache_clear()
+
+
+_BACKGROUND_PROBE = """
+import json, sys, time, torch
+from spec_samplers import cpu
+from spec_samplers.reference import rejection_reference
+from spec_samplers.registry import get_sampler
+from spec_samplers.layout import VerifyBatch
+g = torch.Generator().manual_seed(0)
+q = torch.softmax(torch.randn(3, 3, 500, generator=g), -1)
+p = torch.softmax(torch.randn(3, 2, 500, generator=g), -1)
+ids, bonus, seeds = torch.randint(0, 500, (3, 2), generator=g), torch.zeros(3, 1, dtype=torch.int64), torch.arange(3)
+want = rejection_reference(VerifyBatch.padded(q, bonus, p, ids, seeds=seeds))
+sampler = get_sampler("rejection_sampler")
+first = sampler(q, bonus, p, ids, seeds=seeds)
+ready_at_first = cpu.kernels() is not None
+cpu._READY.wait(float(sys.argv[1]))
+later = sampler(q, bonus, p, ids, seeds=seeds)
+print(json.dumps(dict(ready_at_first=ready_at_first, ready=cpu.kernels() is not None,
+                      equal=bool(torch.equal(first, want) and torch.equal(later, want)),
+                      marker=cpu._marker().exists())))
+"""
+
+
+def test_cold_cache_compiles_in_the_background(tmp_path: Any) -> None:
+    """A process on a machine without cached kernels (a fresh NUMBA_CACHE_DIR) runs the reference
+    at its first call while a thread compiles (no call waits for the compiler), then the kernels,
+    with the reference's tokens both times, and marks the cache; the next process finds the mark
+    and runs the kernels from its first call. A planted fault (the marker not written) fails it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), SPEC_SAMPLERS_CPU_COMPILE="background")
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _BACKGROUND_PROBE, "900"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0] == dict(ready_at_first=False, ready=True, equal=True, marker=True), runs[0]
+    assert runs[1] == dict(ready_at_first=True, ready=True, equal=True, marker=True), runs[1]
 
 
 @pytest.mark.quick

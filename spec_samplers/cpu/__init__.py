@@ -18,7 +18,12 @@ compiler at install time.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import logging
+import os
+import pathlib
+import threading
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -38,7 +43,7 @@ COMPILED_CHUNK_ELEMENTS = 2**21
 
 
 @functools.cache
-def kernels() -> ModuleType | None:
+def _import_kernels() -> ModuleType | None:
     """The numba kernels module, or None (with a one-line warning, once) without numba."""
     try:
         module = importlib.import_module("spec_samplers.cpu._numba_kernels")
@@ -53,6 +58,109 @@ def kernels() -> ModuleType | None:
         )
         return None
     return module
+
+
+#: how the compiled code is made when this machine has none cached ("background", the default:
+#: the references run until a thread has compiled it; "foreground": each kernel compiles at its
+#: first call, which then takes seconds): the environment variable SPEC_SAMPLERS_CPU_COMPILE
+COMPILE_ENV = "SPEC_SAMPLERS_CPU_COMPILE"
+_READY = threading.Event()
+_WARMING = threading.local()
+_START = threading.Lock()
+_started = False
+
+
+def kernels() -> ModuleType | None:
+    """The numba kernels module once the CPU path's compiled code is ready, else None (the
+    references run; without numba after a one-line warning, once).
+
+    Ready: this machine's numba cache holds the kernels (a marker file beside it, written when they
+    were compiled: loading them makes a process's first call ~1 s), or they were compiled in this
+    process. Otherwise the first call starts one daemon thread compiling them (``warm_up``, tens of
+    seconds on 2 cores) and returns None meanwhile, so no call waits for the compiler (issue 37: a
+    first call at or under 2 s); ``SPEC_SAMPLERS_CPU_COMPILE=foreground`` compiles at the first call
+    instead, as ``python -m spec_samplers.cpu`` does ahead of time."""
+    if _READY.is_set() or getattr(_WARMING, "active", False):
+        return _import_kernels()
+    if _import_kernels() is None:
+        return None
+    _start_compiling()
+    return _import_kernels() if _READY.is_set() else None
+
+
+def _start_compiling() -> None:
+    """Once per process: ready now (cached, or foreground), or a thread compiling (module docstring)."""
+    global _started
+    with _START:
+        if _started:
+            return
+        _started = True
+    marker = _marker()
+    if os.environ.get(COMPILE_ENV, "background") == "foreground" or marker is None or marker.exists():
+        _READY.set()
+        return
+    threading.Thread(
+        target=_compile_in_background, args=(marker,), name="spec_samplers-cpu-compile", daemon=True
+    ).start()
+
+
+def _compile_in_background(marker: pathlib.Path) -> None:
+    try:
+        warm_up()
+    except Exception as exc:  # a kernel that does not compile here: the references keep running
+        logging.getLogger("spec_samplers").warning(
+            "spec_samplers: compiling the CPU path failed (%r); the PyTorch references run", exc
+        )
+        return
+    _write_marker(marker)
+    _READY.set()
+
+
+def _marker() -> pathlib.Path | None:
+    """The marker of this machine's cached kernels: beside numba's cache of ``_numba_kernels``, named
+    by numba's and llvmlite's versions, the host CPU and the kernel sources' sizes and times (numba
+    recompiles when those change); None where that cache has no directory (then: foreground)."""
+    try:
+        import llvmlite
+        import llvmlite.binding as llvm
+        import numba
+
+        module = _import_kernels()
+        cache_dir = pathlib.Path(module.rejection_kernel._cache._cache_path)  # type: ignore[union-attr]
+        here = pathlib.Path(__file__).parent
+        stamps = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(here.glob("_*kernels.py"))]
+        key = repr(
+            (
+                numba.__version__,
+                llvmlite.__version__,
+                llvm.get_host_cpu_name(),
+                llvm.get_host_cpu_features().flatten(),
+                stamps,
+            )
+        )
+    except Exception:  # (numba's cache internals differ: compile at first use)
+        return None
+    return cache_dir / f"spec_samplers-compiled-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _write_marker(marker: pathlib.Path) -> None:
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # (a read-only cache directory: the next process compiles again)
+        pass
+
+
+def warm_up() -> dict[str, float]:
+    """Compile (or load from numba's cache) every CPU kernel, on small inputs of each kind of call
+    the package makes; returns the seconds each took. Runs with :func:`kernels` open to this thread."""
+    from spec_samplers.cpu import _warm
+
+    _WARMING.active = True
+    try:
+        return _warm.run()
+    finally:
+        _WARMING.active = False
 
 
 def _np(t: torch.Tensor) -> Any:
@@ -222,7 +330,7 @@ def _verify_cpu(batch: VerifyBatch, kernel_name: str, padded_name: str, referenc
     batch's fp32 rows, or its twin ``padded_name`` on the tensors a padded fp32 call reads in place
     (:func:`_in_place`); the reference ``reference`` where numba is missing or there are no rows to
     read."""
-    k = kernels()
+    k = _import_kernels()
     if k is None:
         return _reference(reference)(batch)
     layout = batch.layout
@@ -291,7 +399,7 @@ def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options:
 
 def typical_cpu(batch: VerifyBatch, posterior_threshold: float, posterior_alpha: float) -> torch.Tensor:
     """:func:`spec_samplers.reference.typical_reference`, compiled. Returns [B, K+1] int64."""
-    k = kernels()
+    k = _import_kernels()
     if k is None:
         return _reference("typical_reference")(batch, posterior_threshold, posterior_alpha)
     layout = batch.layout

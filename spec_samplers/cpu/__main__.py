@@ -1,37 +1,21 @@
 """``python -m spec_samplers.cpu``: compile the CPU path's kernels into numba's on-disk cache now
 (an install step, or a container build), so that no process pays the compilation on its first
 sampler call (tens of seconds on a loaded machine; loading the cache afterwards takes well under
-one). Prints the seconds each twin took."""
+one). Prints the seconds each group of calls took, and marks this machine's cache (``cpu.kernels``)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-import torch
-
 from spec_samplers import cpu
-from spec_samplers.layout import VerifyBatch
 
 
 def main() -> None:
-    if cpu.kernels() is None:
+    if cpu._import_kernels() is None:
         raise SystemExit("numba is not installed: pip install 'spec-samplers[cpu]'")
-    B, K, V = 2, 2, 300
-    q = torch.softmax(torch.randn(B, K + 1, V), -1)
-    p = torch.softmax(torch.randn(B, K, V), -1)
-    ids = torch.randint(0, V, (B, K))
-    bonus = torch.zeros(B, 1, dtype=torch.int64)
-    batch = VerifyBatch.padded(q, bonus, p, ids, seeds=torch.arange(B))
-    twins: tuple[tuple[str, Callable[..., torch.Tensor], dict[str, float]], ...] = (
-        ("rejection", cpu.rejection_cpu, {}),
-        ("block", cpu.block_cpu, {}),
-        ("typical", cpu.typical_cpu, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
-    )
-    for name, twin, options in twins:
-        t0 = time.perf_counter()
-        twin(batch, **options)
-        print(f"{name}: {time.perf_counter() - t0:.2f} s")
+    for name, seconds in cpu.warm_up().items():
+        print(f"{name}: {seconds:.2f} s")
+    marker = cpu._marker()
+    if marker is not None:
+        cpu._write_marker(marker)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,15 @@ from spec_samplers.cpu import kernels
 from spec_samplers.sampling import reference
 
 
-@functools.cache
 def _kernels() -> ModuleType | None:
-    """The draw kernel's module, or None without numba (``cpu.kernels`` warned once)."""
-    return None if kernels() is None else importlib.import_module("spec_samplers.cpu._draw_kernels")
+    """The draw kernel's module, or None while the compiled CPU path is not ready (``cpu.kernels``:
+    numba missing, or its code still compiling in the background)."""
+    return None if kernels() is None else _module()
+
+
+@functools.cache
+def _module() -> ModuleType:
+    return importlib.import_module("spec_samplers.cpu._draw_kernels")
 
 
 def _array(t: torch.Tensor) -> Any:
@@ -55,8 +60,7 @@ def draw_from_logits(
     ``torch_ops.probs_from_logits(logits, temperature)[b]`` (its argmax where T = 0; -1 where
     the row has no mass): what rejection sampling and block verification draw at a rejected
     position whose draft is out of range (docs/cpu.md)."""
-    module = _kernels()
-    assert module is not None, "draw_from_logits needs numba (check available())"
+    module = _module()  # (numba imports: available() said so)
     B = logits.shape[0]
     out = torch.empty(B, dtype=torch.int64)
     zeros = torch.zeros(B, dtype=torch.int64) if offsets is None else offsets
@@ -83,8 +87,7 @@ def sample_rows(
     summed in another order: docs/cpu.md, "Tokens"), the race compiled, one pass per output row.
     Logits become the reference's weights exp(x - max) in torch first (its vectorised exp: numba's
     scalar expf is 5x slower and differs from it in the last bit of about 1% of entries)."""
-    module = _kernels()
-    assert module is not None, "sample_rows needs numba (check available())"
+    module = _module()  # (numba imports: available() said so)
     if logits:
         R = x.shape[0]
         # (a row without a finite or +inf logit weighs 0 everywhere: the kernel gives it -1)
@@ -110,8 +113,7 @@ def decode_rows(
 ) -> torch.Tensor:
     """[N] int64: ``sampling_from_probs(probs, seed=rng.derive_seeds(seeds, offsets, position,
     stream), offset=0)``, the same tokens, without the eager Philox of the seeds."""
-    module = _kernels()
-    assert module is not None, "decode_rows needs numba (check available())"
+    module = _module()  # (numba imports: available() said so)
     out = torch.empty(probs.shape[0], dtype=torch.int64)
     module.decode_rows_kernel(
         _array(probs),

@@ -1,0 +1,64 @@
+"""The calls that compile every CPU kernel (:func:`spec_samplers.cpu.warm_up`, ``python -m
+spec_samplers.cpu``): small inputs of each kind of call the package makes, so that numba compiles
+(or loads from its cache) the same specialisations a real call needs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+
+def run() -> dict[str, float]:
+    """Seconds per group of calls (compilation, or loading numba's cache)."""
+    from spec_samplers import rng
+    from spec_samplers.cpu import _logits_kernels, draw
+    from spec_samplers.registry import get_sampler
+    from spec_samplers.sampling import sampling_from_logits, sampling_from_probs
+
+    g = torch.Generator().manual_seed(0)
+    B, K, V = 2, 2, 300
+    logits = torch.randn(B, K + 1, V, generator=g)
+    q, p = torch.softmax(logits, -1), torch.softmax(torch.randn(B, K, V, generator=g), -1)
+    ids = torch.randint(0, V, (B, K), generator=g)
+    bonus = torch.zeros(B, 1, dtype=torch.int64)
+    seeds = torch.arange(B)
+    times: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        fn()
+        times[name] = time.perf_counter() - t0
+
+    for name in ("rejection_sampler", "block_verification", "typical_acceptance_sampler"):
+        sampler = get_sampler(name, backend="auto")
+        extra: dict[str, object] = {} if name.startswith("typical") else {"seeds": seeds}
+
+        def calls(sampler: Callable[..., object] = sampler, extra: dict[str, object] = extra) -> None:
+            sampler(q, bonus, p, ids, **extra)  # fp32 rows read in place (the *_padded kernels)
+            sampler(q, bonus, None, ids, **extra)  # point-mass drafts
+            sampler(q.half(), bonus, p.half(), ids, **extra)  # fp32 rows made first (the row kernels)
+
+        timed(name, calls)
+    rows = q[:, 0]
+    timed("sampling_from_probs", lambda: sampling_from_probs(rows, seed=seeds, offset=seeds))
+    timed("sampling_from_logits", lambda: sampling_from_logits(logits[:, 0], seed=seeds, offset=seeds))
+    timed("decode_rows", lambda: draw.decode_rows(rows, seeds, seeds, 0, rng.STREAM_DECODE_DRAFT))
+    timed("draw_from_logits", lambda: draw.draw_from_logits(logits[:, 0], torch.ones(B), seeds, None, 0))
+
+    flat = logits[:, :2].reshape(2 * B, V).contiguous()  # (one draft and the bonus row a request)
+    step = (
+        flat.numpy(),
+        np.arange(2, 2 * B + 1, 2, dtype=np.int64),
+        ids[:, 0].contiguous().numpy(),
+        np.ones(B, dtype=np.float32),
+        seeds.numpy().view(np.uint64),
+        np.zeros(B, dtype=np.uint64),
+        np.empty((B, K + 2), dtype=np.int64),
+    )
+    timed(
+        "step kernels", lambda: (_logits_kernels.step_rejection_kernel(*step), _logits_kernels.step_block_kernel(*step))
+    )
+    return times
