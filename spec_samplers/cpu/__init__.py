@@ -151,6 +151,17 @@ def _write_marker(marker: pathlib.Path) -> None:
         pass
 
 
+def compile_ahead() -> dict[str, float]:
+    """Compile (or load) every CPU kernel now and mark this machine's cache (``python -m
+    spec_samplers.cpu``, benchmarks before timing); returns :func:`warm_up`'s seconds."""
+    times = warm_up()
+    marker = _marker()
+    if marker is not None:
+        _write_marker(marker)
+    _READY.set()
+    return times
+
+
 def warm_up() -> dict[str, float]:
     """Compile (or load from numba's cache) every CPU kernel, on small inputs of each kind of call
     the package makes; returns the seconds each took. Runs with :func:`kernels` open to this thread."""

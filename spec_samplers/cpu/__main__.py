@@ -11,11 +11,8 @@ from spec_samplers import cpu
 def main() -> None:
     if cpu._import_kernels() is None:
         raise SystemExit("numba is not installed: pip install 'spec-samplers[cpu]'")
-    for name, seconds in cpu.warm_up().items():
+    for name, seconds in cpu.compile_ahead().items():
         print(f"{name}: {seconds:.2f} s")
-    marker = cpu._marker()
-    if marker is not None:
-        cpu._write_marker(marker)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,6 @@ def run() -> dict[str, float]:
         np.zeros(B, dtype=np.uint64),
         np.empty((B, K + 2), dtype=np.int64),
     )
-    timed(
-        "step kernels", lambda: (_logits_kernels.step_rejection_kernel(*step), _logits_kernels.step_block_kernel(*step))
-    )
+    timed("step_rejection_kernel", lambda: _logits_kernels.step_rejection_kernel(*step))
+    timed("step_block_kernel", lambda: _logits_kernels.step_block_kernel(*step))
     return times
