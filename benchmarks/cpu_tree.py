@@ -7,6 +7,8 @@ Tree: 2 levels x 3 children (N = 12 nodes: 3 children of the root, 3 under each)
 probabilities [B, N+1, V]; draft rows near the target (softmax of the target's logits plus noise
 0.3: deep acceptance) or far from it (independent logits: sibling rejections, residual passes).
 Tokens are drawn from each node's parent's draft row (typical acceptance: from the target's).
+Samplers: RejectionSampler (recursive rejection sampling), BlockVerificationSampler (Traversal
+Verification), TypicalAcceptanceSampler (Medusa's tree rule).
 
     PYTHONPATH=. python benchmarks/cpu_tree.py [--batch 1 --batch 8 ...] [--vocab 32000 ...] [--json F.json]
 """
@@ -25,11 +27,15 @@ from typing import Any
 
 import torch
 
-from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
+from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
 
 CLOCK = time.thread_time
 #: parents of the 2-levels-x-3-children tree
 PARENTS = [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+#: the walk samplers: recursive rejection sampling, Traversal Verification (block verification's tree rule)
+WALKS: dict[str, type] = {"rejection": RejectionSampler, "block": BlockVerificationSampler}
+#: (sampler, drafts) of each table row
+ROWS = (("rejection", "near"), ("rejection", "far"), ("block", "near"), ("block", "far"), ("typical", "target"))
 
 
 def interleaved(fns: dict[str, Callable[[], object]], budget_s: float) -> tuple[dict[str, float], int]:
@@ -80,12 +86,12 @@ def main() -> int:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for V in args.vocab or [32000, 128256]:
         for B in args.batch or [1, 8, 32]:
-            for sampler, drafts in (("rejection", "near"), ("rejection", "far"), ("typical", "target")):
+            for sampler, drafts in ROWS:
                 q, p, tokens, seeds = workload(B, V, drafts)
                 fns: dict[str, Callable[[], object]] = {}
                 for backend in ("torch", "auto"):
-                    if sampler == "rejection":
-                        s: Any = RejectionSampler(backend=backend)
+                    if sampler in WALKS:
+                        s: Any = WALKS[sampler](backend=backend)
                         fns[backend] = lambda s=s, q=q, p=p, t=tokens, r=seeds: s.forward_tree(
                             q, p, t, PARENTS, seeds=r
                         )

@@ -1,8 +1,10 @@
 """The tree verifiers' compiled CPU path (spec_samplers.cpu, _tree_kernels) against the PyTorch
 references, output for output.
 
-``backend="auto"`` on CPU fp32 probabilities runs the numba twin of ``rejection_tree_reference``
-(all three policies) and of ``typical_tree_reference``; ``backend="torch"`` runs the reference.
+``backend="auto"`` on CPU fp32 probabilities runs the numba twins of ``rejection_tree_reference``
+and ``traversal_tree_reference`` (the walks: RejectionSampler's and BlockVerificationSampler's
+tree rules, all three policies) and of ``typical_tree_reference``; ``backend="torch"`` runs the
+reference.
 Every output tensor (token ids and node ids) must be equal: random trees (chain, star, binary,
 random and ragged), B = 1, 3, 8, V = 7, 256, 32000, point-mass drafts, invalid and out-of-range
 child ids, children the draft could not draw, residuals without mass, NaN / Inf / negative
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from spec_samplers import RejectionSampler, TypicalAcceptanceSampler, cpu
+from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler, cpu
 from spec_samplers.output import TreeOutput
 
 assert cpu.tree_kernels() is not None, "numba must import for these tests (pip install -e '.[test]')"
@@ -64,7 +66,7 @@ class _Counting:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
         module = cpu.tree_kernels()
-        for name in ("rejection_tree_kernel", "typical_tree_kernel"):
+        for name in ("rejection_tree_kernel", "traversal_tree_kernel", "typical_tree_kernel"):
             kernel = getattr(module, name)
             monkeypatch.setattr(module, name, self._wrap(kernel))
 
@@ -83,9 +85,13 @@ def _equal(a: TreeOutput, b: TreeOutput) -> None:
     assert torch.equal(a.node_ids, b.node_ids), (a.node_ids, b.node_ids)
 
 
-def _rejection_both(*args: Any, entry: str = "forward_tree", **kwargs: Any) -> tuple[TreeOutput, TreeOutput]:
-    ref = getattr(RejectionSampler(backend="torch"), entry)(*args, **kwargs)
-    got = getattr(RejectionSampler(backend="auto"), entry)(*args, **kwargs)
+#: the walk samplers: recursive rejection sampling, Traversal Verification (block verification)
+WALKS = (RejectionSampler, BlockVerificationSampler)
+
+
+def _walk_both(walk: type, *args: Any, entry: str = "forward_tree", **kwargs: Any) -> tuple[TreeOutput, TreeOutput]:
+    ref = getattr(walk(backend="torch"), entry)(*args, **kwargs)
+    got = getattr(walk(backend="auto"), entry)(*args, **kwargs)
     return ref, got
 
 
@@ -104,7 +110,8 @@ CASES = [
 
 @pytest.mark.parametrize("kind,B,N,V", CASES)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_rejection_tree_equals_the_reference(kind: str, B: int, N: int, V: int, policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_walk_equals_the_reference(walk: type, kind: str, B: int, N: int, V: int, policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     counting = _Counting(monkeypatch)
     for seed in range(6):
         g = torch.Generator().manual_seed(1000 * seed + N + V)
@@ -115,7 +122,7 @@ def test_rejection_tree_equals_the_reference(kind: str, B: int, N: int, V: int, 
         seeds = torch.randint(0, 2**62, (B,), generator=g)
         offsets = torch.randint(0, 2**20, (B,), generator=g)
         draft = None if seed == 5 else p
-        ref, got = _rejection_both(q, draft, tok, parents, policy, seeds=seeds, offsets=offsets)
+        ref, got = _walk_both(walk, q, draft, tok, parents, policy, seeds=seeds, offsets=offsets)
         _equal(ref, got)
     assert counting.calls == 6
 
@@ -137,7 +144,8 @@ def test_typical_tree_equals_the_reference(B: int, N: int, V: int, options: dict
     assert counting.calls == 8
 
 
-def test_per_request_parents_detached_nodes_and_max_depth(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_per_request_parents_detached_nodes_and_max_depth(walk: type, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """[B, N] parents with invalid entries (detached subtrees), and a max_depth that cuts the tree."""
     counting = _Counting(monkeypatch)
     B, N, V = 8, 10, 256
@@ -152,7 +160,7 @@ def test_per_request_parents_detached_nodes_and_max_depth(monkeypatch) -> None: 
         seeds = torch.randint(0, 2**62, (B,), generator=g)
         for max_depth in (None, 0, 1, 2):
             for policy in POLICIES:
-                ref, got = _rejection_both(q, p, tok, parents, policy, seeds=seeds, max_depth=max_depth)
+                ref, got = _walk_both(walk, q, p, tok, parents, policy, seeds=seeds, max_depth=max_depth)
                 _equal(ref, got)
                 calls += 1
             ref, got = _typical_both(TYPICAL[0], q, None, tok, parents, max_depth=max_depth)
@@ -162,7 +170,8 @@ def test_per_request_parents_detached_nodes_and_max_depth(monkeypatch) -> None: 
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_ragged_trees(policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_ragged_trees(walk: type, policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     counting = _Counting(monkeypatch)
     g = torch.Generator().manual_seed(5)
     V = 256
@@ -181,7 +190,7 @@ def test_ragged_trees(policy: str, monkeypatch) -> None:  # type: ignore[no-unty
     cu = torch.tensor(sizes).cumsum(0)
     seeds = torch.randint(0, 2**62, (B,), generator=g)
     args = (target, draft, tokens, parents, cu, max(sizes), policy)
-    ref, got = _rejection_both(*args, entry="forward_tree_ragged", seeds=seeds)
+    ref, got = _walk_both(walk, *args, entry="forward_tree_ragged", seeds=seeds)
     _equal(ref, got)
     ref, got = _typical_both(TYPICAL[0], target, None, tokens, parents, cu, max(sizes), entry="forward_tree_ragged")
     _equal(ref, got)
@@ -189,7 +198,8 @@ def test_ragged_trees(policy: str, monkeypatch) -> None:  # type: ignore[no-unty
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_point_mass_drafts_zero_draft_mass_and_residuals_without_mass(policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_point_mass_drafts_zero_draft_mass_and_residuals_without_mass(walk: type, policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     counting = _Counting(monkeypatch)
     B, N, V = 6, 6, 7
     parents = [0, 0, 0, 1, 1, 2]
@@ -217,13 +227,14 @@ def test_point_mass_drafts_zero_draft_mass_and_residuals_without_mass(policy: st
     for target in (q, q_low, q_tiny, pm):
         for draft in cases:
             for s in range(4):
-                ref, got = _rejection_both(target, draft, tok, parents, policy, seeds=seeds + s)
+                ref, got = _walk_both(walk, target, draft, tok, parents, policy, seeds=seeds + s)
                 _equal(ref, got)
     assert counting.calls == 4 * 3 * 4
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_an_accept_uniform_equal_to_its_ratio_rejects(policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_an_accept_uniform_equal_to_its_ratio_rejects(walk: type, policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """q(c) = u exactly against a point-mass draft: the ratio is u, and u < u is false (the
     reference rejects); the next sibling, c again, now has r(c) = 0."""
     from spec_samplers.rng import accept_uniforms
@@ -236,13 +247,14 @@ def test_an_accept_uniform_equal_to_its_ratio_rejects(policy: str, monkeypatch) 
     tok = torch.tensor([[2, 4]]).expand(B, 2)
     q = torch.full((B, 3, V), 0.1)
     q[:, 0, 2] = u
-    ref, got = _rejection_both(q, None, tok, [0, 0], policy, seeds=seeds, offsets=offsets)
+    ref, got = _walk_both(walk, q, None, tok, [0, 0], policy, seeds=seeds, offsets=offsets)
     _equal(ref, got)
     assert bool((ref.node_ids[:, 0] != 1).all())  # no request accepted node 1
     assert counting.calls == 1
 
 
-def test_malformed_rows_and_ids(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_malformed_rows_and_ids(walk: type, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """NaN / Inf / negative entries (cleaned to 0), rows without mass, out-of-range ids."""
     counting = _Counting(monkeypatch)
     B, N, V = 8, 7, 256
@@ -263,7 +275,7 @@ def test_malformed_rows_and_ids(monkeypatch) -> None:  # type: ignore[no-untyped
         q[3, 1] = torch.nn.functional.one_hot(tok[3, 2].clamp(0, V - 1), V).float()  # a one-hot target
         seeds = torch.randint(0, 2**62, (B,), generator=g)
         for policy in POLICIES:
-            ref, got = _rejection_both(q, p, tok, parents, policy, seeds=seeds)
+            ref, got = _walk_both(walk, q, p, tok, parents, policy, seeds=seeds)
             _equal(ref, got)
             calls += 1
         for options in TYPICAL:
@@ -273,7 +285,8 @@ def test_malformed_rows_and_ids(monkeypatch) -> None:  # type: ignore[no-untyped
     assert counting.calls == calls
 
 
-def test_greedy_and_mixed_rows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_greedy_and_mixed_rows(walk: type, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     counting = _Counting(monkeypatch)
     B, N, V = 8, 6, 256
     parents = [0, 0, 1, 1, 2, 2]
@@ -292,13 +305,14 @@ def test_greedy_and_mixed_rows(monkeypatch) -> None:  # type: ignore[no-untyped-
         seeds = torch.randint(0, 2**62, (B,), generator=g)
         for policy in POLICIES:
             for draft in (p, None):
-                ref, got = _rejection_both(q, draft, tok, parents, policy, seeds=seeds, is_greedy=greedy)
+                ref, got = _walk_both(walk, q, draft, tok, parents, policy, seeds=seeds, is_greedy=greedy)
                 _equal(ref, got)
                 calls += 1
     assert counting.calls == calls
 
 
-def test_strided_and_expanded_inputs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_strided_and_expanded_inputs(walk: type, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     counting = _Counting(monkeypatch)
     B, N, V = 3, 5, 256
     parents = [0, 0, 1, 2, 2]
@@ -313,14 +327,15 @@ def test_strided_and_expanded_inputs(monkeypatch) -> None:  # type: ignore[no-un
     par_t = torch.tensor(parents, dtype=torch.int32)[None, :].expand(B, -1)
     for target, draft, ids, par in ((q_t, p, tok, parents), (q_e, p_e, tok_e, par_t), (q, p[:, :, ::1], tok, par_t)):
         for policy in POLICIES:
-            ref, got = _rejection_both(target, draft, ids, par, policy, seeds=seeds)
+            ref, got = _walk_both(walk, target, draft, ids, par, policy, seeds=seeds)
             _equal(ref, got)
         ref, got = _typical_both(TYPICAL[0], target, None, ids, par)
         _equal(ref, got)
     assert counting.calls == 3 * 4
 
 
-def test_empty_batch_and_no_nodes() -> None:
+@pytest.mark.parametrize("walk", WALKS)
+def test_empty_batch_and_no_nodes(walk: type) -> None:
     V = 7
     for B, N in ((0, 3), (2, 0), (0, 0)):
         q = torch.softmax(torch.randn(B, N + 1, V), -1)
@@ -328,13 +343,14 @@ def test_empty_batch_and_no_nodes() -> None:
         parents = list(range(N))
         seeds = torch.arange(B, dtype=torch.int64)
         for policy in POLICIES:
-            ref, got = _rejection_both(q, q, tok, parents, policy, seeds=seeds)
+            ref, got = _walk_both(walk, q, q, tok, parents, policy, seeds=seeds)
             _equal(ref, got)
         ref, got = _typical_both(TYPICAL[0], q, None, tok, parents)
         _equal(ref, got)
 
 
-def test_calls_the_kernels_do_not_read_run_the_reference(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("walk", WALKS)
+def test_calls_the_kernels_do_not_read_run_the_reference(walk: type, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Logits and fp16 rows: the reference (chunked), same outputs; the kernels are not called."""
     counting = _Counting(monkeypatch)
     B, N, V = 3, 5, 256
@@ -346,9 +362,9 @@ def test_calls_the_kernels_do_not_read_run_the_reference(monkeypatch) -> None:  
     tok = _tokens(p, torch.tensor(parents)[None, :].expand(B, N), g)
     seeds = torch.randint(0, 2**62, (B,), generator=g)
     temperature = torch.tensor([1.0, 0.0, 0.7])
-    ref, got = _rejection_both(x, y, tok, parents, temperature, entry="forward_tree_from_logits", seeds=seeds)
+    ref, got = _walk_both(walk, x, y, tok, parents, temperature, entry="forward_tree_from_logits", seeds=seeds)
     _equal(ref, got)
-    ref, got = _rejection_both(q.half(), p.half(), tok, parents, seeds=seeds)
+    ref, got = _walk_both(walk, q.half(), p.half(), tok, parents, seeds=seeds)
     _equal(ref, got)
     ref, got = _typical_both(TYPICAL[0], q.bfloat16(), None, tok, parents)
     _equal(ref, got)
@@ -372,11 +388,13 @@ def test_same_seed_same_tokens_and_a_chain_as_a_tree() -> None:
     assert torch.equal(a.token_ids, chain)
 
 
-def test_without_numba_the_reference_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("walk", WALKS)
+def test_without_numba_the_reference_runs(walk: type, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
     import warnings
 
     from spec_samplers.tree.reference import rejection_tree_reference, typical_tree_reference
+    from spec_samplers.tree.traversal import traversal_tree_reference
 
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     monkeypatch.delitem(sys.modules, "spec_samplers.cpu._numba_kernels", raising=False)
@@ -388,11 +406,12 @@ def test_without_numba_the_reference_runs(monkeypatch: pytest.MonkeyPatch) -> No
             warnings.simplefilter("always")
             assert cpu.compiled_op(rejection_tree_reference, torch.device("cpu")) is None
             assert cpu.compiled_op(typical_tree_reference, torch.device("cpu")) is None
+            assert cpu.compiled_op(traversal_tree_reference, torch.device("cpu")) is None
             B, N, V = 2, 3, 16
             q = torch.softmax(torch.randn(B, N + 1, V), -1)
             tok = torch.randint(0, V, (B, N))
             seeds = torch.tensor([1, 2])
-            ref, got = _rejection_both(q, q, tok, [0, 0, 1], seeds=seeds)
+            ref, got = _walk_both(walk, q, q, tok, [0, 0, 1], seeds=seeds)
             _equal(ref, got)
     finally:
         cpu.kernels.cache_clear()

@@ -347,10 +347,10 @@ def tree_kernels() -> ModuleType | None:
 
 
 def _tree_reference(name: str) -> Callable[..., Any]:
-    """The reference ``name`` of spec_samplers.tree.reference."""
-    from spec_samplers.tree import reference
+    """The tree reference ``name`` (spec_samplers.tree.reference, or tree.traversal's)."""
+    from spec_samplers.tree import reference, traversal
 
-    return getattr(reference, name)
+    return getattr(traversal if name == "traversal_tree_reference" else reference, name)
 
 
 def _tree_fallback(tb: TreeBatch, name: str, **options: object) -> Any:
@@ -389,25 +389,38 @@ def _tree_common(tb: TreeBatch) -> tuple[Any, Any, Any, Any, Any, Any]:
     )
 
 
-def rejection_tree_cpu(tb: TreeBatch) -> Any:
-    """:func:`spec_samplers.tree.reference.rejection_tree_reference`, compiled (fp32 probabilities;
-    the reference on other calls). Returns ``TreeOutput``."""
+def _walk_cpu(tb: TreeBatch, kernel_name: str, reference: str) -> Any:
+    """The walk kernel ``kernel_name`` (rejection_tree_kernel, traversal_tree_kernel: one
+    signature) on the call, or the reference ``reference`` on the calls it does not read."""
     from spec_samplers.output import TreeOutput, seeds_of
 
     k = tree_kernels()
     if k is None or not _tree_reads(tb):
-        return _tree_fallback(tb, "rejection_tree_reference")
+        return _tree_fallback(tb, reference)
     target, target_rows, tokens, parents, depth, (token_ids, node_ids) = _tree_common(tb)
     has_draft = tb.draft is not None and tb.policy != "deterministic"
     draft = _np(tb.draft) if has_draft and tb.draft is not None else target[:1]
     seeds, offsets = seeds_of(tb)
     greedy = tb.is_greedy
-    k.rejection_tree_kernel(
+    getattr(k, kernel_name)(
         target, target_rows, draft, _np64(tb.draft_rows), has_draft, tb.policy == "without_replacement", tokens,
         parents, depth, tb.max_depth, _zeros(tb.batch_size)[0] if greedy is None else _np(greedy.to(torch.bool)),
         greedy is not None, _np64(seeds).view(np.uint64), _np64(offsets).view(np.uint64), token_ids, node_ids,
     )  # fmt: skip
     return TreeOutput(torch.from_numpy(token_ids), torch.from_numpy(node_ids))
+
+
+def rejection_tree_cpu(tb: TreeBatch) -> Any:
+    """:func:`spec_samplers.tree.reference.rejection_tree_reference`, compiled (fp32 probabilities;
+    the reference on other calls). Returns ``TreeOutput``."""
+    return _walk_cpu(tb, "rejection_tree_kernel", "rejection_tree_reference")
+
+
+def traversal_tree_cpu(tb: TreeBatch) -> Any:
+    """:func:`spec_samplers.tree.traversal.traversal_tree_reference` (Traversal Verification, block
+    verification's tree rule), compiled (fp32 probabilities; the reference on other calls).
+    Returns ``TreeOutput``."""
+    return _walk_cpu(tb, "traversal_tree_kernel", "traversal_tree_reference")
 
 
 def typical_tree_cpu(tb: TreeBatch, posterior_threshold: float, posterior_alpha: float) -> Any:
@@ -426,11 +439,13 @@ def typical_tree_cpu(tb: TreeBatch, posterior_threshold: float, posterior_alpha:
     return TreeOutput(torch.from_numpy(token_ids), torch.from_numpy(node_ids))
 
 
-#: tree reference -> compiled twin (spec_samplers.tree.reference; by name, as _TWINS)
+#: tree reference -> compiled twin (by name, as _TWINS; the references' modules: _TREE_MODULES)
 _TREE_TWINS: dict[str, Callable[..., Any]] = {
     "rejection_tree_reference": rejection_tree_cpu,
     "typical_tree_reference": typical_tree_cpu,
+    "traversal_tree_reference": traversal_tree_cpu,
 }
+_TREE_MODULES = frozenset({"spec_samplers.tree.reference", "spec_samplers.tree.traversal"})
 
 
 def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) -> Callable[..., torch.Tensor] | None:
@@ -441,7 +456,7 @@ def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) ->
     name, module = getattr(reference, "__name__", ""), getattr(reference, "__module__", "")
     if module == "spec_samplers.reference":
         twin = _TWINS.get(name)
-    elif module == "spec_samplers.tree.reference":
+    elif module in _TREE_MODULES:
         twin = _TREE_TWINS.get(name)
     else:
         return None

@@ -33,13 +33,17 @@ def main() -> None:
         twin(batch, **options)
         print(f"{name}: {time.perf_counter() - t0:.2f} s")
     # the tree twins (spec_samplers.cpu._tree_kernels), through the samplers' tree entries
-    from spec_samplers import RejectionSampler, TypicalAcceptanceSampler
+    from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
 
     tq = torch.softmax(torch.randn(B, 4, V), -1)
     tids = torch.randint(0, V, (B, 3))
     typical = TypicalAcceptanceSampler(posterior_threshold=0.09, posterior_alpha=0.3)
     trees: tuple[tuple[str, Callable[[], object]], ...] = (
         ("rejection tree", lambda: RejectionSampler().forward_tree(tq, tq, tids, [0, 0, 1], seeds=torch.arange(B))),
+        (
+            "traversal tree",
+            lambda: BlockVerificationSampler().forward_tree(tq, tq, tids, [0, 0, 1], seeds=torch.arange(B)),
+        ),
         ("typical tree", lambda: typical.forward_tree(tq, None, tids, [0, 0, 1])),
     )
     for name, run in trees:

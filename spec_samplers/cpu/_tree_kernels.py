@@ -339,3 +339,210 @@ def typical_tree_kernel(
             if _clean(np.float32(target[sr, arg])) > _F0:
                 final = arg
         _write_tree(token_ids, node_ids, b, stop, final, tokens, parents, depth, nodes)
+
+
+@njit(cache=True, error_model="numpy")
+def _traversal_residual(q, from_target, alpha, p, has_p, rem, out):
+    """out[v] <- tree.traversal's residual of a failed child before its mass: ``(alpha Q -
+    p / rem).clamp_min(0)``, or ``alpha Q`` (point mass; the caller sets the child's entry), fp32
+    operations in the reference's order (``q``: a target row, cleaned as read when
+    ``from_target``, else a node's residual row; ``p`` a draft row, cleaned as read)."""
+    n = out.shape[0]
+    if has_p:
+        if from_target:
+            for v in range(n):
+                a = alpha * _clean(np.float32(q[v])) - _clean(np.float32(p[v])) / rem
+                out[v] = a if a > _F0 else _F0
+        else:
+            for v in range(n):
+                a = alpha * q[v] - _clean(np.float32(p[v])) / rem
+                out[v] = a if a > _F0 else _F0
+    elif from_target:
+        for v in range(n):
+            out[v] = alpha * _clean(np.float32(q[v]))
+    else:
+        for v in range(n):
+            out[v] = alpha * q[v]
+
+
+@njit(cache=True, error_model="numpy")
+def _divide_row(r, z, out):
+    """out[v] <- r[v] / z (fp32, the reference's ``resid / z``)."""
+    for v in range(out.shape[0]):
+        out[v] = r[v] / z
+
+
+@njit(cache=True, inline="always")
+def _greedy_walk(target, target_rows, tokens, parents, depth, max_depth, b):
+    """tree.reference.rejection_tree_walk's greedy rule for request b (a live root): the first
+    tried child equal to the current row's argmax, with q(x) > 0. Returns the stop node."""
+    N = tokens.shape[1]
+    V = target.shape[1]
+    cur = 0
+    src = target_rows[b, 0]
+    q_argmax = -1
+    for j in range(1, N + 1):
+        if parents[b, j - 1] != cur:
+            continue
+        dj = depth[b, j]
+        if not (dj >= 1 and dj <= max_depth):
+            continue
+        tok = tokens[b, j - 1]
+        if not (tok >= 0 and tok < V) or src < 0:
+            continue
+        if q_argmax < 0:
+            q_argmax = _argmax_clean(target[src])
+        if tok == q_argmax and _clean(np.float32(target[src, tok])) > _F0:
+            cur = j
+            src = target_rows[b, j]
+            q_argmax = -1
+    return cur
+
+
+@njit(cache=True, error_model="numpy")
+def traversal_tree_kernel(
+    target,  # [R, V] fp32 (R > 0)
+    target_rows,  # [B, N+1] int64, -1 = none
+    draft,  # [R', V] fp32 (R' > 0; a stand-in row when not has_draft)
+    draft_rows,  # [B, N+1] int64
+    has_draft,  # bool: False for point-mass drafts (draft_probs None or "deterministic")
+    without_replacement,  # bool: the policy is "without_replacement"
+    tokens,  # [B, N] int64 (raw)
+    parents,  # [B, N] int64, cleaned
+    depth,  # [B, N+1] int64
+    max_depth,  # int: D
+    is_greedy,  # [B] bool
+    has_greedy,  # bool
+    seeds,  # [B] uint64
+    offsets,  # [B] uint64
+    token_ids,  # [B, D+1] int64 out
+    node_ids,  # [B, D] int64 out
+):
+    """tree.traversal.traversal_tree_walk then output.finish_walk, one request per iteration: the
+    depth-first walk step by step (enter the next untried child: gathered scalars; leave a node:
+    its post-order test, and after a failure one vocabulary pass for its parent's residual, a
+    second to renormalise it), the race at the stop node's depth. Greedy rows take the argmax
+    path (the rejection walk's greedy rule)."""
+    B, N = tokens.shape
+    V = target.shape[1]
+    rows = np.empty((N + 1, V), dtype=np.float32)  # Q_u of the nodes updated so far
+    tmp = np.empty(V, dtype=np.float32)
+    updated = np.zeros(N + 1, dtype=np.bool_)
+    alpha = np.zeros(N + 1, dtype=np.float32)
+    removed = np.zeros(N + 1, dtype=np.float32)
+    last_child = np.zeros(N + 1, dtype=np.int64)
+    skipped = np.zeros(N + 1, dtype=np.bool_)
+    nodes = np.empty(max_depth + 1, dtype=np.int64)
+    for b in range(B):
+        seed, offset = seeds[b], offsets[b]
+        if target_rows[b, 0] < 0:
+            _write_tree(token_ids, node_ids, b, -1, -1, tokens, parents, depth, nodes)
+            continue
+        if has_greedy and is_greedy[b]:
+            stop = _greedy_walk(target, target_rows, tokens, parents, depth, max_depth, b)
+            sr = target_rows[b, stop]
+            final = -1
+            if sr >= 0:
+                arg = _argmax_clean(target[sr])
+                if _clean(np.float32(target[sr, arg])) > _F0:
+                    final = arg
+            _write_tree(token_ids, node_ids, b, stop, final, tokens, parents, depth, nodes)
+            continue
+        for i in range(N + 1):
+            updated[i] = False
+            alpha[i] = _F0
+            removed[i] = _F0
+            last_child[i] = 0
+            skipped[i] = False
+        alpha[0] = _ONE32
+        stop = 0 if N == 0 else -1
+        cur = 0
+        for _ in range(2 * N + 1 if N else 0):
+            # the next untried child of cur (children in index order)
+            child = 0
+            for k in range(last_child[cur] + 1, N + 1):
+                dk = depth[b, k]
+                if parents[b, k - 1] == cur and dk >= 1 and dk <= max_depth:
+                    child = k
+                    break
+            enter = child > 0
+            if enter:
+                u = cur
+                x_node = child
+            else:
+                u = parents[b, cur - 1] if cur > 0 else 0
+                u = max(u, 0)
+                x_node = cur
+            # (a draft row of u missing: P_u(x) = 0, every child of u skipped, never updated)
+            raw = tokens[b, max(x_node - 1, 0)]
+            valid = raw >= 0 and raw < V
+            tok = min(max(raw, 0), V - 1)
+            qr = target_rows[b, u]
+            if updated[u]:
+                q_tok = rows[u, tok]
+            elif qr >= 0:
+                q_tok = _clean(np.float32(target[qr, tok]))
+            else:
+                q_tok = _F0
+            alpha_u = alpha[u]
+            dr = draft_rows[b, u] if has_draft else -1
+            if has_draft:
+                rem = _ONE32 - removed[u] if without_replacement else _ONE32
+                p_tok = _clean(np.float32(draft[dr, tok])) if dr >= 0 else _F0
+                p_x = p_tok / rem if rem > _F0 else _F0  # P_u(x)
+                rem_div = rem if rem > _F0 else _ONE32
+            else:
+                rem = _ONE32
+                p_tok = _ONE32
+                p_x = _ONE32
+                rem_div = _ONE32
+            if enter:
+                drawable = valid and p_x > _F0
+                ratio = q_tok / (p_x if drawable else _ONE32)
+                alpha_c = _F0
+                if drawable and alpha_u > _F0:
+                    alpha_c = alpha_u * ratio
+                    alpha_c = alpha_c if alpha_c < _ONE32 else _ONE32  # (torch.minimum; not NaN here)
+                alpha[child] = alpha_c
+                skipped[child] = not drawable
+                updated[child] = False
+                last_child[u] = child
+                cur = child
+                continue
+            # leaving cur: test it (the root always passes)
+            if cur == 0:
+                stop = 0
+                break
+            w = _words(seed, offset, np.int64(cur - 1), _STREAM_ACCEPT)
+            if _uniform(w[0], w[1]) < alpha[cur]:
+                stop = cur
+                break
+            if not skipped[cur]:  # the parent's update after the failure of its child cur
+                if updated[u]:
+                    _traversal_residual(rows[u], False, alpha_u, draft[max(dr, 0)], has_draft, rem_div, tmp)
+                elif qr >= 0:
+                    _traversal_residual(target[qr], True, alpha_u, draft[max(dr, 0)], has_draft, rem_div, tmp)
+                else:
+                    for v in range(V):
+                        tmp[v] = _F0
+                if not has_draft:
+                    s = tmp[tok] - _ONE32
+                    tmp[tok] = s if s > _F0 else _F0
+                z = np.float32(_mass64(tmp))
+                if alpha_u >= _ONE32:
+                    alpha[u] = _ONE32
+                else:
+                    alpha[u] = z / (z + (_ONE32 - alpha_u))
+                if not z <= _EPS32:
+                    _divide_row(tmp, z, rows[u])
+                    updated[u] = True
+                if without_replacement and has_draft:
+                    removed[u] = removed[u] + p_tok
+            cur = u
+        final = -1
+        if stop >= 0:
+            sr = target_rows[b, stop]
+            if sr >= 0 and _has_mass(target[sr]):
+                row = rows[stop] if updated[stop] else target[sr]
+                final = _recover(row, row, RES_Q, _ONE32, -1, False, seed, offset, depth[b, stop], _STREAM_RECOVER)
+        _write_tree(token_ids, node_ids, b, stop, final, tokens, parents, depth, nodes)
