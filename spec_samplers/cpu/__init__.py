@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from spec_samplers.constants import PLACEHOLDER_TOKEN_ID
-from spec_samplers.layout import VerifyBatch
+from spec_samplers.layout import TreeBatch, VerifyBatch
 
 #: vocabulary entries of target rows per chunk of a logits batch on the compiled path: its only
 #: temporaries are the chunk's probabilities (target and draft rows, fp32), so the extra peak
@@ -399,7 +399,11 @@ def block_cpu(batch: VerifyBatch) -> torch.Tensor:
 def run_compiled(op: Callable[..., torch.Tensor], batch: VerifyBatch, **options: object) -> torch.Tensor:
     """``op(batch, **options)``: whole when it reads its rows in place (fp32 probabilities), else
     (logits, or fp16 / bf16 rows: fp32 rows made first) :data:`COMPILED_CHUNK_ELEMENTS` entries of
-    target rows at a time, which bounds those temporaries."""
+    target rows at a time, which bounds those temporaries. A tree twin takes every
+    :class:`~spec_samplers.layout.TreeBatch` whole (it runs its reference, chunked, on the calls
+    its kernel does not read)."""
+    if isinstance(batch, TreeBatch):
+        return op(batch, **options)
     if batch.temperature is None and batch.target.dtype == torch.float32:
         if batch.draft is None or batch.draft.dtype == torch.float32:
             return op(batch, **options)
@@ -449,13 +453,133 @@ _TWINS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+# --- Trees (docs/cpu.md, "Tree verification") ------------------------------------------------
+
+
+@functools.cache
+def tree_kernels() -> ModuleType | None:
+    """The tree kernels module (spec_samplers.cpu._tree_kernels), or None without numba (the
+    one-time warning is :func:`kernels`')."""
+    if kernels() is None:
+        return None
+    return importlib.import_module("spec_samplers.cpu._tree_kernels")
+
+
+def _tree_reference(name: str) -> Callable[..., Any]:
+    """The tree reference ``name`` (spec_samplers.tree.reference, or tree.traversal's)."""
+    from spec_samplers.tree import reference, traversal
+
+    return getattr(traversal if name == "traversal_tree_reference" else reference, name)
+
+
+def _tree_fallback(tb: TreeBatch, name: str, **options: object) -> Any:
+    """The tree reference ``name`` as the backend decision runs it without a twin (a chunk of
+    requests at a time: the tree samplers' references are request-independent)."""
+    from spec_samplers.chunking import run_tree_chunked
+
+    return run_tree_chunked(_tree_reference(name), tb, **options)
+
+
+def _tree_reads(tb: TreeBatch) -> bool:
+    """Whether a tree kernel reads this call: fp32 probabilities (no logits rows), rows to read."""
+    draft = tb.draft
+    return (
+        tb.temperature is None
+        and tb.target.dtype == torch.float32
+        and (draft is None or draft.dtype == torch.float32)
+        and tb.batch_size > 0
+        and tb.target.shape[0] > 0
+        and tb.vocab_size > 0
+        and (draft is None or draft.shape[0] > 0)
+    )
+
+
+def _tree_common(tb: TreeBatch) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(target rows, target row map, tokens, parents, depth, [B, D+1] and [B, D] outputs) as the
+    tree kernels read them."""
+    B, D = tb.batch_size, tb.max_depth
+    return (
+        _np(tb.target),
+        _np64(tb.target_rows),
+        _np64(tb.tokens),
+        _np64(tb.parents),
+        _np64(tb.depth),
+        (np.empty((B, D + 1), dtype=np.int64), np.empty((B, D), dtype=np.int64)),
+    )
+
+
+def _walk_cpu(tb: TreeBatch, kernel_name: str, reference: str) -> Any:
+    """The walk kernel ``kernel_name`` (rejection_tree_kernel, traversal_tree_kernel: one
+    signature) on the call, or the reference ``reference`` on the calls it does not read."""
+    from spec_samplers.output import TreeOutput, seeds_of
+
+    k = tree_kernels()
+    if k is None or not _tree_reads(tb):
+        return _tree_fallback(tb, reference)
+    target, target_rows, tokens, parents, depth, (token_ids, node_ids) = _tree_common(tb)
+    has_draft = tb.draft is not None and tb.policy != "deterministic"
+    draft = _np(tb.draft) if has_draft and tb.draft is not None else target[:1]
+    seeds, offsets = seeds_of(tb)
+    greedy = tb.is_greedy
+    getattr(k, kernel_name)(
+        target, target_rows, draft, _np64(tb.draft_rows), has_draft, tb.policy == "without_replacement", tokens,
+        parents, depth, tb.max_depth, _zeros(tb.batch_size)[0] if greedy is None else _np(greedy.to(torch.bool)),
+        greedy is not None, _np64(seeds).view(np.uint64), _np64(offsets).view(np.uint64), token_ids, node_ids,
+    )  # fmt: skip
+    return TreeOutput(torch.from_numpy(token_ids), torch.from_numpy(node_ids))
+
+
+def rejection_tree_cpu(tb: TreeBatch) -> Any:
+    """:func:`spec_samplers.tree.reference.rejection_tree_reference`, compiled (fp32 probabilities;
+    the reference on other calls). Returns ``TreeOutput``."""
+    return _walk_cpu(tb, "rejection_tree_kernel", "rejection_tree_reference")
+
+
+def traversal_tree_cpu(tb: TreeBatch) -> Any:
+    """:func:`spec_samplers.tree.traversal.traversal_tree_reference` (Traversal Verification, block
+    verification's tree rule), compiled (fp32 probabilities; the reference on other calls).
+    Returns ``TreeOutput``."""
+    return _walk_cpu(tb, "traversal_tree_kernel", "traversal_tree_reference")
+
+
+def typical_tree_cpu(tb: TreeBatch, posterior_threshold: float, posterior_alpha: float) -> Any:
+    """:func:`spec_samplers.tree.reference.typical_tree_reference`, compiled (fp32 probabilities;
+    the reference on other calls). Returns ``TreeOutput``."""
+    from spec_samplers.output import TreeOutput
+
+    k = tree_kernels()
+    if k is None or not _tree_reads(tb):
+        return _tree_fallback(
+            tb, "typical_tree_reference", posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha
+        )
+    target, target_rows, tokens, parents, depth, (token_ids, node_ids) = _tree_common(tb)
+    floats = _typical_floats(posterior_threshold, posterior_alpha)
+    k.typical_tree_kernel(target, target_rows, tokens, parents, depth, tb.max_depth, *floats, token_ids, node_ids)
+    return TreeOutput(torch.from_numpy(token_ids), torch.from_numpy(node_ids))
+
+
+#: tree reference -> compiled twin (by name, as _TWINS; the references' modules: _TREE_MODULES)
+_TREE_TWINS: dict[str, Callable[..., Any]] = {
+    "rejection_tree_reference": rejection_tree_cpu,
+    "typical_tree_reference": typical_tree_cpu,
+    "traversal_tree_reference": traversal_tree_cpu,
+}
+_TREE_MODULES = frozenset({"spec_samplers.tree.reference", "spec_samplers.tree.traversal"})
+
+
 def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) -> Callable[..., torch.Tensor] | None:
     """The compiled twin of ``reference`` for tensors on ``device``, or None (not CPU, no twin, or
     numba missing: the caller runs the reference)."""
     if device.type != "cpu":
         return None
-    twin = _TWINS.get(getattr(reference, "__name__", ""))
-    if twin is None or getattr(reference, "__module__", "") != "spec_samplers.reference" or kernels() is None:
+    name, module = getattr(reference, "__name__", ""), getattr(reference, "__module__", "")
+    if module == "spec_samplers.reference":
+        twin = _TWINS.get(name)
+    elif module in _TREE_MODULES:
+        twin = _TREE_TWINS.get(name)
+    else:
+        return None
+    if twin is None or kernels() is None:
         return None
     return twin
 

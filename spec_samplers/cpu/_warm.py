@@ -60,4 +60,15 @@ def run() -> dict[str, float]:
     )
     timed("step_rejection_kernel", lambda: _logits_kernels.step_rejection_kernel(*step))
     timed("step_block_kernel", lambda: _logits_kernels.step_block_kernel(*step))
+
+    # the tree twins (_tree_kernels), through the samplers' tree entries
+    from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
+
+    tq = torch.softmax(torch.randn(B, 4, V, generator=g), -1)
+    tids = torch.randint(0, V, (B, 3), generator=g)
+    parents = [0, 0, 1]
+    timed("rejection tree", lambda: RejectionSampler().forward_tree(tq, tq, tids, parents, seeds=seeds))
+    timed("traversal tree", lambda: BlockVerificationSampler().forward_tree(tq, tq, tids, parents, seeds=seeds))
+    typical = TypicalAcceptanceSampler(posterior_threshold=0.09, posterior_alpha=0.3)
+    timed("typical tree", lambda: typical.forward_tree(tq, None, tids, parents))
     return times
