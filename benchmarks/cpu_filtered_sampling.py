@@ -6,7 +6,8 @@ loaded machine does not stretch.
     python benchmarks/cpu_filtered_sampling.py --json out.json
 
 Each point times ``--calls`` pairs (torch, auto, alternating which goes first) after a warm-up
-(the kernels' compilation, cached on disk, is excluded) and reports the median of each; the tokens
+(the kernels' compilation, cached on disk, is excluded) and reports the median of each; the rows
+are softmax(randn * 2) ("peaked": softmax(randn * 8), whose nucleus is small); the tokens
 of the two backends are compared once per point (``equal``). A benchmark, never a test.
 """
 
@@ -33,10 +34,14 @@ def _ops(B: int, V: int) -> dict[str, Callable[[str], Any]]:
     gen = torch.Generator().manual_seed(B * 7 + V)
     logits = torch.randn(B, V, generator=gen) * 2
     probs = torch.softmax(logits, -1)
+    peaked = torch.softmax(logits * 4, -1)  # a sharper row: a small nucleus
     kw: dict[str, Any] = dict(seed=torch.arange(B), offset=torch.zeros(B, dtype=torch.int64))
     return {
         "top_k_sampling_from_probs(k=50)": lambda be: S.top_k_sampling_from_probs(probs, 50, **kw, backend=be),
         "top_p_sampling_from_probs(p=0.9)": lambda be: S.top_p_sampling_from_probs(probs, 0.9, **kw, backend=be),
+        "top_p_sampling_from_probs(p=0.9, peaked)": lambda be: S.top_p_sampling_from_probs(
+            peaked, 0.9, **kw, backend=be
+        ),
         "min_p_sampling_from_probs(p=0.1)": lambda be: S.min_p_sampling_from_probs(probs, 0.1, **kw, backend=be),
         "top_k_top_p_sampling_from_logits(50, 0.9)": lambda be: S.top_k_top_p_sampling_from_logits(
             logits, 50, 0.9, **kw, backend=be
@@ -62,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     entries = []
-    print(f"{'op':44s} {'B':>3s} {'V':>7s} {'torch ms':>9s} {'auto ms':>9s} {'ratio':>6s} equal")
+    print(f"{'op':46s} {'B':>3s} {'V':>7s} {'torch ms':>9s} {'auto ms':>9s} {'ratio':>6s} equal")
     for V in map(int, args.vocabs.split(",")):
         for B in map(int, args.batch_sizes.split(",")):
             for name, op in _ops(B, V).items():
@@ -77,7 +82,7 @@ def main() -> None:
                 entries.append(
                     dict(op=name, B=B, V=V, torch_ms=t_ref, auto_ms=t_ours, ratio=t_ref / t_ours, equal=equal)
                 )
-                print(f"{name:44s} {B:3d} {V:7d} {t_ref:9.3f} {t_ours:9.3f} {t_ref / t_ours:6.1f} {equal}", flush=True)
+                print(f"{name:46s} {B:3d} {V:7d} {t_ref:9.3f} {t_ours:9.3f} {t_ref / t_ours:6.1f} {equal}", flush=True)
     if args.json:
         meta = dict(
             machine=platform.platform(),

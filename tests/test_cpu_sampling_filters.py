@@ -243,3 +243,28 @@ def test_thresholds_without_a_sort_keep_ties() -> None:
     kept = S.top_p_renorm_probs(p, 0.95) > 0  # M(> 0.1) = 0.9 < 0.95: 0.1 is kept, zeros are not
     assert kept.tolist() == [[True, True, True, True, False, False]]
     assert torch.equal(S.top_p_renorm_probs(p, 0.95), S.top_p_renorm_probs(p, 0.95, backend="torch"))
+
+
+def test_top_p_at_its_exact_boundary(calls: list[str]) -> None:
+    """Dyadic rows whose mass above a value equals top_p * total exactly: the value is cut
+    (M(> v) < top_p * M is strict), on the compiled path as in the reference; peaked rows whose
+    largest entries alone pass top_p (the block maxima's floor decides there)."""
+    p = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.25, 0.25, 0.25, 0.25], [0.125, 0.5, 0.125, 0.25]])
+    kept = S.top_p_renorm_probs(p, 0.5) > 0
+    assert kept.tolist() == [[True, False, False, False], [True] * 4, [False, True, False, False]]
+    kept = S.top_p_renorm_probs(p, 0.75) > 0
+    assert kept.tolist() == [[True, True, False, False], [True] * 4, [False, True, False, True]]
+    gen = torch.Generator().manual_seed(9)
+    for V in (1000, 32000):
+        peaked = torch.softmax(torch.randn(6, V, generator=gen) * 8, -1)
+        peaked[1] = torch.rand(V, generator=gen) ** 40  # unnormalised
+        peaked[2, 7::256] = 0.5  # every block's maximum tied
+        for tp in (torch.tensor([0.1, 0.5, 0.9, 0.99, 1e-6, 0.999]), 0.5, 0.95):
+            assert torch.equal(S.top_p_renorm_probs(peaked, tp), S.top_p_renorm_probs(peaked, tp, backend="torch"))
+            _check_sample(S.top_p_sampling_from_probs, peaked, (tp,), seed=4, offset=1)
+            for order in ORDERS:
+                args = (torch.tensor([0, 3, 100, 1, 5000, 2]), tp)
+                _check_sample(
+                    S.top_k_top_p_sampling_from_probs, peaked, args, filter_apply_order=order, seed=1, offset=0
+                )
+    assert set(calls) == {"renorm_rows", "sample_filtered_rows"}

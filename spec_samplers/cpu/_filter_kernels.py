@@ -14,6 +14,9 @@ never sorts finds the same tau exactly:
   histograms the top 11 key bits over the row (count and mass per bin); scanning the bins from
   the top, the lowest bin whose mass above passes holds K (pass is monotone); its entries are
   copied out and levels 2 (11 bits) and 3 (10 bits) run on that copy;
+* a vectorised first pass takes each race group's largest key (the row maximum, and bounds:
+  top-k's select starts at the k-th largest group maximum, top-p on probabilities at a floor
+  from the maxima (:func:`_top_p_floor`), and groups below a select's candidates are skipped);
 * min-p's tau is min(min_p * max, max) in fp32, and the thresholds combine as the reference's
   (top-p's candidates are the top-k survivors unless ``joint``, then min-p last);
 * the draw is ``rng.sample_race`` of the kept weights (value >= tau, else 0): the race of
@@ -237,6 +240,16 @@ def _refine(bkeys, bmass, n, shift, mask, above, thr, cnt, msum):
     return _scan(cnt[:nb], msum[:nb], True, above, thr, 0)
 
 
+@njit(cache=True, inline="always")
+def _block_mass(xs, ws, probs, tau_key, n):
+    """The fixed-point mass of the first n entries of a block with key >= tau_key (vectorised)."""
+    total = np.int64(0)
+    for i in range(n):
+        m = _mass(_clean(ws[i]))
+        total += m if _key(_value(xs[i], probs)) >= tau_key else 0
+    return total
+
+
 @njit(cache=True)
 def _kept_mass(x, w, probs, tau_key, bmax):
     """The fixed-point mass of the values with key >= tau_key (blocks below it skipped)."""
@@ -246,10 +259,30 @@ def _kept_mass(x, w, probs, tau_key, bmax):
         if bmax[g] < tau_key:
             continue
         lo = g * _G
-        for v in range(lo, min(lo + _G, V)):
-            m = _mass(_clean(w[v]))
-            total += m if _key(_value(x[v], probs)) >= tau_key else 0
+        n = min(_G, V - lo)
+        xs = x[lo : lo + n]
+        ws = w[lo : lo + n]
+        total += _block_mass(xs, ws, True, tau_key, n) if probs else _block_mass(xs, ws, False, tau_key, n)
     return total
+
+
+@njit(cache=True)
+def _top_p_floor(bmax, lo, thr):
+    """A key below which top-p keeps nothing, from the block maxima of a probabilities row: at a
+    block maximum T, the maxima above T weigh at least their own masses, so once those reach thr
+    M(> T) fails the test and tau_p > T (lo when no maximum decides it)."""
+    sk = np.sort(bmax)
+    above = np.int64(0)
+    i = sk.shape[0] - 1
+    while i >= 0 and sk[i] >= lo:
+        k = sk[i]
+        if above > 0 and not _passes(above, thr):
+            return k + np.int64(1)
+        m = _mass(_value_of(k))
+        while i >= 0 and sk[i] == k:
+            above += m
+            i -= 1
+    return lo
 
 
 @njit(cache=True)
@@ -271,11 +304,10 @@ def _threshold(x, w, probs, k, p, mp, has_k, has_p, has_m, joint, max_key, cnt, 
         if p >= _ONE:
             tau_p = lo
         else:
+            thr = np.float64(p) * np.float64(_kept_mass(x, w, probs, lo, bmax))
+            if probs:  # (logits' weights are not their values: no floor from the maxima)
+                lo = max(lo, _top_p_floor(bmax, lo, thr))
             _level1(x, w, probs, lo, True, cnt, msum, bmax)
-            total = np.int64(0)
-            for b in range(1, cnt.shape[0]):
-                total += msum[b]
-            thr = np.float64(p) * np.float64(total)
             tau_p = _select(x, w, probs, lo, True, thr, cnt, msum, bkeys, bmass, bmax)
         tau = max(tau, tau_p)
     if has_m:
