@@ -5,7 +5,10 @@
 * :func:`sample_rows`: ``sampling_from_probs`` and ``sampling_from_logits`` without filters
   (``sampling.api._sample``);
 * :func:`decode_rows`: the decoding loop's draw of draft, bonus and plain tokens
-  (``decoding.strategy.draw``): its per-draw seed and that sample in one pass."""
+  (``decoding.strategy.draw``): its per-draw seed and that sample in one pass;
+* :func:`sample_filtered_rows`, :func:`renorm_rows`, :func:`mask_logits_rows`: the filtered
+  sampling operations (top-k, top-p, min-p), their renormalisation and top-k's logits mask
+  (``_filter_kernels``: thresholds by a radix select, no sort)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,12 @@ def _kernels() -> ModuleType | None:
 @functools.cache
 def _module() -> ModuleType:
     return importlib.import_module("spec_samplers.cpu._draw_kernels")
+
+
+@functools.cache
+def _filter_kernels() -> ModuleType | None:
+    """The filtered operations' kernel module, or None without numba."""
+    return None if kernels() is None else importlib.import_module("spec_samplers.cpu._filter_kernels")
 
 
 def _array(t: torch.Tensor) -> Any:
@@ -123,4 +132,84 @@ def decode_rows(
         np.uint64(stream),
         out.numpy(),
     )
+    return out
+
+
+def _param(t: torch.Tensor | None, dtype: torch.dtype) -> Any:
+    """A filter's [B] parameters as the kernels read them (an empty array when the filter is off)."""
+    return _array((torch.zeros(0) if t is None else t).to(dtype))
+
+
+def sample_filtered_rows(
+    x: torch.Tensor,  # [R, V] fp32 CPU (available), R > 0: unnormalised probabilities, or logits
+    rows: torch.Tensor,  # [B] int64: the input row of each output (outside [0, R): no row)
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+    logits: bool,
+    top_k: torch.Tensor | None,  # [B] int64 (validation.canonical_top_k)
+    top_p: torch.Tensor | None,  # [B] fp32 (validation.canonical_top_p)
+    min_p: torch.Tensor | None,  # [B] fp32 (validation.canonical_min_p), finite
+    joint: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B] int64, valid [B] bool): ``sampling.reference.sample_reference`` with filters,
+    the same tokens (the race's group sums in fp64 in another order: docs/cpu.md, "Tokens"), one
+    compiled pass per output row for its maximum, a radix select per threshold and the race.
+    Logits become the reference's values and weights in torch first (as :func:`sample_rows`)."""
+    module = _filter_kernels()
+    assert module is not None, "sample_filtered_rows needs numba (check available())"
+    w = x
+    if logits:
+        R = x.shape[0]
+        x, w = reference.values_and_weights(x.index_select(0, rows.clamp(0, R - 1)), True, owned=True)
+        rows = torch.where((rows >= 0) & (rows < R), torch.arange(rows.shape[0]), -1)
+    xa = _array(x)
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    module.sample_filtered_kernel(
+        xa,
+        xa if w is x else _array(w),
+        not logits,
+        _array(rows.to(torch.int64)),
+        _u64(seeds),
+        _u64(offsets),
+        _param(top_k, torch.int64),
+        _param(top_p, torch.float32),
+        _param(min_p, torch.float32),
+        top_k is not None,
+        top_p is not None,
+        min_p is not None,
+        joint,
+        out.numpy(),
+    )
+    return out, out >= 0
+
+
+def renorm_rows(
+    probs: torch.Tensor,  # [B, V] fp32 CPU (available)
+    top_k: torch.Tensor | None,  # [B] int64
+    top_p: torch.Tensor | None,  # [B] fp32
+) -> torch.Tensor:
+    """[B, V] fp32: ``sampling.reference.renorm_reference(probs, top_k, top_p)``, bit for bit."""
+    module = _filter_kernels()
+    assert module is not None, "renorm_rows needs numba (check available())"
+    out = torch.empty(probs.shape, dtype=torch.float32)
+    module.renorm_kernel(
+        _array(probs),
+        _param(top_k, torch.int64),
+        _param(top_p, torch.float32),
+        top_k is not None,
+        top_p is not None,
+        out.numpy(),
+    )
+    return out
+
+
+def mask_logits_rows(
+    logits: torch.Tensor,  # [B, V] fp32 CPU (available)
+    top_k: torch.Tensor,  # [B] int64
+) -> torch.Tensor:
+    """[B, V] fp32: ``sampling.reference.mask_logits_reference(logits, top_k)``, bit for bit."""
+    module = _filter_kernels()
+    assert module is not None, "mask_logits_rows needs numba (check available())"
+    out = torch.empty(logits.shape, dtype=torch.float32)
+    module.mask_logits_kernel(_array(logits), _param(top_k, torch.int64), out.numpy())
     return out

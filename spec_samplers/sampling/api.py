@@ -107,10 +107,19 @@ def _sample(
     elif backend == "auto" and all(f is None for f in filters.values()) and x.shape[0] and cpu_draw.available(x):
         # the compiled CPU path (numba), as the samplers' twins: the reference's tokens
         tokens, valid = cpu_draw.sample_rows(x, rows, seeds, offsets, logits)
+    elif backend == "auto" and x.shape[0] and cpu_draw.available(x) and _finite(filters["min_p"]):
+        # with filters: thresholds by a radix select (cpu._filter_kernels), the reference's tokens
+        tokens, valid = cpu_draw.sample_filtered_rows(x, rows, seeds, offsets, logits, joint=joint, **filters)
     else:
         tokens, valid = reference.sample_reference(**draw)
     tokens = tokens.to(out_dtype)
     return (tokens, valid) if return_valid else tokens
+
+
+def _finite(min_p: torch.Tensor | None) -> bool:
+    """Whether min-p's values are all finite (an infinite one can make the reference's threshold
+    NaN, which the compiled path leaves to it)."""
+    return min_p is None or bool(torch.isfinite(min_p).all())
 
 
 def _renorm(probs: object, top_k: object, top_p: object, out_dtype: torch.dtype | None, backend: str) -> torch.Tensor:
@@ -124,6 +133,8 @@ def _renorm(probs: object, top_k: object, top_p: object, out_dtype: torch.dtype 
         return custom_ops.renorm(probs, **filters, out_dtype=out_dtype, backend=backend)
     if kernels:
         return sampling_launch.renorm_triton(probs=probs, **filters, out_dtype=out_dtype, config=config)
+    if backend == "auto" and out_dtype == torch.float32 and cpu_draw.available(probs):
+        return cpu_draw.renorm_rows(probs, **filters)  # compiled (numba): the reference's floats
     return reference.renorm_reference(probs, **filters, out_dtype=out_dtype)
 
 
@@ -527,6 +538,8 @@ def top_k_mask_logits(
         return custom_ops.mask_logits(logits, k, backend)
     if kernels:
         return sampling_launch.mask_logits_triton(logits=logits, top_k=k, config=config)
+    if backend == "auto" and cpu_draw.available(logits):
+        return cpu_draw.mask_logits_rows(logits, k)  # compiled (numba): the reference's floats
     return reference.mask_logits_reference(logits, k)
 
 
