@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ def run() -> dict[str, float]:
     rows = q[:, 0]
     timed("sampling_from_probs", lambda: sampling_from_probs(rows, seed=seeds, offset=seeds))
     timed("sampling_from_logits", lambda: sampling_from_logits(logits[:, 0], seed=seeds, offset=seeds))
+    timed("filtered sampling", lambda: _filtered(rows, logits[:, 0], seeds))
     timed("decode_rows", lambda: draw.decode_rows(rows, seeds, seeds, 0, rng.STREAM_DECODE_DRAFT))
     timed("draw_from_logits", lambda: draw.draw_from_logits(logits[:, 0], torch.ones(B), seeds, None, 0))
 
@@ -72,3 +74,19 @@ def run() -> dict[str, float]:
     typical = TypicalAcceptanceSampler(posterior_threshold=0.09, posterior_alpha=0.3)
     timed("typical tree", lambda: typical.forward_tree(tq, None, tids, parents))
     return times
+
+
+def _filtered(probs: torch.Tensor, logits: torch.Tensor, seeds: torch.Tensor) -> None:
+    """The filtered sampling operations (_filter_kernels), each kind of call."""
+    from spec_samplers import sampling as ops
+
+    rows: dict[str, Any] = dict(seed=seeds, offset=seeds)
+    ops.top_k_sampling_from_probs(probs, 5, **rows)
+    ops.top_p_sampling_from_probs(probs, 0.9, **rows)
+    ops.min_p_sampling_from_probs(probs, 0.1, **rows)
+    for order in ("top_k_first", "joint"):
+        ops.top_k_top_p_sampling_from_probs(probs, 5, 0.9, filter_apply_order=order, **rows)
+        ops.top_k_top_p_sampling_from_logits(logits, 5, 0.9, filter_apply_order=order, **rows)
+    ops.top_k_renorm_probs(probs, 5)
+    ops.top_p_renorm_probs(probs, 0.9)
+    ops.top_k_mask_logits(logits, 5)
