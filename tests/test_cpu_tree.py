@@ -399,7 +399,7 @@ def test_without_numba_the_reference_runs(walk: type, monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     monkeypatch.delitem(sys.modules, "spec_samplers.cpu._numba_kernels", raising=False)
     monkeypatch.delitem(sys.modules, "spec_samplers.cpu._tree_kernels", raising=False)
-    cpu.kernels.cache_clear()
+    cpu._import_kernels.cache_clear()
     cpu.tree_kernels.cache_clear()
     try:
         with warnings.catch_warnings(record=True):
@@ -414,5 +414,5 @@ def test_without_numba_the_reference_runs(walk: type, monkeypatch: pytest.Monkey
             ref, got = _walk_both(walk, q, q, tok, [0, 0, 1], seeds=seeds)
             _equal(ref, got)
     finally:
-        cpu.kernels.cache_clear()
+        cpu._import_kernels.cache_clear()
         cpu.tree_kernels.cache_clear()

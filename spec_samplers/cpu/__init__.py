@@ -459,8 +459,9 @@ _TWINS: dict[str, Callable[..., torch.Tensor]] = {
 @functools.cache
 def tree_kernels() -> ModuleType | None:
     """The tree kernels module (spec_samplers.cpu._tree_kernels), or None without numba (the
-    one-time warning is :func:`kernels`')."""
-    if kernels() is None:
+    one-time warning is :func:`_import_kernels`'; the twins are reached through :func:`compiled_op`,
+    which asks :func:`kernels` whether the compiled code is ready)."""
+    if _import_kernels() is None:
         return None
     return importlib.import_module("spec_samplers.cpu._tree_kernels")
 
