@@ -451,6 +451,38 @@ def test_row_max_is_fmax_then_amax() -> None:
         assert got == want and (np.signbit(got) == np.signbit(want) or got != 0.0), (x, got, want)
 
 
+def test_compiled_softmax_is_the_logits_rule() -> None:
+    """sampling.softmax on CPU fp32 (cpu.draw.softmax_rows) against torch_ops.probs_from_logits:
+    equal on greedy, all -inf, NaN and +inf rows, within the summation order's rounding elsewhere;
+    and SampleStrategy.probs (its shortcut past the pipe) equal to process_logits, which calls it."""
+    from spec_samplers import sampling
+    from spec_samplers.decoding.strategy import SampleStrategy
+    from spec_samplers.sampling_params import SamplingParams, process_logits
+    from spec_samplers.torch_ops import probs_from_logits
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 1000, generator=g) * 3
+    x[1] = float("-inf")
+    x[2, 5] = float("inf")
+    x[3, ::3] = float("nan")
+    x[4] = float("nan")
+    t = torch.tensor([0.8, 1.0, 1.0, 0.0, 0.0, -1.0, 2.5])
+    got, want = sampling.softmax(x, t), probs_from_logits(x, t)
+    assert torch.equal(got[1:5], want[1:5])
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-9)
+    assert torch.equal(sampling.softmax(x.T.contiguous().T, t), got)  # strided input
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.0), SamplingParams(temperature=1.3)]
+    strategy = SampleStrategy(params)
+    logits = torch.randn(3, 4, 1000, generator=g)
+    assert torch.equal(
+        strategy.probs(logits),
+        process_logits(logits.reshape(12, 1000), strategy.tensors.repeat_rows(4)).view(3, 4, 1000),
+    )
+    assert torch.equal(strategy.probs(logits[:, 0]), process_logits(logits[:, 0], strategy.tensors))
+    filtered = SampleStrategy([SamplingParams(temperature=0.7, top_k=5)] * 3)
+    assert int((filtered.probs(logits[:, 0]) > 0).sum(-1).max()) == 5  # (filters: the pipe)
+
+
 def _entropy_rows(V: int):  # type: ignore[no-untyped-def]
     """Rows the entropy meets: peaked, flat, with zeros, unnormalised, NaN / Inf entries."""
     g = torch.Generator().manual_seed(V)

@@ -209,6 +209,31 @@ def draw_rows_kernel(
         out[b] = _recover(q, q, RES_Q, _ONE, -1, False, seeds[b], offsets[b], position, _STREAM_RECOVER)
 
 
+@njit(cache=True)
+def softmax_rows_kernel(
+    logits,  # [B, V] fp32
+    temperature,  # [B] fp32, 0 = greedy (other values <= 0, and NaN, count as 1)
+    out,  # [B, V] fp32
+):
+    """``torch_ops.probs_from_logits`` of each row into ``out`` (the rule of ``sampling.softmax``):
+    the weights and r = 1 / sum of :func:`_unnormalised`, then q = e r; a greedy row is the one-hot
+    of its logits' argmax (NaN as -inf, the lowest index on ties), a row without a finite or +inf
+    logit all zeros. One pass per row over the logits and two over the output row, no
+    temporary."""
+    B, V = logits.shape
+    for b in range(B):
+        x = logits[b]
+        q = out[b]
+        m = _row_max(x)
+        if temperature[b] == _F0:
+            for v in range(V):
+                q[v] = _F0
+            if m > _NEG_INF:
+                q[_first_index_of(x, m)] = _ONE
+            continue
+        _normalise(q, _unnormalised(x, m, temperature[b], q))
+
+
 @njit(cache=True, inline="always")
 def _sample_row(q, seed, offset):
     """``rng.sample_race`` of the clean row q (NaN, inf and negatives weigh 0): the two-level race

@@ -17,7 +17,7 @@ def run() -> dict[str, float]:
     from spec_samplers import rng
     from spec_samplers.cpu import _logits_kernels, draw
     from spec_samplers.registry import get_sampler
-    from spec_samplers.sampling import sampling_from_logits, sampling_from_probs
+    from spec_samplers.sampling import sampling_from_logits, sampling_from_probs, softmax
 
     g = torch.Generator().manual_seed(0)
     B, K, V = 2, 2, 300
@@ -46,6 +46,7 @@ def run() -> dict[str, float]:
     rows = q[:, 0]
     timed("sampling_from_probs", lambda: sampling_from_probs(rows, seed=seeds, offset=seeds))
     timed("sampling_from_logits", lambda: sampling_from_logits(logits[:, 0], seed=seeds, offset=seeds))
+    timed("softmax", lambda: softmax(logits[:, 0], 0.8))
     timed("filtered sampling", lambda: _filtered(rows, logits[:, 0], seeds))
     timed("decode_rows", lambda: draw.decode_rows(rows, seeds, seeds, 0, rng.STREAM_DECODE_DRAFT))
     timed("draw_from_logits", lambda: draw.draw_from_logits(logits[:, 0], torch.ones(B), seeds, None, 0))

@@ -84,6 +84,18 @@ def draw_from_logits(
     return out
 
 
+def softmax_rows(
+    logits: torch.Tensor,  # [B, V] fp32 CPU (available)
+    temperature: torch.Tensor,  # [B] float, 0 = greedy
+) -> torch.Tensor:
+    """[B, V] fp32 ``torch_ops.probs_from_logits(logits, temperature)``, compiled (one pass per row
+    into the output, no temporary; the row's sum in fp64 and exp2 correctly rounded: the events of
+    docs/cpu.md, "Tokens"). The CPU path of ``sampling.softmax``."""
+    out = torch.empty(logits.shape, dtype=torch.float32)
+    _module().softmax_rows_kernel(_array(logits), _array(temperature.to(torch.float32)), out.numpy())
+    return out
+
+
 def sample_rows(
     x: torch.Tensor,  # [R, V] fp32 CPU (available), R > 0: unnormalised probabilities, or logits
     rows: torch.Tensor,  # [B] int64: the input row of each output (outside [0, R): no row)

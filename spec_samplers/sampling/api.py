@@ -184,6 +184,10 @@ def softmax(
     temp = validation.canonical_temperature(temperature, logits.shape[0], logits.device, check_values=False)
     if kernels is None:
         return custom_ops.softmax(logits, temp, backend)
+    if backend == "auto" and cpu_draw.available(logits):
+        # compiled (numba): the rule's floats (torch.softmax's cost ~15 eager ops a call, most of it
+        # cache misses where a model's forward pass ran just before)
+        return cpu_draw.softmax_rows(logits, temp)
     return reference.softmax_reference(logits, temp)
 
 
