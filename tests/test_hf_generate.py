@@ -335,3 +335,24 @@ def test_two_token_law_test_has_power(monkeypatch):
     monkeypatch.setattr(hf_generate, "sampling_fields", without_top_k)
     samples = _two_token_samples(target, draft, prompt, 6000, "rejection_sampler", 0.9, 8)
     assert chi2_pvalue(samples, law) < CHI2_ALPHA
+
+
+def test_compiled_head_rows_equal_the_linear_map() -> None:
+    """spec_samplers.cpu.head_rows (numba, 1-4 rows) against F.linear in fp64: within the fp32
+    summation's rounding, on contiguous, strided and grad-requiring inputs; head_logits takes it
+    for those rows and F.linear's form beyond."""
+    from spec_samplers import cpu
+    from spec_samplers.integrations.transformers import head_logits
+
+    g = torch.Generator().manual_seed(2)
+    weight = (torch.randn(3001, 96, generator=g) * 0.1).requires_grad_()
+    for r in (1, 2, 3, 4):
+        rows = torch.randn(96, r, generator=g).T  # (strided)
+        got = cpu.head_rows(weight, rows)
+        assert got is not None and got.shape == (r, 3001)
+        want = torch.nn.functional.linear(rows.double(), weight.detach().double())
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+        hidden = rows.reshape(1, r, 96)
+        torch.testing.assert_close(head_logits(hidden, weight.detach()), got.view(1, r, -1), rtol=0, atol=0)
+    wide = torch.randn(1, 6, 96, generator=g)
+    torch.testing.assert_close(head_logits(wide, weight.detach()), torch.nn.functional.linear(wide, weight.detach()))

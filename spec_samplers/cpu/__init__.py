@@ -585,6 +585,19 @@ def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) ->
     return twin
 
 
+def head_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+    """[R, V] fp32 ``rows @ weight.T`` for 1 <= R <= 4 fp32 CPU rows [R, H] and a contiguous fp32
+    head [V, H] (``cpu._head_kernels``: the head read once), or None while the compiled code is not
+    ready (:func:`kernels`) or numba is missing."""
+    if kernels() is None:
+        return None
+    from spec_samplers.cpu import _head_kernels
+
+    out = torch.empty((rows.shape[0], weight.shape[0]), dtype=torch.float32)
+    _head_kernels.head_rows_kernel(weight.detach().numpy(), _np(rows), out.numpy())
+    return out
+
+
 def count_on_host(counts: Any, out: Any) -> None:
     """SpecDecodeBaseSampler._update_counters's sums on numpy views of CPU tensors: ``counts``
     [2 + >= k] int64 (accepted, emitted, per position), ``out`` [B, k+1] int64."""

@@ -15,7 +15,7 @@ import torch
 def run() -> dict[str, float]:
     """Seconds per group of calls (compilation, or loading numba's cache)."""
     from spec_samplers import rng
-    from spec_samplers.cpu import _logits_kernels, draw
+    from spec_samplers.cpu import _logits_kernels, draw, head_rows
     from spec_samplers.registry import get_sampler
     from spec_samplers.sampling import sampling_from_logits, sampling_from_probs, softmax
 
@@ -47,6 +47,8 @@ def run() -> dict[str, float]:
     timed("sampling_from_probs", lambda: sampling_from_probs(rows, seed=seeds, offset=seeds))
     timed("sampling_from_logits", lambda: sampling_from_logits(logits[:, 0], seed=seeds, offset=seeds))
     timed("softmax", lambda: softmax(logits[:, 0], 0.8))
+    head = torch.randn(V, 16, generator=g)
+    timed("head_rows", lambda: [head_rows(head, torch.randn(r, 16, generator=g)) for r in (1, 2, 3, 4)])
     timed("filtered sampling", lambda: _filtered(rows, logits[:, 0], seeds))
     timed("decode_rows", lambda: draw.decode_rows(rows, seeds, seeds, 0, rng.STREAM_DECODE_DRAFT))
     timed("draw_from_logits", lambda: draw.draw_from_logits(logits[:, 0], torch.ones(B), seeds, None, 0))
