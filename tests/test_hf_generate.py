@@ -249,7 +249,7 @@ def test_cache_passed_under_the_models_own_name(pair):
 
 def test_head_product_is_the_models_own(pair):
     """A listed causal LM's head product is taken by the wrapper (``head_logits``: ``weight @
-    rows.T`` for the CPU shapes of HEAD_STREAM_ROWS, one row padded to two, else F.linear): the
+    rows.T`` or the compiled kernel for the CPU shapes of HEAD_STREAM_ROWS and HEAD_KERNEL_ROWS, else F.linear): the
     model's own logits to fp32 rounding, for every row count; a subclass or a head with a bias runs
     the model's forward."""
     from spec_samplers.integrations.transformers import _plain_head, head_logits
@@ -338,15 +338,15 @@ def test_two_token_law_test_has_power(monkeypatch):
 
 
 def test_compiled_head_rows_equal_the_linear_map() -> None:
-    """spec_samplers.cpu.head_rows (numba, 1-4 rows) against F.linear in fp64: within the fp32
-    summation's rounding, on contiguous, strided and grad-requiring inputs; head_logits takes it
-    for those rows and F.linear's form beyond."""
+    """spec_samplers.cpu.head_rows (numba: blocks of 8, 4, 2 and 1 rows) against F.linear in fp64:
+    within the fp32 summation's rounding, on strided rows and a grad-requiring head; head_logits
+    takes it for the shapes of HEAD_KERNEL_ROWS and F.linear beyond."""
     from spec_samplers import cpu
     from spec_samplers.integrations.transformers import head_logits
 
     g = torch.Generator().manual_seed(2)
     weight = (torch.randn(3001, 96, generator=g) * 0.1).requires_grad_()
-    for r in (1, 2, 3, 4):
+    for r in (1, 2, 3, 4, 5, 7, 8, 11, 16):
         rows = torch.randn(96, r, generator=g).T  # (strided)
         got = cpu.head_rows(weight, rows)
         assert got is not None and got.shape == (r, 3001)
@@ -354,5 +354,5 @@ def test_compiled_head_rows_equal_the_linear_map() -> None:
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
         hidden = rows.reshape(1, r, 96)
         torch.testing.assert_close(head_logits(hidden, weight.detach()), got.view(1, r, -1), rtol=0, atol=0)
-    wide = torch.randn(1, 6, 96, generator=g)
+    wide = torch.randn(1, 17, 96, generator=g)
     torch.testing.assert_close(head_logits(wide, weight.detach()), torch.nn.functional.linear(wide, weight.detach()))

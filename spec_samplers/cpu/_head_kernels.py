@@ -63,22 +63,50 @@ def _four(w, x0, x1, x2, x3, out0, out1, out2, out3):
         out3[v] = a3
 
 
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _eight(w, x, out):
+    x0, x1, x2, x3, x4, x5, x6, x7 = x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
+    for v in range(w.shape[0]):
+        wr = w[v]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _F0
+        for h in range(w.shape[1]):
+            wh = wr[h]
+            a0 += wh * x0[h]
+            a1 += wh * x1[h]
+            a2 += wh * x2[h]
+            a3 += wh * x3[h]
+            a4 += wh * x4[h]
+            a5 += wh * x5[h]
+            a6 += wh * x6[h]
+            a7 += wh * x7[h]
+        out[0, v] = a0
+        out[1, v] = a1
+        out[2, v] = a2
+        out[3, v] = a3
+        out[4, v] = a4
+        out[5, v] = a5
+        out[6, v] = a6
+        out[7, v] = a7
+
+
 @njit(cache=True)
 def head_rows_kernel(
     weight,  # [V, H] fp32, C-contiguous
-    rows,  # [R, H] fp32, 1 <= R <= 4
+    rows,  # [R, H] fp32, R >= 1
     out,  # [R, V] fp32
 ):
-    """out[r] = weight @ rows[r] for every r, the head read once (three rows as four: the fourth
-    a zero row, its logits not written)."""
+    """out[r] = weight @ rows[r] for every r: the head read once per block of 8 rows, then once
+    for the 4, 2 and 1 rows left."""
     R = rows.shape[0]
-    if R == 1:
-        _one(weight, rows[0], out[0])
-    elif R == 2:
-        _two(weight, rows[0], rows[1], out[0], out[1])
-    else:
-        scratch = np.empty((4 - R, weight.shape[0]), dtype=np.float32)
-        zero = np.zeros(weight.shape[1], dtype=np.float32)
-        x3 = rows[3] if R == 4 else zero
-        out3 = out[3] if R == 4 else scratch[0]
-        _four(weight, rows[0], rows[1], rows[2], x3, out[0], out[1], out[2], out3)
+    r = 0
+    while R - r >= 8:
+        _eight(weight, rows[r : r + 8], out[r : r + 8])
+        r += 8
+    if R - r >= 4:
+        _four(weight, rows[r], rows[r + 1], rows[r + 2], rows[r + 3], out[r], out[r + 1], out[r + 2], out[r + 3])
+        r += 4
+    if R - r >= 2:
+        _two(weight, rows[r], rows[r + 1], out[r], out[r + 1])
+        r += 2
+    if R - r == 1:
+        _one(weight, rows[r], out[r])

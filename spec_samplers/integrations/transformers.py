@@ -151,18 +151,25 @@ def _takes_logits_to_keep(model: Any) -> bool:
 #: causal LMs whose forward is ``lm_head(self.model(...).last_hidden_state)`` and nothing more (no
 #: logit scale or soft-capping; read in transformers 4.56 and 5.20)
 _PLAIN_HEAD_MODELS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+#: (widest hidden size, most rows) of the CPU fp32 head products taken by the compiled kernel
+#: (``spec_samplers.cpu.head_rows``: the head read once per 8 rows at about the machine's read
+#: bandwidth) when numba is ready. Its time against the faster of F.linear and the streamed form,
+#: one thread (benchmarks/head_product.py; docs/cpu.md "generate"): 1.24-2.24x faster at 1-8 rows
+#: over [32000, 512 ... 4096] and [151936, 896] heads, 1.2-1.67x at 16 rows and H <= 896, 0.84-0.91x
+#: at 16 rows and H >= 1024 (F.linear's blocked product wins there).
+HEAD_KERNEL_ROWS = ((896, 16), (2**62, 8))
 #: (widest hidden size, most rows) of the CPU fp32 head products taken as ``weight @ rows.T``
-#: (rows padded to two when there is one) instead of ``F.linear``. On the project's CPU (MKL, one
-#: thread; docs/cpu.md "generate") ``F.linear`` reads a [V, H] head about once per row for 2-5 rows,
-#: and its one-row product (a matrix-vector kernel) reads slower than the two-row matrix product:
-#: at V = 32000 the streamed form took 1/1.64 (1 row), 1/3.1 (2) and 1/2.2 (4) of F.linear's time
-#: at H = 512, 1/1.1-1/2.4 at H = 1024, 1/1.1 at 8 rows and H <= 768; at 8 rows and H >= 1024, and at
-#: H = 4096, F.linear was faster, so it keeps those.
+#: (rows padded to two when there is one) instead of ``F.linear`` where the kernel is not ready. On
+#: the project's CPU (MKL, one thread) ``F.linear`` reads a [V, H] head about once per row for 2-5
+#: rows, and its one-row product (a matrix-vector kernel) reads slower than the two-row matrix
+#: product: at V = 32000 the streamed form took 1/1.64 (1 row), 1/3.1 (2) and 1/2.2 (4) of
+#: F.linear's time at H = 512, 1/1.1-1/2.4 at H = 1024, 1/1.1 at 8 rows and H <= 768; at 8 rows and
+#: H >= 1024, and at H = 4096, F.linear was faster, so it keeps those.
 HEAD_STREAM_ROWS = ((768, 8), (1024, 4))
 
 
-def _streams_head(rows: int, width: int) -> bool:
-    return any(width <= widest and rows <= most for widest, most in HEAD_STREAM_ROWS)
+def _within(table: tuple[tuple[int, int], ...], rows: int, width: int) -> bool:
+    return any(width <= widest and rows <= most for widest, most in table)
 
 
 def _plain_head(model: Any) -> tuple[Any, str, Any] | None:
@@ -176,28 +183,24 @@ def _plain_head(model: Any) -> tuple[Any, str, Any] | None:
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(hidden, weight)``, logits [B, Q, V] of hidden states [B, Q, H] and a head [V, H]:
-    for the CPU fp32 shapes of :data:`HEAD_STREAM_ROWS` as ``weight @ rows.T`` (one row padded to
-    two), which streams the head once, or for up to 4 rows by ``spec_samplers.cpu.head_rows``
-    (numba: the head read once at about the machine's bandwidth, 1.5-2.1x the streamed form's speed
-    at [32000, 512]); the same products, summed in another order: equal to a few fp32 ulps."""
+    """``F.linear(hidden, weight)``, logits [B, Q, V] of hidden states [B, Q, H] and a head [V, H].
+    CPU fp32 products of few rows read the head once: by the compiled kernel for the shapes of
+    :data:`HEAD_KERNEL_ROWS` (``spec_samplers.cpu.head_rows``, numba), else as ``weight @ rows.T``
+    (one row padded to two) for those of :data:`HEAD_STREAM_ROWS`; the same products, summed in
+    another order: equal to a few fp32 ulps."""
     B, Q, H = hidden.shape
     rows = B * Q
-    if (
-        hidden.device.type != "cpu"
-        or hidden.dtype != torch.float32
-        or weight.dtype != torch.float32
-        or rows == 0
-        or not _streams_head(rows, H)
-    ):
+    if hidden.device.type != "cpu" or hidden.dtype != torch.float32 or weight.dtype != torch.float32 or rows == 0:
         return torch.nn.functional.linear(hidden, weight)
     x = hidden.reshape(rows, H)
-    if rows <= 4 and weight.is_contiguous():
+    if _within(HEAD_KERNEL_ROWS, rows, H) and weight.is_contiguous():
         from spec_samplers.cpu import head_rows
 
-        out = head_rows(weight, x)  # (numba: the head read once at the bandwidth; None without it)
+        out = head_rows(weight, x)  # (None while numba's code is not ready, or without numba)
         if out is not None:
             return out.view(B, Q, -1)
+    if not _within(HEAD_STREAM_ROWS, rows, H):
+        return torch.nn.functional.linear(hidden, weight)
     if rows == 1:
         x = torch.cat([x, x.new_zeros(1, H)])
     return (weight @ x.T).T[:rows].reshape(B, Q, -1).contiguous()
