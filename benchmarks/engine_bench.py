@@ -274,9 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     import vllm
 
     from spec_samplers import cpu
+    from spec_samplers.cpu import _warm as cpu_warm
 
     if cpu._import_kernels() is not None:  # the CPU kernels compiled (or loaded) and marked before any timing
-        cpu.compile_ahead()
+        cpu_warm.compile_ahead()
     start_machine = machine()
     target, draft = build_models(Path(args.models), args.vocab, args.hidden, args.layers)
     t0 = time.perf_counter()

@@ -42,9 +42,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from spec_samplers import cpu
+    from spec_samplers.cpu import _warm as cpu_warm
 
     assert cpu._import_kernels() is not None, "the kernel column needs numba"
-    cpu.compile_ahead()
+    cpu_warm.compile_ahead()
     print(f"torch {torch.__version__}, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}")
     print("| head [V, H] | " + " | ".join(f"{r} rows" for r in args.rows) + " |")
     print("|---|" + "---|" * len(args.rows))

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from spec_samplers import validation
+from spec_samplers.cpu import draw as cpu_draw
 from spec_samplers.kernels import sampling_launch
 from spec_samplers.kernels.backend import check_backend, use_triton
 from spec_samplers.sampling import reference as sampling_reference
@@ -97,6 +98,8 @@ def softmax(
     """[B, V] fp32 softmax(logits / temperature)."""
     if use_triton(check_backend(backend), logits.device):
         return sampling_launch.softmax_triton(logits=logits, temperature=temperature)
+    if backend == "auto" and cpu_draw.available(logits):  # (the eager call's CPU path: the same floats)
+        return cpu_draw.softmax_rows(logits, temperature)
     return sampling_reference.softmax_reference(logits, temperature)
 
 

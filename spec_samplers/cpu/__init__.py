@@ -23,6 +23,8 @@ import importlib
 import logging
 import os
 import pathlib
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -61,36 +63,41 @@ def _import_kernels() -> ModuleType | None:
 
 
 #: how the compiled code is made when this machine has none cached ("background", the default:
-#: the references run until a thread has compiled it; "foreground": each kernel compiles at its
-#: first call, which then takes seconds): the environment variable SPEC_SAMPLERS_CPU_COMPILE
+#: the references run until a child process, ``python -m spec_samplers.cpu``, has compiled it;
+#: "foreground": each kernel compiles at its first call, which then takes seconds): the
+#: environment variable SPEC_SAMPLERS_CPU_COMPILE
 COMPILE_ENV = "SPEC_SAMPLERS_CPU_COMPILE"
 _READY = threading.Event()
-_WARMING = threading.local()
 _START = threading.Lock()
 _started = False
+_compiler: subprocess.Popen[bytes] | None = None  # the compiling child, until its marker appears
+_pending: pathlib.Path | None = None  # the marker it writes
 
 
 def kernels() -> ModuleType | None:
     """The numba kernels module once the CPU path's compiled code is ready, else None (the
     references run; without numba after a one-line warning, once).
 
-    Ready: this machine's numba cache holds the kernels (a marker file beside it, written when they
-    were compiled: loading them makes a process's first call ~1 s), or they were compiled in this
-    process. Otherwise the first call starts one daemon thread compiling them (``warm_up``, tens of
-    seconds on 2 cores) and returns None meanwhile, so no call waits for the compiler (issue 37: a
-    first call at or under 2 s); ``SPEC_SAMPLERS_CPU_COMPILE=foreground`` compiles at the first call
-    instead, as ``python -m spec_samplers.cpu`` does ahead of time."""
-    if _READY.is_set() or getattr(_WARMING, "active", False):
+    Ready: this machine's numba cache holds the kernels (a marker file beside it, written once they
+    were compiled: loading them makes a process's first call ~1 s), or the foreground mode.
+    Otherwise the first call starts one child process compiling them (``python -m
+    spec_samplers.cpu``, tens of seconds on 2 cores, on its own interpreter: no lock shared with
+    this one) and returns None until its marker appears, so no call waits for the compiler (issue
+    37: a first call at or under 2 s); ``SPEC_SAMPLERS_CPU_COMPILE=foreground`` compiles at the
+    first call instead."""
+    if _READY.is_set():
         return _import_kernels()
     if _import_kernels() is None:
         return None
     _start_compiling()
+    if not _READY.is_set():
+        _poll_compiler()
     return _import_kernels() if _READY.is_set() else None
 
 
 def _start_compiling() -> None:
-    """Once per process: ready now (cached, or foreground), or a thread compiling (module docstring)."""
-    global _started
+    """Once per process: ready now (cached, or foreground), or a child process compiling."""
+    global _started, _compiler, _pending
     with _START:
         if _started:
             return
@@ -99,21 +106,36 @@ def _start_compiling() -> None:
     if os.environ.get(COMPILE_ENV, "background") == "foreground" or marker is None or marker.exists():
         _READY.set()
         return
-    threading.Thread(
-        target=_compile_in_background, args=(marker,), name="spec_samplers-cpu-compile", daemon=True
-    ).start()
-
-
-def _compile_in_background(marker: pathlib.Path) -> None:
+    root = str(pathlib.Path(__file__).resolve().parents[2])  # (the child imports this very package)
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=root if not path else root + os.pathsep + path)
+    env[COMPILE_ENV] = "foreground"
     try:
-        warm_up()
-    except Exception as exc:  # a kernel that does not compile here: the references keep running
-        logging.getLogger("spec_samplers").warning(
-            "spec_samplers: compiling the CPU path failed (%r); the PyTorch references run", exc
+        _compiler = subprocess.Popen(
+            [sys.executable, "-m", "spec_samplers.cpu"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+    except OSError as exc:  # (no interpreter to start: compile here, at the first call)
+        logging.getLogger("spec_samplers").warning("spec_samplers: compiling the CPU path here (%r)", exc)
+        _READY.set()
         return
-    _write_marker(marker)
-    _READY.set()
+    _pending = marker
+    logging.getLogger("spec_samplers").info("spec_samplers: compiling the CPU path in pid %d", _compiler.pid)
+
+
+def _poll_compiler() -> None:
+    """Ready once the child's marker exists; a child gone without it leaves the references on."""
+    global _compiler
+    if _pending is not None and _pending.exists():
+        _READY.set()
+    elif _compiler is not None and _compiler.poll() is not None:
+        logging.getLogger("spec_samplers").warning(
+            "spec_samplers: compiling the CPU path failed (exit %s); the PyTorch references run", _compiler.returncode
+        )
+        _compiler = None
 
 
 def _marker() -> pathlib.Path | None:
@@ -129,49 +151,33 @@ def _marker() -> pathlib.Path | None:
         cache_dir = pathlib.Path(module.rejection_kernel._cache._cache_path)  # type: ignore[union-attr]
         here = pathlib.Path(__file__).parent
         stamps = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(here.glob("_*kernels.py"))]
-        key = repr(
-            (
-                numba.__version__,
-                llvmlite.__version__,
-                llvm.get_host_cpu_name(),
-                llvm.get_host_cpu_features().flatten(),
-                stamps,
-            )
-        )
+        host = (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+        key = repr((numba.__version__, llvmlite.__version__, host, stamps))
     except Exception:  # (numba's cache internals differ: compile at first use)
         return None
     return cache_dir / f"spec_samplers-compiled-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _write_marker(marker: pathlib.Path) -> None:
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-    except OSError:  # (a read-only cache directory: the next process compiles again)
-        pass
+def compile_here() -> None:
+    """This process compiles each kernel at its first call (no child process): the foreground mode,
+    for ``python -m spec_samplers.cpu`` and benchmarks that compile before they time."""
+    global _started
+    with _START:
+        _started = True
+    _READY.set()
 
 
-def compile_ahead() -> dict[str, float]:
-    """Compile (or load) every CPU kernel now and mark this machine's cache (``python -m
-    spec_samplers.cpu``, benchmarks before timing); returns :func:`warm_up`'s seconds."""
-    times = warm_up()
+def mark_compiled() -> None:
+    """Mark this machine's numba cache as holding every kernel (``python -m spec_samplers.cpu``
+    calls it after compiling them all), and this process ready."""
     marker = _marker()
     if marker is not None:
-        _write_marker(marker)
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # (a read-only cache directory: the next process compiles again)
+            pass
     _READY.set()
-    return times
-
-
-def warm_up() -> dict[str, float]:
-    """Compile (or load from numba's cache) every CPU kernel, on small inputs of each kind of call
-    the package makes; returns the seconds each took. Runs with :func:`kernels` open to this thread."""
-    from spec_samplers.cpu import _warm
-
-    _WARMING.active = True
-    try:
-        return _warm.run()
-    finally:
-        _WARMING.active = False
 
 
 def _np(t: torch.Tensor) -> Any:

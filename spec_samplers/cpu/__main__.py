@@ -6,12 +6,13 @@ one). Prints the seconds each group of calls took, and marks this machine's cach
 from __future__ import annotations
 
 from spec_samplers import cpu
+from spec_samplers.cpu import _warm
 
 
 def main() -> None:
     if cpu._import_kernels() is None:
         raise SystemExit("numba is not installed: pip install 'spec-samplers[cpu]'")
-    for name, seconds in cpu.compile_ahead().items():
+    for name, seconds in _warm.compile_ahead().items():
         print(f"{name}: {seconds:.2f} s")
 
 

@@ -1,6 +1,8 @@
-"""The calls that compile every CPU kernel (:func:`spec_samplers.cpu.warm_up`, ``python -m
-spec_samplers.cpu``): small inputs of each kind of call the package makes, so that numba compiles
-(or loads from its cache) the same specialisations a real call needs."""
+"""The calls that compile every CPU kernel (:func:`compile_ahead`, ``python -m spec_samplers.cpu``,
+the child process ``spec_samplers.cpu.kernels`` starts on a machine without cached kernels): small
+inputs of each kind of call the package makes, through the public entries, so that numba compiles
+(or loads from its cache) the same specialisations a real call needs. A top layer
+(docs/architecture.md): it calls samplers, sampling operations and the tree entries."""
 
 from __future__ import annotations
 
@@ -10,6 +12,17 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+def compile_ahead() -> dict[str, float]:
+    """Compile (or load) every CPU kernel in this process and mark this machine's cache; returns
+    the seconds of each group of calls (:func:`run`)."""
+    from spec_samplers import cpu
+
+    cpu.compile_here()
+    times = run()
+    cpu.mark_compiled()
+    return times
 
 
 def run() -> dict[str, float]:
@@ -67,7 +80,9 @@ def run() -> dict[str, float]:
     timed("step_block_kernel", lambda: _logits_kernels.step_block_kernel(*step))
 
     # the tree twins (_tree_kernels), through the samplers' tree entries
-    from spec_samplers import BlockVerificationSampler, RejectionSampler, TypicalAcceptanceSampler
+    from spec_samplers.block import BlockVerificationSampler
+    from spec_samplers.rejection import RejectionSampler
+    from spec_samplers.typical import TypicalAcceptanceSampler
 
     tq = torch.softmax(torch.randn(B, 4, V, generator=g), -1)
     tids = torch.randint(0, V, (B, 3), generator=g)
