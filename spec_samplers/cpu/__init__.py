@@ -103,7 +103,8 @@ def _start_compiling() -> None:
             return
         _started = True
     marker = _marker()
-    if os.environ.get(COMPILE_ENV, "background") == "foreground" or marker is None or marker.exists():
+    foreground = os.environ.get(COMPILE_ENV, "background") == "foreground" or not sys.executable
+    if foreground or marker is None or marker.exists():
         _READY.set()
         return
     root = str(pathlib.Path(__file__).resolve().parents[2])  # (the child imports this very package)
@@ -118,7 +119,7 @@ def _start_compiling() -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    except OSError as exc:  # (no interpreter to start: compile here, at the first call)
+    except (OSError, ValueError) as exc:  # (no interpreter to start: compile here, at the first call)
         logging.getLogger("spec_samplers").warning("spec_samplers: compiling the CPU path here (%r)", exc)
         _READY.set()
         return
