@@ -482,6 +482,9 @@ def test_compiled_softmax_is_the_logits_rule() -> None:
         process_logits(logits.reshape(12, 1000), strategy.tensors.repeat_rows(4)).view(3, 4, 1000),
     )
     assert torch.equal(strategy.probs(logits[:, 0]), process_logits(logits[:, 0], strategy.tensors))
+    for wrong in (logits[:2, 0], logits.reshape(6, 2, 1000)[:, 0]):  # 2 or 6 rows for 3 requests
+        with pytest.raises(ValueError, match="sampling_params"):
+            strategy.probs(wrong)
     filtered = SampleStrategy([SamplingParams(temperature=0.7, top_k=5)] * 3)
     assert int((filtered.probs(logits[:, 0]) > 0).sum(-1).max()) == 5  # (filters: the pipe)
 

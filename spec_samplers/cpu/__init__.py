@@ -593,9 +593,9 @@ def compiled_op(reference: Callable[..., torch.Tensor], device: torch.device) ->
 
 
 def head_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
-    """[R, V] fp32 ``rows @ weight.T`` for 1 <= R <= 4 fp32 CPU rows [R, H] and a contiguous fp32
-    head [V, H] (``cpu._head_kernels``: the head read once), or None while the compiled code is not
-    ready (:func:`kernels`) or numba is missing."""
+    """[R, V] fp32 ``rows @ weight.T`` for R >= 1 fp32 CPU rows [R, H] and a contiguous fp32 head
+    [V, H] (``cpu._head_kernels``: the head read once per block of 8 rows), or None while the
+    compiled code is not ready (:func:`kernels`) or numba is missing."""
     if kernels() is None:
         return None
     from spec_samplers.cpu import _head_kernels

@@ -1,12 +1,13 @@
-"""numba kernel of a small CPU head product: logits [R, V] = rows [R, H] @ weight[V, H].T for
-R <= 4 fp32 rows, the product ``integrations.transformers.head_logits`` takes for a decoding
-step's few positions.
+"""numba kernel of a small CPU head product: logits [R, V] = rows [R, H] @ weight[V, H].T for a
+few fp32 rows (``integrations.transformers.HEAD_KERNEL_ROWS``), the product
+``integrations.transformers.head_logits`` takes for a decoding step's positions.
 
 MKL reads the head once per row for such shapes (F.linear), and its matrix product of the
 transposed form (``weight @ rows.T``, which streams the head once) still reads it at about half the
 machine's bandwidth: at [32000, 512], one thread, 2.6 ms against the ~1.6 ms a 65 MB read takes.
 Here each head row is read once and dotted with every row in one loop (R accumulators, vectorised
-over H): 1.2 ms at R = 1, 1.7 at R = 2, 2.0 at R = 4. The dot products are summed in another
+over H; blocks of 8, then 4, 2 and 1 rows): 1.2 ms at R = 1, 1.7 at R = 2, 2.0 at R = 4, 2.6 at
+R = 8. The dot products are summed in another
 order than MKL's (``fastmath`` reassociation and contraction on them alone): the logits equal
 F.linear's to a few fp32 ulps, as the streamed product's do.
 """

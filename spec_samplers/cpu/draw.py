@@ -36,9 +36,16 @@ def _module() -> ModuleType:
 
 
 @functools.cache
-def _filter_kernels() -> ModuleType | None:
-    """The filtered operations' kernel module, or None without numba."""
-    return None if kernels() is None else importlib.import_module("spec_samplers.cpu._filter_kernels")
+def _filter_module() -> ModuleType:
+    return importlib.import_module("spec_samplers.cpu._filter_kernels")
+
+
+def _own_rows(x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the rows of x the outputs read, copied in output order; their map: b, or -1 where rows[b]
+    lies outside [0, R)): a logits call's copy, which the reference's cleaning then owns."""
+    R = x.shape[0]
+    own = x.index_select(0, rows.clamp(0, R - 1))
+    return own, torch.where((rows >= 0) & (rows < R), torch.arange(rows.shape[0]), -1)
 
 
 def _array(t: torch.Tensor) -> Any:
@@ -110,10 +117,9 @@ def sample_rows(
     scalar expf is 5x slower and differs from it in the last bit of about 1% of entries)."""
     module = _module()  # (numba imports: available() said so)
     if logits:
-        R = x.shape[0]
+        x, rows = _own_rows(x, rows)
         # (a row without a finite or +inf logit weighs 0 everywhere: the kernel gives it -1)
-        x = reference.logit_weights(reference.clean_logits(x.index_select(0, rows.clamp(0, R - 1)), True), True)
-        rows = torch.where((rows >= 0) & (rows < R), torch.arange(rows.shape[0]), -1)
+        x = reference.logit_weights(reference.clean_logits(x, True), True)
     out = torch.empty(rows.shape[0], dtype=torch.int64)
     module.sample_rows_kernel(
         _array(x),
@@ -167,13 +173,11 @@ def sample_filtered_rows(
     the same tokens (the race's group sums in fp64 in another order: docs/cpu.md, "Tokens"), one
     compiled pass per output row for its maximum, a radix select per threshold and the race.
     Logits become the reference's values and weights in torch first (as :func:`sample_rows`)."""
-    module = _filter_kernels()
-    assert module is not None, "sample_filtered_rows needs numba (check available())"
+    module = _filter_module()  # (numba imports: available() said so)
     w = x
     if logits:
-        R = x.shape[0]
-        x, w = reference.values_and_weights(x.index_select(0, rows.clamp(0, R - 1)), True, owned=True)
-        rows = torch.where((rows >= 0) & (rows < R), torch.arange(rows.shape[0]), -1)
+        x, rows = _own_rows(x, rows)
+        x, w = reference.values_and_weights(x, True, owned=True)
     xa = _array(x)
     out = torch.empty(rows.shape[0], dtype=torch.int64)
     module.sample_filtered_kernel(
@@ -201,8 +205,7 @@ def renorm_rows(
     top_p: torch.Tensor | None,  # [B] fp32
 ) -> torch.Tensor:
     """[B, V] fp32: ``sampling.reference.renorm_reference(probs, top_k, top_p)``, bit for bit."""
-    module = _filter_kernels()
-    assert module is not None, "renorm_rows needs numba (check available())"
+    module = _filter_module()  # (numba imports: available() said so)
     out = torch.empty(probs.shape, dtype=torch.float32)
     module.renorm_kernel(
         _array(probs),
@@ -220,8 +223,7 @@ def mask_logits_rows(
     top_k: torch.Tensor,  # [B] int64
 ) -> torch.Tensor:
     """[B, V] fp32: ``sampling.reference.mask_logits_reference(logits, top_k)``, bit for bit."""
-    module = _filter_kernels()
-    assert module is not None, "mask_logits_rows needs numba (check available())"
+    module = _filter_module()  # (numba imports: available() said so)
     out = torch.empty(logits.shape, dtype=torch.float32)
     module.mask_logits_kernel(_array(logits), _param(top_k, torch.int64), out.numpy())
     return out

@@ -133,8 +133,10 @@ class SampleStrategy:
 
         st = self.tensors
         rows = logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1])
-        Q = rows.shape[0] // max(st.num_rows, 1)
-        if not (st.any_min_p or st.any_top_k or st.any_top_p) and cpu_draw.available(rows):
+        Q = logits.shape[1] if logits.dim() == 3 else 1
+        plain = logits.dim() in (2, 3) and logits.shape[0] == st.num_rows
+        plain = plain and not (st.any_min_p or st.any_top_k or st.any_top_p)
+        if plain and cpu_draw.available(rows):  # (other row counts: process_logits names the error)
             # temperature alone: process_logits' pipe is sampling.softmax, whose CPU path is this
             # kernel (the same floats), called without the pipe's Python: on a cache a forward
             # pass just swept, that Python cost ~10x the kernel (0.4 against 0.04 ms a call)
